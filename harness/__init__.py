@@ -1,0 +1,1 @@
+"""parity harness: launcher, contracts, metrics, baselines, gate, recalibration, sweep, CLI."""

@@ -1,0 +1,1 @@
+"""Reference implementation of sequence-parallel diffusion attention and the models around it."""
