@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from harness.launcher import rank_device
 from reference_impl import USPAttention, set_forward_context
 from reference_impl.attention.backends import MathBackend, TorchSDPABackend
 from reference_impl.parallel import destroy_sequence_parallel, init_sequence_parallel
@@ -19,8 +20,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def make_qkv(batch: int, seq: int, heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int):
+    """Seeded on the CPU (identical on every rank and device), then moved to this rank's device."""
     gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(batch, seq, h, dim, generator=gen).to(dtype) for h in (heads, kv_heads, kv_heads))
+    device = rank_device()
+    return tuple(torch.randn(batch, seq, h, dim, generator=gen).to(device, dtype) for h in (heads, kv_heads, kv_heads))
 
 
 def _with_sp(ulysses: int, ring: int, body: Callable[[], dict]) -> dict:
@@ -122,9 +125,9 @@ def masked_worker(tokens_per_rank: int, heads: int, dim: int, dtype_name: str, s
     total = tokens_per_rank * world
     q, k, v = make_qkv(2, total, heads, heads, dim, dtype, seed)
     gen = torch.Generator().manual_seed(seed + 99)
-    key_mask = torch.rand(2, total, generator=gen) > 0.3
+    key_mask = (torch.rand(2, total, generator=gen) > 0.3).to(q.device)
     key_mask[:, 0] = True
-    full_mask = torch.rand(2, heads, total, total, generator=gen) > 0.4
+    full_mask = (torch.rand(2, heads, total, total, generator=gen) > 0.4).to(q.device)
     full_mask[..., 0] = True
     with set_forward_context():
         ref_key = USPAttention(heads, dim)(q, k, v, attn_mask=key_mask)
@@ -155,7 +158,8 @@ def guard_worker(case: str) -> str:
     try:
         with set_forward_context():
             if case == "masked_replicated":
-                USPAttention(4, 8)(q, k, v, attn_mask=torch.ones(1, 8, dtype=torch.bool), num_replicated_suffix=2)
+                mask = torch.ones(1, 8, dtype=torch.bool, device=q.device)
+                USPAttention(4, 8)(q, k, v, attn_mask=mask, num_replicated_suffix=2)
             elif case == "replicated_with_ring":
                 USPAttention(4, 8)(q, k, v, num_replicated_suffix=2)
             elif case == "ring_admission":
@@ -175,6 +179,6 @@ def guard_worker(case: str) -> str:
         TorchSDPABackend.supports_ring_rotation = original  # type: ignore[method-assign]
         destroy_sequence_parallel()
     probe = torch.ones(1)
-    dist.all_reduce(probe)
+    dist.all_reduce(probe)  # a CPU tensor: gloo serves it even when the ranks share a GPU
     assert probe.item() == world, "group is not healthy after the guard"
     return result

@@ -1,0 +1,97 @@
+"""CUDA checks: each SDPA kernel by the FlashAttention rule, LSE paths, SP with ranks sharing a GPU.
+
+Run on a GPU machine with ``pytest tests/gpu -s`` to see the figures each test prints.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.launcher import RankPool
+from reference_impl.attention.backends import SDPA_KERNELS, MathBackend, TorchSDPABackend
+from tests.reference import sp_workers as w
+from tests.reference.test_backends import fa_rule_bound
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 134, 30, 30, 128), (1, 1030, 24, 8, 64), (2, 257, 16, 16, 64)]
+
+
+@pytest.mark.parametrize("kernel", SDPA_KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_sdpa_kernel_by_fa_rule(kernel, dtype, causal, shape):
+    b, s, h, hkv, d = shape
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, s, h, d, generator=gen).to("cuda", dtype)
+    k, v = (torch.randn(b, s, hkv, d, generator=gen).to("cuda", dtype) for _ in range(2))
+    backend = TorchSDPABackend(kernel=kernel)
+    try:
+        out = backend.forward(q, k, v, causal=causal)
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        pytest.skip(f"torch refuses kernel {kernel} for {dtype} {shape}: {str(exc).splitlines()[0][:160]}")
+    ref64 = MathBackend().forward(q.double(), k.double(), v.double(), causal=causal)
+    err = (out.double() - ref64).abs().max().item()
+    bound = fa_rule_bound(q.cpu(), k.cpu(), v.cpu(), causal, dtype, ref64.cpu())
+    print(f"FIGURE sdpa kernel={kernel} dtype={dtype} causal={causal} shape={shape} err={err:.3e} bound={bound:.3e}")
+    assert torch.isfinite(out).all() and err <= bound
+
+
+@pytest.mark.parametrize("kernel", [None, "flash", "efficient", "cudnn", "math"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lse_path_on_cuda(kernel, dtype):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 200, 8, 64, generator=gen).to("cuda", dtype) for _ in range(3))
+    try:
+        out, lse = TorchSDPABackend(kernel=kernel).forward(q, k, v, return_lse=True)
+    except RuntimeError as exc:
+        pytest.skip(f"kernel {kernel} with LSE refused for {dtype}: {str(exc).splitlines()[0][:160]}")
+    ref_out, ref_lse = MathBackend().forward(q, k, v, return_lse=True)
+    lse_err = (lse - ref_lse).abs().max().item()
+    print(f"FIGURE lse kernel={kernel} dtype={dtype} lse_err={lse_err:.3e}")
+    assert lse.shape == ref_lse.shape and lse_err < 2e-2
+
+
+@pytest.mark.parametrize("kernel", ["flash", "efficient", "cudnn", "math"])
+def test_head_count_invariance(kernel):
+    """What makes the suffix contract bitwise: heads computed alone equal heads computed together."""
+    results = []
+    for s, h, d in [(134, 30, 128), (1030, 24, 64), (4608, 24, 128)]:
+        gen = torch.Generator().manual_seed(2)
+        q, k, v = (torch.randn(1, s, h, d, generator=gen).to("cuda", torch.bfloat16) for _ in range(3))
+        backend = TorchSDPABackend(kernel=kernel)
+        try:
+            full = backend.forward(q, k, v)
+            half = backend.forward(q[:, :, : h // 2], k[:, :, : h // 2], v[:, :, : h // 2])
+        except RuntimeError as exc:
+            pytest.skip(f"kernel {kernel} refused: {str(exc).splitlines()[0][:120]}")
+        results.append((s, h, d, bool(torch.equal(full[:, :, : h // 2], half))))
+    print(f"FIGURE head-invariance kernel={kernel} {results}")
+
+
+@pytest.fixture(scope="module")
+def cuda_pool2():
+    with RankPool(world_size=2, device="cuda") as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_sglang_case_two_ranks_sharing_the_gpu(cuda_pool2, dtype):
+    figs = cuda_pool2.run(w.replicated_worker, 64, 30, 128, 6, dtype)
+    print(f"FIGURE cuda sp replicated {dtype} {figs[0]}")
+    for fig in figs:
+        assert fig["suffix"]["bitwise"], fig
+        assert fig["prefix_vs_suffix_order"]["max_abs"] <= 1e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ulysses_and_ring_on_cuda(cuda_pool2, causal):
+    uly = cuda_pool2.run(w.parity_worker, 2, 1, 64, 8, 4, 64, "bf16", causal)
+    ring = cuda_pool2.run(w.parity_worker, 1, 2, 64, 8, 4, 64, "bf16", causal)
+    print(f"FIGURE cuda ulysses causal={causal} {uly}")
+    print(f"FIGURE cuda ring causal={causal} {ring}")
+    assert all(f["finite"] for f in uly + ring)
+    assert all(f["err64"] <= 2 * f["ref_err64"] + 1e-5 for f in ring)
