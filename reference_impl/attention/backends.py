@@ -249,6 +249,9 @@ class TorchSDPABackend(AttentionBackend):
             out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
                 qt, kt, vt, None, True, 0.0, causal, scale=softmax_scale
             )[:2]
+        if lse.dim() == 4:  # cudnn returns [B, H, S, 1]
+            lse = lse.squeeze(-1)
+        # The efficient kernel pads the LSE's sequence dim to a multiple of 32.
         return out.transpose(1, 2), lse[..., :sq].float()
 
 

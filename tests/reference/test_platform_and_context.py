@@ -10,9 +10,13 @@ from reference_impl.forward_context import get_forward_context
 from reference_impl.platform import parse_platform_spec
 
 
-def test_real_platform_here_is_cpu(monkeypatch):
+def test_unforced_platform_is_the_hardware(monkeypatch):
     monkeypatch.delenv("PARITY_PLATFORM", raising=False)
-    assert current_platform.is_cpu() and not current_platform.simulated
+    assert not current_platform.simulated
+    if torch.cuda.is_available():
+        assert current_platform.is_cuda_alike() and current_platform.device_type == "cuda"
+    else:
+        assert current_platform.kind in ("cpu", "mps")
 
 
 @pytest.mark.parametrize(
@@ -26,11 +30,13 @@ def test_real_platform_here_is_cpu(monkeypatch):
 def test_forced_platform(monkeypatch, spec, kind, arch, checks):
     monkeypatch.setenv("PARITY_PLATFORM", spec)
     assert current_platform.kind == kind and current_platform.gcn_arch == arch
-    assert current_platform.simulated
+    really_here = kind == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert current_platform.simulated is not really_here
     for check in checks:
         assert getattr(current_platform, check)()
-    assert "simulated" in current_platform.label()
-    assert current_platform.device_type == "cpu"  # tensors stay on the real hardware
+    assert ("simulated" in current_platform.label()) is not really_here
+    if not torch.cuda.is_available():
+        assert current_platform.device_type == "cpu"  # tensors stay on the real hardware
 
 
 def test_rocm_is_not_cuda(monkeypatch):
