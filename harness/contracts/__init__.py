@@ -1,0 +1,1 @@
+"""Named parity contracts: checks with parameters that return a verdict with figures."""
