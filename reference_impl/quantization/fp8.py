@@ -170,7 +170,7 @@ class Fp8Config(QuantizationConfig):
     def from_config(cls, config: Mapping[str, Any]) -> Fp8Config:
         """Read ``quantization_config``; keys this implementation cannot honour are errors naming the key."""
         method = config.get("quant_method")
-        if method != cls.name:
+        if str(method).lower() != cls.name:
             raise QuantizationConfigError(f"expected 'fp8', got {method!r}", "quantization_config.quant_method")
         scheme = config.get("activation_scheme", "dynamic")
         if scheme != "dynamic":
