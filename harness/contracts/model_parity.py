@@ -126,7 +126,9 @@ def zimage_sp_parity_worker(
     """Z-Image block (caption as replicated suffix) and ZImageDiT end to end, SP=W vs one rank.
 
     Paths: ``block.image``, ``block.caption`` (every rank's copy), ``dit`` (the gathered
-    latent prediction). Ulysses degree = the group's world size, ring degree 1.
+    latent prediction), all expected bitwise; and ``control.block.caption_as_prefix.image``,
+    the caption rotated to the front (expected *not* bitwise: the drift order preservation
+    removes). Ulysses degree = the group's world size, ring degree 1.
     """
     dtype, dev = _dtype(dtype_name), _device(device)
     with _backend(backend):
@@ -157,11 +159,16 @@ def zimage_sp_parity_worker(
         rope = zimage_rope(cfg, grid_hw, cap_len, rank, world, dev)
         out = block(torch.cat([img[:, start:end], cap], dim=1), rope, adaln, num_replicated_suffix=cap_len)
         out_img, out_cap = _gather(out[:, : end - start]), _gather(out[:, end - start :])
+        # Control: the caption rotated to the front as a replicated *prefix* (sglang's old suffix
+        # path). Same maths, another K/V scan order: shows what order preservation buys.
+        rot = block(torch.cat([cap, img[:, start:end]], dim=1), (rope[0].roll(cap_len, 0), rope[1].roll(cap_len, 0)), adaln,
+                    num_replicated_prefix=cap_len)
         dit_out = dit(latents, t, caption)
         return {
             "block.image": _figures(out_img, ref[:, :n_img], ref64[:, :n_img]),
             "block.caption": _figures(out_cap, ref[:, n_img:].repeat(1, world, 1), ref64[:, n_img:].repeat(1, world, 1)),
             "dit": _figures(dit_out, dit_ref, dit_ref64),
+            "control.block.caption_as_prefix.image": _figures(_gather(rot[:, cap_len:]), ref[:, :n_img], ref64[:, :n_img]),
         }
 
     return _run_worker(body, {"model": "zimage", "dtype": dtype_name, "seed": seed, **_backend_info(attn)})

@@ -117,10 +117,12 @@ class ZImageAttention(nn.Module):
         self.attn = USPAttention(config.num_heads, config.head_dim, num_kv_heads=config.num_kv_heads)
         self.out = nn.Linear(config.num_heads * config.head_dim, config.dim, bias=False)
 
-    def forward(self, hidden: Tensor, rope: Rope, num_replicated_suffix: int = 0) -> Tensor:
+    def forward(self, hidden: Tensor, rope: Rope, num_replicated_suffix: int = 0, num_replicated_prefix: int = 0) -> Tensor:
         """``hidden [B, S_local, dim]``, ``rope`` tables ``[S_local, head_dim/2]`` → ``[B, S_local, dim]``.
 
         ``num_replicated_suffix``: the trailing tokens identical on every SP rank (the caption).
+        ``num_replicated_prefix`` is the same for leading tokens: a caption rotated to the front
+        (sglang's old layout), kept so contracts can measure the drift that order costs.
         """
         b, s, _ = hidden.shape
         q, k, v = self.qkv(hidden).split(
@@ -131,7 +133,7 @@ class ZImageAttention(nn.Module):
         v = v.view(b, s, self.num_kv_heads, self.head_dim)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = self.attn(q, k, v, num_replicated_suffix=num_replicated_suffix)
+        out = self.attn(q, k, v, num_replicated_prefix=num_replicated_prefix, num_replicated_suffix=num_replicated_suffix)
         return self.out(out.reshape(b, s, self.num_heads * self.head_dim))
 
 
@@ -165,10 +167,11 @@ class ZImageTransformerBlock(nn.Module):
         self.ffn_norm2 = RMSNorm(config.dim, eps=config.norm_eps)
         self.adaln_modulation = nn.Linear(config.adaln_embed_dim, 4 * config.dim)
 
-    def forward(self, hidden: Tensor, rope: Rope, adaln_input: Tensor, num_replicated_suffix: int = 0) -> Tensor:
+    def forward(self, hidden: Tensor, rope: Rope, adaln_input: Tensor, num_replicated_suffix: int = 0,
+                num_replicated_prefix: int = 0) -> Tensor:
         """``hidden [B, S_local, dim]`` (image shard + caption), ``adaln_input [B, adaln_embed_dim]``."""
         scale_a, gate_a, scale_f, gate_f = self.adaln_modulation(adaln_input).unsqueeze(1).chunk(4, dim=-1)
-        attn = self.attention(self.attention_norm1(hidden) * (1 + scale_a), rope, num_replicated_suffix)
+        attn = self.attention(self.attention_norm1(hidden) * (1 + scale_a), rope, num_replicated_suffix, num_replicated_prefix)
         hidden = hidden + gate_a.tanh() * self.attention_norm2(attn)
         ffn = self.feed_forward(self.ffn_norm1(hidden) * (1 + scale_f))
         return hidden + gate_f.tanh() * self.ffn_norm2(ffn)
