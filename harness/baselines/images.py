@@ -1,0 +1,152 @@
+"""Reference images and videos, pinned by a manifest of SHA-256 hashes.
+
+Layout of a reference directory::
+
+    refs/
+      manifest.json                  {"<relative file>": "<sha256 hex>", ...}
+      flux_image_t2i.png             an image case: one RGB PNG
+      wan_t2v/frame_0000.png         a video case: one RGB PNG per frame, frame_<index>.png
+      wan_t2v/frame_0001.png
+
+Per-frame PNGs (rather than one strip) because each frame is then hashed on its own, a diff of
+a re-blessed video shows which frames moved, and the frame count needs no extra metadata.
+
+A reference is only trusted if its bytes hash to the manifest entry: a mismatch, a file missing
+from the manifest, or a manifest entry whose file is missing is a ConfigError naming the file. A
+gate must never compare against a reference nobody blessed. Hash and decode read the same bytes,
+so what is verified is exactly what is compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.baselines.atomic import write_bytes_atomic, write_json_atomic
+from harness.baselines.jsonio import expect_object, expect_str, read_json
+from harness.errors import ConfigError
+
+__all__ = ["MANIFEST", "load_reference", "bless", "read_manifest"]
+
+MANIFEST = "manifest.json"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_case_id(case_id: str) -> str:
+    """Case ids become file names: refuse anything that could escape the directory."""
+    if not isinstance(case_id, str) or not _SAFE_ID.match(case_id) or ".." in case_id:
+        raise ConfigError(f"case id {case_id!r} is not usable as a file name (letters, digits, _ . -)", key="case_id")
+    return case_id
+
+
+def _frame_name(case_id: str, index: int) -> str:
+    return f"{case_id}/frame_{index:04d}.png"
+
+
+def read_manifest(directory: str | Path) -> dict[str, str]:
+    """The ``{file: sha256}`` manifest (empty when the directory has none yet)."""
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return {}
+    manifest = expect_object(read_json(path), path, "")
+    for name, digest in manifest.items():
+        if not _SHA256.match(expect_str(digest, path, name)):
+            raise ConfigError(f"not a lowercase sha256 hex digest: {digest!r}", path=path, key=name)
+    return manifest
+
+
+def _case_files(manifest: dict[str, str], case_id: str) -> list[str]:
+    """Manifest entries of a case: ``<id>.png`` or the ``<id>/frame_*.png`` sequence, in order."""
+    if f"{case_id}.png" in manifest:
+        return [f"{case_id}.png"]
+    frames = sorted(name for name in manifest if re.fullmatch(rf"{re.escape(case_id)}/frame_\d+\.png", name))
+    return frames
+
+
+def _decode_png(data: bytes, path: Path) -> np.ndarray:
+    import imageio.v3 as iio
+
+    try:
+        array = np.asarray(iio.imread(data, extension=".png"))
+    except Exception as exc:  # imageio raises plugin-specific errors for corrupt data
+        raise ConfigError(f"cannot decode PNG: {exc}", path=path) from None
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise ConfigError(f"reference must be 8-bit RGB, got dtype {array.dtype} shape {array.shape}", path=path)
+    return array
+
+
+def _encode_png(array: np.ndarray) -> bytes:
+    import imageio.v3 as iio
+
+    return bytes(iio.imwrite("<bytes>", array, extension=".png"))
+
+
+def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
+    path = directory / name
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"listed in {MANIFEST} but the file is missing", path=path) from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise ConfigError(
+            f"sha256 mismatch: {MANIFEST} says {expected}, file is {actual}; re-bless it if the change is intended",
+            path=path,
+        )
+    return data
+
+
+def load_reference(directory: str | Path, case_id: str) -> np.ndarray:
+    """The verified reference for ``case_id``: ``HxWx3`` uint8 for an image, ``TxHxWx3`` for a video."""
+    directory = Path(directory)
+    _check_case_id(case_id)
+    manifest = read_manifest(directory)
+    names = _case_files(manifest, case_id)
+    if not names:
+        on_disk = [directory / f"{case_id}.png", *sorted((directory / case_id).glob("frame_*.png"))]
+        stray = next((p for p in on_disk if p.is_file()), None)
+        if stray is not None:
+            raise ConfigError(f"file is not in {MANIFEST}: it was never blessed", path=stray)
+        raise ConfigError(f"no reference for case {case_id!r} in {MANIFEST}", path=directory / MANIFEST)
+    arrays = [_decode_png(_verified_bytes(directory, n, manifest[n]), directory / n) for n in names]
+    if len(names) == 1 and names[0] == f"{case_id}.png":
+        return arrays[0]
+    if len({a.shape for a in arrays}) != 1:
+        raise ConfigError(f"frames of video {case_id!r} differ in shape", path=directory / case_id)
+    return np.stack(arrays)
+
+
+def bless(directory: str | Path, case_id: str, array: Any) -> list[str]:
+    """Store ``array`` (``HxWx3`` image or ``TxHxWx3`` video, uint8) as the reference for
+    ``case_id`` and record its hashes; returns the files written (relative to ``directory``).
+
+    PNGs are written first and the manifest last, each atomically: a crash in between leaves a
+    PNG whose hash does not match, which fails loudly on load instead of passing silently.
+    Files of the case's previous reference that the new one does not reuse are removed.
+    """
+    directory = Path(directory)
+    _check_case_id(case_id)
+    array = np.asarray(array)
+    if array.dtype != np.uint8 or array.ndim not in (3, 4) or array.shape[-1] != 3 or 0 in array.shape:
+        raise ValueError(f"bless needs uint8 HxWx3 or TxHxWx3, got dtype {array.dtype} shape {array.shape}")
+    manifest = read_manifest(directory)
+    old = set(_case_files(manifest, case_id))
+    if array.ndim == 3:
+        items = {f"{case_id}.png": array}
+    else:
+        items = {_frame_name(case_id, i): frame for i, frame in enumerate(array)}
+    for name, image in items.items():
+        data = _encode_png(np.ascontiguousarray(image))
+        write_bytes_atomic(directory / name, data)
+        manifest[name] = hashlib.sha256(data).hexdigest()
+    for name in old - set(items):
+        del manifest[name]
+    write_json_atomic(directory / MANIFEST, dict(sorted(manifest.items())))
+    for name in old - set(items):
+        (directory / name).unlink(missing_ok=True)
+    return list(items)

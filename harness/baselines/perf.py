@@ -1,0 +1,329 @@
+"""Performance baselines in sglang's ``perf_baselines.json`` schema, and the perf check.
+
+File schema (sglang's; unknown keys anywhere are kept and written back)::
+
+    {
+      "metadata": {"hardware": "CI H100 80GB", ...},
+      "tolerances": {
+        "pr_test":   {"e2e": 0.25, "denoise_stage": 0.25, "non_denoise_stage": 0.8,
+                      "denoise_step": 0.3, "denoise_agg": 0.2},
+        "long_term": {...same keys...}
+      },
+      "scenarios": {
+        "flux_image_t2i": {
+          "stages_ms": {"TextEncodingStage": 20.9, "DenoisingStage": 6447.4, ...},
+          "denoise_step_ms": {"0": 30.2, "1": 53.9, ...},     # sglang keys steps by string index
+          "expected_e2e_ms": 6693.0,
+          "expected_avg_denoise_ms": 128.9,
+          "expected_median_denoise_ms": 130.2
+        }
+      }
+    }
+
+Measured results use the *same shape as a scenario* (including the ``expected_`` key names), so
+the median of several measurements can be written back as a baseline without renaming anything::
+
+    measured = {"expected_e2e_ms": 6801.2, "stages_ms": {...}, "denoise_step_ms": {"0": 31.0, ...},
+                "expected_avg_denoise_ms": 130.1, "expected_median_denoise_ms": 131.0}
+
+The check (:func:`check_perf`): ``actual <= expected * (1 + tol)`` for the end-to-end latency
+(``e2e``), each stage (``denoise_stage`` for a stage whose name contains "denois", e.g.
+``DenoisingStage`` or ``Ideogram4DenoisingStage``; ``non_denoise_stage`` otherwise), each step
+(``denoise_step``) and the average/median step (``denoise_agg``). A baseline value the
+measurement lacks fails (a vanished stage is not a pass). Measured values without a baseline are
+not checked: a new stage is not a regression, recalibration adds it. sglang writes 0.0 for the
+average/median of scenarios without per-step timings; those aggregates are not checked.
+
+Overlays (``baselines/platforms/<name>.json``, chosen with
+:func:`harness.baselines.platforms.find_overlay`): ``metadata`` and each ``tolerances`` profile
+merge key by key; a scenario in an overlay replaces the base scenario *whole*, because the
+numbers of one scenario are one coherent measurement on one machine: mixing an H100 step time
+with an MI300 stage time would gate against a machine that does not exist.
+
+Tolerances can be overridden from the environment (CI lanes on noisy shared runners), one
+variable per key: ``PARITY_PERF_TOL_E2E``, ``PARITY_PERF_TOL_DENOISE_STAGE``,
+``PARITY_PERF_TOL_NON_DENOISE_STAGE``, ``PARITY_PERF_TOL_DENOISE_STEP``,
+``PARITY_PERF_TOL_DENOISE_AGG`` (fractions: ``0.2`` = 20 %).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.baselines.atomic import write_json_atomic
+from harness.baselines.jsonio import expect_number, expect_object, expect_str, join_key, read_json
+from harness.errors import ConfigError
+
+__all__ = [
+    "TOLERANCE_KEYS",
+    "PROFILES",
+    "ENV_PREFIX",
+    "Tolerances",
+    "PerfCheck",
+    "PerfBaselines",
+    "validate_scenario",
+    "scenario_values",
+    "set_scenario_values",
+    "tolerance_category",
+    "is_denoise_stage",
+    "check_perf",
+]
+
+TOLERANCE_KEYS: tuple[str, ...] = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
+PROFILES: tuple[str, ...] = ("pr_test", "long_term")
+ENV_PREFIX = "PARITY_PERF_TOL_"
+
+E2E = "expected_e2e_ms"
+AVG = "expected_avg_denoise_ms"
+MEDIAN = "expected_median_denoise_ms"
+STAGES = "stages_ms"
+STEPS = "denoise_step_ms"
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Relative slack per metric family (0.2 = the value may be 20 % above its baseline)."""
+
+    e2e: float
+    denoise_stage: float
+    non_denoise_stage: float
+    denoise_step: float
+    denoise_agg: float
+
+    def get(self, category: str) -> float:
+        """Tolerance by category name (one of :data:`TOLERANCE_KEYS`)."""
+        if category not in TOLERANCE_KEYS:
+            raise KeyError(f"unknown tolerance {category!r}; valid: {list(TOLERANCE_KEYS)}")
+        return float(getattr(self, category))
+
+
+@dataclass(frozen=True)
+class PerfCheck:
+    """One compared value. ``actual`` is None when the measurement lacks it (then it fails)."""
+
+    metric: str
+    expected: float
+    actual: float | None
+    tol: float
+    passed: bool
+    limit: float
+
+
+def is_denoise_stage(name: str) -> bool:
+    """sglang names the denoising stage per pipeline (``DenoisingStage``, ``Ideogram4DenoisingStage``)."""
+    return "denois" in name.lower()
+
+
+def tolerance_category(label: str) -> str:
+    """Which tolerance applies to a flattened value label (see :func:`scenario_values`)."""
+    if label == E2E:
+        return "e2e"
+    if label in (AVG, MEDIAN):
+        return "denoise_agg"
+    group, _, name = label.partition(".")
+    if group == STEPS:
+        return "denoise_step"
+    if group == STAGES:
+        return "denoise_stage" if is_denoise_stage(name) else "non_denoise_stage"
+    raise KeyError(f"not a perf value label: {label!r}")
+
+
+def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, Any]:
+    """Check a scenario (or a measured-results dict, same shape); unknown keys are left alone."""
+    scenario = expect_object(scenario, path, key)
+    if E2E not in scenario:
+        raise ConfigError(f"missing required key '{E2E}'", path=path, key=key)
+    for name in (E2E, AVG, MEDIAN):
+        if name in scenario:
+            expect_number(scenario[name], path, join_key(key, name), lo=0.0)
+    for group in (STAGES, STEPS):
+        values = expect_object(scenario.get(group, {}), path, join_key(key, group))
+        for name, ms in values.items():
+            if group == STEPS and not (name.isascii() and name.isdigit()):
+                raise ConfigError(
+                    f"step keys are string indices like \"0\", got {name!r}", path=path, key=join_key(key, group)
+                )
+            expect_number(ms, path, join_key(join_key(key, group), name), lo=0.0)
+    return scenario
+
+
+def scenario_values(scenario: Mapping[str, Any]) -> dict[str, float]:
+    """Flatten the checked values to ``{label: ms}``; labels: ``expected_e2e_ms``,
+    ``stages_ms.<stage>``, ``denoise_step_ms.<i>``, ``expected_avg_denoise_ms``,
+    ``expected_median_denoise_ms``. One flat view serves the check, recalibration and reports."""
+    flat: dict[str, float] = {}
+    if E2E in scenario:
+        flat[E2E] = float(scenario[E2E])
+    for group in (STAGES, STEPS):
+        for name, ms in scenario.get(group, {}).items():
+            flat[f"{group}.{name}"] = float(ms)
+    for name in (AVG, MEDIAN):
+        if name in scenario:
+            flat[name] = float(scenario[name])
+    return flat
+
+
+def set_scenario_values(scenario: Mapping[str, Any], values: Mapping[str, float]) -> dict[str, Any]:
+    """A copy of ``scenario`` with flattened ``{label: ms}`` written back (inverse of
+    :func:`scenario_values`); unknown keys of the scenario are kept."""
+    out = copy.deepcopy(dict(scenario))
+    for label, ms in values.items():
+        tolerance_category(label)  # refuses a label that is not a perf value
+        group, dot, name = label.partition(".")
+        if dot:
+            out.setdefault(group, {})[name] = ms
+        else:
+            out[label] = ms
+    if STEPS in out:  # keep steps in numeric order: "10" after "9", as sglang writes them
+        out[STEPS] = dict(sorted(out[STEPS].items(), key=lambda kv: int(kv[0])))
+    return out
+
+
+def _is_untracked_aggregate(label: str, expected: float, scenario: Mapping[str, Any]) -> bool:
+    return label in (AVG, MEDIAN) and expected == 0.0 and not scenario.get(STEPS)
+
+
+def check_perf(
+    scenario_expected: Mapping[str, Any],
+    measured: Mapping[str, Any],
+    tolerances: Tolerances,
+    *,
+    abs_floor_ms: float = 0.0,
+) -> list[PerfCheck]:
+    """Compare a measurement with its baseline scenario (rules in the module docstring).
+
+    ``abs_floor_ms`` widens every limit to at least ``expected + abs_floor_ms``; sglang's CI pads
+    by 20 ms (120 ms for stages) so sub-millisecond stages do not flake. The default 0 is the
+    plain relative rule.
+    """
+    expected_values = scenario_values(scenario_expected)
+    actual_values = scenario_values(measured)
+    checks = []
+    for label, expected in expected_values.items():
+        if _is_untracked_aggregate(label, expected, scenario_expected):
+            continue
+        tol = tolerances.get(tolerance_category(label))
+        limit = max(expected * (1.0 + tol), expected + abs_floor_ms)
+        actual = actual_values.get(label)
+        # inclusive, and immune to float rounding: 96 * 1.2 is 115.19999999999999, yet 115.2 is at the limit
+        passed = actual is not None and (actual <= limit or math.isclose(actual, limit, rel_tol=1e-9))
+        checks.append(PerfCheck(label, expected, actual, tol, passed, limit))
+    return checks
+
+
+def _validate_document(doc: Any, path: str) -> dict[str, Any]:
+    doc = expect_object(doc, path, "")
+    metadata = expect_object(doc.get("metadata", {}), path, "metadata")
+    if "hardware" in metadata:
+        expect_str(metadata["hardware"], path, "metadata.hardware")
+    tolerances = expect_object(doc.get("tolerances", {}), path, "tolerances")
+    for profile, values in tolerances.items():
+        profile_key = join_key("tolerances", profile)
+        values = expect_object(values, path, profile_key)
+        for name in TOLERANCE_KEYS:
+            if name in values:
+                expect_number(values[name], path, join_key(profile_key, name), lo=0.0)
+    scenarios = expect_object(doc.get("scenarios", {}), path, "scenarios")
+    for scenario_id, scenario in scenarios.items():
+        validate_scenario(scenario, path, join_key("scenarios", scenario_id))
+    return doc
+
+
+def _env_tolerance(name: str, env: Mapping[str, str]) -> float | None:
+    raw = env.get(ENV_PREFIX + name.upper())
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ConfigError(
+            f"environment variable must be a finite number >= 0, got {raw!r}", key=ENV_PREFIX + name.upper()
+        )
+    return value
+
+
+class PerfBaselines:
+    """A base perf file with zero or more per-hardware overlays merged over it (last wins)."""
+
+    def __init__(self, doc: dict[str, Any], paths: Sequence[str]) -> None:
+        self._doc = doc
+        self.paths = list(paths)
+
+    @classmethod
+    def load(cls, base_path: str | Path, overlays: Sequence[str | Path] = ()) -> PerfBaselines:
+        """Read and validate each file, then merge the overlays over the base in order."""
+        paths = [str(p) for p in [base_path, *overlays]]
+        merged = _validate_document(read_json(paths[0]), paths[0])
+        for p in paths[1:]:
+            for key, value in _validate_document(read_json(p), p).items():
+                if key == "metadata":
+                    merged.setdefault("metadata", {}).update(value)
+                elif key == "tolerances":
+                    for profile, values in value.items():
+                        merged.setdefault("tolerances", {}).setdefault(profile, {}).update(values)
+                elif key == "scenarios":
+                    merged.setdefault("scenarios", {}).update(value)
+                else:
+                    merged[key] = value
+        return cls(merged, paths)
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str = "<memory>") -> PerfBaselines:
+        """Validate an in-memory document (``path`` only labels errors)."""
+        return cls(_validate_document(copy.deepcopy(doc), path), [path])
+
+    @property
+    def scenario_ids(self) -> list[str]:
+        """Scenario ids in file order."""
+        return list(self._doc.get("scenarios", {}))
+
+    def scenario(self, scenario_id: str) -> dict[str, Any] | None:
+        """A copy of the scenario, or None when it has no baseline (callers report that as
+        'no baseline', which is not a pass)."""
+        found = self._doc.get("scenarios", {}).get(scenario_id)
+        return copy.deepcopy(found) if found is not None else None
+
+    def tolerances(self, profile: str = "pr_test", env: Mapping[str, str] | None = None) -> Tolerances:
+        """The profile's tolerances, each overridable by ``PARITY_PERF_TOL_<KEY>``."""
+        env = os.environ if env is None else env
+        where = " + ".join(self.paths)
+        profiles = self._doc.get("tolerances", {})
+        if profile not in profiles:
+            raise ConfigError(
+                f"no tolerance profile {profile!r}; found {sorted(profiles)}", path=where, key="tolerances"
+            )
+        values = {}
+        for name in TOLERANCE_KEYS:
+            override = _env_tolerance(name, env)
+            if override is not None:
+                values[name] = override
+            elif name in profiles[profile]:
+                values[name] = float(profiles[profile][name])
+            else:
+                raise ConfigError("missing tolerance", path=where, key=f"tolerances.{profile}.{name}")
+        return Tolerances(**values)
+
+    def with_scenario(self, scenario_id: str, scenario: Mapping[str, Any]) -> PerfBaselines:
+        """A copy with one scenario replaced (or added), validated first."""
+        doc = copy.deepcopy(self._doc)
+        label = self.paths[-1] if self.paths else "<memory>"
+        doc.setdefault("scenarios", {})[scenario_id] = validate_scenario(
+            copy.deepcopy(dict(scenario)), label, join_key("scenarios", scenario_id)
+        )
+        return PerfBaselines(doc, self.paths)
+
+    def to_json(self) -> dict[str, Any]:
+        """The merged document (for one file: exactly its content, unknown keys and order kept)."""
+        return copy.deepcopy(self._doc)
+
+    def save(self, path: str | Path, backup: bool = True) -> None:
+        """Write :meth:`to_json` atomically, keeping ``path.bak`` of the previous file."""
+        write_json_atomic(path, self.to_json(), backup=backup)

@@ -1,0 +1,42 @@
+"""Choosing the per-platform overlay file for the machine we run on.
+
+Thresholds and perf baselines are both stored as a base file plus one overlay per platform
+(``consistency_thresholds/h100.json``, ``baselines/platforms/h100.json``). The device name the
+runtime reports is noisy ("NVIDIA H100 80GB HBM3", "AMD Instinct MI300X", "gfx942"), so it is
+normalised to tokens and the most specific overlay whose name is a token prefix wins: a device
+"NVIDIA H100 80GB HBM3" uses ``h100_80gb_hbm3.json`` if present, else ``h100_80gb.json``, else
+``h100.json``. Vendor words carry no information and are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+__all__ = ["normalize_device_name", "find_overlay"]
+
+_VENDOR_WORDS = frozenset({"nvidia", "amd", "intel", "instinct", "radeon", "geforce", "tesla", "apple", "corporation"})
+
+
+def normalize_device_name(name: str) -> str:
+    """``"NVIDIA A100-SXM4-80GB"`` -> ``"a100_sxm4_80gb"``; ``"AMD Instinct MI300X"`` -> ``"mi300x"``."""
+    tokens = [t for t in re.split(r"[^0-9a-z]+", name.lower()) if t and t not in _VENDOR_WORDS]
+    return "_".join(tokens)
+
+
+def find_overlay(directory: str | Path, device_name: str) -> Path | None:
+    """The most specific ``<prefix>.json`` in ``directory`` for this device, or None.
+
+    None means "no platform file": callers use the base file alone, which is the right behaviour
+    for a new platform until someone measures it (see the gfx1250 overlay's comment in sglang).
+    """
+    normalized = normalize_device_name(device_name)
+    if not normalized:
+        return None
+    tokens = normalized.split("_")
+    base = Path(directory)
+    for n in range(len(tokens), 0, -1):
+        candidate = base / ("_".join(tokens[:n]) + ".json")
+        if candidate.is_file():
+            return candidate
+    return None

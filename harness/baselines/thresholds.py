@@ -1,0 +1,207 @@
+"""Image/video consistency thresholds in sglang's ``consistency_threshold.json`` schema.
+
+Schema (sglang's, unchanged so its published files load as they are)::
+
+    {
+      "_comment": "...",                                  # any extra key: kept and written back
+      "default_clip_threshold_image": 0.92, ...           # default_{metric}_threshold_{image,video}
+      "cases": {
+        "flux_image_t2i": {"clip_threshold": 0.92, "ssim_threshold": 0.95,
+                           "psnr_threshold": 24.0, "mean_abs_diff_threshold": 8.0}
+      }
+    }
+
+Direction of each bound (what the gate compares): clip, ssim and psnr are lower bounds
+(``value >= threshold`` passes), mean_abs_diff is an upper bound (``value <= threshold``).
+
+Overlays: a platform file is merged over the base key by key. A case's keys override the base
+case's keys one at a time (anything absent keeps the base value); top-level keys (defaults,
+comments) override whole. Lookup for a case is then: the merged case value, else the merged
+``default_*`` for the kind; with neither it is a ConfigError, never an invented number. The
+overlay for the current machine is found with :func:`harness.baselines.platforms.find_overlay`.
+Chains work: sglang's gfx1250.json is an overlay on h100.json (``load(h100, [gfx1250])``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.baselines.atomic import write_json_atomic
+from harness.baselines.jsonio import expect_number, expect_object, join_key, read_json
+from harness.errors import ConfigError
+
+__all__ = [
+    "METRICS",
+    "KINDS",
+    "HIGHER_IS_BETTER",
+    "Thresholds",
+    "ThresholdSet",
+    "case_key",
+    "default_key",
+]
+
+METRICS: tuple[str, ...] = ("clip", "ssim", "psnr", "mean_abs_diff")
+KINDS: tuple[str, ...] = ("image", "video")
+#: metrics whose threshold is a lower bound; mean_abs_diff is the one upper bound.
+HIGHER_IS_BETTER: frozenset[str] = frozenset({"clip", "ssim", "psnr"})
+#: clip cosine and SSIM live in [0, 1] (SSIM can be negative, but never as a useful bound).
+_UNIT_INTERVAL = frozenset({"clip", "ssim"})
+
+
+def case_key(metric: str) -> str:
+    """Key of a metric inside a case object: ``psnr`` -> ``psnr_threshold``."""
+    return f"{metric}_threshold"
+
+
+def default_key(metric: str, kind: str) -> str:
+    """Top-level default key: (``psnr``, ``video``) -> ``default_psnr_threshold_video``."""
+    return f"default_{metric}_threshold_{kind}"
+
+
+def _check_kind(kind: str) -> str:
+    """A case kind is 'image' or 'video'; anything else is a configuration error."""
+    if kind not in KINDS:
+        raise ConfigError(f"kind must be one of {list(KINDS)}, got {kind!r}", key="kind")
+    return kind
+
+
+_DEFAULT_KEYS = {default_key(m, k): m for m in METRICS for k in KINDS}
+
+
+def _validate_value(metric: str, value: Any, path: str, key: str) -> float:
+    hi = 1.0 if metric in _UNIT_INTERVAL else None
+    return expect_number(value, path, key, lo=0.0, hi=hi)
+
+
+def _validate_document(doc: Any, path: str) -> dict[str, Any]:
+    """Check types and ranges of every key parity understands; leave every other key alone."""
+    doc = expect_object(doc, path, "")
+    for key, value in doc.items():
+        if key in _DEFAULT_KEYS:
+            _validate_value(_DEFAULT_KEYS[key], value, path, key)
+    cases = expect_object(doc.get("cases", {}), path, "cases")
+    for case_id, case in cases.items():
+        case_path = join_key("cases", case_id)
+        expect_object(case, path, case_path)
+        for metric in METRICS:
+            if case_key(metric) in case:
+                _validate_value(metric, case[case_key(metric)], path, join_key(case_path, case_key(metric)))
+    return doc
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The four bounds for one case, with ``source[metric]`` = ``"<file>:<key path>"`` so a report
+    can say where a bound came from (a platform overlay, the base, or a default)."""
+
+    clip: float
+    ssim: float
+    psnr: float
+    mean_abs_diff: float
+    source: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def get(self, metric: str) -> float:
+        """Bound by metric name (one of :data:`METRICS`)."""
+        if metric not in METRICS:
+            raise KeyError(f"unknown metric {metric!r}; valid: {list(METRICS)}")
+        return float(getattr(self, metric))
+
+
+@dataclass(frozen=True)
+class _Layer:
+    path: str
+    data: dict[str, Any]
+
+
+class ThresholdSet:
+    """A base thresholds file with zero or more overlays merged over it (last one wins)."""
+
+    def __init__(self, layers: Sequence[_Layer]) -> None:
+        if not layers:
+            raise ValueError("a ThresholdSet needs at least one file")
+        self._layers = tuple(layers)
+
+    @classmethod
+    def load(cls, base_path: str | Path, overlays: Sequence[str | Path] = ()) -> ThresholdSet:
+        """Read and validate the base file and each overlay, in order."""
+        return cls([_Layer(str(p), _validate_document(read_json(p), str(p))) for p in [base_path, *overlays]])
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str = "<memory>") -> ThresholdSet:
+        """Validate an in-memory document (``path`` only labels errors and sources)."""
+        return cls([_Layer(path, _validate_document(copy.deepcopy(doc), path))])
+
+    @property
+    def paths(self) -> list[str]:
+        """Files of the chain, base first."""
+        return [layer.path for layer in self._layers]
+
+    @property
+    def case_ids(self) -> list[str]:
+        """Every case named in any layer, in first-appearance order."""
+        return list(self.to_json().get("cases", {}))
+
+    def for_case(self, case_id: str, kind: str = "image") -> Thresholds:
+        """The effective bounds for ``case_id`` of ``kind``: case value, else the kind's default."""
+        _check_kind(kind)
+        values: dict[str, float] = {}
+        source: dict[str, str] = {}
+        for metric in METRICS:
+            found = self._lookup(["cases", case_id, case_key(metric)]) or self._lookup([default_key(metric, kind)])
+            if found is None:
+                raise ConfigError(
+                    f"no {metric} threshold for {kind} case {case_id!r}: add "
+                    f"cases.{case_id}.{case_key(metric)} or {default_key(metric, kind)}",
+                    path=" + ".join(self.paths),
+                )
+            values[metric], source[metric] = found
+        return Thresholds(**values, source=source)
+
+    def _lookup(self, keys: list[str]) -> tuple[float, str] | None:
+        """Value at ``keys`` from the top-most layer holding it, with its ``file:key`` source."""
+        for layer in reversed(self._layers):
+            node: Any = layer.data
+            for k in keys:
+                if not isinstance(node, dict) or k not in node:
+                    break
+                node = node[k]
+            else:
+                return float(node), f"{layer.path}:{'.'.join(keys)}"
+        return None
+
+    def with_values(self, updates: Mapping[tuple[str, str], float]) -> ThresholdSet:
+        """A copy with ``{(case_id, metric): bound}`` written into the top-most layer.
+
+        The top layer is the most specific file (the platform overlay when there is one), which is
+        where a recalibration measured on that platform belongs.
+        """
+        top = self._layers[-1]
+        data = copy.deepcopy(top.data)
+        for (case_id, metric), value in updates.items():
+            if metric not in METRICS:
+                raise KeyError(f"unknown metric {metric!r}; valid: {list(METRICS)}")
+            key = join_key(join_key("cases", case_id), case_key(metric))
+            _validate_value(metric, value, top.path, key)
+            data.setdefault("cases", {}).setdefault(case_id, {})[case_key(metric)] = float(value)
+        return ThresholdSet([*self._layers[:-1], _Layer(top.path, data)])
+
+    def to_json(self) -> dict[str, Any]:
+        """The merged document (for one file: exactly its content, unknown keys and order kept)."""
+        merged = copy.deepcopy(self._layers[0].data)
+        for layer in self._layers[1:]:
+            for key, value in layer.data.items():
+                if key == "cases":
+                    cases = merged.setdefault("cases", {})
+                    for case_id, case in value.items():
+                        cases.setdefault(case_id, {}).update(copy.deepcopy(case))
+                else:
+                    merged[key] = copy.deepcopy(value)
+        return merged
+
+    def save(self, path: str | Path, backup: bool = True) -> None:
+        """Write :meth:`to_json` atomically, keeping ``path.bak`` of the previous file."""
+        write_json_atomic(path, self.to_json(), backup=backup)

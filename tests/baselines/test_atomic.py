@@ -1,0 +1,161 @@
+"""Atomic writes: a SIGKILLed writer leaves the old or the new complete file, never a torn one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.baselines import atomic
+from harness.baselines.atomic import write_bytes_atomic, write_json_atomic
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="uses SIGKILL, SIGSTOP, POSIX modes and /proc"
+)
+
+
+def _spawn(code: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+
+
+def _temps(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_normal_write_leaves_no_temp_and_round_trips(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "b.json"
+    write_json_atomic(target, {"a": 1, "b": [1.5, "x"]})
+    write_json_atomic(target, {"a": 2})
+    assert json.loads(target.read_text()) == {"a": 2}
+    assert _temps(target.parent) == []
+    assert sorted(p.name for p in target.parent.iterdir()) == ["b.json"]
+
+
+def test_backup_keeps_previous_version(tmp_path: Path) -> None:
+    target = tmp_path / "t.json"
+    write_json_atomic(target, {"v": 1}, backup=True)  # nothing to back up yet
+    assert not (tmp_path / "t.json.bak").exists()
+    write_json_atomic(target, {"v": 2}, backup=True)
+    assert json.loads((tmp_path / "t.json.bak").read_text()) == {"v": 1}
+    assert json.loads(target.read_text()) == {"v": 2}
+    assert _temps(tmp_path) == []
+
+
+def test_mode_of_existing_file_is_kept_and_new_file_follows_umask(tmp_path: Path) -> None:
+    target = tmp_path / "m.json"
+    old_umask = os.umask(0o022)
+    try:
+        write_bytes_atomic(target, b"{}")
+        assert target.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+        os.chmod(target, 0o640)
+        write_bytes_atomic(target, b"[]")
+        assert target.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old_umask)
+
+
+def test_nan_is_refused_before_touching_disk(tmp_path: Path) -> None:
+    target = tmp_path / "n.json"
+    target.write_text('{"old": true}')
+    with pytest.raises(ValueError):
+        write_json_atomic(target, {"x": float("nan")})
+    assert target.read_text() == '{"old": true}'
+    assert _temps(tmp_path) == []
+
+
+def test_failed_write_removes_temp_and_keeps_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "f.json"
+    target.write_text("old")
+
+    def boom(fd: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(atomic.os, "fsync", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_bytes_atomic(target, b"new")
+    assert target.read_text() == "old"
+    assert _temps(tmp_path) == []
+
+
+def test_sglang_style_serialisation() -> None:
+    # json.dump(indent=4), no trailing newline: rewriting sglang's files is byte-identical.
+    assert atomic.dump_json({"a": {"b": 1}}) == '{\n    "a": {\n        "b": 1\n    }\n}'
+
+
+def test_sigkill_between_temp_write_and_rename_keeps_old_file(tmp_path: Path) -> None:
+    target = tmp_path / "base.json"
+    target.write_text(json.dumps({"version": "old"}))
+    child = _spawn(
+        f"""
+        import os, sys, time
+        from harness.baselines import atomic
+        real_fsync = os.fsync
+        def fsync_then_hang(fd):
+            real_fsync(fd)
+            if os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}")).endswith(".tmp"):
+                print("WRITTEN", flush=True)
+                time.sleep(60)
+        atomic.os.fsync = fsync_then_hang
+        atomic.write_json_atomic({str(target)!r}, {{"version": "new", "payload": "x" * 100000}})
+        """
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "WRITTEN"  # temp file complete, rename pending
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+        child.wait()
+    assert json.loads(target.read_text()) == {"version": "old"}
+    leftovers = _temps(tmp_path)
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(".base.json.")  # hidden, never the target
+
+
+def test_sigkill_at_random_moments_never_tears_the_target(tmp_path: Path) -> None:
+    target = tmp_path / "stress.json"
+    write_json_atomic(target, {"version": -1, "payload": ""})
+    child = _spawn(
+        f"""
+        from harness.baselines.atomic import write_json_atomic
+        i = 0
+        print("GO", flush=True)
+        while True:
+            # ~1 MB documents whose payload length encodes the version: a torn or mixed file
+            # either fails to parse or fails the consistency check below.
+            write_json_atomic({str(target)!r}, {{"version": i, "payload": str(i % 10) * (1_000_000 + i)}})
+            i += 1
+        """
+    )
+    seen = set()
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "GO"
+        for delay in (0.05, 0.11, 0.17, 0.23, 0.31):
+            time.sleep(delay)
+            os.kill(child.pid, signal.SIGSTOP)  # freeze mid-whatever, inspect, resume
+            doc = json.loads(target.read_text())
+            version = doc["version"]
+            assert version == -1 or doc["payload"] == str(version % 10) * (1_000_000 + version)
+            seen.add(version)
+            os.kill(child.pid, signal.SIGCONT)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+        child.wait()
+    doc = json.loads(target.read_text())
+    assert doc["version"] == -1 or doc["payload"] == str(doc["version"] % 10) * (1_000_000 + doc["version"])
+    assert len(seen) > 1, "the writer made no progress; the test did not exercise concurrent writes"
+    assert len(_temps(tmp_path)) <= 1  # at most the one the kill interrupted

@@ -1,0 +1,76 @@
+"""Reference images/videos: bless writes PNG + manifest; load verifies the hash, loudly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.baselines.images import MANIFEST, bless, load_reference
+from harness.errors import ConfigError
+
+
+def _image(seed: int, shape: tuple[int, ...] = (12, 16, 3)) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+def test_image_round_trip_and_manifest(tmp_path: Path) -> None:
+    img = _image(0)
+    assert bless(tmp_path, "flux_image_t2i", img) == ["flux_image_t2i.png"]
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    digest = hashlib.sha256((tmp_path / "flux_image_t2i.png").read_bytes()).hexdigest()
+    assert manifest == {"flux_image_t2i.png": digest}
+    out = load_reference(tmp_path, "flux_image_t2i")
+    assert out.dtype == np.uint8 and np.array_equal(out, img)
+
+
+def test_video_is_stored_per_frame(tmp_path: Path) -> None:
+    video = np.stack([_image(i) for i in range(3)])
+    assert bless(tmp_path, "wan_t2v", video) == [f"wan_t2v/frame_{i:04d}.png" for i in range(3)]
+    assert np.array_equal(load_reference(tmp_path, "wan_t2v"), video)
+    # re-blessing with fewer frames drops the stale frame from disk and manifest
+    bless(tmp_path, "wan_t2v", video[:2])
+    assert load_reference(tmp_path, "wan_t2v").shape == (2, 12, 16, 3)
+    assert not (tmp_path / "wan_t2v" / "frame_0002.png").exists()
+    assert "wan_t2v/frame_0002.png" not in json.loads((tmp_path / MANIFEST).read_text())
+
+
+def test_hash_mismatch_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    bless(tmp_path, "a", _image(1))
+    bless(tmp_path, "b", _image(2))
+    (tmp_path / "a.png").write_bytes((tmp_path / "b.png").read_bytes())  # valid PNG, wrong content
+    with pytest.raises(ConfigError, match="sha256 mismatch") as info:
+        load_reference(tmp_path, "a")
+    assert info.value.path == str(tmp_path / "a.png")
+
+
+def test_file_missing_from_manifest_is_an_error(tmp_path: Path) -> None:
+    bless(tmp_path, "a", _image(1))
+    (tmp_path / "stray.png").write_bytes((tmp_path / "a.png").read_bytes())
+    with pytest.raises(ConfigError, match="not in manifest.json") as info:
+        load_reference(tmp_path, "stray")
+    assert info.value.path == str(tmp_path / "stray.png")
+    with pytest.raises(ConfigError, match="no reference for case 'nothing'"):
+        load_reference(tmp_path, "nothing")
+
+
+def test_manifest_entry_without_file_is_an_error(tmp_path: Path) -> None:
+    bless(tmp_path, "a", _image(1))
+    (tmp_path / "a.png").unlink()
+    with pytest.raises(ConfigError, match="file is missing") as info:
+        load_reference(tmp_path, "a")
+    assert info.value.path == str(tmp_path / "a.png")
+
+
+def test_corrupt_manifest_and_bad_arguments(tmp_path: Path) -> None:
+    (tmp_path / MANIFEST).write_text('{"a.png": "not-a-hash"}')
+    with pytest.raises(ConfigError, match="sha256") as info:
+        load_reference(tmp_path, "a")
+    assert info.value.key == "a.png"
+    with pytest.raises(ConfigError, match="file name"):
+        bless(tmp_path, "../escape", _image(0))
+    with pytest.raises(ValueError, match="uint8"):
+        bless(tmp_path / "new", "x", _image(0).astype(np.float32))
