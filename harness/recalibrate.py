@@ -10,7 +10,7 @@ of a case (the lowest clip/ssim/psnr, the highest mean_abs_diff):
 
 The cap/floor keeps a bound from becoming so tight that run-to-run noise fails it (an
 identical-image run has psnr = inf and clip = ssim = 1: the cap turns that into 30 dB / 0.98 /
-0.95). New values are rounded to 4 decimals *towards the safe side* (down for lower bounds, up for
+0.95); a lower bound never goes below 0. New values are rounded to 4 decimals *towards the safe side* (down for lower bounds, up for
 mean_abs_diff) so rounding never makes the worst observed run fail. A policy file (JSON, or TOML
 when its name ends in .toml) overrides any part::
 

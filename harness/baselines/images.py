@@ -64,8 +64,9 @@ def _case_files(manifest: dict[str, str], case_id: str) -> list[str]:
     """Manifest entries of a case: ``<id>.png`` or the ``<id>/frame_*.png`` sequence, in order."""
     if f"{case_id}.png" in manifest:
         return [f"{case_id}.png"]
-    frames = sorted(name for name in manifest if re.fullmatch(rf"{re.escape(case_id)}/frame_\d+\.png", name))
-    return frames
+    pattern = re.compile(rf"{re.escape(case_id)}/frame_(\d+)\.png")
+    frames = {int(m.group(1)): name for name in manifest if (m := pattern.fullmatch(name))}
+    return [frames[i] for i in sorted(frames)]  # numeric order: frame_10000 after frame_9999
 
 
 def _decode_png(data: bytes, path: Path) -> np.ndarray:
@@ -113,6 +114,10 @@ def load_reference(directory: str | Path, case_id: str) -> np.ndarray:
         if stray is not None:
             raise ConfigError(f"file is not in {MANIFEST}: it was never blessed", path=stray)
         raise ConfigError(f"no reference for case {case_id!r} in {MANIFEST}", path=directory / MANIFEST)
+    for index, name in enumerate(names):
+        expected = _frame_name(case_id, index)
+        if name != f"{case_id}.png" and name != expected:
+            raise ConfigError(f"video frames must be numbered 0..T-1; {expected} is not listed", path=directory / MANIFEST)
     arrays = [_decode_png(_verified_bytes(directory, n, manifest[n]), directory / n) for n in names]
     if len(names) == 1 and names[0] == f"{case_id}.png":
         return arrays[0]

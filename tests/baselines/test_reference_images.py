@@ -38,6 +38,15 @@ def test_video_is_stored_per_frame(tmp_path: Path) -> None:
     assert "wan_t2v/frame_0002.png" not in json.loads((tmp_path / MANIFEST).read_text())
 
 
+def test_frame_missing_from_manifest_is_an_error(tmp_path: Path) -> None:
+    bless(tmp_path, "v", np.stack([_image(i) for i in range(3)]))
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    del manifest["v/frame_0001.png"]
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="v/frame_0001.png is not listed"):
+        load_reference(tmp_path, "v")
+
+
 def test_hash_mismatch_is_an_error_naming_the_file(tmp_path: Path) -> None:
     bless(tmp_path, "a", _image(1))
     bless(tmp_path, "b", _image(2))
