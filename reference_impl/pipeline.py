@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.attention.layer import USPAttention
+from reference_impl.attention.layer import LocalAttention, USPAttention
 from reference_impl.forward_context import set_forward_context
 from reference_impl.models.hunyuanvideo import HunyuanVideoBlockConfig, MMDoubleStreamBlock, MMSingleStreamBlock, hunyuan_rope
 from reference_impl.models.layers import ModelConfig, even_shard_bounds
@@ -231,11 +231,24 @@ def flow_sigmas(steps: int, shift: float) -> list[float]:
     return (shift * s / (1 + (shift - 1) * s)).tolist()
 
 
+# The config keys that decide which weights are built; a reused PipelineModels must agree on them.
+MODEL_KEYS = ("dtype", "device", "suffix_mode", "weights_seed", "text_encoder_dir")
+
+
 @dataclass
 class PipelineModels:
     text_encoder: Qwen3TextEncoder
     dit: nn.Module
     vae: ViT3DDecoder
+    built_for: PipelineConfig
+
+    def check_serves(self, config: PipelineConfig) -> None:
+        """Refuse a config these models were not built for, naming the key that differs."""
+        for key in MODEL_KEYS:
+            if getattr(config, key) != getattr(self.built_for, key):
+                raise ValueError(f"models were built for {key}={getattr(self.built_for, key)!r}, config has {getattr(config, key)!r}")
+        if (config.num_frames is None) != (self.built_for.num_frames is None):
+            raise ValueError("num_frames: models built for an image cannot make a video, nor the reverse")
 
 
 def _seeded(seed: int, build: Any) -> Any:
@@ -276,7 +289,7 @@ def build_models(config: PipelineConfig) -> PipelineModels:
     if config.suffix_mode == "rotate_to_front":
         rotate_captions_to_front(dit)
     vae = _seeded(s + 2, lambda: ViT3DDecoder(VAE_TINY))
-    return PipelineModels(encoder.to(device, dtype).eval(), dit.to(device, dtype).eval(), vae.to(device, dtype).eval())
+    return PipelineModels(encoder.to(device, dtype).eval(), dit.to(device, dtype).eval(), vae.to(device, dtype).eval(), config)
 
 
 class _Clock:
@@ -310,7 +323,7 @@ def _backends(models: PipelineModels) -> dict[str, str]:
     """The attention backend each model was built with (what a report must name)."""
     found: dict[str, str] = {}
     for name, model in (("text_encoder", models.text_encoder), ("dit", models.dit)):
-        kinds = sorted({m.backend.value for m in model.modules() if hasattr(m, "selection")})
+        kinds = sorted({m.backend.value for m in model.modules() if isinstance(m, (LocalAttention, USPAttention))})
         found[name] = ",".join(kinds)
     return found
 
@@ -320,7 +333,9 @@ def run_pipeline(config: PipelineConfig, models: PipelineModels | None = None) -
 
     ``models`` lets a caller time several runs without rebuilding; building is not timed.
     """
-    models = models if models is not None else build_models(config)
+    if models is None:
+        models = build_models(config)
+    models.check_serves(config)
     device, dtype = torch.device(config.device), DTYPES[config.dtype]
     clock = _Clock(device)
     frames = config.num_frames

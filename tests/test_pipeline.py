@@ -117,6 +117,16 @@ def test_stage_timings_cover_the_run():
     assert t.e2e_ms == pytest.approx(sum(t.stages_ms.values()), rel=1e-6)
 
 
+def test_prebuilt_models_give_the_same_bytes_and_refuse_other_configs():
+    config = PipelineConfig(steps=3)
+    models = build_models(config)
+    assert run_pipeline(config, models).output.tobytes() == run_pipeline(config).output.tobytes()
+    with pytest.raises(ValueError, match="dtype='float32', config has 'bfloat16'"):
+        run_pipeline(dataclasses.replace(config, dtype="bfloat16"), models)
+    with pytest.raises(ValueError, match="num_frames"):
+        run_pipeline(dataclasses.replace(config, num_frames=2), models)
+
+
 def test_text_encoder_from_a_transformers_directory(tmp_path):
     transformers = pytest.importorskip("transformers")
     hf_config = transformers.Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
