@@ -1,1 +1,24 @@
-"""Named parity contracts: checks with parameters that return a verdict with figures."""
+"""Named parity contracts: checks with parameters that return a verdict with figures.
+
+Importing this package registers every built-in contract (``usp.*``, ``backend.*`` and, once
+their measuring functions exist, ``model.*`` / ``encoder.*`` / ``vae.*``).
+"""
+
+from harness.contracts import backend, usp  # noqa: F401  (registration)
+from harness.contracts.registry import Contract, RankContext, all_contracts, get_contract, register
+from harness.contracts.verdict import FAILED, PASSED, SKIPPED, RankOutcome, Stats, Verdict, compare
+
+__all__ = [
+    "FAILED",
+    "PASSED",
+    "SKIPPED",
+    "Contract",
+    "RankContext",
+    "RankOutcome",
+    "Stats",
+    "Verdict",
+    "all_contracts",
+    "compare",
+    "get_contract",
+    "register",
+]

@@ -1,0 +1,191 @@
+"""Contract case files (TOML): load, expand, validate.
+
+A file holds optional ``[defaults]`` (applied to every case of the file) and one table per
+case, keyed by its id::
+
+    [defaults]
+    dtype = "bf16"
+
+    [cases.sglang_suffix_w2]
+    contract = "usp.replicated_suffix_bitwise"
+    description = "sglang's 2-GPU parity case"      # optional
+    world_size = 2
+    tokens_per_rank = 64
+    heads = 30
+    head_dim = 128
+    replicated = 6
+
+    [cases.ulysses]
+    contract = "usp.ulysses_parity"
+    world_size = 2
+    matrix = { dtype = ["fp32", "bf16"], causal = [false, true] }   # one case per combination
+
+A matrix case expands to ids like ``ulysses[dtype=fp32,causal=false]``. Every problem (TOML
+syntax, unknown contract, unknown or missing key, wrong type, a token count the world size does
+not divide, heads the Ulysses degree does not divide) is a ConfigError naming the file, the
+case and the key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.contracts import Contract, get_contract
+from harness.contracts.params import ParamError, Params
+from harness.errors import ConfigError
+
+_CASE_META = ("contract", "description", "matrix")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One contract instantiated with parameters; ``raw`` keeps what was written (for overrides)."""
+
+    id: str
+    contract_id: str
+    params: Params
+    raw: Mapping[str, Any]
+    source: str
+    description: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return int(self.params.get("world_size", 1))
+
+
+def make_case(
+    contract_id: str,
+    raw: Mapping[str, Any],
+    *,
+    case_id: str,
+    source: str,
+    description: str = "",
+    inherited: Iterable[str] = (),
+) -> Case:
+    """Validate ``raw`` against the contract; a ConfigError names ``source``, the case and the key.
+
+    ``inherited`` are the keys whose value came from the file's ``[defaults]`` (the error says so).
+    """
+    contract = _contract(Path(source), case_id, contract_id)
+    try:
+        params = contract.resolve(raw)
+    except ParamError as exc:
+        note = " (value from [defaults])" if exc.key in set(inherited) else ""
+        raise ConfigError(f"case '{case_id}': {exc}{note}", path=source, key=f"cases.{case_id}.{exc.key}") from None
+    return Case(case_id, contract_id, params, dict(raw), source, description)
+
+
+def with_overrides(cases: Iterable[Case], **overrides: Any) -> list[Case]:
+    """The cases with ``overrides`` applied where the contract has that parameter (re-validated)."""
+    result = []
+    for case in cases:
+        declared = {p.name for p in get_contract(case.contract_id).params}
+        applied = {k: v for k, v in overrides.items() if v is not None and k in declared}
+        if applied:
+            case = make_case(
+                case.contract_id, {**case.raw, **applied}, case_id=case.id, source=case.source, description=case.description
+            )
+        result.append(case)
+    return result
+
+
+def load_case_file(path: str | Path) -> list[Case]:
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", path=path) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    unknown = set(data) - {"defaults", "cases"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError("unknown top-level table; a case file holds [defaults] and [cases.<id>]", path=path, key=key)
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise ConfigError("must be a table", path=path, key="defaults")
+    cases_table = data.get("cases")
+    if not isinstance(cases_table, dict) or not cases_table:
+        raise ConfigError("no cases: add at least one [cases.<id>] table", path=path, key="cases")
+    cases: list[Case] = []
+    for case_id, body in cases_table.items():
+        cases.extend(_expand(path, case_id, body, defaults))
+    used = {key for case in cases for key in case.raw}
+    for key in defaults:
+        if key not in used:
+            raise ConfigError("applies to no case of this file (no contract here has that parameter)", path=path, key=f"defaults.{key}")
+    return cases
+
+
+def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) -> list[Case]:
+    where = f"cases.{case_id}"
+    if not isinstance(body, dict):
+        raise ConfigError(f"case '{case_id}' must be a table", path=path, key=where)
+    contract_id = body.get("contract")
+    if not isinstance(contract_id, str):
+        raise ConfigError(f"case '{case_id}': missing or non-string 'contract'", path=path, key=f"{where}.contract")
+    description = body.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
+    matrix = body.get("matrix", {})
+    if not isinstance(matrix, dict):
+        raise ConfigError(f"case '{case_id}': matrix must be a table of lists", path=path, key=f"{where}.matrix")
+    for key, values in matrix.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"case '{case_id}': matrix values must be a non-empty list", path=path, key=f"{where}.matrix.{key}")
+        if key in body:
+            raise ConfigError(f"case '{case_id}': '{key}' is both a parameter and a matrix axis", path=path, key=f"{where}.{key}")
+    contract = _contract(path, case_id, contract_id)
+    # A default applies where the contract has that parameter (a file may mix contracts).
+    declared = {p.name for p in contract.params}
+    params = {**{k: v for k, v in defaults.items() if k in declared}, **{k: v for k, v in body.items() if k not in _CASE_META}}
+    combos = [dict(zip(matrix, values)) for values in itertools.product(*matrix.values())] if matrix else [{}]
+    cases = []
+    for combo in combos:
+        cid = case_id + ("[" + ",".join(f"{k}={_show(v)}" for k, v in combo.items()) + "]" if combo else "")
+        raw = {**params, **combo}
+        inherited = set(params) - set(body) - set(combo)
+        cases.append(make_case(contract_id, raw, case_id=cid, source=str(path), description=description, inherited=inherited))
+    return cases
+
+
+def _contract(path: Path, case_id: str, contract_id: str) -> Contract:
+    try:
+        return get_contract(contract_id)
+    except KeyError as exc:
+        raise ConfigError(f"case '{case_id}': {exc.args[0]}", path=path, key=f"cases.{case_id}.contract") from None
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def contract_case_dir(root: str | Path) -> Path:
+    """``root/contracts`` when it exists (the cases root), else ``root`` itself (a directory of case files)."""
+    root = Path(root)
+    return root / "contracts" if (root / "contracts").is_dir() else root
+
+
+def load_cases(root: str | Path) -> list[Case]:
+    """Every case of every ``*.toml`` in the contract case directory of ``root``; ids must be unique."""
+    directory = contract_case_dir(root)
+    if not directory.is_dir():
+        raise ConfigError("no such case directory (see PARITY_HOME or --cases)", path=directory)
+    files = sorted(directory.glob("*.toml"))
+    if not files:
+        raise ConfigError("no *.toml case files here", path=directory)
+    seen: dict[str, str] = {}
+    cases: list[Case] = []
+    for file in files:
+        for case in load_case_file(file):
+            if case.id in seen:
+                raise ConfigError(f"case '{case.id}' is also defined in {seen[case.id]}", path=file, key=f"cases.{case.id}")
+            seen[case.id] = str(file)
+            cases.append(case)
+    return cases

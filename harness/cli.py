@@ -1,0 +1,58 @@
+"""The ``parity`` command line: wires one module per verb from ``harness.commands``.
+
+Each verb module exposes ``register(subparsers)`` (adds its parser) and ``run(args) -> int``;
+adding a verb is adding a module and one name to :data:`VERBS`. Exit codes: 0 all passed,
+1 a failure or regression, 2 a usage or configuration error (argparse errors included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+VERBS = ("list", "check", "gate", "doctor")
+
+DESCRIPTION = """\
+Numerical-parity and regression harness for sequence-parallel diffusion attention.
+
+verbs:
+  list     the contracts, the contract cases and the targets (--json for machines)
+  check    run contract cases on a target and print a verdict table with figures
+  gate     the CI gate: run every stage (contracts now; images and timings plug in)
+  doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
+
+exit codes: 0 all passed, 1 any failure, 2 usage or configuration error.
+data: cases/ and baselines/ are read from $PARITY_HOME, else from the checkout the package
+is installed from (pip install -e .); --cases / --baselines override.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parity", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb in VERBS:
+        importlib.import_module(f"harness.commands.{verb}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from harness.errors import ConfigError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help exits 0, a usage error exits 2
+        return int(exc.code or 0)
+    try:
+        return int(args.run(args))
+    except ConfigError as exc:
+        print(f"parity {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

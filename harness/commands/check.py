@@ -1,0 +1,129 @@
+"""``parity check``: run contract cases on a target; a progress bar, then a verdict table with figures."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+
+from harness.cases import Case, load_cases, with_overrides
+from harness.commands._options import add_cases, add_outputs, add_target
+from harness.console import make_console, progress, summary_line, verdict_table
+from harness.contracts.params import canonical_dtype
+from harness.contracts.verdict import FAILED, PASSED, SKIPPED, Verdict
+from harness.errors import ConfigError
+from harness.paths import default_cases_dir
+
+HELP = "run contract cases on a target and print the verdicts"
+EPILOG = """\
+IDs select cases by contract id (usp.ring_parity), case id (sglang_suffix_w2), the id of a
+matrix case without its [axes] (ulysses), or a glob (usp.replicated_*). --world-size keeps the
+cases of that world size; --backend and --dtype override the cases' values (re-validated).
+Each world size runs in one persistent rank pool."""
+
+
+def _dtype(text: str) -> str:
+    try:
+        return canonical_dtype(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("check", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ids", nargs="*", metavar="ID", help="contracts or cases to run (default: every case)")
+    add_cases(parser)
+    add_target(parser)
+    parser.add_argument("--world-size", type=int, default=None, metavar="N", help="only the cases at this world size")
+    parser.add_argument("--backend", default=None, metavar="B", help="override the backend of every case")
+    parser.add_argument("--dtype", type=_dtype, default=None, metavar="D", help="override the dtype of every case (fp32, bf16, fp16)")
+    add_outputs(parser)
+    parser.set_defaults(run=run)
+
+
+def _matches(case: Case, pattern: str) -> bool:
+    if pattern in (case.id, case.contract_id, case.id.split("[", 1)[0]):
+        return True
+    return any(ch in pattern for ch in "*?") and (fnmatch.fnmatchcase(case.id, pattern) or fnmatch.fnmatchcase(case.contract_id, pattern))
+
+
+def select_cases(args: argparse.Namespace) -> list[Case]:
+    """The cases ``args`` ask for (ids, world size, overrides); ConfigError when a selector matches nothing."""
+    cases = load_cases(args.cases or default_cases_dir())
+    ids: Sequence[str] = getattr(args, "ids", None) or []
+    for pattern in ids:
+        if not any(_matches(c, pattern) for c in cases):
+            known = sorted({c.contract_id for c in cases})
+            raise ConfigError(f"no case matches {pattern!r}; contracts with cases: {', '.join(known)}", key="ID")
+    if ids:
+        cases = [c for c in cases if any(_matches(c, p) for p in ids)]
+    world = getattr(args, "world_size", None)
+    if world is not None:
+        cases = [c for c in cases if c.world_size == world]
+        if not cases:
+            raise ConfigError(f"no selected case runs at world size {world}", key="--world-size")
+    return with_overrides(cases, backend=getattr(args, "backend", None), dtype=getattr(args, "dtype", None))
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but torch sees no CUDA device", key="--device")
+
+
+def run_contract_cases(cases: Sequence[Case], args: argparse.Namespace, err: Console, label: str = "contracts") -> tuple[list[Verdict], float]:
+    """Run ``cases`` with a progress bar on ``err``; return the verdicts and the wall time."""
+    from harness.runner import run_cases
+
+    check_device(args.device)
+    start = time.perf_counter()
+    with progress(err, len(cases), label) as advance:
+        verdicts = run_cases(cases, args.target, args.device, timeout=args.timeout, on_verdict=advance)
+    return verdicts, time.perf_counter() - start
+
+
+def environment(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from reference_impl.platform import current_platform
+
+    return {
+        "target": args.target,
+        "device": args.device,
+        "platform": current_platform.label(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+
+
+def summary(verdicts: Sequence[Verdict]) -> dict[str, int]:
+    return {s: sum(v.status == s for v in verdicts) for s in (PASSED, FAILED, SKIPPED)}
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.baselines.atomic import write_json_atomic
+    from harness.report_junit import junit_from_verdicts, write_junit
+
+    cases = select_cases(args)
+    out, err = make_console(), make_console(stderr=True)
+    verdicts, wall = run_contract_cases(cases, args, err)
+    out.print(verdict_table(verdicts))
+    out.print(summary_line(verdicts, wall))
+    for v in verdicts:
+        if v.status == FAILED and "traceback" in v.figures:
+            print(f"\n--- {v.case_id}: {v.reason}\n{v.figures['traceback']}", file=sys.stderr)
+    if args.json:
+        document = {"command": "check", **environment(args), "wall_s": wall, "summary": summary(verdicts),
+                    "verdicts": [v.to_dict() for v in verdicts]}
+        write_json_atomic(args.json, document)
+    if args.junit:
+        write_junit(args.junit, junit_from_verdicts(verdicts))
+    return 1 if any(v.status == FAILED for v in verdicts) else 0

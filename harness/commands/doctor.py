@@ -1,0 +1,108 @@
+"""``parity doctor``: what this machine can run, and why not where it cannot."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+from typing import Any
+
+
+from harness.console import make_console
+from rich.markup import escape
+from rich.table import Table
+
+HELP = "show Python/torch versions, the platform, devices, every attention backend and target, and why one is unavailable"
+_PACKAGES = ("torch", "flash-attn", "sageattention", "yunchang", "transformers", "scikit-image", "rich")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("doctor", help=HELP, description=HELP)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(run=run)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def diagnose() -> dict[str, Any]:
+    import torch
+
+    from harness.paths import HOME_ENV, default_baselines_dir, default_cases_dir, parity_home
+    from harness.targets.loader import BUILTIN_TARGETS, load_target
+    from reference_impl.attention.backends import BACKENDS
+    from reference_impl.platform import PLATFORM_ENV, current_platform
+
+    info = _platform(current_platform)
+    cuda = torch.cuda.is_available()
+    devices = [{"type": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}]
+    if cuda:
+        devices += [{"type": "cuda", "index": i, "name": torch.cuda.get_device_name(i)} for i in range(torch.cuda.device_count())]
+    backends = [
+        {
+            "name": enum.value,
+            "available": cls.unavailable_reason() is None,
+            "reason": cls.unavailable_reason(),
+            "returns_lse": cls.supports_ring_rotation(),
+            "dtypes": sorted(str(d).replace("torch.", "") for d in cls.supported_dtypes),
+        }
+        for enum, cls in BACKENDS.items()
+    ]
+    device = "cuda" if cuda else "cpu"
+    targets = [
+        {"name": name, "available": load_target(name).unavailable_reason(device) is None,
+         "reason": load_target(name).unavailable_reason(device), "device": device}
+        for name in BUILTIN_TARGETS
+    ]
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torch_hip": getattr(torch.version, "hip", None),
+        "platform": info,
+        "platform_env": {PLATFORM_ENV: os.environ.get(PLATFORM_ENV)},
+        "devices": devices,
+        "backends": backends,
+        "targets": targets,
+        "packages": {p: _version(p) for p in _PACKAGES},
+        "paths": {HOME_ENV: os.environ.get(HOME_ENV), "home": str(parity_home()),
+                  "cases": str(default_cases_dir()), "baselines": str(default_baselines_dir())},
+    }
+
+
+def _platform(p: Any) -> dict[str, Any]:
+    return {"kind": p.kind, "label": p.label(), "simulated": p.simulated, "gcn_arch": p.gcn_arch, "device_name": p.device_name}
+
+
+def run(args: argparse.Namespace) -> int:
+    data = diagnose()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    console = make_console()
+    p = data["platform"]
+    console.print(f"python {data['python']}, torch {data['torch']} (cuda {data['torch_cuda']}, hip {data['torch_hip']})")
+    console.print(f"platform {escape(p['label'])} on {escape(p['device_name'])}" + (" [yellow](forced by PARITY_PLATFORM)[/]" if p["simulated"] else ""))
+    for d in data["devices"]:
+        console.print(escape(f"device {d['type']}{':' + str(d['index']) if 'index' in d else ''} {d['name']}"))
+    table = Table(title="attention backends")
+    for column in ("backend", "available", "returns LSE (ring)", "reason"):
+        table.add_column(column, overflow="fold")
+    for b in data["backends"]:
+        table.add_row(b["name"], "[green]yes[/]" if b["available"] else "[red]no[/]", "yes" if b["returns_lse"] else "no", escape(b["reason"] or ""))
+    console.print(table)
+    table = Table(title=f"targets on {data['targets'][0]['device']}")
+    for column in ("target", "available", "reason"):
+        table.add_column(column, overflow="fold")
+    for t in data["targets"]:
+        table.add_row(t["name"], "[green]yes[/]" if t["available"] else "[red]no[/]", escape(t["reason"] or ""))
+    console.print(table)
+    console.print(escape("packages: " + ", ".join(f"{k} {v or '-'}" for k, v in data["packages"].items())))
+    console.print(escape(f"cases {data['paths']['cases']}, baselines {data['paths']['baselines']}"))
+    return 0

@@ -1,0 +1,189 @@
+"""Contract parameters: declaration, type checking, defaults and the checks every case gets.
+
+A contract declares its parameters as :class:`Param` entries; :func:`resolve` turns the raw
+values of a case (from TOML, the CLI or ``assert_contract``) into :class:`Params`, or raises
+:class:`ParamError` naming the offending key, so a bad case file is refused before any rank
+starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+REQUIRED: Any = object()
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float64": "fp64"}
+
+KINDS = ("int", "float", "bool", "str", "int_list", "str_list", "dtype")
+
+
+class ParamError(ValueError):
+    """A parameter is missing, unknown, of the wrong type or inconsistent; ``key`` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class Params(dict):
+    """Resolved parameters: a plain dict (picklable) with attribute access for contract bodies."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self["dtype"]]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter. ``default`` may be REQUIRED, a value, None (optional) or ``fn(params_so_far)``."""
+
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"parameter {self.name}: unknown kind {self.kind!r}; valid: {', '.join(KINDS)}")
+
+
+def canonical_dtype(value: str) -> str:
+    name = _DTYPE_ALIASES.get(value, value)
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {value!r}; valid: {', '.join(DTYPES)} (or {', '.join(_DTYPE_ALIASES)})")
+    return name
+
+
+def _check_kind(param: Param, value: Any) -> Any:
+    kind = param.kind
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind in ("str", "dtype") and isinstance(value, str):
+        if kind == "dtype":
+            try:
+                return canonical_dtype(value)
+            except ValueError as exc:
+                raise ParamError(param.name, str(exc)) from None
+        return value
+    if kind == "int_list" and isinstance(value, (list, tuple)):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return list(value)
+    if kind == "str_list" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    expected = {"int_list": "a list of integers", "str_list": "a list of strings", "dtype": "a dtype name"}.get(kind, kind)
+    raise ParamError(param.name, f"expected {expected}, got {type(value).__name__} {value!r}")
+
+
+def resolve(
+    declared: Sequence[Param],
+    raw: Mapping[str, Any],
+    checks: Sequence[Callable[[Params], None]] = (),
+) -> Params:
+    """Type-check ``raw`` against ``declared``, fill defaults in declaration order, run ``checks``."""
+    names = [p.name for p in declared]
+    for key in raw:
+        if key not in names:
+            raise ParamError(key, f"unknown parameter; valid: {', '.join(names)}")
+    params = Params()
+    for param in declared:
+        if param.name in raw:
+            params[param.name] = _check_kind(param, raw[param.name])
+        elif param.default is REQUIRED:
+            raise ParamError(param.name, "missing required parameter")
+        elif callable(param.default):
+            params[param.name] = param.default(params)
+        else:
+            params[param.name] = param.default
+    for check in checks:
+        check(params)
+    return params
+
+
+# ------------------------------------------------------------------ the standard parameter sets
+
+PARALLEL = (
+    Param("world_size", "int", doc="number of ranks W"),
+)
+
+
+def degrees(ring_default: Callable[[Params], int] | int = 1) -> tuple[Param, ...]:
+    """ring_degree (default per contract) and ulysses_degree (default W / ring_degree)."""
+    return (
+        Param("ring_degree", "int", ring_default, "ring degree R"),
+        Param("ulysses_degree", "int", lambda p: max(1, p["world_size"] // max(1, p["ring_degree"])), "Ulysses degree U"),
+    )
+
+
+SHAPE = (
+    Param("batch", "int", 1, "batch size B"),
+    Param("tokens", "int", None, "total sharded tokens (must divide by world_size); or give tokens_per_rank"),
+    Param("tokens_per_rank", "int", None, "sharded tokens per rank (default 16)"),
+    Param("heads", "int", 4, "query heads H"),
+    Param("kv_heads", "int", lambda p: p["heads"], "K/V heads (GQA when fewer than heads)"),
+    Param("head_dim", "int", 32, "head dim D"),
+)
+
+NUMERIC = (
+    Param("dtype", "dtype", "fp32", "fp32, bf16, fp16 or fp64"),
+    Param("causal", "bool", False, "causal attention"),
+    Param("seed", "int", 0, "seed of the inputs (every rank generates the same ones)"),
+    Param("backend", "str", None, "kernel family (reference: torch_sdpa, fa, sage_attn, math); default: the target's"),
+    Param("sdpa_kernel", "str", None, "pin torch SDPA to math, flash, efficient or cudnn"),
+)
+
+
+def bound_param(default: str) -> Param:
+    return Param("bound", "str", default, "bitwise, abs:X or fa[:K[:FLOOR]]")
+
+
+def check_common(params: Params) -> None:
+    """Consistency every case gets: degrees, token counts and head counts that the world size divides."""
+    world = params.get("world_size")
+    if world is not None and world < 1:
+        raise ParamError("world_size", f"must be >= 1, got {world}")
+    if "ring_degree" in params:
+        ring, ulysses = params["ring_degree"], params["ulysses_degree"]
+        if ring < 1 or ulysses < 1 or ring * ulysses != world:
+            raise ParamError(
+                "ulysses_degree", f"ulysses_degree ({ulysses}) × ring_degree ({ring}) must equal world_size ({world})"
+            )
+    if "tokens_per_rank" in params:
+        tokens, per_rank = params.get("tokens"), params["tokens_per_rank"]
+        if tokens is not None and per_rank is not None:
+            raise ParamError("tokens", "give tokens or tokens_per_rank, not both")
+        if tokens is not None:
+            if tokens % world:
+                raise ParamError("tokens", f"{tokens} tokens are not divisible by world_size {world}")
+            params["tokens_per_rank"] = tokens // world
+        elif per_rank is None:
+            params["tokens_per_rank"] = 16
+        params["tokens"] = params["tokens_per_rank"] * world
+        if params["tokens_per_rank"] < 1:
+            raise ParamError("tokens_per_rank", f"must be >= 1, got {params['tokens_per_rank']}")
+    if "kv_heads" in params:
+        heads, kv_heads = params["heads"], params["kv_heads"]
+        ulysses = params.get("ulysses_degree", world or 1)
+        for key, value in (("heads", heads), ("kv_heads", kv_heads), ("head_dim", params["head_dim"]), ("batch", params["batch"])):
+            if value < 1:
+                raise ParamError(key, f"must be >= 1, got {value}")
+        if heads % kv_heads:
+            raise ParamError("kv_heads", f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+        if heads % ulysses:
+            raise ParamError("heads", f"{heads} heads are not divisible by the Ulysses degree {ulysses}")
+        if kv_heads % ulysses:
+            raise ParamError("kv_heads", f"{kv_heads} kv_heads are not divisible by the Ulysses degree {ulysses}")

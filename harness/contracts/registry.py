@@ -1,0 +1,184 @@
+"""The contract registry: named checks with declared parameters, requirements and a bound.
+
+A contract's ``body(ctx, params)`` runs on every rank of a live group (module-level, so the
+rank pool can pickle a reference to it) and returns a :class:`RankOutcome`; :meth:`Contract.judge`
+merges the ranks' outcomes into one :class:`Verdict`. Adding a contract::
+
+    register(Contract(
+        id="usp.my_check", description="...",
+        params=PARALLEL + SHAPE + NUMERIC + (Param("extra", "int", 3),),
+        body=my_body,                        # (RankContext, Params) -> RankOutcome
+        requires=frozenset({"ulysses"}),     # capabilities the target must declare
+        bound=lambda p: Bitwise(),           # or AbsBound / FlashAttentionRule / AllChecks
+    ))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.contracts.bounds import AllChecks, Bound, FlashAttentionRule, judge
+from harness.contracts.params import Param, ParamError, Params, check_common, resolve
+from harness.contracts.verdict import FAILED, PASSED, SKIPPED, RankOutcome, Verdict
+from harness.targets.base import Attention, AttentionSpec, Target
+
+
+@dataclass
+class RankContext:
+    """What a contract body gets inside a rank: the target, this rank's place and device."""
+
+    target: Target
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @contextmanager
+    def parallel(self, ulysses_degree: int, ring_degree: int) -> Iterator[None]:
+        """Sequence parallelism for the block; the runner also destroys it after every case."""
+        self.target.init_parallel(ulysses_degree, ring_degree)
+        try:
+            yield
+        finally:
+            self.target.destroy_parallel()
+
+    def spec(self, params: Params, **changes: Any) -> AttentionSpec:
+        """The AttentionSpec the standard shape/numeric parameters describe."""
+        spec = AttentionSpec(
+            num_heads=params.heads,
+            head_dim=params.head_dim,
+            num_kv_heads=params.kv_heads,
+            causal=params.get("causal", False),
+            dtype=params.torch_dtype,
+            backend=params.get("backend"),
+            sdpa_kernel=params.get("sdpa_kernel"),
+        )
+        return spec.with_(**changes)
+
+    def attention(self, params: Params, **changes: Any) -> Attention:
+        return self.target.make_attention(self.spec(params, **changes))
+
+    def randn(self, params: Params, tokens: int, heads: int, seed: int) -> torch.Tensor:
+        """Seeded on the CPU (identical on every rank and device), rounded to the dtype, then moved."""
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(params.batch, tokens, heads, params.head_dim, generator=gen).to(self.device, params.torch_dtype)
+
+
+Body = Callable[[RankContext, Params], RankOutcome]
+
+
+@dataclass(frozen=True)
+class Contract:
+    id: str
+    description: str
+    params: tuple[Param, ...]
+    body: Body
+    requires: frozenset[str] = frozenset()
+    bound: Callable[[Params], Bound] = field(default=lambda p: AllChecks())
+    checks: tuple[Callable[[Params], None], ...] = ()
+    min_world_size: int = 1
+    timeout_s: float = 120.0
+
+    def resolve(self, raw: Mapping[str, Any]) -> Params:
+        """Validated parameters, or ParamError naming the key."""
+        params = resolve(self.params, raw, (check_common, self._check_world, *self.checks))
+        if "bound" in params:
+            try:
+                self.bound(params)
+            except ValueError as exc:
+                raise ParamError("bound", str(exc)) from None
+        return params
+
+    def _check_world(self, params: Params) -> None:
+        if params.get("world_size", 1) < self.min_world_size:
+            raise ParamError("world_size", f"{self.id} needs world_size >= {self.min_world_size}")
+
+    def requirements(self, params: Params) -> frozenset[str]:
+        """Declared capabilities plus those the parameters imply (GQA, causal, ring, a named backend)."""
+        needed = set(self.requires)
+        if params.get("kv_heads", params.get("heads")) != params.get("heads"):
+            needed.add("gqa")
+        if params.get("causal"):
+            needed.add("causal")
+        if params.get("ring_degree", 1) > 1:
+            needed.add("ring")
+        # Sharded contracts without explicit degrees (replicated, varlen, masks) are Ulysses over W.
+        ulysses = params.get("ulysses_degree", params.get("world_size", 1) if "tokens_per_rank" in params else 1)
+        if ulysses > 1:
+            needed.add("ulysses")
+        if params.get("backend") or params.get("sdpa_kernel"):
+            needed.add("backend_choice")
+        return frozenset(needed)
+
+    def judge(self, case_id: str, params: Params, outcomes: Sequence[RankOutcome], duration_s: float, target: str) -> Verdict:
+        """Merge every rank's outcome into the case's verdict."""
+        bound = self.bound(params)
+        kernel = next((o.kernel for o in outcomes if o.kernel), None)
+
+        def verdict(status: str, reason: str | None, figures: dict[str, Any]) -> Verdict:
+            return Verdict(case_id, self.id, status, reason, figures, bound.describe(), kernel, duration_s, dict(params), target)
+
+        errors = [(r, o.error) for r, o in enumerate(outcomes) if o.error]
+        if errors:
+            rank, text = errors[0]
+            last = text.strip().splitlines()[-1] if text.strip() else "error"
+            return verdict(FAILED, f"rank {rank} raised: {last}", {"traceback": text})
+        skips = {o.skip for o in outcomes if o.skip}
+        if skips:
+            if len(skips) == 1 and all(o.skip for o in outcomes):
+                return verdict(SKIPPED, skips.pop(), {})
+            return verdict(FAILED, f"ranks disagree on whether this case can run: {sorted(skips)}", {})
+        problems = _merge_problems([o.problems for o in outcomes])
+        figures: dict[str, Any] = {}
+        stats_list = [o.stats for o in outcomes if o.stats is not None]
+        reason = None
+        if stats_list:
+            stats = stats_list[0]
+            for other in stats_list[1:]:
+                stats = stats.merge(other)
+            figures.update(stats.figures())
+            if isinstance(bound, FlashAttentionRule) and stats.naive_err_ref64 is not None:
+                figures["allowed"] = bound.allowed(stats)
+            reason = judge(bound, stats)
+        if outcomes and outcomes[0].checks:
+            figures["checks"] = outcomes[0].checks
+            figures["failed_checks"] = len(problems)
+        for o in outcomes[:1]:
+            figures.update(o.extra)
+        if problems:
+            reason = "; ".join(problems) + (f"; {reason}" if reason else "")
+        return verdict(FAILED if reason else PASSED, reason, figures)
+
+
+def _merge_problems(per_rank: Sequence[Sequence[str]]) -> list[str]:
+    """A problem every rank reports is said once; others are attributed to their rank."""
+    everyone = set(per_rank[0]).intersection(*per_rank[1:]) if per_rank else set()
+    merged = [f"every rank: {p}" if len(per_rank) > 1 else p for p in per_rank[0] if p in everyone] if per_rank else []
+    for rank, problems in enumerate(per_rank):
+        merged += [f"rank {rank}: {p}" for p in problems if p not in everyone]
+    return merged
+
+
+_REGISTRY: dict[str, Contract] = {}
+
+
+def register(contract: Contract) -> Contract:
+    if contract.id in _REGISTRY and _REGISTRY[contract.id] is not contract:
+        raise ValueError(f"contract {contract.id!r} is registered twice")
+    _REGISTRY[contract.id] = contract
+    return contract
+
+
+def get_contract(contract_id: str) -> Contract:
+    try:
+        return _REGISTRY[contract_id]
+    except KeyError:
+        raise KeyError(f"unknown contract {contract_id!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def all_contracts() -> list[Contract]:
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]

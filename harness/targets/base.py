@@ -1,0 +1,109 @@
+"""The target interface: the only way the harness reaches an implementation under test.
+
+Contracts never import an implementation. They ask a :class:`Target` to set up its
+sequence-parallel state and to build an attention callable from an :class:`AttentionSpec`,
+so the same contracts gate the reference implementation, yunchang, an sglang checkout or a
+user's module (``--target module:factory``). A target is resolved *inside each rank* from its
+spec string, so nothing unpicklable ever crosses a process boundary.
+
+Every target must honour ``AttentionSpec.skip_sequence_parallel=True`` as rank-local attention
+over exactly the tokens it is given, with the kernel it uses under SP: that is how contracts
+compute the single-rank reference in the same process. Everything else is optional and
+declared through :meth:`Target.capabilities`; a contract whose requirements a target lacks is
+skipped with the reason, never failed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+# What a target can declare. A contract requires a subset; each name is the keyword argument or
+# the mode a contract will use, so a target that lacks one is never handed it.
+CAPABILITIES: dict[str, str] = {
+    "ulysses": "sequence parallelism by all-to-all over heads (ulysses_degree > 1)",
+    "ring": "ring attention over K/V blocks (ring_degree > 1)",
+    "gqa": "fewer K/V heads than query heads (num_kv_heads < num_heads)",
+    "causal": "causal attention",
+    "replicated_prefix": "forward(..., num_replicated_prefix=n)",
+    "replicated_suffix": "forward(..., num_replicated_suffix=n)",
+    "replicated_kv_prefix": "forward(..., num_replicated_kv_prefix=n)",
+    "varlen": "forward(..., seq_lens=[one valid length per rank])",
+    "mask": "forward(..., attn_mask=bool mask [B, S_k] or [B, 1|H, S_q, S_k])",
+    "backend_choice": "AttentionSpec.backend names the kernel family to run",
+    "backend_selection": "AttentionSpec.backend_config / default_backend / component / supported_backends",
+}
+
+
+class Unsupported(Exception):
+    """The target cannot express this case (a missing backend, package or feature).
+
+    Raised by a target or a contract inside a rank, identically on every rank and before any
+    collective; the runner reports the case as *skipped* with this message.
+    """
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What to build. Fields beyond the shape are honoured only by targets declaring the capability."""
+
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int | None = None
+    causal: bool = False
+    softmax_scale: float | None = None
+    dtype: torch.dtype = torch.float32
+    skip_sequence_parallel: bool = False
+    backend: str | None = None  # "backend_choice": explicit kernel family; None = the target's default
+    sdpa_kernel: str | None = None  # pin torch SDPA to math / flash / efficient / cudnn
+    # "backend_selection": the reference selector's inputs, so its precedence can be checked.
+    backend_config: str | None = None
+    default_backend: str | None = None
+    supported_backends: tuple[str, ...] | None = None
+    component: str | None = None
+
+    def with_(self, **changes: Any) -> AttentionSpec:
+        return replace(self, **changes)
+
+
+@runtime_checkable
+class Attention(Protocol):
+    """``attention(q, k, v, **kwargs) -> out`` on ``[B, S_local, H, D]``.
+
+    ``backend`` names the kernel family that was selected and ``kernel`` what actually runs
+    (reports print it: bitwise parity is a property of the kernel and the shape).
+    """
+
+    backend: str
+    kernel: str
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor: ...
+
+
+class Target(ABC):
+    """An implementation under test. Subclass it and return an instance from your factory."""
+
+    name: str = "target"
+
+    @abstractmethod
+    def capabilities(self) -> frozenset[str]:
+        """The subset of :data:`CAPABILITIES` this target supports."""
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """None when the target can run on ``device`` ("cpu", "cuda"), else a sentence saying why not."""
+        return None
+
+    @abstractmethod
+    def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
+        """Set up sequence parallelism on the live default process group (every rank calls it)."""
+
+    @abstractmethod
+    def destroy_parallel(self) -> None:
+        """Forget the sequence-parallel state (called after every case, also after a failure)."""
+
+    @abstractmethod
+    def make_attention(self, spec: AttentionSpec) -> Attention:
+        """Build the attention under test; raise :class:`Unsupported` for what it cannot express."""

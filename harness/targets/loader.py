@@ -1,0 +1,68 @@
+"""Resolve a target spec string: a built-in name or ``module:factory``.
+
+``module:factory`` imports ``module`` (from the installed packages or the current directory)
+and calls ``factory()``, which must return a :class:`~harness.targets.base.Target` (a Target
+subclass itself is accepted too). Resolution happens in the parent, to learn capabilities,
+and again inside each rank: only the string travels between processes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Callable
+
+from harness.errors import ConfigError
+from harness.targets.base import CAPABILITIES, Target
+
+# name -> (module, factory attribute, one-line description)
+BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
+    "reference": ("harness.targets.reference", "factory", "reference_impl USPAttention (default)"),
+    "yunchang": ("harness.targets.yunchang", "factory", "yunchang 0.6.4 LongContextAttention (Ulysses x ring; CUDA only)"),
+    "yunchang-ulysses": ("harness.targets.yunchang", "ulysses_factory", "yunchang 0.6.4 UlyssesAttention (CUDA only)"),
+}
+
+_cache: dict[str, Target] = {}
+
+
+def load_target(spec: str) -> Target:
+    """The target named by ``spec``; cached per process (ranks build it once per run, not per case)."""
+    if spec not in _cache:
+        _cache[spec] = _build(spec)
+    return _cache[spec]
+
+
+def _build(spec: str) -> Target:
+    if spec in BUILTIN_TARGETS:
+        module_name, attr, _ = BUILTIN_TARGETS[spec]
+    elif ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        if not module_name or not attr:
+            raise ConfigError(f"target {spec!r} must be 'module:factory'", key="target")
+    else:
+        raise ConfigError(
+            f"unknown target {spec!r}; built-in targets: {', '.join(BUILTIN_TARGETS)}, or give 'module:factory'",
+            key="target",
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:  # `parity` runs from a bin dir: see the user's modules
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"target {spec!r}: cannot import module {module_name!r}: {exc}", key="target") from exc
+    factory: Callable[[], object] | None = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"target {spec!r}: module {module_name!r} has no callable {attr!r}", key="target")
+    target = factory()
+    if not isinstance(target, Target):
+        raise ConfigError(
+            f"target {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.Target", key="target"
+        )
+    unknown = set(target.capabilities()) - set(CAPABILITIES)
+    if unknown:
+        raise ConfigError(
+            f"target {spec!r} declares unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}",
+            key="target",
+        )
+    return target

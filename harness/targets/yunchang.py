@@ -1,0 +1,105 @@
+"""Adapter for yunchang 0.6.4 (``UlyssesAttention`` and ``LongContextAttention``).
+
+yunchang has no replicated tokens, no varlen entry on these layers, no mask, no GQA and no
+backend selector, so it declares none of those and the matching contracts are skipped with
+the reason. Its torch kernels call CUDA-only aten ops (``_scaled_dot_product_flash_attention``,
+``_scaled_dot_product_efficient_attention``) and its all-to-alls move CUDA tensors directly, so
+it runs only on CUDA with one GPU per rank (NCCL).
+
+The kernel is flash-attn when installed, else torch's flash kernel for fp16/bf16 and the
+efficient kernel for fp32 (torch's flash kernel has no fp32). The single-rank reference
+(``skip_sequence_parallel=True``) calls that same kernel through yunchang's own wrapper.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from harness.targets.base import AttentionSpec, Target, Unsupported
+
+NOT_INSTALLED = "yunchang is not installed (pip install yunchang==0.6.4)"
+CUDA_ONLY = "yunchang's torch kernels call CUDA-only aten ops; it runs only on CUDA with one GPU per rank"
+
+_LAYERS = ("long_context", "ulysses")
+
+
+class YunchangAttention:
+    def __init__(self, fn: Callable[..., Any], backend: str, kernel: str, spec: AttentionSpec) -> None:
+        self._fn = fn
+        self._spec = spec
+        self.backend = backend
+        self.kernel = kernel
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if kwargs:
+            raise Unsupported(f"yunchang takes no {', '.join(sorted(kwargs))}")
+        out = self._fn(q, k, v, softmax_scale=self._spec.softmax_scale, causal=self._spec.causal)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class YunchangTarget(Target):
+    """``layer="long_context"`` (Ulysses × ring) or ``layer="ulysses"`` (Ulysses only)."""
+
+    def __init__(self, layer: str = "long_context") -> None:
+        if layer not in _LAYERS:
+            raise ValueError(f"unknown yunchang layer {layer!r}; valid: {', '.join(_LAYERS)}")
+        self.layer = layer
+        self.name = "yunchang" if layer == "long_context" else "yunchang-ulysses"
+
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"ulysses", "causal", "ring"} if self.layer == "long_context" else {"ulysses", "causal"})
+
+    def unavailable_reason(self, device: str) -> str | None:
+        if importlib.util.find_spec("yunchang") is None:
+            return NOT_INSTALLED
+        if torch.device(device).type != "cuda":
+            return CUDA_ONLY
+        return None
+
+    def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
+        if dist.get_backend() != "nccl":
+            raise Unsupported(f"{CUDA_ONLY} (this group is {dist.get_backend()}: more ranks than GPUs)")
+        from yunchang import set_seq_parallel_pg
+
+        set_seq_parallel_pg(ulysses_degree, ring_degree, dist.get_rank(), dist.get_world_size())
+
+    def destroy_parallel(self) -> None:
+        if importlib.util.find_spec("yunchang") is None:
+            return
+        from yunchang.globals import PROCESS_GROUP
+
+        PROCESS_GROUP.ULYSSES_PG = None
+        PROCESS_GROUP.RING_PG = None
+
+    def make_attention(self, spec: AttentionSpec) -> YunchangAttention:
+        from yunchang import LongContextAttention, UlyssesAttention
+        from yunchang.globals import HAS_FLASH_ATTN, PROCESS_GROUP
+        from yunchang.kernels import AttnType, select_flash_attn_impl
+
+        if spec.num_kv_heads not in (None, spec.num_heads):
+            raise Unsupported("yunchang needs as many K/V heads as query heads")
+        if HAS_FLASH_ATTN:
+            attn_type = AttnType.FA
+        else:
+            attn_type = AttnType.TORCH_EFFICIENT if spec.dtype == torch.float32 else AttnType.TORCH_FLASH
+        kernel = f"yunchang:{attn_type.value}"
+        if spec.skip_sequence_parallel:
+            local = select_flash_attn_impl(attn_type, stage="fwd-only")
+            return YunchangAttention(local, "yunchang-local", kernel, spec)
+        if self.layer == "ulysses":
+            layer: torch.nn.Module = UlyssesAttention(PROCESS_GROUP.ULYSSES_PG, attn_type=attn_type)
+        else:
+            layer = LongContextAttention(ring_impl_type="basic", attn_type=attn_type)
+        return YunchangAttention(layer, f"yunchang-{self.layer}", kernel, spec)
+
+
+def factory() -> YunchangTarget:
+    return YunchangTarget("long_context")
+
+
+def ulysses_factory() -> YunchangTarget:
+    return YunchangTarget("ulysses")

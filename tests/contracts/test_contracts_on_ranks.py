@@ -1,0 +1,146 @@
+"""Contracts on real gloo groups through the plugin's session pools: they pass on the reference
+and fail, with their figures, on deliberately broken targets."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cases import make_case
+from harness.contracts.verdict import FAILED, PASSED, SKIPPED
+from harness.runner import precheck, run_cases
+from harness.targets.yunchang import CUDA_ONLY, NOT_INSTALLED, YunchangTarget
+
+pytestmark = pytest.mark.timeout(300)
+
+SGLANG = dict(world_size=2, batch=1, tokens_per_rank=64, heads=30, head_dim=128, replicated=6, dtype="bf16")
+ROTATING = "tests.targets.rotating_suffix:factory"
+
+
+def _run(rank_pool, contract_id, target="reference", **params):
+    [verdict] = run_cases([make_case(contract_id, params, case_id=contract_id, source="test")], target, "cpu", pools=rank_pool)
+    return verdict
+
+
+def test_sglang_case_on_the_reference(assert_contract):
+    suffix = assert_contract("usp.replicated_suffix_bitwise", **SGLANG)
+    assert suffix.figures["bitwise"] is True and suffix.figures["max_abs"] == 0.0
+    assert suffix.figures["elements"] == 2 * (64 + 6) * 30 * 128  # both ranks: shard and suffix
+    assert suffix.kernel.startswith("torch_sdpa")
+    prefix = assert_contract("usp.replicated_prefix_drift", **SGLANG)
+    assert 0.0 < prefix.figures["max_abs"] <= 1e-2  # bf16 reordering drifts, within sglang's bound
+    assert prefix.bound == "max|out − ref| ≤ 0.01"
+
+
+def test_rotating_the_suffix_to_the_front_is_caught(rank_pool):
+    suffix = _run(rank_pool, "usp.replicated_suffix_bitwise", ROTATING, **SGLANG)
+    assert suffix.status == FAILED
+    assert suffix.figures["bitwise"] is False
+    assert suffix.figures["mismatched"] > 0 and suffix.figures["max_abs"] > 0
+    assert suffix.reason.startswith("not bitwise:")
+    assert "suffix rotated to the front" in suffix.kernel
+    assert _run(rank_pool, "usp.replicated_prefix_drift", ROTATING, **SGLANG).status == PASSED
+
+
+def test_sp_paths_pass_on_the_reference(assert_contract):
+    for contract_id, params in (
+        ("usp.ulysses_parity", dict(heads=8, kv_heads=2, causal=True, dtype="bf16")),
+        ("usp.ring_parity", dict(causal=True, dtype="bf16")),
+        ("usp.replicated_kv_prefix", dict(heads=4, replicated=3, dtype="bf16")),
+        ("usp.varlen_parity", dict(seq_lens=[16, 5], causal=True)),
+        ("usp.masked_parity", dict(mask="dense", heads=4, kv_heads=2)),
+        ("usp.masked_rejects_replicated", dict(replicated=2)),
+        ("usp.skip_sequence_parallel_local", {}),
+    ):
+        verdict = assert_contract(contract_id, world_size=2, **params)
+        assert verdict.status == PASSED, contract_id
+    ring = assert_contract("usp.ring_parity", world_size=2, dtype="bf16")
+    assert ring.figures["err_ref64"] <= ring.figures["allowed"] == 2 * ring.figures["naive_err_ref64"] + 1e-6
+    assert ring.figures["naive_err_ref64"] > 1e-3  # the naive bf16 reference really is low precision
+
+
+def test_backend_precedence_on_one_rank(assert_contract):
+    verdict = assert_contract("backend.selection_precedence")
+    assert verdict.figures == {"checks": 16, "failed_checks": 0}
+
+
+def test_perturbed_sp_output_fails_bitwise_and_the_fa_rule(rank_pool):
+    target = "tests.targets.broken:perturbed"
+    ulysses = _run(rank_pool, "usp.ulysses_parity", target, world_size=2)
+    assert ulysses.status == FAILED and ulysses.reason.startswith("not bitwise")
+    ring = _run(rank_pool, "usp.ring_parity", target, world_size=2)
+    assert ring.status == FAILED and "max|out − ref64| = 5.0" in ring.reason
+    assert ring.figures["err_ref64"] > ring.figures["allowed"]
+
+
+def test_nan_fails_even_a_loose_bound(rank_pool):
+    verdict = _run(rank_pool, "usp.replicated_prefix_drift", "tests.targets.broken:nan_output", world_size=2, bound="abs:1e9")
+    assert verdict.status == FAILED
+    assert verdict.reason == "non-finite values: 2 in the output, 0 in the reference"  # one per rank
+
+
+def test_a_swallowed_guard_is_caught(rank_pool):
+    verdict = _run(rank_pool, "usp.masked_rejects_replicated", "tests.targets.broken:swallows_guard", world_size=2)
+    assert verdict.status == FAILED
+    assert "every rank: attn_mask with num_replicated_suffix=6 ran instead of raising NotImplementedError" in verdict.reason
+    assert verdict.figures["failed_checks"] == 3
+
+
+def test_ring_admission_exercises_the_layer_check(rank_pool):
+    verdict = _run(rank_pool, "usp.ring_admission", "tests.targets.no_lse_backend:factory", world_size=2)
+    assert verdict.status == PASSED, verdict.reason
+    assert "needs a backend that returns the log-sum-exp; sage_attn does not" in verdict.figures["refusal"]
+    on_cpu = _run(rank_pool, "usp.ring_admission", world_size=2)
+    assert on_cpu.status == SKIPPED and "sageattention package is not installed" in on_cpu.reason
+
+
+def test_unavailable_backend_skips_and_unknown_backend_fails(rank_pool):
+    skipped = _run(rank_pool, "usp.ulysses_parity", world_size=2, backend="fa")
+    assert skipped.status == SKIPPED and "flash-attn package is not installed" in skipped.reason
+    failed = _run(rank_pool, "usp.ulysses_parity", world_size=2, backend="nope")
+    assert failed.status == FAILED
+    assert "rank 0 raised: ValueError: unknown attention backend 'nope'; valid names: torch_sdpa, fa, sage_attn, math" == failed.reason
+    assert "Traceback" in failed.figures["traceback"]
+
+
+def test_one_persistent_pool_per_world_size(rank_pool):
+    pids = rank_pool(2).pids
+    _run(rank_pool, "usp.ulysses_parity", world_size=2)
+    _run(rank_pool, "usp.ring_parity", world_size=2)
+    assert rank_pool(2).pids == pids and len(pids) == 2
+
+
+def test_yunchang_is_skipped_with_the_reason_without_starting_ranks():
+    def no_pool(world_size):
+        raise AssertionError("a skipped target must not start ranks")
+
+    cases = [make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u", source="test")]
+    [verdict] = run_cases(cases, "yunchang", "cpu", pools=no_pool)
+    assert verdict.status == SKIPPED and verdict.reason == f"target yunchang: {NOT_INSTALLED}"
+
+
+class _InstalledYunchang(YunchangTarget):
+    """yunchang as if installed: what remains is what it declares."""
+
+    def unavailable_reason(self, device: str) -> str | None:
+        return None if device == "cuda" else CUDA_ONLY
+
+
+def test_yunchang_declares_no_replicated_tokens_varlen_or_mask():
+    target = _InstalledYunchang()
+    suffix = make_case("usp.replicated_suffix_bitwise", {"world_size": 2}, case_id="s", source="test")
+    assert "does not support replicated_suffix" in precheck(suffix, target, "yunchang", "cuda")
+    varlen = make_case("usp.varlen_parity", {"world_size": 2}, case_id="v", source="test")
+    assert "does not support varlen" in precheck(varlen, target, "yunchang", "cuda")
+    masked = make_case("usp.masked_parity", {"world_size": 2}, case_id="m", source="test")
+    assert "does not support mask" in precheck(masked, target, "yunchang", "cuda")
+    hybrid = make_case("usp.hybrid_parity", {"world_size": 4}, case_id="h", source="test")
+    assert precheck(hybrid, target, "yunchang", "cuda") is None
+    assert "does not support ring" in precheck(hybrid, _InstalledYunchang("ulysses"), "yunchang-ulysses", "cuda")
+    assert precheck(hybrid, target, "yunchang", "cpu") == f"target yunchang: {CUDA_ONLY}"
+
+
+def test_assert_contract_fails_and_skips_the_test(assert_contract):
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)not bitwise.*figures: \{'bitwise': False"):
+        assert_contract("usp.replicated_suffix_bitwise", target=ROTATING, **SGLANG)
+    with pytest.raises(pytest.skip.Exception, match="sageattention package is not installed"):
+        assert_contract("usp.ring_admission", world_size=2)
