@@ -11,6 +11,12 @@ call with a ``[B, 1, S, S]`` boolean mask built once per forward (its build time
 separately: the encoder shares it across all layers). Both run interleaved, rep by rep, so load
 on the machine hits them alike; medians are printed with the ratio, and the two outputs must
 agree (max abs within the dtype's bound) or the script exits 1.
+
+Measured (defaults: B=8, S=512, 16 heads, 8 KV heads, head dim 128, 42% of tokens valid):
+H200 bf16 loop 1.177 ms vs one call 0.237 ms (4.97x; 2.24x with the mask build counted),
+fp32 1.80x; lengths 61,512,17,94,33,250,8,140 bf16 5.62x. CPU fp32 (2 loaded cores): the
+loop wins, 0.78x -- it skips the padding x padding work that the dense masked call computes,
+and on a CPU the FLOPs dominate, while on a GPU the loop's 2B kernel launches do.
 """
 
 from __future__ import annotations
