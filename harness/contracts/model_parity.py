@@ -12,18 +12,27 @@ Figures per path: ``bitwise`` (``torch.equal`` with the single-rank output), ``f
 ``max_abs_vs_fp64`` (SP output vs an fp64 single-rank run) and
 ``single_rank_max_abs_vs_fp64`` (single-rank low-precision vs fp64). Verdicts and bounds are
 the contract's business; these functions only measure.
+
+Model-level bitwise parity needs more than head-count-invariant attention: every row-wise op
+must give a token the same result whatever the number of rows in the call (a rank runs its
+GEMMs on ``S/W + S_rep`` rows, one rank on ``S + S_rep``). On an H200 (torch 2.11, cu130)
+cuBLAS fp32 GEMMs are not row-count invariant (max 1.8e-5 at K=3840, 1030 vs 518 rows; even
+K=64, 32 vs 16 rows), so fp32 figures there are not bitwise; bf16 GEMMs were at every shape
+tried, and CPU GEMMs were in fp32 and bf16.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from harness.launcher import rank_device
+from reference_impl.attention.backends import pinned_sdpa_kernel
 from reference_impl.attention.layer import USPAttention
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
@@ -52,8 +61,6 @@ def _dtype(name: str) -> torch.dtype:
 def _device(device: str | None) -> torch.device:
     if device is not None:
         return torch.device(device)
-    from harness.launcher import rank_device
-
     try:
         return rank_device()
     except RuntimeError:  # a group the caller started itself
@@ -95,45 +102,58 @@ def _gather(t: Tensor) -> Tensor:
     return comm.all_gather(t.contiguous(), dim=1, group=get_ulysses_group())
 
 
-def _reference(fn: Callable[..., Any], model: torch.nn.Module, args: tuple[Tensor, ...]) -> tuple[Any, Any]:
-    """Single-rank outputs in the model's dtype and in fp64 (a float64 copy of the same weights, same inputs)."""
-    low = fn(model, *args)
+def _reference(fn: Callable[..., Any], model: torch.nn.Module, args: tuple[Tensor, ...], sdpa_kernel: str | None) -> tuple[Any, Any]:
+    """Single-rank outputs in the model's dtype (kernel pinned like the SP run) and in fp64 (a
+    float64 copy of the same weights, same inputs, any kernel: the fused ones have no fp64)."""
+    with pinned_sdpa_kernel(sdpa_kernel):
+        low = fn(model, *args)
     high = fn(copy.deepcopy(model).double(), *(a.double() for a in args))
     return low, high
 
 
-def _backend_info(attn: USPAttention) -> dict[str, Any]:
-    """Which backend ran and why; for torch_sdpa also the pinned kernel (None: torch chose)."""
+def _backend_info(attn: USPAttention, sdpa_kernel: str | None) -> dict[str, Any]:
+    """Which backend ran and why, and the SDPA kernel pinned around the low-precision runs (None: torch chose)."""
     return {"backend": attn.backend.value, "backend_level": attn.selection.level,
-            "sdpa_kernel": getattr(attn.attn_impl, "kernel", None)}
+            "sdpa_kernel": sdpa_kernel or getattr(attn.attn_impl, "kernel", None)}
 
 
-def _run_worker(body: Callable[[int, int], dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+def _run_worker(
+    reference: Callable[[], Any], sharded: Callable[[int, int, Any], dict[str, Any]], info: dict[str, Any],
+    sdpa_kernel: str | None,
+) -> dict[str, Any]:
+    """``reference()`` on one rank, then ``sharded(rank, world, refs)`` under Ulysses SP = world (kernel pinned)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     destroy_sequence_parallel()  # the reference must run on one rank, whatever a previous call left
     try:
         with torch.no_grad(), set_forward_context():
-            paths = body(dist.get_rank(), dist.get_world_size())
+            refs = reference()
+            init_sequence_parallel(world, 1)
+            with pinned_sdpa_kernel(sdpa_kernel):
+                paths = sharded(rank, world, refs)
     finally:
         destroy_sequence_parallel()
-    return {**info, "rank": dist.get_rank(), "world_size": dist.get_world_size(), "paths": paths}
+    return {**info, "rank": rank, "world_size": world, "paths": paths}
 
 
 # ---------------------------------------------------------------------------- Z-Image
 def zimage_sp_parity_worker(
     dtype_name: str = "bfloat16", seed: int = 0, *, grid_hw: tuple[int, int] = (8, 8), cap_len: int = 6, batch: int = 1,
-    backend: str | None = None, device: str | None = None,
+    config: Mapping[str, Any] | None = None, backend: str | None = None, sdpa_kernel: str | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """Z-Image block (caption as replicated suffix) and ZImageDiT end to end, SP=W vs one rank.
 
     Paths: ``block.image``, ``block.caption`` (every rank's copy), ``dit`` (the gathered
     latent prediction), all expected bitwise; and ``control.block.caption_as_prefix.image``,
     the caption rotated to the front (expected *not* bitwise: the drift order preservation
-    removes). Ulysses degree = the group's world size, ring degree 1.
+    removes). Ulysses degree = the group's world size, ring degree 1. ``config`` overrides keys
+    of :data:`ZIMAGE_TINY` (e.g. real head counts for a shape sweep); ``backend`` forces the
+    attention backend, ``sdpa_kernel`` pins torch's SDPA kernel for the low-precision runs.
     """
     dtype, dev = _dtype(dtype_name), _device(device)
     with _backend(backend):
         torch.manual_seed(seed)
-        cfg = ZImageConfig.from_dict(ZIMAGE_TINY)
+        cfg = ZImageConfig.from_dict({**ZIMAGE_TINY, **(config or {})})
         block = ZImageTransformerBlock(cfg).to(dev, dtype)
         dit = ZImageDiT(cfg).to(dev, dtype)
     attn = block.attention.attn
@@ -146,15 +166,16 @@ def zimage_sp_parity_worker(
     t = rand(batch).abs()
     caption = rand(batch, cap_len, cfg.cap_feat_dim)
 
-    def body(rank: int, world: int) -> dict[str, Any]:
-        def block_full(m: torch.nn.Module, img_: Tensor, cap_: Tensor, ada: Tensor) -> Tensor:
-            rope = zimage_rope(cfg, grid_hw, cap_len, device=dev, dtype=_table_dtype(m))
-            return m(torch.cat([img_, cap_], dim=1), rope, ada, num_replicated_suffix=cap_len)
+    def block_full(m: torch.nn.Module, img_: Tensor, cap_: Tensor, ada: Tensor) -> Tensor:
+        rope = zimage_rope(cfg, grid_hw, cap_len, device=dev, dtype=_table_dtype(m))
+        return m(torch.cat([img_, cap_], dim=1), rope, ada, num_replicated_suffix=cap_len)
 
-        ref, ref64 = _reference(block_full, block, (img, cap, adaln))
-        dit_ref, dit_ref64 = _reference(lambda m, *a: m(*a), dit, (latents, t, caption))
+    def reference() -> tuple[Any, Any]:
+        return (_reference(block_full, block, (img, cap, adaln), sdpa_kernel),
+                _reference(lambda m, *a: m(*a), dit, (latents, t, caption), sdpa_kernel))
 
-        init_sequence_parallel(world, 1)
+    def sharded(rank: int, world: int, refs: tuple[Any, Any]) -> dict[str, Any]:
+        (ref, ref64), (dit_ref, dit_ref64) = refs
         start, end = even_shard_bounds(n_img, rank, world)
         rope = zimage_rope(cfg, grid_hw, cap_len, rank, world, dev)
         out = block(torch.cat([img[:, start:end], cap], dim=1), rope, adaln, num_replicated_suffix=cap_len)
@@ -171,25 +192,28 @@ def zimage_sp_parity_worker(
             "control.block.caption_as_prefix.image": _figures(_gather(rot[:, cap_len:]), ref[:, :n_img], ref64[:, :n_img]),
         }
 
-    return _run_worker(body, {"model": "zimage", "dtype": dtype_name, "seed": seed, **_backend_info(attn)})
+    info = {"model": "zimage", "dtype": dtype_name, "seed": seed, **_backend_info(attn, sdpa_kernel)}
+    return _run_worker(reference, sharded, info, sdpa_kernel)
 
 
 # ---------------------------------------------------------------------------- HunyuanVideo
 def hunyuan_sp_parity_worker(
     dtype_name: str = "bfloat16", seed: int = 0, *, grid_thw: tuple[int, int, int] = (2, 4, 4), txt_len: int = 7,
-    batch: int = 1, backend: str | None = None, device: str | None = None,
+    batch: int = 1, config: Mapping[str, Any] | None = None, backend: str | None = None, sdpa_kernel: str | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """MMDoubleStreamBlock and MMSingleStreamBlock, SP=W vs one rank, in both text layouts.
 
     Paths: ``{double,single}.suffix.{image,text}`` (text replicated on every rank, as
     ``num_replicated_suffix``) and ``{double,single}.varlen.{image,text}`` (text sharded with
     :func:`shard_text`, ``seq_lens`` varlen; padded text positions are dropped). Pick a
-    ``txt_len`` not divisible by W to exercise uneven per-rank lengths.
+    ``txt_len`` not divisible by W to exercise uneven per-rank lengths. ``config`` overrides
+    keys of :data:`HUNYUAN_TINY`; ``backend`` / ``sdpa_kernel`` as for the Z-Image worker.
     """
     dtype, dev = _dtype(dtype_name), _device(device)
     with _backend(backend):
         torch.manual_seed(seed)
-        cfg = HunyuanVideoBlockConfig.from_dict(HUNYUAN_TINY)
+        cfg = HunyuanVideoBlockConfig.from_dict({**HUNYUAN_TINY, **(config or {})})
         double = MMDoubleStreamBlock(cfg).to(dev, dtype)
         single = MMSingleStreamBlock(cfg).to(dev, dtype)
     rand = _inputs(seed, dev, dtype)
@@ -202,10 +226,11 @@ def hunyuan_sp_parity_worker(
     def single_full(m: torch.nn.Module, img_: Tensor, txt_: Tensor, vec_: Tensor) -> Tensor:
         return m(torch.cat([img_, txt_], dim=1), vec_, txt_len, hunyuan_rope(cfg, grid_thw, device=dev, dtype=_table_dtype(m)))
 
-    def body(rank: int, world: int) -> dict[str, Any]:
-        refs = {"double": _reference(double_full, double, (img, txt, vec)),
-                "single": _reference(single_full, single, (img, txt, vec))}
-        init_sequence_parallel(world, 1)
+    def reference() -> dict[str, tuple[Tensor, Tensor]]:
+        return {"double": _reference(double_full, double, (img, txt, vec), sdpa_kernel),
+                "single": _reference(single_full, single, (img, txt, vec), sdpa_kernel)}
+
+    def sharded(rank: int, world: int, refs: dict[str, tuple[Tensor, Tensor]]) -> dict[str, Any]:
         start, end = even_shard_bounds(n_img, rank, world)
         rope = hunyuan_rope(cfg, grid_thw, rank, world, dev)
         img_l = img[:, start:end]
@@ -233,5 +258,6 @@ def hunyuan_sp_parity_worker(
             paths[f"{kind}.varlen.text"] = _figures(_gather(out_txt)[:, :txt_len], ref_txt, ref64_txt)
         return paths
 
-    info = {"model": "hunyuanvideo", "dtype": dtype_name, "seed": seed, "txt_len": txt_len, **_backend_info(double.attn)}
-    return _run_worker(body, info)
+    info = {"model": "hunyuanvideo", "dtype": dtype_name, "seed": seed, "txt_len": txt_len,
+            **_backend_info(double.attn, sdpa_kernel)}
+    return _run_worker(reference, sharded, info, sdpa_kernel)
