@@ -1,14 +1,15 @@
 """HunyuanVideo MMDoubleStreamBlock and MMSingleStreamBlock through USPAttention.
 
 Both blocks attend over one joint sequence *[image tokens | text tokens]* and get back ONE
-tensor from the attention, which they split with ``.split([img_len, txt_len], dim=1)``
-(sglang seed 001). Under sequence parallelism (degree W, ring degree 1) image tokens are
+tensor from the attention (sglang seed 001): the double-stream block splits it with
+``.split([img_len, txt_len], dim=1)`` for its two streams; the single-stream block feeds it
+whole to ``linear2``, whose input order it already is. Under sequence parallelism (degree W, ring degree 1) image tokens are
 always sharded (rank r holds its contiguous ``S_img / W`` tokens); text comes in one of two
 layouts:
 
 - replicated (``txt_is_sharded=False``, the default): every rank holds the whole text, passed
   to the attention as ``num_replicated_suffix=txt_len``. Order-preserving, so the SP output
-  is bitwise equal to one rank.
+  is bitwise equal to one rank (given row-count-invariant GEMMs; see harness.contracts.model_parity).
 - sharded (``txt_is_sharded=True``): rank r holds its slice of the text padded to a common
   length (:func:`shard_text`), with ``txt_valid_lens[r]`` valid tokens. The attention runs
   the ``seq_lens`` varlen path with ``seq_lens[r] = img_local + txt_valid_lens[r]``; the

@@ -5,7 +5,9 @@ each rank holds ``S_img / W`` image tokens (its contiguous shard, in rank order)
 the *whole* caption, and the attention is told ``num_replicated_suffix=caption_len``:
 USPAttention keeps the caption at the tail, so every query scans K/V in single-rank order
 and the SP output is bitwise equal to one rank (sglang seed 001; rotating the caption to
-the front instead gave Z-Image-Turbo a mean abs error of 7.28 over 9 steps).
+the front instead gave Z-Image-Turbo a mean abs error of 7.28 over 9 steps), provided the
+attention kernel is head-count invariant and the GEMMs row-count invariant (CPU: yes; H200:
+bf16 yes except torch's flash kernel at some shapes, fp32 GEMMs no).
 
 RoPE is 3-D axial and interleaved (sglang's ``is_neox_style=False``). Positions follow
 Z-Image: caption token ``i`` sits at ``(1 + i, 0, 0)``, image token ``(h, w)`` at
