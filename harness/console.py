@@ -56,7 +56,8 @@ def verdict_table(verdicts: Sequence[Verdict], title: str = "contract verdicts")
             degrees += f" ({p.get('ulysses_degree')}×{p.get('ring_degree')})"
         detail = v.bound if v.status == PASSED else (v.reason or "")
         if v.status == PASSED and "checks" in v.figures:
-            detail = f"{v.figures['checks']} checks hold"
+            n = v.figures["checks"]
+            detail = f"{n} check{'s' if n != 1 else ''} hold{'' if n != 1 else 's'}"
         table.add_row(
             escape(v.case_id), degrees, str(p.get("dtype", "")), f"[{_STYLE[v.status]}]{v.status}[/]",
             _fmt(v.figures.get("bitwise")), _fmt(v.figures.get("max_abs")), escape(detail), escape(_fmt(v.kernel)),

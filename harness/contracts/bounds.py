@@ -45,6 +45,8 @@ class Bitwise(Bound):
     def violation(self, stats: Stats) -> str | None:
         if stats.bitwise:
             return None
+        if stats.mismatched is None:
+            return f"not bitwise: differs from the single-rank reference (max abs {stats.max_abs:.3e})"
         return (
             f"not bitwise: {stats.mismatched} of {stats.count} elements differ from the single-rank "
             f"reference (max abs {stats.max_abs:.3e})"

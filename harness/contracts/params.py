@@ -178,9 +178,9 @@ def check_common(params: Params) -> None:
     if "kv_heads" in params:
         heads, kv_heads = params["heads"], params["kv_heads"]
         ulysses = params.get("ulysses_degree", world or 1)
-        for key, value in (("heads", heads), ("kv_heads", kv_heads), ("head_dim", params["head_dim"]), ("batch", params["batch"])):
-            if value < 1:
-                raise ParamError(key, f"must be >= 1, got {value}")
+        for key in ("heads", "kv_heads", "head_dim", "batch"):
+            if key in params and params[key] < 1:
+                raise ParamError(key, f"must be >= 1, got {params[key]}")
         if heads % kv_heads:
             raise ParamError("kv_heads", f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
         if heads % ulysses:

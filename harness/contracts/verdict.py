@@ -25,7 +25,7 @@ class Stats:
     """
 
     count: int = 0
-    mismatched: int = 0
+    mismatched: int | None = 0  # None: not counted (a figure taken from elsewhere said "not bitwise")
     nonfinite: int = 0
     ref_nonfinite: int = 0
     max_abs: float = 0.0
@@ -41,7 +41,7 @@ class Stats:
 
         return Stats(
             self.count + other.count,
-            self.mismatched + other.mismatched,
+            None if self.mismatched is None or other.mismatched is None else self.mismatched + other.mismatched,
             self.nonfinite + other.nonfinite,
             self.ref_nonfinite + other.ref_nonfinite,
             max(self.max_abs, other.max_abs),
@@ -63,8 +63,9 @@ class Stats:
             "mean_abs": self.sum_abs / self.count if self.count else 0.0,
             "rel_err": math.sqrt(self.sum_sq_err / self.sum_sq_ref) if self.sum_sq_ref else 0.0,
             "elements": self.count,
-            "mismatched": self.mismatched,
         }
+        if self.mismatched is not None:
+            figures["mismatched"] = self.mismatched
         if self.nonfinite or self.ref_nonfinite:
             figures["nonfinite"] = self.nonfinite
             figures["ref_nonfinite"] = self.ref_nonfinite

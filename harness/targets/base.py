@@ -35,6 +35,7 @@ CAPABILITIES: dict[str, str] = {
     "mask": "forward(..., attn_mask=bool mask [B, S_k] or [B, 1|H, S_q, S_k])",
     "backend_choice": "AttentionSpec.backend names the kernel family to run",
     "backend_selection": "AttentionSpec.backend_config / default_backend / component / supported_backends",
+    "reference_models": "the target is reference_impl itself: model-level checks (model.*, encoder.*, vae.*) run its models",
 }
 
 

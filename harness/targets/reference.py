@@ -36,7 +36,7 @@ class ReferenceTarget(Target):
         return frozenset(
             {
                 "ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix",
-                "replicated_kv_prefix", "varlen", "mask", "backend_choice", "backend_selection",
+                "replicated_kv_prefix", "varlen", "mask", "backend_choice", "backend_selection", "reference_models",
             }
         )
 

@@ -144,3 +144,19 @@ def test_assert_contract_fails_and_skips_the_test(assert_contract):
         assert_contract("usp.replicated_suffix_bitwise", target=ROTATING, **SGLANG)
     with pytest.raises(pytest.skip.Exception, match="sageattention package is not installed"):
         assert_contract("usp.ring_admission", world_size=2)
+
+
+def test_model_contracts_judge_the_measured_paths(rank_pool):
+    zimage = _run(rank_pool, "model.zimage_sp_parity", world_size=2, dtype="bf16")
+    assert zimage.status == PASSED, zimage.reason
+    assert set(zimage.figures["bounds"]) == {"block.image", "block.caption", "dit"}
+    assert "control.block.caption_as_prefix.image" in zimage.figures["paths"]  # reported, not judged
+    assert zimage.figures["paths"]["control.block.caption_as_prefix.image"]["bitwise"] is False
+    # The sharded-text path reorders keys: held to bitwise it must fail, naming the paths.
+    hunyuan = _run(rank_pool, "model.hunyuan_sp_parity", world_size=2, dtype="bf16", varlen_bound="bitwise")
+    assert hunyuan.status == FAILED
+    assert "double.varlen.image: not bitwise" in hunyuan.reason and "suffix" not in hunyuan.reason
+    encoder = _run(rank_pool, "encoder.masked_causal_lengths", world_size=1)
+    assert encoder.status == PASSED and encoder.figures["max_abs"] <= encoder.figures["bound"]
+    on_a_test_target = _run(rank_pool, "encoder.fp8_parity", ROTATING)
+    assert on_a_test_target.status == SKIPPED and "reference_models" in on_a_test_target.reason

@@ -51,6 +51,9 @@ class _SwallowsGuard(_Wrapped):
 class _Target(ReferenceTarget):
     wrapper: type[_Wrapped]
 
+    def capabilities(self) -> frozenset[str]:
+        return super().capabilities() - {"reference_models"}  # the reference models would not use this attention
+
     def make_attention(self, spec: AttentionSpec) -> _Wrapped:  # type: ignore[override]
         return self.wrapper(super().make_attention(spec), spec)
 

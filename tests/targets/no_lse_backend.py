@@ -40,6 +40,9 @@ def _in_sage_slot() -> Iterator[None]:
 class NoLseBackendTarget(ReferenceTarget):
     name = "no_lse_backend"
 
+    def capabilities(self) -> frozenset[str]:
+        return super().capabilities() - {"reference_models"}  # the reference models would not use this attention
+
     def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
         with _in_sage_slot():
             return super().make_attention(spec)

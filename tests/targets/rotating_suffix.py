@@ -35,6 +35,9 @@ class RotatingSuffixAttention:
 class RotatingSuffixTarget(ReferenceTarget):
     name = "rotating_suffix"
 
+    def capabilities(self) -> frozenset[str]:
+        return super().capabilities() - {"reference_models"}  # the reference models would not use this attention
+
     def make_attention(self, spec: AttentionSpec) -> RotatingSuffixAttention:  # type: ignore[override]
         return RotatingSuffixAttention(super().make_attention(spec))
 

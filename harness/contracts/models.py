@@ -1,0 +1,264 @@
+"""Model-level contracts: the reference models under SP, the text encoder, the VAE attention.
+
+They wrap measuring functions written next to the models (``model_parity``,
+``encoder_checks``, ``vae_checks``), which return dicts of figures; here those figures are
+judged and turned into verdicts. They exercise ``reference_impl`` directly, so they need the
+``reference_models`` capability (a third-party target is skipped with the reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from harness.contracts.bounds import Bound, judge, parse_bound
+from harness.contracts.params import Param, ParamError, Params, bound_param
+from harness.contracts.registry import Contract, RankContext, register
+from harness.contracts.verdict import RankOutcome, Stats
+
+_LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_REFERENCE = frozenset({"reference_models"})
+
+
+def _path_stats(fig: Mapping[str, Any]) -> Stats:
+    """A path's figures (bitwise, max_abs, fp64 errors) as Stats, so the usual bounds judge them."""
+    return Stats(
+        count=int(fig["numel"]),
+        mismatched=0 if fig["bitwise"] else None,
+        max_abs=float(fig["max_abs"]),
+        err_ref64=float(fig["max_abs_vs_fp64"]),
+        naive_err_ref64=float(fig["single_rank_max_abs_vs_fp64"]),
+    )
+
+
+def _judge_paths(paths: Mapping[str, Mapping[str, Any]], bounds: Mapping[str, Bound], kernel: str) -> RankOutcome:
+    """Every checked path finite and within its bound; the other paths (controls) are reported only."""
+    problems = []
+    for name, bound in bounds.items():
+        fig = paths[name]
+        if not fig["finite"]:
+            problems.append(f"{name}: non-finite values in the output")
+            continue
+        reason = judge(bound, _path_stats(fig))
+        if reason:
+            problems.append(f"{name}: {reason}")
+    checked = [paths[name] for name in bounds]
+    extra = {
+        "bitwise": all(f["bitwise"] for f in checked),
+        "max_abs": max(f["max_abs"] for f in checked),
+        "bounds": {name: bound.describe() for name, bound in bounds.items()},
+        "paths": dict(paths),
+    }
+    return RankOutcome(problems=problems, checks=len(bounds), kernel=kernel, extra=extra)
+
+
+def _kernel(result: Mapping[str, Any]) -> str:
+    pinned = f"[{result['sdpa_kernel']}]" if result.get("sdpa_kernel") else ""
+    return f"{result['backend']}{pinned} ({result['backend_level']})"
+
+
+def _check_dtype(p: Params) -> None:
+    if p.dtype not in _LONG_DTYPE:
+        raise ParamError("dtype", f"the models run in {', '.join(_LONG_DTYPE)}, not {p.dtype}")
+
+
+MODEL_PARAMS = (
+    Param("world_size", "int", doc="ranks (Ulysses degree = world_size)"),
+    Param("dtype", "dtype", "bf16", "fp32, bf16 or fp16"),
+    Param("seed", "int", 0, "seed of weights and inputs"),
+    Param("batch", "int", 1, "batch size"),
+    Param("backend", "str", None, "force an attention backend"),
+    Param("sdpa_kernel", "str", None, "pin torch SDPA to math, flash, efficient or cudnn"),
+)
+
+
+def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
+    from harness.contracts.model_parity import zimage_sp_parity_worker
+
+    result = zimage_sp_parity_worker(
+        _LONG_DTYPE[p.dtype], p.seed, grid_hw=tuple(p.grid), cap_len=p.caption_tokens, batch=p.batch,
+        backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
+    )
+    bound = parse_bound(p.bound, p.dtype)
+    return _judge_paths(result["paths"], {name: bound for name in ("block.image", "block.caption", "dit")}, _kernel(result))
+
+
+def hunyuan_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
+    from harness.contracts.model_parity import hunyuan_sp_parity_worker
+
+    result = hunyuan_sp_parity_worker(
+        _LONG_DTYPE[p.dtype], p.seed, grid_thw=tuple(p.grid), txt_len=p.text_tokens, batch=p.batch,
+        backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
+    )
+    suffix, varlen = parse_bound(p.bound, p.dtype), parse_bound(p.varlen_bound, p.dtype)
+    bounds = {f"{kind}.{layout}.{part}": suffix if layout == "suffix" else varlen
+              for kind in ("double", "single") for layout in ("suffix", "varlen") for part in ("image", "text")}
+    return _judge_paths(result["paths"], bounds, _kernel(result))
+
+
+def _grid_of(n: int) -> Callable[[Params], None]:
+    def check(p: Params) -> None:
+        if len(p.grid) != n or min(p.grid) < 1:
+            raise ParamError("grid", f"needs {n} positive sizes, got {p.grid}")
+
+    return check
+
+
+register(Contract(
+    "model.zimage_sp_parity",
+    "Z-Image block (caption as replicated suffix) and the tiny DiT end to end under Ulysses SP equal one rank "
+    "bitwise; the caption-as-prefix control path is reported, not judged",
+    MODEL_PARAMS + (
+        Param("grid", "int_list", [8, 8], "image token grid [h, w]"),
+        Param("caption_tokens", "int", 6, "caption tokens (the replicated suffix)"),
+        bound_param("bitwise"),
+    ),
+    zimage_sp_parity,
+    requires=_REFERENCE,
+    bound=lambda p: parse_bound(p.bound, p.dtype),
+    checks=(_check_dtype, _grid_of(2)),
+))
+register(Contract(
+    "model.hunyuan_sp_parity",
+    "HunyuanVideo double/single-stream blocks under Ulysses SP: text as replicated suffix bitwise, "
+    "sharded text (seq_lens varlen) within the FlashAttention rule",
+    MODEL_PARAMS + (
+        Param("grid", "int_list", [2, 4, 4], "video token grid [t, h, w]"),
+        Param("text_tokens", "int", 7, "text tokens (not divisible by W gives uneven shards)"),
+        bound_param("bitwise"),
+        Param("varlen_bound", "str", "fa:2", "bound of the sharded-text (varlen) paths"),
+    ),
+    hunyuan_sp_parity,
+    requires=_REFERENCE,
+    bound=lambda p: parse_bound(p.bound, p.dtype),
+    checks=(_check_dtype, _grid_of(3)),
+))
+
+
+# ------------------------------------------------------------------ single-process checks
+
+
+def _flag_failures(figures: Mapping[str, Any]) -> list[str]:
+    """The check's own verdict (``passed``) and, when it failed, which top-level flags were false."""
+    if figures.get("passed"):
+        return []
+    flags = [k for k, v in figures.items() if v is False and k != "passed"]
+    mismatches = figures.get("mismatches") or []
+    detail = ", ".join([f"{k} is false" for k in flags] + [str(m) for m in mismatches]) or "see the figures"
+    return [f"check failed: {detail}"]
+
+
+def _figures_contract(
+    contract_id: str, description: str, params: tuple[Param, ...], call: Callable[[RankContext, Params], dict[str, Any]],
+    checks: tuple[Callable[[Params], None], ...] = (),
+) -> None:
+    """Register a contract around a function that returns figures with ``passed`` (runs on each rank of W=1)."""
+
+    def body(ctx: RankContext, p: Params) -> RankOutcome:
+        figures = call(ctx, p)
+        kernel = figures.get("backend_masked")  # the encoder check names its attention backend
+        return RankOutcome(problems=_flag_failures(figures), checks=1, kernel=kernel,
+                           extra={k: v for k, v in figures.items() if k != "passed"})
+
+    register(Contract(contract_id, description, (Param("world_size", "int", 1, "ranks (the check runs on each)"),) + params,
+                      body, requires=_REFERENCE, checks=checks))
+
+
+def _block(p: Params) -> tuple[int, ...] | None:
+    return tuple(p.block_size) if p.block_size else None
+
+
+def _check_block(p: Params) -> None:
+    if p.block_size and (len(p.block_size) != 2 or min(p.block_size) < 1):
+        raise ParamError("block_size", f"[rows, cols] of positive sizes, or [] for per-tensor scales; got {p.block_size}")
+
+
+_BLOCK = Param("block_size", "int_list", [32, 48], "FP8 scale blocks [rows, cols]; [] = one scale per tensor")
+_SEED = Param("seed", "int", 0, "seed of weights and inputs")
+
+def _masked_causal(ctx: RankContext, p: Params) -> dict[str, Any]:
+    from harness.contracts.encoder_checks import check_masked_causal_lengths
+
+    return check_masked_causal_lengths(tuple(p.lengths), p.heads, p.kv_heads, p.head_dim, p.backend, p.seed)
+
+
+def _admission(ctx: RankContext, p: Params) -> dict[str, Any]:
+    from harness.contracts.encoder_checks import check_quantized_admission
+
+    return check_quantized_admission(_block(p), p.seed)
+
+
+def _packed_qkv(ctx: RankContext, p: Params) -> dict[str, Any]:
+    from harness.contracts.encoder_checks import check_packed_qkv_scale
+
+    return check_packed_qkv_scale(_block(p), p.seed)
+
+
+def _fp8(ctx: RankContext, p: Params) -> dict[str, Any]:
+    from harness.contracts.encoder_checks import check_fp8_parity
+
+    return check_fp8_parity(_block(p), tuple(p.lengths), seed=p.seed)
+
+
+def _audio(ctx: RankContext, p: Params) -> dict[str, Any]:
+    from harness.contracts.vae_checks import audio_fp32_restored
+
+    return audio_fp32_restored(str(ctx.device), p.seed)
+
+
+def _video(ctx: RankContext, p: Params) -> dict[str, Any]:
+    from harness.contracts.vae_checks import video_dispatch
+
+    return video_dispatch(str(ctx.device), p.seed)
+
+
+_figures_contract(
+    "encoder.masked_causal_lengths",
+    "Qwen3 encoder masked causal attention vs an fp64 per-row reference: valid rows causal, padding rows "
+    "over the valid keys, zero-length rows zero, all-full batches plain causal; GQA",
+    (
+        Param("lengths", "int_list", [7, 3, 10, 0, 1], "valid tokens per row"),
+        Param("heads", "int", 4, "query heads"),
+        Param("kv_heads", "int", 2, "K/V heads"),
+        Param("head_dim", "int", 16, "head dim"),
+        Param("backend", "str", None, "text_encoder backend override"),
+        _SEED,
+    ),
+    _masked_causal,
+)
+_figures_contract(
+    "encoder.quantized_admission",
+    "a quantized checkpoint is admitted only by a native encoder that builds quantized linears; every "
+    "rejection happens before one tensor is read (fail closed)",
+    (_BLOCK, _SEED),
+    _admission,
+    (_check_block,),
+)
+_figures_contract(
+    "encoder.packed_qkv_scale",
+    "q/k/v (and gate/up) weights and weight_scale_inv land bit for bit in their shard of the fused parameter",
+    (Param("block_size", "int_list", [], "FP8 scale blocks [rows, cols]; [] = one scale per tensor"), _SEED),
+    _packed_qkv,
+    (_check_block,),
+)
+_figures_contract(
+    "encoder.fp8_parity",
+    "the FP8 encoder equals a bf16 encoder on its dequantized weights bitwise, and stays within the measured "
+    "bound of its bf16 source",
+    (_BLOCK, Param("lengths", "int_list", [7, 3, 10], "valid tokens per row"), _SEED),
+    _fp8,
+    (_check_block,),
+)
+_figures_contract(
+    "vae.audio_fp32_restored",
+    "audio VAE attention: fp32 in, fp32 out, by default (TORCH_SDPA) and through a fused backend's cast-and-restore",
+    (_SEED,),
+    _audio,
+)
+_figures_contract(
+    "vae.video_dispatch",
+    "video VAE attention takes the expected branch per (platform, dtype) (CUDA half → USPAttention, fp32 and "
+    "non-CUDA → SDPA, ROCm gfx95 → SDPA math) and the branches agree",
+    (_SEED,),
+    _video,
+)
