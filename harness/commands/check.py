@@ -19,12 +19,14 @@ from harness.contracts.params import canonical_dtype
 from harness.contracts.verdict import FAILED, PASSED, SKIPPED, Verdict
 from harness.errors import ConfigError
 from harness.paths import default_cases_dir
+from reference_impl.attention.backends import SDPA_KERNELS
 
 HELP = "run contract cases on a target and print the verdicts"
 EPILOG = """\
 IDs select cases by contract id (usp.ring_parity), case id (sglang_suffix_w2), the id of a
 matrix case without its [axes] (ulysses), or a glob (usp.replicated_*). --world-size keeps the
-cases of that world size; --backend and --dtype override the cases' values (re-validated).
+cases of that world size; --backend, --dtype and --sdpa-kernel override the cases' values
+(re-validated).
 Each world size runs in one persistent rank pool."""
 
 
@@ -43,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--world-size", type=int, default=None, metavar="N", help="only the cases at this world size")
     parser.add_argument("--backend", default=None, metavar="B", help="override the backend of every case")
     parser.add_argument("--dtype", type=_dtype, default=None, metavar="D", help="override the dtype of every case (fp32, bf16, fp16)")
+    parser.add_argument("--sdpa-kernel", default=None, choices=SDPA_KERNELS, help="pin torch SDPA to one kernel in every case")
     add_outputs(parser)
     parser.set_defaults(run=run)
 
@@ -68,7 +71,9 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         cases = [c for c in cases if c.world_size == world]
         if not cases:
             raise ConfigError(f"no selected case runs at world size {world}", key="--world-size")
-    return with_overrides(cases, backend=getattr(args, "backend", None), dtype=getattr(args, "dtype", None))
+    return with_overrides(
+        cases, backend=getattr(args, "backend", None), dtype=getattr(args, "dtype", None), sdpa_kernel=getattr(args, "sdpa_kernel", None)
+    )
 
 
 def check_device(device: str) -> None:

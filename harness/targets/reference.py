@@ -15,18 +15,29 @@ from reference_impl.forward_context import set_forward_context
 from reference_impl.parallel.state import destroy_sequence_parallel, init_sequence_parallel
 
 
+_NO_KERNEL = ("No available kernel", "No viable backend")  # torch's words on CUDA and on the CPU
+
+
 class ReferenceAttention:
     """USPAttention called inside a forward context (the contracts know nothing of that context)."""
 
     def __init__(self, layer: USPAttention, sdpa_kernel: str | None) -> None:
         self.layer = layer
+        self.sdpa_kernel = sdpa_kernel
         self.backend = layer.backend.value
         pinned = f"[{sdpa_kernel}]" if sdpa_kernel else ""
         self.kernel = f"{self.backend}{pinned} ({layer.selection.level})"
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        with set_forward_context():
-            return self.layer(q, k, v, **kwargs)
+        try:
+            with set_forward_context():
+                return self.layer(q, k, v, **kwargs)
+        except RuntimeError as exc:
+            # A pinned SDPA kernel that cannot serve these inputs (flash with fp32, cudnn with a
+            # mask...): torch refuses before computing anything, identically on every rank.
+            if self.sdpa_kernel and any(m in str(exc) for m in _NO_KERNEL):
+                raise Unsupported(f"torch SDPA kernel {self.sdpa_kernel} cannot run this case here ({q.dtype}): {exc}") from exc
+            raise
 
 
 class ReferenceTarget(Target):

@@ -7,7 +7,8 @@ the reason. Its torch kernels call CUDA-only aten ops (``_scaled_dot_product_fla
 it runs only on CUDA with one GPU per rank (NCCL).
 
 The kernel is flash-attn when installed, else torch's flash kernel for fp16/bf16 and the
-efficient kernel for fp32 (torch's flash kernel has no fp32). The single-rank reference
+efficient kernel for fp32 (torch's flash kernel has no fp32; UlyssesAttention's torch path
+always runs the flash kernel, so it takes no fp32). The single-rank reference
 (``skip_sequence_parallel=True``) calls that same kernel through yunchang's own wrapper.
 """
 
@@ -82,6 +83,10 @@ class YunchangTarget(Target):
 
         if spec.num_kv_heads not in (None, spec.num_heads):
             raise Unsupported("yunchang needs as many K/V heads as query heads")
+        if spec.dtype not in (torch.float16, torch.bfloat16) and (HAS_FLASH_ATTN or self.layer == "ulysses"):
+            # Seen on an H200: UlyssesAttention's torch path (ring_pytorch_attn_func) runs torch's
+            # flash kernel whatever attn_type says, and flash-attn itself is fp16/bf16 only.
+            raise Unsupported(f"yunchang {self.layer} with {'flash-attn' if HAS_FLASH_ATTN else 'torch kernels'} runs flash attention: fp16/bf16 only, not {spec.dtype}")
         if HAS_FLASH_ATTN:
             attn_type = AttnType.FA
         else:

@@ -102,6 +102,11 @@ def test_unavailable_backend_skips_and_unknown_backend_fails(rank_pool):
     assert "Traceback" in failed.figures["traceback"]
 
 
+def test_a_pinned_sdpa_kernel_that_cannot_run_here_skips(rank_pool):
+    verdict = _run(rank_pool, "usp.ulysses_parity", world_size=2, sdpa_kernel="cudnn")  # no cudnn kernel on the CPU
+    assert verdict.status == SKIPPED and verdict.reason.startswith("torch SDPA kernel cudnn cannot run this case here")
+
+
 def test_one_persistent_pool_per_world_size(rank_pool):
     pids = rank_pool(2).pids
     _run(rank_pool, "usp.ulysses_parity", world_size=2)
