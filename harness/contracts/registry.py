@@ -147,8 +147,8 @@ class Contract:
         if outcomes and outcomes[0].checks:
             figures["checks"] = outcomes[0].checks
             figures["failed_checks"] = len(problems)
-        for o in outcomes[:1]:
-            figures.update(o.extra)
+        if outcomes:  # extra figures are global (every rank computes the same), rank 0 speaks for all
+            figures.update(outcomes[0].extra)
         if problems:
             reason = "; ".join(problems) + (f"; {reason}" if reason else "")
         return verdict(FAILED if reason else PASSED, reason, figures)

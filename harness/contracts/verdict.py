@@ -149,6 +149,11 @@ class Verdict:
 
 
 def _json_safe(value: Any) -> Any:
+    """Non-finite floats as strings ("nan", "inf"), at any depth: strict JSON has no NaN."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
     return value

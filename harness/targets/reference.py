@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from harness.targets.base import AttentionSpec, Target, Unsupported
-from reference_impl.attention.backends import backend_class
+from reference_impl.attention.backends import AttentionBackend, backend_class
 from reference_impl.attention.layer import USPAttention
 from reference_impl.attention.selector import attention_backend_config, attention_component
 from reference_impl.forward_context import set_forward_context
@@ -59,10 +59,11 @@ class ReferenceTarget(Target):
 
     def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
         if spec.backend is not None:
-            # An unknown name raises ValueError listing the valid ones; a known but missing one skips.
-            reason = backend_class(spec.backend).unavailable_reason()
+            # An unknown name raises ValueError listing the valid ones; a backend that cannot serve
+            # this case here (missing package, head size, dtype) skips it.
+            reason = _cannot_serve(backend_class(spec.backend), spec)
             if reason:
-                raise Unsupported(f"backend {spec.backend} is unavailable here: {reason}")
+                raise Unsupported(f"backend {spec.backend} cannot run this case here: {reason}")
         with attention_backend_config(spec.backend_config):
             with attention_component(spec.component) if spec.component else nullcontext():
                 layer = USPAttention(
@@ -79,6 +80,15 @@ class ReferenceTarget(Target):
                     dtype=spec.dtype,
                 )
         return ReferenceAttention(layer, spec.sdpa_kernel)
+
+
+def _cannot_serve(cls: type[AttentionBackend], spec: AttentionSpec) -> str | None:
+    reason = cls.unavailable_reason()
+    if reason is None and not cls.supports_head_size(spec.head_dim):
+        reason = f"head size {spec.head_dim} is not supported"
+    if reason is None and not cls.supports_dtype(spec.dtype):
+        reason = f"it does not compute in {spec.dtype}"
+    return reason
 
 
 def factory() -> ReferenceTarget:

@@ -119,3 +119,10 @@ def test_parse_bound(text, expected):
 def test_parse_bound_rejects_bad_syntax(text):
     with pytest.raises(ValueError, match="bitwise"):
         parse_bound(text, "fp32")
+
+
+def test_verdict_json_has_no_nan_at_any_depth():
+    from harness.contracts.verdict import Verdict
+
+    v = Verdict("c", "usp.x", "failed", "r", {"max_abs": float("nan"), "paths": {"a": {"max_abs": float("inf")}}}, "b", None, 0.0, {}, "t")
+    assert v.to_dict()["figures"] == {"max_abs": "nan", "paths": {"a": {"max_abs": "inf"}}}

@@ -107,6 +107,12 @@ def test_a_pinned_sdpa_kernel_that_cannot_run_here_skips(rank_pool):
     assert verdict.status == SKIPPED and verdict.reason.startswith("torch SDPA kernel cudnn cannot run this case here")
 
 
+def test_a_dead_rank_fails_its_case_and_the_pool_recovers(rank_pool):
+    dead = _run(rank_pool, "backend.selection_precedence", "tests.targets.broken:dies")
+    assert dead.status == FAILED and "rank 0 (pid" in dead.reason and "exited with code 3" in dead.reason
+    assert _run(rank_pool, "backend.selection_precedence").status == PASSED  # a fresh group, transparently
+
+
 def test_one_persistent_pool_per_world_size(rank_pool):
     pids = rank_pool(2).pids
     _run(rank_pool, "usp.ulysses_parity", world_size=2)

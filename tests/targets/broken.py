@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -70,6 +71,15 @@ class SwallowsGuardTarget(_Target):
     name, wrapper = "swallows_guard", _SwallowsGuard
 
 
+class DiesTarget(ReferenceTarget):
+    """The rank process dies while building the layer (a segfault, the OOM killer)."""
+
+    name = "dies"
+
+    def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
+        os._exit(3)
+
+
 def perturbed() -> PerturbedTarget:
     return PerturbedTarget()
 
@@ -80,3 +90,7 @@ def nan_output() -> NanTarget:
 
 def swallows_guard() -> SwallowsGuardTarget:
     return SwallowsGuardTarget()
+
+
+def dies() -> DiesTarget:
+    return DiesTarget()
