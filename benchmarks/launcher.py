@@ -1,0 +1,100 @@
+"""Wall cost of a small 2-rank case: a fresh group per case (run_on_ranks) versus a persistent RankPool.
+
+Also measures why ranks default to one intra-op thread: the same compute-bound case in a pool
+whose ranks use 1 thread versus 2 (OMP_NUM_THREADS=2), 2 ranks either way.
+
+    .venv/bin/python benchmarks/launcher.py [--calls 20] [--fresh 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.launcher import RankPool, rank_device, run_on_ranks
+
+SHAPE = (1, 64, 8, 64)  # [B, S_local, H, D]: one rank's shard of a small attention input
+
+
+def all_to_all_case() -> float:
+    """One all_to_all_single of a [1,64,8,64] shard, checked exactly against the known inputs."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    numel = torch.Size(SHAPE).numel()
+
+    def shard(src: int) -> torch.Tensor:
+        return torch.arange(numel, dtype=torch.float32).reshape(SHAPE) + 1e6 * src
+
+    send = shard(rank).to(rank_device()).flatten()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send)
+    chunk = numel // world
+    expected = torch.cat([shard(src).flatten()[rank * chunk : (rank + 1) * chunk] for src in range(world)])
+    return float((received.cpu() - expected).abs().max())
+
+
+def compute_case() -> float:
+    """Compute-bound work per rank (matmuls), to see the cost of oversubscribing the cores."""
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    a = torch.randn(384, 384, generator=gen)
+    for _ in range(20):
+        a = torch.tanh(a @ a)
+    return float(a.sum())
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def _pool_median(pool: RankPool, fn: Callable[[], Any], calls: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        pool.run(fn)
+    return statistics.median(_timed(lambda: pool.run(fn)) for _ in range(calls))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20, help="timed pool calls (after 3 warm-up calls)")
+    parser.add_argument("--fresh", type=int, default=3, help="fresh run_on_ranks groups to time")
+    args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    print(f"torch {torch.__version__}, {cores} usable cores, 2 ranks, gloo, cpu")
+    print(f"case: all_to_all_single of a {list(SHAPE)} shard + exact check")
+
+    fresh = [_timed(lambda: run_on_ranks(all_to_all_case, world_size=2)) for _ in range(args.fresh)]
+    with RankPool(2) as pool:
+        assert pool.run(all_to_all_case) == [0.0, 0.0]
+        start_cost = _timed(lambda: RankPool(2).close())
+        pooled = _pool_median(pool, all_to_all_case, args.calls)
+    fresh_ms, pooled_ms = statistics.median(fresh) * 1e3, pooled * 1e3
+    print(f"fresh group per case (run_on_ranks), median of {args.fresh}: {fresh_ms:9.1f} ms")
+    print(f"pool start + close (once)                  : {start_cost * 1e3:9.1f} ms")
+    print(f"pool marginal cost per case, median of {args.calls}: {pooled_ms:9.2f} ms")
+    print(f"ratio fresh / pool                         : {fresh_ms / pooled_ms:9.0f}x")
+    print(f"target pool < 50 ms per small case         : {'met' if pooled_ms < 50 else 'NOT met'}")
+
+    user_threads = os.environ.pop("OMP_NUM_THREADS", None)
+    try:
+        with RankPool(2) as pool:  # ranks default to 1 thread
+            one = _pool_median(pool, compute_case, args.calls // 2)
+        os.environ["OMP_NUM_THREADS"] = "2"  # inherited by the spawned ranks: the launcher then leaves it
+        with RankPool(2) as pool:
+            two = _pool_median(pool, compute_case, args.calls // 2)
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
+        if user_threads is not None:
+            os.environ["OMP_NUM_THREADS"] = user_threads
+    print(f"compute case, 2 ranks x 1 thread (default)  : {one * 1e3:9.1f} ms")
+    print(f"compute case, 2 ranks x 2 threads            : {two * 1e3:9.1f} ms  ({two / one:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
