@@ -37,7 +37,7 @@ def rank_pool(request: pytest.FixtureRequest) -> Iterator[Callable[[int], RankPo
 
     pools = PoolSet(request.config.getoption("--parity-device"))
     try:
-        yield pools.get
+        yield pools.get  # the getter, not the set: run_cases must not release session pools
     finally:
         pools.close()
 

@@ -33,6 +33,7 @@ class PoolSet:
     def __init__(self, device: str = "cpu", timeout: float = 120.0) -> None:
         self.device = device
         self.timeout = timeout
+        self.startup_s: dict[int, float] = {}  # how long each group took to start (reports show it apart from cases)
         self._starting: dict[int, Future[RankPool]] = {}
         self._closers: list[threading.Thread] = []
 
@@ -44,14 +45,19 @@ class PoolSet:
                 threading.Thread(target=self._start, args=(world, future), daemon=True, name=f"pool-start-{world}").start()
 
     def _start(self, world: int, future: Future[RankPool]) -> None:
+        start = time.perf_counter()
         try:
-            future.set_result(RankPool(world, self.device, self.timeout))
+            pool = RankPool(world, self.device, self.timeout)
+            self.startup_s[world] = time.perf_counter() - start
+            future.set_result(pool)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for this pool
             future.set_exception(exc)
 
     def get(self, world: int) -> RankPool:
         self.prestart([world])
         return self._starting[world].result()
+
+    __call__ = get  # a PoolSet is a pool getter
 
     def release(self, world: int) -> None:
         """Close the pool of ``world`` in the background (closing a group takes seconds)."""
@@ -122,7 +128,12 @@ def run_cases(
     timeout: float | None = None,
     on_verdict: Callable[[Verdict], None] | None = None,
 ) -> list[Verdict]:
-    """Verdicts in the order of ``cases``. ``pools`` lends a live pool per world size (else a PoolSet is used)."""
+    """Verdicts in the order of ``cases``.
+
+    ``pools`` lends a live pool per world size. A :class:`PoolSet` is driven fully (all its
+    groups started at once, each released after its last case; the caller closes it); any other
+    getter (the pytest plugin's session pools) is only asked; None: a PoolSet of this call.
+    """
     target_obj = load_target(target)
     verdicts: dict[int, Verdict] = {}
     runnable: list[tuple[int, Case]] = []
@@ -136,18 +147,18 @@ def run_cases(
             runnable.append((index, case))
     runnable.sort(key=lambda item: item[1].world_size)  # stable: file order within a world size
     own = PoolSet(device) if pools is None else None
-    getter = own.get if own else pools
-    assert getter is not None
+    getter: PoolGetter = own or pools  # type: ignore[assignment]
+    managed = getter if isinstance(getter, PoolSet) else None
     try:
-        if own:
-            own.prestart(c.world_size for _, c in runnable)
+        if managed:
+            managed.prestart(c.world_size for _, c in runnable)
         for position, (index, case) in enumerate(runnable):
             verdicts[index] = _run_one(case, getter, target, timeout)
             if on_verdict:
                 on_verdict(verdicts[index])
             last_of_world = position + 1 == len(runnable) or runnable[position + 1][1].world_size != case.world_size
-            if own and last_of_world:
-                own.release(case.world_size)
+            if managed and last_of_world:
+                managed.release(case.world_size)
     finally:
         if own:
             own.close()
@@ -159,6 +170,7 @@ def _run_one(case: Case, pools: PoolGetter, target: str, timeout: float | None) 
     start = time.perf_counter()
     try:
         pool = pools(case.world_size)
+        start = time.perf_counter()  # a case's cost excludes starting its group
         outcomes = pool.run(run_case_in_rank, case.contract_id, dict(case.params), target, timeout=timeout or contract.timeout_s)
     except RankFailure as exc:
         verdict = _verdict(case, FAILED, str(exc).splitlines()[0], time.perf_counter() - start, target)

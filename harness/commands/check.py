@@ -8,6 +8,7 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -83,15 +84,29 @@ def check_device(device: str) -> None:
         raise ConfigError("--device cuda but torch sees no CUDA device", key="--device")
 
 
-def run_contract_cases(cases: Sequence[Case], args: argparse.Namespace, err: Console, label: str = "contracts") -> tuple[list[Verdict], float]:
-    """Run ``cases`` with a progress bar on ``err``; return the verdicts and the wall time."""
-    from harness.runner import run_cases
+@dataclass
+class ContractRun:
+    verdicts: list[Verdict]
+    wall_s: float
+    pool_startup_s: dict[int, float]  # starting each world size's group, not counted in any case
+
+    def timing(self) -> dict[str, Any]:
+        return {
+            "wall_s": self.wall_s,
+            "cases_s": sum(v.duration_s for v in self.verdicts),
+            "pool_startup_s": {str(w): s for w, s in sorted(self.pool_startup_s.items())},
+        }
+
+
+def run_contract_cases(cases: Sequence[Case], args: argparse.Namespace, err: Console, label: str = "contracts") -> ContractRun:
+    """Run ``cases`` with a progress bar on ``err``, one pool per world size."""
+    from harness.runner import PoolSet, run_cases
 
     check_device(args.device)
     start = time.perf_counter()
-    with progress(err, len(cases), label) as advance:
-        verdicts = run_cases(cases, args.target, args.device, timeout=args.timeout, on_verdict=advance)
-    return verdicts, time.perf_counter() - start
+    with PoolSet(args.device) as pools, progress(err, len(cases), label) as advance:
+        verdicts = run_cases(cases, args.target, args.device, pools=pools, timeout=args.timeout, on_verdict=advance)
+    return ContractRun(verdicts, time.perf_counter() - start, dict(pools.startup_s))
 
 
 def environment(args: argparse.Namespace) -> dict[str, Any]:
@@ -119,14 +134,17 @@ def run(args: argparse.Namespace) -> int:
 
     cases = select_cases(args)
     out, err = make_console(), make_console(stderr=True)
-    verdicts, wall = run_contract_cases(cases, args, err)
+    result = run_contract_cases(cases, args, err)
+    verdicts = result.verdicts
     out.print(verdict_table(verdicts))
-    out.print(summary_line(verdicts, wall))
+    out.print(summary_line(verdicts, result.wall_s))
+    starts = ", ".join(f"W={w} {t:.1f} s" for w, t in sorted(result.pool_startup_s.items()))
+    out.print(f"cases {result.timing()['cases_s']:.1f} s; rank groups started in the background ({starts or 'none'})")
     for v in verdicts:
         if v.status == FAILED and "traceback" in v.figures:
             print(f"\n--- {v.case_id}: {v.reason}\n{v.figures['traceback']}", file=sys.stderr)
     if args.json:
-        document = {"command": "check", **environment(args), "wall_s": wall, "summary": summary(verdicts),
+        document = {"command": "check", **environment(args), **result.timing(), "summary": summary(verdicts),
                     "verdicts": [v.to_dict() for v in verdicts]}
         write_json_atomic(args.json, document)
     if args.junit:

@@ -78,14 +78,14 @@ class ContractStage:
         from harness.console import summary_line, verdict_table
         from harness.report_junit import junit_from_verdicts
 
-        cases = load_cases(ctx.cases_root)
-        verdicts, wall = run_contract_cases(cases, ctx.args, ctx.err, label=self.name)
+        run = run_contract_cases(load_cases(ctx.cases_root), ctx.args, ctx.err, label=self.name)
+        verdicts = run.verdicts
         ctx.out.print(verdict_table(verdicts, title="gate: contracts"))
-        ctx.out.print(f"contracts: {summary_line(verdicts, wall)}")
+        ctx.out.print(f"contracts: {summary_line(verdicts, run.wall_s)}")
         count = {s: sum(v.status == s for v in verdicts) for s in (PASSED, FAILED, SKIPPED)}
         return StageResult(
             self.name, [v.to_dict() for v in verdicts], junit_from_verdicts(verdicts, self.name),
-            count[PASSED], count[FAILED], count[SKIPPED], wall,
+            count[PASSED], count[FAILED], count[SKIPPED], run.wall_s, extra=run.timing(),
         )
 
 
