@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-VERBS = ("list", "check", "gate", "doctor")
+VERBS = ("list", "check", "gate", "sweep", "matrix", "doctor")
 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.
@@ -21,6 +21,8 @@ verbs:
   list     the contracts, the contract cases and the targets (--json for machines)
   check    run contract cases on a target and print a verdict table with figures
   gate     the CI gate: run every stage (contracts now; images and timings plug in)
+  sweep    run contracts over backend × dtype × world size on this machine into a sweep JSON
+  matrix   merge sweep files from several machines into one markdown/HTML table
   doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
 
 exit codes: 0 all passed, 1 any failure, 2 usage or configuration error.
