@@ -130,6 +130,14 @@ def _bool_mask_to_additive(attn_mask: Tensor, dtype: torch.dtype) -> Tensor:
     return attn_mask.to(dtype)
 
 
+def _with_causal(attn_mask: Tensor, sq: int, sk: int) -> Tensor:
+    """``attn_mask`` (bool or additive) combined with the top-left aligned causal limit, as SDPA defines it."""
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=attn_mask.device).tril()
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep
+    return attn_mask.masked_fill(~keep, float("-inf"))
+
+
 class MathBackend(AttentionBackend):
     """Explicit fp32 softmax(QKᵀ)V that returns the LSE: the oracle, and the CPU ring backend.
 
@@ -225,6 +233,10 @@ class TorchSDPABackend(AttentionBackend):
         # KV heads are expanded explicitly rather than through enable_gqa (torch >= 2.5 only).
         k, v = expand_kv_heads(k, v, q.shape[2])
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        if attn_mask is not None and causal:
+            # torch refuses an explicit mask together with is_causal: fold the causal limit in.
+            attn_mask = _with_causal(attn_mask, qt.shape[-2], kt.shape[-2])
+            causal = False
         with pinned_sdpa_kernel(self.kernel):
             out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=attn_mask, is_causal=causal, scale=softmax_scale)
         return out.transpose(1, 2)

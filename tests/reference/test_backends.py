@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference_impl.attention.backends import (
+    _bool_mask_to_additive,
     BACKENDS,
     AttentionBackendEnum,
     MathBackend,
@@ -143,3 +144,17 @@ def test_backend_names_parse_and_unknown_lists_valid():
     assert AttentionBackendEnum.parse("torch_sdpa") is AttentionBackendEnum.TORCH_SDPA
     with pytest.raises(ValueError, match="torch_sdpa, fa, sage_attn, math"):
         AttentionBackendEnum.parse("flashy")
+
+
+@pytest.mark.parametrize("kernel", [None, "math"])
+@pytest.mark.parametrize("additive", [False, True])
+def test_sdpa_mask_with_causal_folds_the_causal_limit(kernel, additive):
+    """torch refuses attn_mask with is_causal=True; the backend must combine them itself."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 9, 2, 16, generator=gen) for _ in range(3))
+    mask = torch.rand(2, 1, 9, 9, generator=gen) > 0.3
+    mask[..., 0] = True
+    given = _bool_mask_to_additive(mask, torch.float32) if additive else mask
+    out = TorchSDPABackend(kernel=kernel).forward(q, k, v, causal=True, attn_mask=given)
+    ref = MathBackend().forward(q, k, v, causal=True, attn_mask=mask)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
