@@ -57,16 +57,17 @@ class _AttentionBase(nn.Module):
         self,
         num_heads: int,
         head_size: int,
-        num_kv_heads: int | None,
-        causal: bool,
-        softmax_scale: float | None,
-        supported_attention_backends: Iterable[AttentionBackendEnum | str] | None,
-        default_attention_backend: AttentionBackendEnum | str | None,
-        is_cross_attention: bool,
-        backend: AttentionBackendEnum | str | None,
-        sdpa_kernel: str | None,
-        dtype: torch.dtype | None,
-        component: str | None,
+        num_kv_heads: int | None = None,
+        causal: bool = False,
+        softmax_scale: float | None = None,
+        supported_attention_backends: Iterable[AttentionBackendEnum | str] | None = None,
+        default_attention_backend: AttentionBackendEnum | str | None = None,
+        is_cross_attention: bool = False,
+        *,
+        backend: AttentionBackendEnum | str | None = None,
+        sdpa_kernel: str | None = None,
+        dtype: torch.dtype | None = None,
+        component: str | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -104,27 +105,6 @@ class _AttentionBase(nn.Module):
 class LocalAttention(_AttentionBase):
     """Rank-local attention with backend selection (text encoders, tile-local work)."""
 
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        num_kv_heads: int | None = None,
-        causal: bool = False,
-        softmax_scale: float | None = None,
-        supported_attention_backends: Iterable[AttentionBackendEnum | str] | None = None,
-        default_attention_backend: AttentionBackendEnum | str | None = None,
-        is_cross_attention: bool = False,
-        *,
-        backend: AttentionBackendEnum | str | None = None,
-        sdpa_kernel: str | None = None,
-        dtype: torch.dtype | None = None,
-        component: str | None = None,
-    ) -> None:
-        super().__init__(
-            num_heads, head_size, num_kv_heads, causal, softmax_scale, supported_attention_backends,
-            default_attention_backend, is_cross_attention, backend, sdpa_kernel, dtype, component,
-        )
-
     def forward(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         get_forward_context(type(self).__name__)
         return self._local(q, k, v, attn_mask)
@@ -152,7 +132,8 @@ class USPAttention(_AttentionBase):
     ) -> None:
         super().__init__(
             num_heads, head_size, num_kv_heads, causal, softmax_scale, supported_attention_backends,
-            default_attention_backend, is_cross_attention, backend, sdpa_kernel, dtype, component,
+            default_attention_backend, is_cross_attention,
+            backend=backend, sdpa_kernel=sdpa_kernel, dtype=dtype, component=component,
         )
         self.skip_sequence_parallel = skip_sequence_parallel
         # Tile-local layers hold their whole K/V and never rotate, so they need no ring capability.

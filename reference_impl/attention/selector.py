@@ -25,6 +25,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -218,23 +219,10 @@ def select_attn_backend(
     raise ValueError("no attention backend can serve this layer: " + "; ".join(notes))
 
 
-def get_attn_backend(
-    head_size: int,
-    dtype: torch.dtype | None,
-    supported_attention_backends: Iterable[AttentionBackendEnum | str] | None = None,
-    default_attention_backend: AttentionBackendEnum | str | None = None,
-    is_cross_attention: bool = False,
-    *,
-    backend: AttentionBackendEnum | str | None = None,
-    component: str | None = None,
-) -> type[AttentionBackend]:
-    """sglang-compatible entry point: the backend class only (see ``select_attn_backend`` for the why)."""
-    return select_attn_backend(
-        head_size,
-        dtype,
-        supported_attention_backends,
-        default_attention_backend,
-        is_cross_attention,
-        backend=backend,
-        component=component,
-    ).backend
+def get_attn_backend(*args: Any, **kwargs: Any) -> type[AttentionBackend]:
+    """sglang-compatible entry point, same arguments as :func:`select_attn_backend`:
+    ``get_attn_backend(head_size, dtype, supported_attention_backends=None,
+    default_attention_backend=None, is_cross_attention=False, *, backend=None, component=None)``.
+    Returns the backend class only; ``select_attn_backend`` also says which level chose it.
+    """
+    return select_attn_backend(*args, **kwargs).backend
