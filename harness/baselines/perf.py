@@ -34,8 +34,21 @@ measurement lacks fails (a vanished stage is not a pass). Measured values withou
 not checked: a new stage is not a regression, recalibration adds it. sglang writes 0.0 for the
 average/median of scenarios without per-step timings; those aggregates are not checked.
 
-Overlays (``baselines/platforms/<name>.json``, chosen with
-:func:`harness.baselines.platforms.find_overlay`): ``metadata`` and each ``tolerances`` profile
+Layout in a baselines directory (:meth:`PerfBaselines.for_platform`)::
+
+    perf_baselines.json             tolerances (+ scenarios of one reference machine, if any)
+    platforms/perf/<platform>.json  one overlay per hardware: its scenarios (+ tolerance tweaks)
+
+Perf overlays live in their own ``platforms/perf/`` so they never collide with the threshold
+overlays ``platforms/<platform>.json`` of the same machine. ``<platform>`` is a normalised
+device name (:func:`harness.baselines.platforms.normalize_device_name`); the most specific
+overlay whose name is a token prefix of the device's wins (``find_overlay``). Scenarios in the
+base file apply only on the machine its ``metadata.platform`` names (a normalised device name,
+token-prefix matched too); without that key the base holds tolerances only for us. Timings are
+a property of one machine, so a machine without its own numbers has *no* perf baseline rather
+than another machine's.
+
+Overlays: ``metadata`` and each ``tolerances`` profile
 merge key by key; a scenario in an overlay replaces the base scenario *whole*, because the
 numbers of one scenario are one coherent measurement on one machine: mixing an H100 step time
 with an MI300 stage time would gate against a machine that does not exist.
@@ -43,7 +56,10 @@ with an MI300 stage time would gate against a machine that does not exist.
 Tolerances can be overridden from the environment (CI lanes on noisy shared runners), one
 variable per key: ``PARITY_PERF_TOL_E2E``, ``PARITY_PERF_TOL_DENOISE_STAGE``,
 ``PARITY_PERF_TOL_NON_DENOISE_STAGE``, ``PARITY_PERF_TOL_DENOISE_STEP``,
-``PARITY_PERF_TOL_DENOISE_AGG`` (fractions: ``0.2`` = 20 %).
+``PARITY_PERF_TOL_DENOISE_AGG`` (fractions: ``0.2`` = 20 %). A profile may also hold
+``abs_floor_ms`` (optional, default 0; env ``PARITY_PERF_TOL_ABS_FLOOR_MS``): the absolute
+slack of :func:`check_perf`, for millisecond-scale steps whose jitter is large relative to
+their length.
 """
 
 from __future__ import annotations
@@ -58,6 +74,7 @@ from typing import Any
 
 from harness.baselines.atomic import write_json_atomic
 from harness.baselines.jsonio import expect_number, expect_object, expect_str, join_key, read_json
+from harness.baselines.platforms import find_overlay
 from harness.errors import ConfigError
 
 __all__ = [
@@ -73,6 +90,10 @@ __all__ = [
     "tolerance_category",
     "is_denoise_stage",
     "check_perf",
+    "PERF_BASE_FILE",
+    "PERF_OVERLAY_DIR",
+    "perf_overlay_path",
+    "platform_matches",
 ]
 
 TOLERANCE_KEYS: tuple[str, ...] = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
@@ -84,6 +105,21 @@ AVG = "expected_avg_denoise_ms"
 MEDIAN = "expected_median_denoise_ms"
 STAGES = "stages_ms"
 STEPS = "denoise_step_ms"
+ABS_FLOOR = "abs_floor_ms"
+
+PERF_BASE_FILE = "perf_baselines.json"
+PERF_OVERLAY_DIR = Path("platforms") / "perf"
+
+
+def perf_overlay_path(baselines_dir: str | Path, platform: str) -> Path:
+    """Where the perf overlay of ``platform`` (a normalised device name) lives."""
+    return Path(baselines_dir) / PERF_OVERLAY_DIR / f"{platform}.json"
+
+
+def platform_matches(name: str, platform: str) -> bool:
+    """Whether ``name`` is a token prefix of ``platform``: ``h100`` matches ``h100_80gb_hbm3``."""
+    tokens, want = platform.split("_"), name.split("_")
+    return bool(name) and tokens[: len(want)] == want
 
 
 @dataclass(frozen=True)
@@ -95,6 +131,7 @@ class Tolerances:
     non_denoise_stage: float
     denoise_step: float
     denoise_agg: float
+    abs_floor_ms: float = 0.0
 
     def get(self, category: str) -> float:
         """Tolerance by category name (one of :data:`TOLERANCE_KEYS`)."""
@@ -226,13 +263,29 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
     for profile, values in tolerances.items():
         profile_key = join_key("tolerances", profile)
         values = expect_object(values, path, profile_key)
-        for name in TOLERANCE_KEYS:
+        for name in (*TOLERANCE_KEYS, ABS_FLOOR):
             if name in values:
                 expect_number(values[name], path, join_key(profile_key, name), lo=0.0)
+    if "platform" in metadata:
+        expect_str(metadata["platform"], path, "metadata.platform")
     scenarios = expect_object(doc.get("scenarios", {}), path, "scenarios")
     for scenario_id, scenario in scenarios.items():
         validate_scenario(scenario, path, join_key("scenarios", scenario_id))
     return doc
+
+
+def _merge_overlay(merged: dict[str, Any], overlay: dict[str, Any]) -> None:
+    """Merge a validated overlay into ``merged`` in place (rules in the module docstring)."""
+    for key, value in overlay.items():
+        if key == "metadata":
+            merged.setdefault("metadata", {}).update(value)
+        elif key == "tolerances":
+            for profile, values in value.items():
+                merged.setdefault("tolerances", {}).setdefault(profile, {}).update(values)
+        elif key == "scenarios":
+            merged.setdefault("scenarios", {}).update(value)
+        else:
+            merged[key] = value
 
 
 def _env_tolerance(name: str, env: Mapping[str, str]) -> float | None:
@@ -263,16 +316,26 @@ class PerfBaselines:
         paths = [str(p) for p in [base_path, *overlays]]
         merged = _validate_document(read_json(paths[0]), paths[0])
         for p in paths[1:]:
-            for key, value in _validate_document(read_json(p), p).items():
-                if key == "metadata":
-                    merged.setdefault("metadata", {}).update(value)
-                elif key == "tolerances":
-                    for profile, values in value.items():
-                        merged.setdefault("tolerances", {}).setdefault(profile, {}).update(values)
-                elif key == "scenarios":
-                    merged.setdefault("scenarios", {}).update(value)
-                else:
-                    merged[key] = value
+            _merge_overlay(merged, _validate_document(read_json(p), p))
+        return cls(merged, paths)
+
+    @classmethod
+    def for_platform(cls, baselines_dir: str | Path, platform: str) -> PerfBaselines:
+        """What ``platform`` gates against: the base file's tolerances, its scenarios only when
+        its ``metadata.platform`` matches, then the most specific overlay of ``platform``.
+
+        A missing base file is a ConfigError (the tolerances live there); no scenarios in the
+        result means this machine has no perf baseline.
+        """
+        base_path = Path(baselines_dir) / PERF_BASE_FILE
+        merged = _validate_document(read_json(base_path), str(base_path))
+        if not platform_matches(merged.get("metadata", {}).get("platform", ""), platform):
+            merged["scenarios"] = {}
+        paths = [str(base_path)]
+        overlay = find_overlay(Path(baselines_dir) / PERF_OVERLAY_DIR, platform)
+        if overlay is not None:
+            _merge_overlay(merged, _validate_document(read_json(overlay), str(overlay)))
+            paths.append(str(overlay))
         return cls(merged, paths)
 
     @classmethod
@@ -309,6 +372,8 @@ class PerfBaselines:
                 values[name] = float(profiles[profile][name])
             else:
                 raise ConfigError("missing tolerance", path=where, key=f"tolerances.{profile}.{name}")
+        floor = _env_tolerance(ABS_FLOOR, env)
+        values[ABS_FLOOR] = float(profiles[profile].get(ABS_FLOOR, 0.0)) if floor is None else floor
         return Tolerances(**values)
 
     def with_scenario(self, scenario_id: str, scenario: Mapping[str, Any]) -> PerfBaselines:

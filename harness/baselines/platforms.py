@@ -10,10 +10,11 @@ normalised to tokens and the most specific overlay whose name is a token prefix 
 
 from __future__ import annotations
 
+import platform as _py_platform
 import re
 from pathlib import Path
 
-__all__ = ["normalize_device_name", "find_overlay"]
+__all__ = ["normalize_device_name", "find_overlay", "platform_name"]
 
 _VENDOR_WORDS = frozenset({"nvidia", "amd", "intel", "instinct", "radeon", "geforce", "tesla", "apple", "corporation"})
 
@@ -40,3 +41,25 @@ def find_overlay(directory: str | Path, device_name: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def platform_name(device: str = "cpu") -> str:
+    """The overlay name of the hardware that ``device`` (``cpu`` or ``cuda``) runs on.
+
+    CUDA: the normalised GPU name (``"NVIDIA H200"`` -> ``h200``); ROCm: the gfx arch, as sglang
+    names its AMD overlays (``gfx942``); CPU: ``cpu_<machine>`` (``cpu_x86_64``). The real
+    hardware, never a platform forced through ``PARITY_PLATFORM``: timings and numerics come
+    from the silicon. Results files record it (``platform``), so recalibration can sort results
+    from several machines into their overlays.
+    """
+    import torch
+
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        arch = str(getattr(props, "gcnArchName", "")).split(":")[0]
+        if getattr(torch.version, "hip", None) and arch:
+            return normalize_device_name(arch)
+        return normalize_device_name(props.name)
+    if device == "cpu":
+        return "cpu_" + (normalize_device_name(_py_platform.machine()) or "unknown")
+    raise ValueError(f"no platform name for device {device!r}; valid: cpu, cuda[:N]")
