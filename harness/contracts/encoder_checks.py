@@ -359,10 +359,13 @@ def check_fp8_parity(
         "bound_rel_l2": FP8_REL_L2_BOUND,
     }
     passed = figures["bitwise_vs_dequantized_bf16"] and figures["rel_l2_vs_bf16"] <= FP8_REL_L2_BOUND
-    if block_size is None:  # per-tensor: the scaled_mm path runs on the CPU too (tensor-wise and row-wise)
+    probe = {layer: torch.zeros(1, layer.input_size, dtype=torch.bfloat16) for layer in quantized_linear_layers(fp8)}
+    missing = {reason for layer, x in probe.items() for variant, reason in [layer.quant_method._scaled_mm_variant(layer, x)] if variant is None}
+    if block_size is None and missing:  # this torch cannot run scaled_mm on the CPU for some layer: say so
+        figures["scaled_mm_skipped"] = "; ".join(sorted(missing))
+    elif block_size is None:  # per-tensor: the scaled_mm path runs on the CPU too (tensor-wise and row-wise)
         _use_kernel(fp8, "scaled_mm")
-        kernels = sorted({layer.quant_method.kernel_for(layer, torch.zeros(1, layer.input_size, dtype=torch.bfloat16))
-                          for layer in quantized_linear_layers(fp8)})
+        kernels = sorted({layer.quant_method.kernel_for(layer, x) for layer, x in probe.items()})
         out_mm = _valid(_encode(fp8, ids, mask), lengths)
         figures.update(scaled_mm_kernels=kernels, rel_l2_scaled_mm_vs_bf16=((out_mm - ref).norm() / ref.norm()).item(),
                        bound_rel_l2_scaled_mm=SCALED_MM_REL_L2_BOUND)

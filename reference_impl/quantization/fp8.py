@@ -198,6 +198,23 @@ class Fp8Config(QuantizationConfig):
 
 
 # ---------------------------------------------------------------------------- method
+_CPU_ROWWISE: bool | None = None
+
+
+def _cpu_rowwise_scaled_mm_supported() -> bool:
+    """Probe once: some torch builds (2.11 with CUDA, seen on an H200) accept only per-tensor scales on the CPU."""
+    global _CPU_ROWWISE
+    if _CPU_ROWWISE is None:
+        a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+        b = torch.zeros(16, 16).to(torch.float8_e4m3fn).t()
+        try:
+            torch._scaled_mm(a, b, scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+            _CPU_ROWWISE = True
+        except (RuntimeError, NotImplementedError):
+            _CPU_ROWWISE = False
+    return _CPU_ROWWISE
+
+
 class Fp8LinearMethod(LinearMethodBase):
     """FP8 weight + ``weight_scale_inv``; see the module docstring for the two matmuls."""
 
@@ -260,6 +277,8 @@ class Fp8LinearMethod(LinearMethodBase):
             return "scaled_mm_tensorwise", None
         if x.dtype != torch.bfloat16:
             return None, f"row-wise scaled_mm (shards with different scales) outputs bf16 only, activations are {x.dtype}"
+        if not x.is_cuda and not _cpu_rowwise_scaled_mm_supported():
+            return None, f"this torch ({torch.__version__}) has no row-wise _scaled_mm on the CPU"
         return "scaled_mm_rowwise", None
 
     def apply(self, layer, x, bias):
