@@ -360,7 +360,7 @@ def check_fp8_parity(
     }
     passed = figures["bitwise_vs_dequantized_bf16"] and figures["rel_l2_vs_bf16"] <= FP8_REL_L2_BOUND
     probe = {layer: torch.zeros(1, layer.input_size, dtype=torch.bfloat16) for layer in quantized_linear_layers(fp8)}
-    missing = {reason for layer, x in probe.items() for variant, reason in [layer.quant_method._scaled_mm_variant(layer, x)] if variant is None}
+    missing = {reason for layer, x in probe.items() for variant, reason in [layer.quant_method.scaled_mm_variant(layer, x)] if variant is None}
     if block_size is None and missing:  # this torch cannot run scaled_mm on the CPU for some layer: say so
         figures["scaled_mm_skipped"] = "; ".join(sorted(missing))
     elif block_size is None:  # per-tensor: the scaled_mm path runs on the CPU too (tensor-wise and row-wise)

@@ -257,14 +257,14 @@ class Fp8LinearMethod(LinearMethodBase):
         """``dequant``, ``scaled_mm_tensorwise``, ``scaled_mm_rowwise`` or ``scaled_mm_blockwise`` for this call."""
         if self.kernel == "dequant":
             return "dequant"
-        variant, reason = self._scaled_mm_variant(layer, x)
+        variant, reason = self.scaled_mm_variant(layer, x)
         if self.kernel == "auto":
             return variant if variant is not None and x.is_cuda else "dequant"
         if variant is None:
             raise RuntimeError(f"{layer.prefix}: FP8 kernel 'scaled_mm' cannot run: {reason}")
         return variant
 
-    def _scaled_mm_variant(self, layer: LinearBase, x: Tensor) -> tuple[str | None, str | None]:
+    def scaled_mm_variant(self, layer: LinearBase, x: Tensor) -> tuple[str | None, str | None]:
         """(the scaled_mm variant this call can use, None) or (None, why none can)."""
         n, k = layer.weight.shape
         if self.block_size is not None:
