@@ -20,7 +20,16 @@ case, keyed by its id::
     world_size = 2
     matrix = { dtype = ["fp32", "bf16"], causal = [false, true] }   # one case per combination
 
-A matrix case expands to ids like ``ulysses[dtype=fp32,causal=false]``. Every problem (TOML
+A matrix case expands to ids like ``ulysses[dtype=fp32,causal=false]``.
+
+A platform overlay ``contracts/platforms/<platform>.toml`` (``cpu``, ``cuda``, ``rocm``, ``mps``)
+replaces parameters of the cases whose id matches a glob, on that platform only, with the
+reason in a comment::
+
+    [overrides."zimage_sp[*dtype=fp32*]"]
+    bound = "fa:2"
+
+Every problem (TOML
 syntax, unknown contract, unknown or missing key, wrong type, a token count the world size does
 not divide, heads the Ulysses degree does not divide) is a ConfigError naming the file, the
 case and the key.
@@ -29,6 +38,7 @@ case and the key.
 from __future__ import annotations
 
 import itertools
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -94,15 +104,19 @@ def with_overrides(cases: Iterable[Case], **overrides: Any) -> list[Case]:
     return result
 
 
-def load_case_file(path: str | Path) -> list[Case]:
-    path = Path(path)
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}", path=path) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+
+
+def load_case_file(path: str | Path) -> list[Case]:
+    path = Path(path)
+    data = _read_toml(path)
     unknown = set(data) - {"defaults", "cases"}
     if unknown:
         key = sorted(unknown)[0]
@@ -172,8 +186,47 @@ def contract_case_dir(root: str | Path) -> Path:
     return root / "contracts" if (root / "contracts").is_dir() else root
 
 
-def load_cases(root: str | Path) -> list[Case]:
-    """Every case of every ``*.toml`` in the contract case directory of ``root``; ids must be unique."""
+def platform_of_device(device: str) -> str:
+    """The overlay name for runs on ``device``: the platform kind on an accelerator (cuda/rocm), else cpu."""
+    from reference_impl.platform import current_platform
+
+    return current_platform.kind if device != "cpu" else "cpu"
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    """``*`` and ``?`` as wildcards; brackets stay literal, since matrix case ids contain them."""
+    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
+
+
+def apply_platform_overlay(cases: list[Case], path: Path) -> list[Case]:
+    """Replace the parameters that ``path``'s ``[overrides."<glob>"]`` tables name, re-validated."""
+    data = _read_toml(path)
+    unknown = set(data) - {"overrides"}
+    if unknown:
+        raise ConfigError('a platform overlay holds only [overrides."<case glob>"] tables', path=path, key=sorted(unknown)[0])
+    overrides = data.get("overrides", {})
+    if not isinstance(overrides, dict):
+        raise ConfigError("must be a table of tables", path=path, key="overrides")
+    for pattern, values in overrides.items():
+        if not isinstance(values, dict) or not values:
+            raise ConfigError("must be a non-empty table of parameters", path=path, key=f"overrides.{pattern}")
+        hits = [i for i, c in enumerate(cases) if _glob(pattern).fullmatch(c.id)]
+        if not hits:
+            raise ConfigError("matches no case", path=path, key=f"overrides.{pattern}")
+        for i in hits:
+            case = cases[i]
+            cases[i] = make_case(
+                case.contract_id, {**case.raw, **values}, case_id=case.id, source=f"{case.source} + {path}",
+                description=case.description,
+            )
+    return cases
+
+
+def load_cases(root: str | Path, platform: str | None = None) -> list[Case]:
+    """Every case of every ``*.toml`` in the contract case directory of ``root``; ids must be unique.
+
+    With ``platform``, ``platforms/<platform>.toml`` (when present) overrides matching cases.
+    """
     directory = contract_case_dir(root)
     if not directory.is_dir():
         raise ConfigError("no such case directory (see PARITY_HOME or --cases)", path=directory)
@@ -188,4 +241,7 @@ def load_cases(root: str | Path) -> list[Case]:
                 raise ConfigError(f"case '{case.id}' is also defined in {seen[case.id]}", path=file, key=f"cases.{case.id}")
             seen[case.id] = str(file)
             cases.append(case)
+    overlay = directory / "platforms" / f"{platform}.toml"
+    if platform and overlay.is_file():
+        cases = apply_platform_overlay(cases, overlay)
     return cases

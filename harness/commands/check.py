@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.cases import Case, load_cases, with_overrides
+from harness.cases import Case, load_cases, platform_of_device, with_overrides
 from harness.commands._options import add_cases, add_outputs, add_target
 from harness.console import make_console, progress, summary_line, verdict_table
 from harness.contracts.params import canonical_dtype
@@ -59,7 +59,7 @@ def _matches(case: Case, pattern: str) -> bool:
 
 def select_cases(args: argparse.Namespace) -> list[Case]:
     """The cases ``args`` ask for (ids, world size, overrides); ConfigError when a selector matches nothing."""
-    cases = load_cases(args.cases or default_cases_dir())
+    cases = load_cases(args.cases or default_cases_dir(), platform_of_device(getattr(args, "device", "cpu")))
     ids: Sequence[str] = getattr(args, "ids", None) or []
     for pattern in ids:
         if not any(_matches(c, pattern) for c in cases):

@@ -22,6 +22,7 @@ from harness.console import make_console
 from harness.contracts.verdict import FAILED, PASSED, SKIPPED
 from harness.paths import default_baselines_dir, default_cases_dir
 from harness.report_junit import JUnitCase
+from harness.stages.images import ImageStage
 
 HELP = "the CI gate: run every stage (contract cases now; images and timings plug in), exit 1 on any regression"
 
@@ -46,6 +47,7 @@ class StageResult:
     skipped: int = 0
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    top_level: dict[str, Any] = field(default_factory=dict)  # merged into the results document's top level
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,12 +75,13 @@ class ContractStage:
         return None  # no contract cases is a configuration error, raised by the loader
 
     def run(self, ctx: GateContext) -> StageResult:
-        from harness.cases import load_cases
+        from harness.cases import load_cases, platform_of_device
         from harness.commands.check import run_contract_cases
         from harness.console import summary_line, verdict_table
         from harness.report_junit import junit_from_verdicts
 
-        run = run_contract_cases(load_cases(ctx.cases_root), ctx.args, ctx.err, label=self.name)
+        cases = load_cases(ctx.cases_root, platform_of_device(ctx.args.device))
+        run = run_contract_cases(cases, ctx.args, ctx.err, label=self.name)
         verdicts = run.verdicts
         ctx.out.print(verdict_table(verdicts, title="gate: contracts"))
         ctx.out.print(f"contracts: {summary_line(verdicts, run.wall_s)}")
@@ -89,7 +92,7 @@ class ContractStage:
         )
 
 
-STAGES: list[GateStage] = [ContractStage()]
+STAGES: list[GateStage] = [ContractStage(), ImageStage()]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_baselines(parser)
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="write results.json and junit.xml (and stage reports) here")
     add_target(parser)
+    parser.add_argument("--clip-model", default=None, metavar="DIR",
+                        help="local CLIP model directory for the image stage (default: $PARITY_CLIP_MODEL; none: clip skipped)")
     add_outputs(parser)
     parser.set_defaults(run=run)
 
@@ -116,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     junit: list[JUnitCase] = []
     failed = 0
+    top_level: dict[str, Any] = {}
     for stage in STAGES:
         reason = stage.skip_reason(ctx)
         if reason:
@@ -126,12 +132,14 @@ def run(args: argparse.Namespace) -> int:
         results[stage.name] = result.to_dict()
         junit += result.junit
         failed += result.failed
+        top_level.update(result.top_level)
     document = {
         "command": "gate",
         **environment(args),
         "wall_s": time.perf_counter() - start,
         "passed": failed == 0,
         "stages": results,
+        **top_level,
     }
     json_paths = [p for p in (args.json, args.report / "results.json" if args.report else None) if p]
     junit_paths = [p for p in (args.junit, args.report / "junit.xml" if args.report else None) if p]
@@ -139,5 +147,9 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(path, document)
     for path in junit_paths:
         write_junit(path, junit, name="parity gate")
+    if args.report:
+        from harness.report_html import write_index
+
+        write_index(args.report / "index.html", document)
     ctx.out.print(f"gate: {'PASSED' if failed == 0 else f'FAILED ({failed} failing cases)'}")
     return 1 if failed else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cases import load_cases
+from harness.cases import load_cases, platform_of_device
 from harness.commands._options import add_cases
 from harness.errors import ConfigError
 from harness.paths import default_cases_dir
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.sweep import BackendColumn, default_backends, expand_matrix, run_sweep
 
     check_device(args.device)
-    cases = load_cases(args.cases or default_cases_dir())
+    cases = load_cases(args.cases or default_cases_dir(), platform_of_device(args.device))
     if args.contracts:
         unknown = sorted(set(args.contracts) - {c.contract_id for c in cases})
         if unknown:

@@ -128,3 +128,35 @@ def test_overrides_are_revalidated(tmp_path):
     with pytest.raises(ConfigError) as info:
         with_overrides(load_case_file(path), dtype="int8")
     assert info.value.key == "cases.x.dtype"
+
+
+def test_platform_overlay_changes_only_matching_cases_on_that_platform(tmp_path):
+    from harness.cases import load_cases
+    from harness.paths import default_cases_dir
+
+    base = {c.id: c for c in load_cases(default_cases_dir())}
+    cuda = {c.id: c for c in load_cases(default_cases_dir(), "cuda")}
+    assert set(base) == set(cuda)
+    changed = {i for i in base if base[i].params != cuda[i].params}
+    assert changed and all("dtype=fp32" in i and i.startswith(("zimage_sp", "hunyuan_sp")) for i in changed)
+    assert all(cuda[i].params["bound"] == "fa:2" for i in changed)
+
+
+def test_platform_overlay_errors_name_file_and_key(tmp_path):
+    import shutil
+
+    import pytest
+
+    from harness.cases import load_cases
+    from harness.errors import ConfigError
+    from harness.paths import default_cases_dir
+
+    root = tmp_path / "cases"
+    shutil.copytree(default_cases_dir() / "contracts", root / "contracts")
+    overlay = root / "contracts" / "platforms" / "cuda.toml"
+    overlay.write_text('[overrides."nothing_like_this*"]\nbound = "fa:2"\n')
+    with pytest.raises(ConfigError, match=r"cuda.toml.*overrides.nothing_like_this\*.*matches no case"):
+        load_cases(root, "cuda")
+    overlay.write_text('[overrides."zimage_sp*"]\nbound = 3\n')
+    with pytest.raises(ConfigError, match="cuda.toml"):
+        load_cases(root, "cuda")
