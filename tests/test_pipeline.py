@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.contracts.pipeline import turbo_drift  # the measuring function lives with its contract
 from harness.launcher import RankPool
 from reference_impl.attention.layer import USPAttention
 from reference_impl.models.layers import ModelConfigError
@@ -29,29 +30,12 @@ from reference_impl.pipeline import (
 pytestmark = pytest.mark.timeout(240)
 
 
-def _mae(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean())
-
-
 # ---------------------------------------------------------------- rank workers
 
 
 def sp_and_single(config: PipelineConfig) -> tuple[PipelineResult, PipelineResult]:
     """This rank's single-rank run, then its run with Ulysses degree = world size."""
     return run_pipeline(config), run_pipeline_sequence_parallel(config)
-
-
-def turbo_drift(config: PipelineConfig) -> dict:
-    """sglang's turbo-drift experiment: MAE (0-255 pixels) of SP runs against the single-rank image."""
-    single = run_pipeline(config)
-    preserving = run_pipeline_sequence_parallel(dataclasses.replace(config, suffix_mode="order_preserving"))
-    rotated = run_pipeline_sequence_parallel(dataclasses.replace(config, suffix_mode="rotate_to_front"))
-    return {
-        "order_preserving_bitwise": bool(np.array_equal(preserving.output, single.output)),
-        "order_preserving_mae": _mae(preserving.output, single.output),
-        "rotate_to_front_mae": _mae(rotated.output, single.output),
-        "rotate_to_front_latent_mae": _mae(rotated.latents, single.latents),
-    }
 
 
 @pytest.fixture(autouse=True)
