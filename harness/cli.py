@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-VERBS = ("list", "check", "gate", "sweep", "matrix", "doctor")
+VERBS = ("list", "check", "gate", "sweep", "matrix", "bless", "doctor")
 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.
@@ -23,6 +23,7 @@ verbs:
   gate     the CI gate: run every stage (contracts now; images and timings plug in)
   sweep    run contracts over backend × dtype × world size on this machine into a sweep JSON
   matrix   merge sweep files from several machines into one markdown/HTML table
+  bless    re-run image cases on one rank, rewrite their reference images and hash manifest
   doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
 
 exit codes: 0 all passed, 1 any failure, 2 usage or configuration error.
