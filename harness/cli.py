@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-VERBS = ("list", "check", "gate", "sweep", "matrix", "bless", "doctor")
+VERBS = ("list", "check", "gate", "sweep", "matrix", "recalibrate", "bless", "doctor")
 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.
@@ -23,6 +23,7 @@ verbs:
   gate     the CI gate: run every stage (contracts now; images and timings plug in)
   sweep    run contracts over backend × dtype × world size on this machine into a sweep JSON
   matrix   merge sweep files from several machines into one markdown/HTML table
+  recalibrate  new thresholds / perf baselines from N gate results: a diff table, --write to write
   bless    re-run image cases on one rank, rewrite their reference images and hash manifest
   doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
 

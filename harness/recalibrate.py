@@ -436,6 +436,7 @@ PERF_PROPOSAL_HEADER: tuple[str, ...] = ("scenario", "value", "old", "median", "
 def perf_proposal_rows(proposals: Iterable[PerfProposal]) -> list[tuple[str, ...]]:
     """Table rows (strings) matching :data:`PERF_PROPOSAL_HEADER`."""
     return [
-        (p.scenario_id, p.metric, _fmt(p.old), _fmt(p.median), _fmt(p.new), _change_word(p.changed, p.loosens))
+        (p.scenario_id, p.metric, _fmt(p.old), _fmt(p.median), _fmt(p.new),
+         "added" if p.old is None else _change_word(p.changed, p.loosens))
         for p in proposals
     ]

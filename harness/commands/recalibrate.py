@@ -1,0 +1,239 @@
+"""``parity recalibrate``: new thresholds or perf baselines from N gate results files.
+
+Reads the results.json of several ``parity gate --report DIR`` runs, proposes new values with
+:mod:`harness.recalibrate`'s policy, prints the diff as a table and writes only with
+``--write`` (atomically, the previous file kept as ``.bak``). A proposal that loosens a bound
+(a lower clip/ssim/psnr, a higher mean_abs_diff, a higher expected time) is refused, exit 2
+with the list, unless ``--allow-loosen``.
+
+Where values go. thresholds: the base ``consistency_threshold.json`` (every result pooled: the
+worst run of any machine sets the bound), or with ``--platform NAME`` the overlay
+``platforms/NAME.json``, or with ``--per-platform`` one overlay per ``platform`` recorded in
+the results. perf: always per machine, because a median over two machines is a machine that
+does not exist: results are grouped by their ``platform`` into ``platforms/perf/<platform>.json``
+(created when absent: that is how a new machine gets its baseline); ``--platform NAME`` sends
+them all to one overlay (results that name another platform are refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from harness.console import make_console
+from harness.errors import ConfigError
+from harness.paths import default_baselines_dir
+
+HELP = "propose thresholds or perf baselines from N gate results (a diff table); --write writes them"
+THRESHOLDS_FILE = "consistency_threshold.json"
+THRESHOLD_OVERLAY_DIR = "platforms"
+EPILOG = """\
+examples:
+  parity recalibrate thresholds --results run1/results.json run2/results.json run3/results.json
+  parity recalibrate thresholds --results run*/results.json --platform h200 --write
+  parity recalibrate perf --results run*/results.json --write       # -> platforms/perf/<platform>.json
+
+exit codes: 0 proposals shown (and written with --write); 2 a bad file or argument, or a
+loosening refused (nothing is written then)."""
+
+
+@dataclass
+class Group:
+    """The results that go into one file."""
+
+    platform: str | None  # None: the base file
+    paths: list[Path]
+    docs: list[dict[str, Any]]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("recalibrate", help=HELP, description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
+    thresholds = what.add_parser("thresholds", help="clip/ssim/psnr/mean_abs_diff thresholds from the worst run",
+                                 description="Thresholds from the worst value over the runs (policy in harness/recalibrate.py).")
+    _common(thresholds)
+    thresholds.add_argument("--policy", type=Path, default=None, metavar="FILE",
+                            help="policy overrides, JSON or TOML (e.g. [psnr] margin = 2, cap = 35)")
+    where = thresholds.add_mutually_exclusive_group()
+    where.add_argument("--platform", default=None, metavar="NAME", help="write the overlay platforms/NAME.json instead of the base file")
+    where.add_argument("--per-platform", action="store_true", help="one overlay per 'platform' recorded in the results")
+    thresholds.set_defaults(run=run_thresholds)
+    perf = what.add_parser("perf", help="perf baselines: median of the runs, changed only beyond tolerance/3",
+                           description="Perf baselines per machine: median of N runs, changed only when |Δ| > tolerance/3, "
+                           "4 significant figures.")
+    _common(perf)
+    perf.add_argument("--platform", default=None, metavar="NAME",
+                      help="write platforms/perf/NAME.json from all results (default: the 'platform' of each result)")
+    perf.add_argument("--profile", default="pr_test", metavar="P", help="tolerance profile whose tolerance/3 is the margin (default pr_test)")
+    perf.set_defaults(run=run_perf)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", type=Path, nargs="+", required=True, metavar="FILE", help="results.json files of gate runs")
+    parser.add_argument("--baselines", type=Path, default=None, metavar="DIR", help=f"baselines directory (default: {default_baselines_dir()})")
+    parser.add_argument("--write", action="store_true", help="write the proposals (default: only show them)")
+    parser.add_argument("--allow-loosen", action="store_true", help="allow proposals that loosen a bound")
+
+
+def _baselines_dir(args: argparse.Namespace) -> Path:
+    directory: Path = args.baselines or default_baselines_dir()
+    if not directory.is_dir():
+        raise ConfigError("no such baselines directory", path=directory, key="--baselines")
+    return directory
+
+
+def _load(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    from harness.recalibrate import load_results
+
+    return [load_results(p) for p in paths]
+
+
+def _group(paths: Sequence[Path], docs: Sequence[dict[str, Any]], platform: str | None, per_platform: bool) -> list[Group]:
+    """Sort results into the files they belong to (see the module docstring)."""
+    from harness.baselines.perf import platform_matches
+
+    if platform is not None:
+        if not platform or "/" in platform or platform.startswith("."):
+            raise ConfigError(f"{platform!r} is not a platform name (e.g. h200, mi300x, cpu_x86_64)", key="--platform")
+        for path, doc in zip(paths, docs):
+            recorded = doc.get("platform")
+            if recorded is not None and not platform_matches(platform, recorded):
+                raise ConfigError(f"results are from platform {recorded!r}, not {platform!r}", path=path, key="platform")
+        return [Group(platform, list(paths), list(docs))]
+    if not per_platform:
+        return [Group(None, list(paths), list(docs))]
+    groups: dict[str, Group] = {}
+    for path, doc in zip(paths, docs):
+        if "platform" not in doc:
+            raise ConfigError("missing key 'platform' (which machine these results are from): pass --platform NAME", path=path)
+        groups.setdefault(doc["platform"], Group(doc["platform"], [], [])).paths.append(path)
+        groups[doc["platform"]].docs.append(doc)
+    return list(groups.values())
+
+
+def _table(header: Sequence[str], rows: Sequence[tuple[str, ...]]) -> Table:
+    table = Table()
+    for column in header:
+        table.add_column(column, justify="right" if column in ("old", "worst", "median", "new") else "left")
+    style = {"LOOSENS": "bold red", "tightens": "green", "added": "green", "unchanged": "dim"}
+    for row in rows:
+        *cells, change = row
+        table.add_row(*map(escape, cells), f"[{style.get(change, '')}]{change}[/]")
+    return table
+
+
+def _report(title: str, header: Sequence[str], rows: Sequence[tuple[str, ...]], proposals: Sequence[Any]) -> None:
+    out = make_console()
+    out.print(escape(title), soft_wrap=True)
+    out.print(_table(header, rows))
+    changed = sum(p.changed for p in proposals)
+    loosening = sum(p.loosens for p in proposals)
+    out.print(f"{changed} of {len(proposals)} values change, {loosening} loosen")
+
+
+def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[Any]]], write: Any) -> int:
+    """Refuse loosening for every file before writing any; then write each file atomically."""
+    from harness.recalibrate import LooseningRefused
+
+    out = make_console()
+    offending = [p.describe() for _, _, proposals in plans for p in proposals if p.loosens]
+    if not args.write:
+        note = f"; {len(offending)} would loosen: --write needs --allow-loosen" if offending and not args.allow_loosen else ""
+        out.print(f"dry run: nothing written (pass --write){note}")
+        return 0
+    if offending and not args.allow_loosen:
+        raise LooseningRefused(
+            f"refusing to loosen {len(offending)} bound(s) without --allow-loosen; nothing was written:\n  " + "\n  ".join(offending)
+        )
+    for path, plan, proposals in plans:
+        if not any(p.changed for p in proposals):
+            out.print(f"{path}: unchanged, not rewritten")
+            continue
+        existed = path.exists()
+        write(path, plan, proposals)
+        out.print(f"wrote {path}" + (f" (previous kept as {path.name}.bak)" if existed else " (new file)"))
+    return 0
+
+
+# ------------------------------------------------------------------------------ thresholds
+
+
+def run_thresholds(args: argparse.Namespace) -> int:
+    from harness.baselines.thresholds import ThresholdSet
+    from harness.recalibrate import DEFAULT_POLICY, PROPOSAL_HEADER, apply_proposals, load_policy, proposal_rows, propose_thresholds
+
+    directory = _baselines_dir(args)
+    policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
+    base = directory / THRESHOLDS_FILE
+    groups = _group(args.results, _load(args.results), args.platform, args.per_platform)
+    plans = []
+    for group in groups:
+        target = base if group.platform is None else directory / THRESHOLD_OVERLAY_DIR / f"{group.platform}.json"
+        chain = ThresholdSet.load(base, [target] if target != base and target.exists() else [])
+        proposals = propose_thresholds(chain, group.docs, policy)
+        title = f"thresholds -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
+        _report(title, PROPOSAL_HEADER, proposal_rows(proposals), proposals)
+        plans.append((target, chain, proposals))
+
+    def write(path: Path, chain: Any, proposals: Sequence[Any]) -> None:
+        from harness.recalibrate import merge_into_overlay
+
+        if path == base:
+            apply_proposals(chain, proposals, allow_loosen=True).save(path, backup=True)
+        else:
+            merge_into_overlay(path, proposals, allow_loosen=True)
+
+    return _finish(args, plans, write)  # loosening was refused, or allowed, for every file at once
+
+
+# ------------------------------------------------------------------------------------- perf
+
+
+def run_perf(args: argparse.Namespace) -> int:
+    from harness.baselines.perf import PerfBaselines, perf_overlay_path
+    from harness.recalibrate import PERF_PROPOSAL_HEADER, perf_proposal_rows, propose_perf
+
+    directory = _baselines_dir(args)
+    groups = _group(args.results, _load(args.results), args.platform, per_platform=True)
+    plans = []
+    for group in groups:
+        assert group.platform is not None  # per_platform grouping always names one
+        chain = PerfBaselines.for_platform(directory, group.platform)
+        proposals = propose_perf(chain, group.docs, chain.tolerances(args.profile))
+        target = perf_overlay_path(directory, group.platform)
+        title = f"perf (margin: {args.profile} tolerance/3) -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
+        _report(title, PERF_PROPOSAL_HEADER, perf_proposal_rows(proposals), proposals)
+        plans.append((target, (chain, group), proposals))
+    return _finish(args, plans, _write_perf_overlay)
+
+
+def _write_perf_overlay(path: Path, plan: tuple[Any, Group], proposals: Sequence[Any]) -> None:
+    """Apply ``proposals`` to the overlay file alone (created when absent).
+
+    A scenario the machine gated against from the base file is copied whole into the overlay
+    first: an overlay scenario replaces the base one whole, so copying only the changed values
+    would drop the others.
+    """
+    from harness.baselines.perf import PerfBaselines
+    from harness.recalibrate import apply_perf_proposals
+
+    chain, group = plan
+    if path.exists():
+        overlay = PerfBaselines.load(path)
+    else:
+        hardware = sorted({str(doc["device_name"]) for doc in group.docs if "device_name" in doc})
+        metadata = {"hardware": ", ".join(hardware) or group.platform, "platform": group.platform,
+                    "written_by": "parity recalibrate perf"}
+        overlay = PerfBaselines.from_json({"metadata": metadata, "scenarios": {}}, str(path))
+    for scenario_id in {p.scenario_id for p in proposals if p.changed}:
+        inherited = chain.scenario(scenario_id)
+        if overlay.scenario(scenario_id) is None and inherited is not None:
+            overlay = overlay.with_scenario(scenario_id, inherited)
+    apply_perf_proposals(overlay, proposals, allow_loosen=True).save(path, backup=path.exists())
