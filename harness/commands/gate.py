@@ -4,7 +4,9 @@ A stage is an object with a ``name``, ``skip_reason(ctx) -> str | None`` (e.g. i
 directory is absent) and ``run(ctx) -> StageResult``. The contract stage is here; the image
 stage and the perf stage plug in by appending an instance to :data:`STAGES`. Each stage
 returns JSON-safe records (its own schema) and JUnit rows; the gate merges them into one
-results document (``stages.<name>``) and one JUnit file (one testsuite per stage).
+results document (``stages.<name>``) and one JUnit file (one testsuite per stage). A stage may
+also have ``preflight(ctx)``, called for every stage before any stage runs, so that a
+configuration error (exit 2) in a later stage does not wait for the earlier stages' cases.
 """
 
 from __future__ import annotations
@@ -122,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
     junit: list[JUnitCase] = []
     failed = 0
     top_level: dict[str, Any] = {}
+    for stage in STAGES:
+        preflight = getattr(stage, "preflight", None)
+        if preflight is not None and not stage.skip_reason(ctx):
+            preflight(ctx)
     for stage in STAGES:
         reason = stage.skip_reason(ctx)
         if reason:

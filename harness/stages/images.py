@@ -148,10 +148,42 @@ def judge_case(case: ImageCase, ref: np.ndarray, cand: np.ndarray, thresholds: T
     return ImageVerdict(case, FAILED if problems else PASSED, "; ".join(problems) or None, metrics, thresholds, skipped)
 
 
+@dataclass
+class _Inputs:
+    """Everything a run reads besides the pipeline's output, loaded and validated up front."""
+
+    platform: str
+    cases: list[ImageCase]
+    thresholds: ThresholdSet
+    bounds: dict[str, Thresholds]
+    references: dict[str, np.ndarray]
+    scorer: ClipScorer | None
+    clip_skip: str | None
+
+
+def load_inputs(ctx: GateContext) -> _Inputs:
+    """Cases, thresholds (every case's bounds resolved), hash-verified references and the CLIP scorer."""
+    from harness.baselines.images import load_reference
+    from harness.baselines.platforms import platform_name
+    from harness.image_cases import load_image_cases
+    from harness.metrics import load_clip_scorer
+
+    platform = platform_name(ctx.args.device)
+    cases = sorted(load_image_cases(ctx.cases_root), key=lambda c: c.world_size)  # stable: file order per world
+    thresholds = load_thresholds(ctx.baselines_dir, platform)
+    bounds = {c.id: thresholds.for_case(c.id, c.kind) for c in cases}
+    references = {c.id: load_reference(ctx.baselines_dir / REFERENCES_DIR, c.id) for c in cases}
+    scorer, clip_skip = load_clip_scorer(getattr(ctx.args, "clip_model", None))
+    return _Inputs(platform, cases, thresholds, bounds, references, scorer, clip_skip)
+
+
 class ImageStage:
     """Every image case under ``<cases>/images`` against ``<baselines>``."""
 
     name = "images"
+
+    def __init__(self) -> None:
+        self._prepared: tuple[GateContext, _Inputs] | None = None
 
     def skip_reason(self, ctx: GateContext) -> str | None:
         from harness.image_cases import image_case_dir
@@ -159,24 +191,21 @@ class ImageStage:
         directory = image_case_dir(ctx.cases_root)
         return None if directory.is_dir() else f"no image cases ({directory} does not exist)"
 
+    def preflight(self, ctx: GateContext) -> None:
+        """Load and validate the inputs before any stage runs (a ConfigError here exits 2 at once)."""
+        self._prepared = (ctx, load_inputs(ctx))
+
     def run(self, ctx: GateContext) -> StageResult:
-        from harness.baselines.images import load_reference
-        from harness.baselines.platforms import platform_name
         from harness.commands.gate import StageResult
         from harness.console import progress
-        from harness.image_cases import load_image_cases, run_image_case
-        from harness.metrics import load_clip_scorer
+        from harness.image_cases import run_image_case
         from harness.runner import PoolSet
 
-        device = ctx.args.device
-        platform = platform_name(device)
-        cases = sorted(load_image_cases(ctx.cases_root), key=lambda c: c.world_size)  # stable: file order per world
-        thresholds = load_thresholds(ctx.baselines_dir, platform)
-        bounds = {c.id: thresholds.for_case(c.id, c.kind) for c in cases}
-        references = {c.id: load_reference(ctx.baselines_dir / REFERENCES_DIR, c.id) for c in cases}
-        scorer, clip_skip = load_clip_scorer(getattr(ctx.args, "clip_model", None))
-        if clip_skip:
-            ctx.out.print(f"images: clip skipped: {clip_skip}")
+        prepared, self._prepared = self._prepared, None
+        inputs = prepared[1] if prepared is not None and prepared[0] is ctx else load_inputs(ctx)
+        cases, device = inputs.cases, ctx.args.device
+        if inputs.clip_skip:
+            ctx.out.print(f"images: clip skipped: {inputs.clip_skip}")
         timeout = ctx.args.timeout or DEFAULT_CASE_TIMEOUT_S
 
         start = time.perf_counter()
@@ -187,10 +216,11 @@ class ImageStage:
                 pools.get(case.world_size)  # a case's duration excludes starting its group
                 t0 = time.perf_counter()
                 result = run_image_case(case, pools, device, timeout)
-                verdict = judge_case(case, references[case.id], result.output, bounds[case.id], scorer, clip_skip)
+                ref = inputs.references[case.id]
+                verdict = judge_case(case, ref, result.output, inputs.bounds[case.id], inputs.scorer, inputs.clip_skip)
                 verdict.duration_s, verdict.e2e_ms, verdict.backends = time.perf_counter() - t0, result.timings.e2e_ms, result.backends
                 if verdict.status == FAILED and ctx.report_dir is not None:
-                    _write_triptych(ctx.report_dir, verdict, references[case.id], result.output)
+                    _write_triptych(ctx.report_dir, verdict, ref, result.output)
                 verdicts.append(verdict)
                 advance(cast(Any, verdict))
                 if i + 1 == len(cases) or cases[i + 1].world_size != case.world_size:
@@ -205,13 +235,13 @@ class ImageStage:
             self.name, [v.to_dict() for v in verdicts], [_junit(v, self.name) for v in verdicts],
             count[PASSED], count[FAILED], count[SKIPPED], wall,
             extra={
-                "platform": platform,
-                "thresholds_files": thresholds.paths,
-                "clip_skipped": clip_skip,
+                "platform": inputs.platform,
+                "thresholds_files": inputs.thresholds.paths,
+                "clip_skipped": inputs.clip_skip,
                 "cases_s": sum(v.duration_s for v in verdicts),
                 "pool_startup_s": {str(w): s for w, s in sorted(startup.items())},
             },
-            top_level={"platform": platform, "cases": {v.case_id: v.results_entry() for v in verdicts}},
+            top_level={"platform": inputs.platform, "cases": {v.case_id: v.results_entry() for v in verdicts}},
         )
 
 
