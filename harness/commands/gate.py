@@ -25,6 +25,7 @@ from harness.contracts.verdict import FAILED, PASSED, SKIPPED
 from harness.paths import default_baselines_dir, default_cases_dir
 from harness.report_junit import JUnitCase
 from harness.stages.images import ImageStage
+from harness.stages.perf import PerfStage, add_perf_options
 
 HELP = "the CI gate: run every stage (contract cases now; images and timings plug in), exit 1 on any regression"
 
@@ -94,7 +95,7 @@ class ContractStage:
         )
 
 
-STAGES: list[GateStage] = [ContractStage(), ImageStage()]
+STAGES: list[GateStage] = [ContractStage(), ImageStage(), PerfStage()]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,6 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_target(parser)
     parser.add_argument("--clip-model", default=None, metavar="DIR",
                         help="local CLIP model directory for the image stage (default: $PARITY_CLIP_MODEL; none: clip skipped)")
+    add_perf_options(parser)
     add_outputs(parser)
     parser.set_defaults(run=run)
 
