@@ -18,7 +18,7 @@ them all to one overlay (results that name another platform are refused).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,6 @@ from harness.errors import ConfigError
 from harness.paths import default_baselines_dir
 
 HELP = "propose thresholds or perf baselines from N gate results (a diff table); --write writes them"
-THRESHOLDS_FILE = "consistency_threshold.json"
-THRESHOLD_OVERLAY_DIR = "platforms"
 EPILOG = """\
 examples:
   parity recalibrate thresholds --results run1/results.json run2/results.json run3/results.json
@@ -99,9 +97,11 @@ def _group(paths: Sequence[Path], docs: Sequence[dict[str, Any]], platform: str 
     """Sort results into the files they belong to (see the module docstring)."""
     from harness.baselines.perf import platform_matches
 
+    for path, doc in zip(paths, docs):
+        if "platform" in doc:
+            _check_platform(doc["platform"], path, "platform")
     if platform is not None:
-        if not platform or "/" in platform or platform.startswith("."):
-            raise ConfigError(f"{platform!r} is not a platform name (e.g. h200, mi300x, cpu_x86_64)", key="--platform")
+        _check_platform(platform, None, "--platform")
         for path, doc in zip(paths, docs):
             recorded = doc.get("platform")
             if recorded is not None and not platform_matches(platform, recorded):
@@ -116,6 +116,15 @@ def _group(paths: Sequence[Path], docs: Sequence[dict[str, Any]], platform: str 
         groups.setdefault(doc["platform"], Group(doc["platform"], [], [])).paths.append(path)
         groups[doc["platform"]].docs.append(doc)
     return list(groups.values())
+
+
+def _check_platform(name: str, path: Path | None, key: str) -> None:
+    """A platform becomes a file name: it must be a normalised device name (``h200``, ``cpu_x86_64``)."""
+    from harness.baselines.platforms import normalize_device_name
+
+    if not name or normalize_device_name(name) != name:
+        raise ConfigError(f"{name!r} is not a normalised platform name (lowercase letters, digits, '_'; "
+                          "e.g. h200, mi300x, cpu_x86_64)", path=path, key=key)
 
 
 def _table(header: Sequence[str], rows: Sequence[tuple[str, ...]]) -> Table:
@@ -138,7 +147,8 @@ def _report(title: str, header: Sequence[str], rows: Sequence[tuple[str, ...]], 
     out.print(f"{changed} of {len(proposals)} values change, {loosening} loosen")
 
 
-def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[Any]]], write: Any) -> int:
+def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[Any]]],
+            write: Callable[[Path, Any, Sequence[Any]], None]) -> int:
     """Refuse loosening for every file before writing any; then write each file atomically."""
     from harness.recalibrate import LooseningRefused
 
@@ -168,6 +178,7 @@ def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[
 def run_thresholds(args: argparse.Namespace) -> int:
     from harness.baselines.thresholds import ThresholdSet
     from harness.recalibrate import DEFAULT_POLICY, PROPOSAL_HEADER, apply_proposals, load_policy, proposal_rows, propose_thresholds
+    from harness.stages.images import OVERLAYS_DIR, THRESHOLDS_FILE
 
     directory = _baselines_dir(args)
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
@@ -175,7 +186,7 @@ def run_thresholds(args: argparse.Namespace) -> int:
     groups = _group(args.results, _load(args.results), args.platform, args.per_platform)
     plans = []
     for group in groups:
-        target = base if group.platform is None else directory / THRESHOLD_OVERLAY_DIR / f"{group.platform}.json"
+        target = base if group.platform is None else directory / OVERLAYS_DIR / f"{group.platform}.json"
         chain = ThresholdSet.load(base, [target] if target != base and target.exists() else [])
         proposals = propose_thresholds(chain, group.docs, policy)
         title = f"thresholds -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"

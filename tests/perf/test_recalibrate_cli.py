@@ -150,6 +150,11 @@ def test_thresholds_per_platform_and_platform_mismatch(baselines: Path, tmp_path
     assert main([*argv, "--platform", "h200"]) == 2
     err = capsys.readouterr().err
     assert str(mi300) in err and "results are from platform 'mi300x', not 'h200'" in err
+    assert main([*argv, "--platform", "../h200"]) == 2
+    assert "'../h200' is not a normalised platform name" in capsys.readouterr().err
+    hostile = _results(tmp_path / "d.json", {"flux_image_t2i": _metrics(0.99, 0.99, 30.0, 1.0)}, platform="../../x")
+    assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", str(hostile), "--write"]) == 2
+    assert f"{hostile}: key 'platform': '../../x' is not a normalised platform name" in capsys.readouterr().err
     no_platform = _results(tmp_path / "c.json", {"flux_image_t2i": _metrics(0.99, 0.99, 30.0, 1.0)}, platform=None)
     assert main(["recalibrate", "thresholds", "--baselines", str(baselines), "--results", str(no_platform), "--per-platform"]) == 2
     assert "missing key 'platform'" in capsys.readouterr().err
