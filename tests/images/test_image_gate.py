@@ -1,0 +1,167 @@
+"""``parity bless`` and the gate's image stage end to end: real pipeline runs on real rank groups, real files.
+
+A tiny project in a temp dir (one cheap contract case, a 1-rank image case and a 2-rank video
+case of 16×16 pixels) keeps each gate run to seconds; the project's own thresholds file is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+
+from harness.baselines.images import bless, load_reference
+from harness.cli import main
+from harness.paths import default_baselines_dir
+from harness.recalibrate import load_results
+from tests.images.tiny_clip import save_tiny_clip
+
+pytestmark = pytest.mark.timeout(300)
+
+IMAGE_CASES = """\
+[defaults]
+prompt = "a lighthouse at dusk"
+height = 16
+width = 16
+steps = 2
+
+[cases.img_1rank]
+world_size = 1
+
+[cases.vid_2ranks]
+world_size = 2
+num_frames = 3
+"""
+
+
+@dataclass(frozen=True)
+class Project:
+    cases: Path
+    baselines: Path
+
+    def copy_baselines(self, tmp_path: Path) -> Path:
+        copy = tmp_path / "baselines_copy"
+        shutil.copytree(self.baselines, copy)
+        return copy
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    root = tmp_path_factory.mktemp("project")
+    cases, baselines = root / "cases", root / "baselines"
+    (cases / "contracts").mkdir(parents=True)
+    (cases / "images").mkdir()
+    baselines.mkdir()
+    (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n')
+    (cases / "images" / "tiny.toml").write_text(IMAGE_CASES)
+    shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
+    assert main(["bless", "--cases", str(cases), "--baselines", str(baselines)]) == 0
+    return Project(cases, baselines)
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_clip(tmp_path_factory.mktemp("tiny_clip"))
+
+
+def _gate(project: Project, *extra: str, baselines: Path | None = None) -> int:
+    return main(["gate", "--cases", str(project.cases), "--baselines", str(baselines or project.baselines), *extra])
+
+
+def test_bless_writes_hashed_references_only_when_asked(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = json.loads((project.baselines / "images" / "manifest.json").read_text())
+    assert sorted(manifest) == ["img_1rank.png", *(f"vid_2ranks/frame_{i:04d}.png" for i in range(3))]
+    for name, digest in manifest.items():
+        assert hashlib.sha256((project.baselines / "images" / name).read_bytes()).hexdigest() == digest
+    assert load_reference(project.baselines / "images", "img_1rank").shape == (16, 16, 3)
+    assert load_reference(project.baselines / "images", "vid_2ranks").shape == (3, 16, 16, 3)
+    assert main(["bless", "nope", "--cases", str(project.cases), "--baselines", str(project.baselines)]) == 2
+    assert "no image case 'nope'; known: img_1rank, vid_2ranks" in capsys.readouterr().err
+
+
+def test_gate_passes_with_a_clip_figure_and_leaves_references_alone(
+    project: Project, clip_dir: Path, tmp_path: Path
+) -> None:
+    manifest = project.baselines / "images" / "manifest.json"
+    before = manifest.read_bytes()
+    out = tmp_path / "results.json"
+    assert _gate(project, "--clip-model", str(clip_dir), "--json", str(out)) == 0
+    assert manifest.read_bytes() == before
+    doc = load_results(out)  # the schema recalibration reads
+    for case_id in ("img_1rank", "vid_2ranks"):  # SP=2 and one rank reproduce the single-rank reference bitwise
+        metrics = doc["cases"][case_id]["metrics"]
+        assert doc["cases"][case_id]["passed"] and metrics["psnr"] == float("inf")
+        assert metrics["ssim"] == 1.0 and metrics["mean_abs_diff"] == 0.0 and metrics["clip"] == pytest.approx(1.0, abs=1e-6)
+    assert doc["cases"]["vid_2ranks"]["kind"] == "video" and doc["platform"] == doc["stages"]["images"]["platform"]
+    record = {r["case_id"]: r for r in doc["stages"]["images"]["records"]}["img_1rank"]
+    assert record["threshold_source"]["psnr"].endswith("consistency_threshold.json:default_psnr_threshold_image")
+    assert record["figures"]["thresholds"]["psnr"] == 30.0 and doc["stages"]["images"]["clip_skipped"] is None
+
+
+def test_unreachable_threshold_fails_with_triptych_report_and_clip_skipped(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PARITY_CLIP_MODEL", raising=False)
+    copy = project.copy_baselines(tmp_path)
+    # A reference one level off in a few pixels of the middle frame (blessed through the one writer):
+    # well inside the project's bounds, but not identical, so psnr is finite and 200 dB unreachable.
+    video = load_reference(copy / "images", "vid_2ranks").copy()
+    corner = video[1, :4, :4]
+    video[1, :4, :4] = np.where(corner < 255, corner + 1, corner - 1)
+    bless(copy / "images", "vid_2ranks", video)
+    thresholds = json.loads((copy / "consistency_threshold.json").read_text())
+    thresholds["cases"]["vid_2ranks"] = {"psnr_threshold": 200}
+    (copy / "consistency_threshold.json").write_text(json.dumps(thresholds))
+    report = tmp_path / "report"
+    assert _gate(project, "--report", str(report), baselines=copy) == 1
+
+    doc = load_results(report / "results.json")
+    assert doc["passed"] is False and doc["cases"]["img_1rank"]["passed"] is True
+    failed = doc["cases"]["vid_2ranks"]
+    assert failed["passed"] is False and 60 < failed["metrics"]["psnr"] < 200
+    assert all(case["metrics"]["clip"] is None for case in doc["cases"].values())
+    assert "PARITY_CLIP_MODEL" in failed["skipped_metrics"]["clip"]
+    record = {r["case_id"]: r for r in doc["stages"]["images"]["records"]}["vid_2ranks"]
+    assert "psnr" in record["reason"] and "< 200" in record["reason"] and "cases.vid_2ranks.psnr_threshold" in record["reason"]
+
+    picture = iio.imread(report / record["triptych"])
+    k = (picture.shape[1] - 8) // 48  # three 16-pixel panels and two gaps per row
+    assert picture.shape == (3 * 16 * k + 8, 3 * 16 * k + 8, 3)  # first, middle, last frame
+    middle = picture[16 * k + 4 : 32 * k + 4 : k]
+    assert np.array_equal(middle[:, : 16 * k : k], video[1])  # the reference panel holds the blessed frame
+    assert np.array_equal(middle[:4, 32 * k + 8 :: k][:, :4], np.full((4, 4, 3), 255, np.uint8))  # the diff is white there
+    page = (report / "index.html").read_text()
+    assert f"<img src='{record['triptych']}'" in page and "precedence" in page
+    junit = (report / "junit.xml").read_text()
+    assert 'name="vid_2ranks"' in junit and "<failure" in junit
+
+
+def test_malformed_thresholds_exit_2_naming_file_and_key_before_any_case_runs(
+    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = project.copy_baselines(tmp_path)
+    path = copy / "consistency_threshold.json"
+    thresholds = json.loads(path.read_text())
+    thresholds["cases"]["img_1rank"] = {"ssim_threshold": "high"}
+    path.write_text(json.dumps(thresholds))
+    assert _gate(project, baselines=copy) == 2
+    captured = capsys.readouterr()
+    assert str(path) in captured.err and "cases.img_1rank.ssim_threshold" in captured.err
+    assert "contracts:" not in captured.out  # the image stage's preflight stopped the gate first
+
+
+def test_tampered_reference_exits_2_naming_the_file(
+    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = project.copy_baselines(tmp_path)
+    image = copy / "images" / "img_1rank.png"
+    iio.imwrite(image, np.zeros((16, 16, 3), np.uint8))  # a valid PNG the manifest never saw
+    assert _gate(project, baselines=copy) == 2
+    err = capsys.readouterr().err
+    assert str(image) in err and "sha256 mismatch" in err
