@@ -32,7 +32,7 @@ from harness.contracts.verdict import FAILED, PASSED, SKIPPED
 from harness.report_junit import JUnitCase
 
 if TYPE_CHECKING:
-    from harness.baselines.perf import PerfBaselines, PerfCheck
+    from harness.baselines.perf import PerfBaselines, PerfCheck, Tolerances
     from harness.commands.gate import GateContext, StageResult
 
 DEFAULT_RUNS = 3
@@ -82,13 +82,16 @@ def machine_baseline(ctx: GateContext, platform: str) -> PerfBaselines | None:
 
 
 def failed_checks(checks: list[PerfCheck]) -> list[str]:
-    """One line per value over its limit: ``stages_ms.DenoisingStage 35.2 > 30.1 (25 ms +20%)``."""
+    """One line per value over its limit: ``stages_ms.DenoisingStage 35.2 > 30 (25 ms +20%)``, or
+    ``(0.5 ms + 1 ms floor)`` where the absolute floor set the limit."""
     lines = []
     for c in checks:
         if c.passed:
             continue
         actual = "not measured" if c.actual is None else f"{c.actual:.4g}"
-        lines.append(f"{c.metric} {actual} > {c.limit:.4g} ({c.expected:.4g} ms +{c.tol:.0%})")
+        relative = c.expected * (1.0 + c.tol)
+        slack = f"+{c.tol:.0%}" if c.limit <= relative * (1 + 1e-9) else f"+ {c.limit - c.expected:.3g} ms floor"
+        lines.append(f"{c.metric} {actual} > {c.limit:.4g} ({c.expected:.4g} ms {slack})")
     return lines
 
 
@@ -174,7 +177,7 @@ class PerfStage:
 
 
 def _judge(case_id: str, world_size: int, measured: dict[str, Any], expected: dict[str, Any] | None,
-           tolerances: Any, platform: str) -> dict[str, Any]:
+           tolerances: Tolerances | None, platform: str) -> dict[str, Any]:
     """One record: the figures, and the verdict against the baseline scenario (if any)."""
     from harness.baselines.perf import check_perf
 

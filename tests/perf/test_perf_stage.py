@@ -99,7 +99,7 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     records = {r["case_id"]: r for r in doc["stages"]["perf"]["records"]}
     assert records["perf_a"]["status"] == FAILED and records["perf_b"]["status"] == PASSED
     assert records["perf_a"]["reason"].startswith("expected_e2e_ms ")
-    assert "> 1.001 (0.001 ms +25%)" in records["perf_a"]["reason"]  # limit: max(0.001 * 1.25, 0.001 + abs floor 1 ms)
+    assert "> 1.001 (0.001 ms + 1 ms floor)" in records["perf_a"]["reason"]  # max(0.001 * 1.25, 0.001 + 1 ms)
     e2e_check = next(c for c in records["perf_a"]["checks"] if c["metric"] == "expected_e2e_ms")
     assert e2e_check["limit"] == pytest.approx(1.001) and not e2e_check["passed"]
     junit = (tmp_path / "r3" / "junit.xml").read_text()
@@ -143,3 +143,13 @@ def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Pa
     assert (result.passed, result.failed) == (2, 0)
     assert result.extra["tolerances"]["e2e"] == 100000.0
     assert set(result.top_level["perf"]) == {"perf_a", "perf_b"}
+
+
+def test_failed_check_lines_name_the_slack_that_set_the_limit() -> None:
+    from harness.baselines.perf import PerfCheck
+    from harness.stages.perf import failed_checks
+
+    checks = [PerfCheck("e2e", 25.0, 35.2, 0.2, False, 30.0), PerfCheck("step", 0.5, 3.0, 0.25, False, 1.5),
+              PerfCheck("gone", 10.0, None, 0.3, False, 13.0), PerfCheck("fine", 10.0, 9.0, 0.3, True, 13.0)]
+    assert failed_checks(checks) == ["e2e 35.2 > 30 (25 ms +20%)", "step 3 > 1.5 (0.5 ms + 1 ms floor)",
+                                     "gone not measured > 13 (10 ms +30%)"]
