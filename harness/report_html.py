@@ -93,6 +93,8 @@ img { image-rendering: pixelated; border: 1px solid #d0d7de; }
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:.6g}"
     if isinstance(value, (dict, list)):
@@ -130,7 +132,7 @@ def _stage_section(name: str, stage: Mapping[str, Any]) -> str:
             scale = record.get("diff_scale")
             caption = f"{html.escape(case_id)}: reference | candidate | |diff| heat map"
             if isinstance(scale, (int, float)):
-                caption += f" (white = {scale:.3g} levels of 255)"
+                caption += f" (white = a difference of {scale:.3g}/255)"
             figures_html.append(f"<figure><img src='{src}' alt='{html.escape(case_id)} triptych'>"
                                 f"<figcaption>{caption}</figcaption></figure>")
     parts.append("<table>" + "".join(rows) + "</table>")

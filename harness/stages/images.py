@@ -87,6 +87,7 @@ class ImageVerdict:
             "ulysses_degree": self.case.ulysses_degree,
             "ring_degree": self.case.ring_degree,
             "figures": figures,
+            "bound": describe_bounds(self.thresholds),
             "threshold_source": dict(self.thresholds.source),
             "duration_s": self.duration_s,
             "e2e_ms": self.e2e_ms,
@@ -120,6 +121,10 @@ def measure(ref: np.ndarray, cand: np.ndarray, kind: str, scorer: ClipScorer | N
     if scorer is not None:
         clip = scorer.similarity([ref], [cand])[0] if kind == "image" else scorer.video_similarity(ref, cand)
     return {"clip": clip, "ssim": ssim(ref, cand), "psnr": psnr(ref, cand), "mean_abs_diff": mean_abs_diff(ref, cand)}
+
+
+def describe_bounds(t: Thresholds) -> str:
+    return f"clip ≥ {t.clip:g}, ssim ≥ {t.ssim:g}, psnr ≥ {t.psnr:g}, mean_abs_diff ≤ {t.mean_abs_diff:g}"
 
 
 def violations(metrics: dict[str, float | None], thresholds: Thresholds) -> list[str]:
@@ -265,11 +270,10 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 def image_table(verdicts: list[ImageVerdict]) -> Table:
     style = {PASSED: "green", FAILED: "bold red", SKIPPED: "yellow"}
     table = Table(title="gate: images")
-    for column in ("case", "W", "kind", "status", "clip", "ssim", "psnr", "mad", "bounds (clip/ssim/psnr/mad) / reason", "ms"):
+    for column in ("case", "W", "kind", "status", "clip", "ssim", "psnr", "mad", "bounds / reason", "ms"):
         table.add_column(column, overflow="fold")
     for v in verdicts:
-        t = v.thresholds
-        detail = v.reason or f"≥{t.clip:g} / ≥{t.ssim:g} / ≥{t.psnr:g} / ≤{t.mean_abs_diff:g}"
+        detail = v.reason or describe_bounds(v.thresholds)
         table.add_row(
             escape(v.case_id), str(v.case.world_size), v.case.kind, f"[{style[v.status]}]{v.status}[/]",
             *(_fmt(v.metrics[m]) for m in METRICS), escape(detail), f"{v.duration_s * 1000:.0f}",

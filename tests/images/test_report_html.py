@@ -58,7 +58,7 @@ def test_index_lists_every_stage_and_embeds_failing_triptychs(tmp_path: Path) ->
     }
     page = render_index(document)
     assert "usp&lt;1&gt;" in page and "bitwise" in page and "traceback" not in page
-    assert "<img src='images/img.png'" in page and "psnr 40 &lt; 200" in page and "white = 3 levels" in page
+    assert "<img src='images/img.png'" in page and "psnr 40 &lt; 200" in page and "white = a difference of 3/255" in page
     assert "skipped: no baseline for this hardware" in page and "FAILED" in page
     write_index(tmp_path / "index.html", document)
     assert (tmp_path / "index.html").read_text() == page
