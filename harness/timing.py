@@ -1,11 +1,12 @@
 """Timing of an image case: warm-up runs, then N timed runs, the median of every value, peak memory.
 
-Each run goes through the image case runner's rank worker
-(:func:`harness.image_cases.run_pipeline_on_rank`), on ``case.world_size`` ranks of a live
-pool, so a timed case is exactly what the image stage runs (an SP case times all its ranks
-working together; rank 0's clock is reported). Stage times come from the pipeline's own
+A case runs on ``case.world_size`` ranks of a live pool (the image case runner's pools), with
+the case's pipeline config on each rank's own device, as the image stage runs it; an SP case
+times all its ranks working together and rank 0's clock is reported. The models and the SP
+groups are set up once per case, before the warm-up (see :func:`time_on_rank`); building them
+is not timed. Stage times come from the pipeline's own
 :class:`~reference_impl.pipeline.StageTimings`: CUDA events on a GPU (read once at the end of a
-run, no syncs mid-run), ``perf_counter`` on a CPU. Model building is not timed.
+run, no syncs mid-run), ``perf_counter`` on a CPU.
 
 The measurement is written in the shape of an sglang perf scenario (see
 :mod:`harness.baselines.perf`), so it is checked against a baseline as it is and can become
@@ -21,8 +22,8 @@ one through ``parity recalibrate perf``::
 
 Every value is the median over the N timed runs of that value (the average and median step of
 each run first, then their median over runs). Peak memory is the largest over the ranks, over
-the timed runs: on CUDA ``torch.cuda.max_memory_allocated`` (tensors only; kind
-``cuda_max_allocated``); on Linux CPU the process's peak RSS after resetting it through
+the timed runs: on CUDA ``torch.cuda.max_memory_allocated`` (tensors only, the resident
+weights included; kind ``cuda_max_allocated``); on Linux CPU the process's peak RSS after resetting it through
 ``/proc/self/clear_refs`` (whole process, libraries included; kind ``rss_peak``); elsewhere the
 lifetime peak RSS of the rank process (``rss_lifetime_peak``: an upper bound, since a pool rank
 has run other cases before).
@@ -88,21 +89,35 @@ def _peak_memory_bytes(device: str, kind: str) -> int:
 
 
 def time_on_rank(config: PipelineConfig, warmup: int, runs: int) -> RankTiming:
-    """Rank worker: ``warmup`` untimed runs, then ``runs`` timed ones, through the image runner's worker.
+    """Rank worker: SP over the whole group and the models set up once, ``warmup`` untimed runs,
+    then ``runs`` timed ones; rank 0 returns the timings. Module level so a RankPool can pickle it.
 
-    Module level so a RankPool can pickle a reference to it.
+    Set up once, as a server is: ``run_pipeline_sequence_parallel`` (what the image stage runs)
+    makes new SP sub-groups on every call, and NCCL creates a communicator lazily at a group's
+    first collective, so timing it run by run would time communicator set-up inside the first
+    denoising step. Here the warm-up pays it, with the first-call kernel and allocator costs.
     """
-    from harness.image_cases import run_pipeline_on_rank
+    import dataclasses
+
+    import torch.distributed as dist
+
     from harness.launcher import rank_device
+    from reference_impl.parallel.state import destroy_sequence_parallel, init_sequence_parallel
+    from reference_impl.pipeline import build_models, run_pipeline
 
     device = str(rank_device())
-    for _ in range(warmup):
-        run_pipeline_on_rank(config)
-    kind = _reset_peak_memory(device)
-    results = [run_pipeline_on_rank(config) for _ in range(runs)]
-    peak = _peak_memory_bytes(device, kind)
-    timings = [r.timings for r in results if r is not None]
-    return RankTiming(timings or None, peak, kind)
+    config = dataclasses.replace(config, device=device)
+    init_sequence_parallel(dist.get_world_size(), 1)
+    try:
+        models = build_models(config)
+        for _ in range(warmup):
+            run_pipeline(config, models)
+        kind = _reset_peak_memory(device)
+        results = [run_pipeline(config, models) for _ in range(runs)]
+        peak = _peak_memory_bytes(device, kind)
+    finally:
+        destroy_sequence_parallel()
+    return RankTiming([r.timings for r in results] if dist.get_rank() == 0 else None, peak, kind)
 
 
 def median_scenario(timings: Sequence[StageTimings]) -> dict[str, Any]:
