@@ -20,7 +20,7 @@ Numerical-parity and regression harness for sequence-parallel diffusion attentio
 verbs:
   list     the contracts, the contract cases and the targets (--json for machines)
   check    run contract cases on a target and print a verdict table with figures
-  gate     the CI gate: run every stage (contracts now; images and timings plug in)
+  gate     the CI gate: contract cases, image quality vs references, timings vs perf baselines
   sweep    run contracts over backend × dtype × world size on this machine into a sweep JSON
   matrix   merge sweep files from several machines into one markdown/HTML table
   recalibrate  new thresholds / perf baselines from N gate results: a diff table, --write to write

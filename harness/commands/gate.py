@@ -2,7 +2,7 @@
 
 A stage is an object with a ``name``, ``skip_reason(ctx) -> str | None`` (e.g. its cases
 directory is absent) and ``run(ctx) -> StageResult``. The contract stage is here; the image
-stage and the perf stage plug in by appending an instance to :data:`STAGES`. Each stage
+stage and the perf stage live in ``harness/stages/``; a new stage is one more entry in :data:`STAGES`. Each stage
 returns JSON-safe records (its own schema) and JUnit rows; the gate merges them into one
 results document (``stages.<name>``) and one JUnit file (one testsuite per stage). A stage may
 also have ``preflight(ctx)``, called for every stage before any stage runs, so that a
@@ -27,7 +27,7 @@ from harness.report_junit import JUnitCase
 from harness.stages.images import ImageStage
 from harness.stages.perf import PerfStage, add_perf_options
 
-HELP = "the CI gate: run every stage (contract cases now; images and timings plug in), exit 1 on any regression"
+HELP = "the CI gate: contract cases, image quality against references, timings against perf baselines; exit 1 on any regression"
 
 
 @dataclass
