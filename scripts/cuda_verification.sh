@@ -25,9 +25,10 @@ done
 step recal_thresholds $P recalibrate thresholds --baselines "$W/baselines" --results "$W"/gate?/results.json --per-platform --write
 step recal_perf $P recalibrate perf --baselines "$W/baselines" --results "$W"/gate?/results.json --write
 step sweep_shapes $P sweep --device cuda --cases cases/sweeps --dtypes bf16 fp16 fp32 --json "$W/sweep_shapes.json"
+step matrix_shapes $P matrix "$W/sweep_shapes.json" -o "$W/matrix_shapes.md"
+step usp_overhead python3 benchmarks/usp_overhead.py --device cuda
 step sweep_default $P sweep --device cuda --no-kernels --dtypes bf16 fp32 \
   --contracts usp.replicated_suffix_bitwise usp.ulysses_parity usp.ring_parity model.zimage_sp_parity model.hunyuan_sp_parity \
   --json "$W/sweep_default.json"
 step matrix $P matrix "$W/sweep_shapes.json" "$W/sweep_default.json" -o "$W/matrix.md"
-step usp_overhead python3 benchmarks/usp_overhead.py --device cuda
 cat "$W/steps.txt"
