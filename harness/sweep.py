@@ -56,21 +56,25 @@ def expand_matrix(
 ) -> list[tuple[Case, BackendColumn]]:
     """One case per (case, backend, dtype) where the contract takes a backend and a dtype.
 
-    Case files may already vary the dtype (a matrix axis); overriding it makes duplicates,
-    which are dropped so each distinct parameter set runs once.
+    Case files may already vary the dtype (a matrix axis): a case written for the dtype is used
+    as it is, bounds and platform overrides included, and another case is re-typed only when no
+    case of that dtype exists; duplicates (same parameters but the bound) run once.
     """
+    selected = [
+        c for c in cases
+        if (not world_sizes or c.world_size in world_sizes)
+        and {"backend", "dtype"} <= {p.name for p in get_contract(c.contract_id).params}
+    ]
     cells = []
     seen: set[str] = set()
-    for case in cases:
-        if world_sizes and case.world_size not in world_sizes:
-            continue
-        declared = {p.name for p in get_contract(case.contract_id).params}
-        if not {"backend", "dtype"} <= declared:
-            continue
-        for column in backends:
-            for dtype in dtypes:
+    for column in backends:
+        for dtype in dtypes:
+            native = [c for c in selected if c.params.get("dtype") == dtype]
+            retyped = [c for c in selected if c.params.get("dtype") != dtype]
+            for case in native + retyped:
                 (varied,) = with_overrides([case], backend=column.backend, dtype=dtype, sdpa_kernel=column.kernel)
-                key = json.dumps([case.contract_id, dict(varied.params)], sort_keys=True, default=str)
+                shape = {k: v for k, v in varied.params.items() if "bound" not in k}
+                key = json.dumps([case.contract_id, shape], sort_keys=True, default=str)
                 if key not in seen:
                     seen.add(key)
                     cells.append((_renamed(varied, column, dtype), column))

@@ -15,6 +15,7 @@ from harness.contracts.bounds import Bound, judge, parse_bound
 from harness.contracts.params import Param, ParamError, Params, bound_param
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.verdict import RankOutcome, Stats
+from harness.targets.base import Unsupported
 
 _LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _REFERENCE = frozenset({"reference_models"})
@@ -72,10 +73,29 @@ MODEL_PARAMS = (
 )
 
 
+def _unsupported_choice(worker: Callable[..., dict], *args: Any, **kwargs: Any) -> dict:
+    """Run a model worker; a forced backend or pinned kernel that cannot serve the case skips it.
+
+    Both refusals happen while the single-rank reference is built, before any collective, and
+    identically on every rank.
+    """
+    try:
+        return worker(*args, **kwargs)
+    except ValueError as exc:
+        if "cannot be honoured" in str(exc):
+            raise Unsupported(str(exc)) from exc
+        raise
+    except RuntimeError as exc:
+        if "No available kernel" in str(exc):
+            raise Unsupported(f"torch SDPA kernel {kwargs.get('sdpa_kernel')} cannot run this case here: {exc}") from exc
+        raise
+
+
 def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
     from harness.contracts.model_parity import zimage_sp_parity_worker
 
-    result = zimage_sp_parity_worker(
+    result = _unsupported_choice(
+        zimage_sp_parity_worker,
         _LONG_DTYPE[p.dtype], p.seed, grid_hw=tuple(p.grid), cap_len=p.caption_tokens, batch=p.batch,
         backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
@@ -86,7 +106,8 @@ def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
 def hunyuan_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
     from harness.contracts.model_parity import hunyuan_sp_parity_worker
 
-    result = hunyuan_sp_parity_worker(
+    result = _unsupported_choice(
+        hunyuan_sp_parity_worker,
         _LONG_DTYPE[p.dtype], p.seed, grid_thw=tuple(p.grid), txt_len=p.text_tokens, batch=p.batch,
         backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
