@@ -203,24 +203,10 @@ def test_psnr_is_monotone_in_noise_amplitude(a: np.ndarray, seed: int, k1: float
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random CLIP model saved like a real one; nothing is downloaded."""
-    transformers = pytest.importorskip("transformers")
-    import torch
+    pytest.importorskip("transformers")
+    from tests.images.tiny_clip import save_tiny_clip
 
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
-    )
-    text = transformers.CLIPTextConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
-        max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    config = transformers.CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=16)
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp("tiny_clip")
-    transformers.CLIPModel(config).save_pretrained(directory)
-    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
-        directory
-    )
-    return directory
+    return save_tiny_clip(tmp_path_factory.mktemp("tiny_clip"))
 
 
 @pytest.fixture(scope="module")
