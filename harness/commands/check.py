@@ -13,6 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
+from harness.runner import PoolSet
+
 from harness.cases import Case, load_cases, platform_of_device, with_overrides
 from harness.commands._options import add_cases, add_outputs, add_target
 from harness.console import make_console, progress, summary_line, verdict_table
@@ -98,15 +100,28 @@ class ContractRun:
         }
 
 
-def run_contract_cases(cases: Sequence[Case], args: argparse.Namespace, err: Console, label: str = "contracts") -> ContractRun:
-    """Run ``cases`` with a progress bar on ``err``, one pool per world size."""
+def run_contract_cases(
+    cases: Sequence[Case], args: argparse.Namespace, err: Console, label: str = "contracts", pools: PoolSet | None = None
+) -> ContractRun:
+    """Run ``cases`` with a progress bar on ``err``, one pool per world size.
+
+    With ``pools`` (the gate's, shared by its stages) the groups are borrowed and left running;
+    without, this call starts them and closes each after its last case.
+    """
     from harness.runner import PoolSet, run_cases
 
     check_device(args.device)
     start = time.perf_counter()
-    with PoolSet(args.device) as pools, progress(err, len(cases), label) as advance:
-        verdicts = run_cases(cases, args.target, args.device, pools=pools, timeout=args.timeout, on_verdict=advance)
-    return ContractRun(verdicts, time.perf_counter() - start, dict(pools.startup_s))
+    with progress(err, len(cases), label) as advance:
+        if pools is None:
+            with PoolSet(args.device) as own:
+                verdicts = run_cases(cases, args.target, args.device, pools=own, timeout=args.timeout, on_verdict=advance)
+            startup = own.startup_s
+        else:
+            pools.prestart(c.world_size for c in cases)
+            verdicts = run_cases(cases, args.target, args.device, pools=pools.get, timeout=args.timeout, on_verdict=advance)
+            startup = pools.startup_s
+    return ContractRun(verdicts, time.perf_counter() - start, dict(startup))
 
 
 def environment(args: argparse.Namespace) -> dict[str, Any]:

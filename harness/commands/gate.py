@@ -24,6 +24,7 @@ from harness.console import make_console
 from harness.contracts.verdict import FAILED, PASSED, SKIPPED
 from harness.paths import default_baselines_dir, default_cases_dir
 from harness.report_junit import JUnitCase
+from harness.runner import PoolSet
 from harness.stages.images import ImageStage
 from harness.stages.perf import PerfStage, add_perf_options
 
@@ -38,6 +39,7 @@ class GateContext:
     report_dir: Path | None
     out: Console
     err: Console
+    pools: PoolSet  # one rank group per world size for the whole gate: stages share them
 
 
 @dataclass
@@ -84,7 +86,7 @@ class ContractStage:
         from harness.report_junit import junit_from_verdicts
 
         cases = load_cases(ctx.cases_root, platform_of_device(ctx.args.device))
-        run = run_contract_cases(cases, ctx.args, ctx.err, label=self.name)
+        run = run_contract_cases(cases, ctx.args, ctx.err, label=self.name, pools=ctx.pools)
         verdicts = run.verdicts
         ctx.out.print(verdict_table(verdicts, title="gate: contracts"))
         ctx.out.print(f"contracts: {summary_line(verdicts, run.wall_s)}")
@@ -120,27 +122,30 @@ def run(args: argparse.Namespace) -> int:
     baselines = args.baselines or default_baselines_dir()
     if args.baselines is not None and not baselines.is_dir():
         raise ConfigError("no such baselines directory", path=baselines, key="--baselines")
-    ctx = GateContext(args, args.cases or default_cases_dir(), baselines, args.report, make_console(), make_console(stderr=True))
     start = time.perf_counter()
     results: dict[str, Any] = {}
     junit: list[JUnitCase] = []
     failed = 0
     top_level: dict[str, Any] = {}
-    for stage in STAGES:
-        preflight = getattr(stage, "preflight", None)
-        if preflight is not None and not stage.skip_reason(ctx):
-            preflight(ctx)
-    for stage in STAGES:
-        reason = stage.skip_reason(ctx)
-        if reason:
-            results[stage.name] = {"skipped": reason}
-            ctx.out.print(f"{stage.name}: skipped ({reason})")
-            continue
-        result = stage.run(ctx)
-        results[stage.name] = result.to_dict()
-        junit += result.junit
-        failed += result.failed
-        top_level.update(result.top_level)
+    with PoolSet(args.device) as pools:
+        ctx = GateContext(
+            args, args.cases or default_cases_dir(), baselines, args.report, make_console(), make_console(stderr=True), pools
+        )
+        for stage in STAGES:
+            preflight = getattr(stage, "preflight", None)
+            if preflight is not None and not stage.skip_reason(ctx):
+                preflight(ctx)
+        for stage in STAGES:
+            reason = stage.skip_reason(ctx)
+            if reason:
+                results[stage.name] = {"skipped": reason}
+                ctx.out.print(f"{stage.name}: skipped ({reason})")
+                continue
+            result = stage.run(ctx)
+            results[stage.name] = result.to_dict()
+            junit += result.junit
+            failed += result.failed
+            top_level.update(result.top_level)
     document = {
         "command": "gate",
         **environment(args),

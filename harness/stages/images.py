@@ -204,7 +204,6 @@ class ImageStage:
         from harness.commands.gate import StageResult
         from harness.console import progress
         from harness.image_cases import run_image_case
-        from harness.runner import PoolSet
 
         prepared, self._prepared = self._prepared, None
         inputs = prepared[1] if prepared is not None and prepared[0] is ctx else load_inputs(ctx)
@@ -215,9 +214,10 @@ class ImageStage:
 
         start = time.perf_counter()
         verdicts: list[ImageVerdict] = []
-        with PoolSet(device) as pools, progress(ctx.err, len(cases), self.name) as advance:
+        pools = ctx.pools  # shared by the gate's stages: groups started once
+        with progress(ctx.err, len(cases), self.name) as advance:
             pools.prestart(c.world_size for c in cases)
-            for i, case in enumerate(cases):
+            for case in cases:
                 pools.get(case.world_size)  # a case's duration excludes starting its group
                 t0 = time.perf_counter()
                 result = run_image_case(case, pools, device, timeout)
@@ -228,8 +228,6 @@ class ImageStage:
                     _write_triptych(ctx.report_dir, verdict, ref, result.output)
                 verdicts.append(verdict)
                 advance(cast(Any, verdict))
-                if i + 1 == len(cases) or cases[i + 1].world_size != case.world_size:
-                    pools.release(case.world_size)
             startup = dict(pools.startup_s)
         wall = time.perf_counter() - start
 

@@ -126,7 +126,6 @@ class PerfStage:
         from harness.commands.gate import StageResult
         from harness.console import progress
         from harness.image_cases import load_image_cases
-        from harness.runner import PoolSet
         from harness.timing import hardware_name, time_image_case
 
         args = ctx.args
@@ -142,9 +141,10 @@ class PerfStage:
         start = time.perf_counter()
         records: list[dict[str, Any]] = []
         measured_all: dict[str, dict[str, Any]] = {}
-        with PoolSet(device) as pools, progress(ctx.err, len(cases), self.name) as advance:
+        pools = ctx.pools  # shared by the gate's stages: groups started once
+        with progress(ctx.err, len(cases), self.name) as advance:
             pools.prestart(c.world_size for c in cases)
-            for i, case in enumerate(cases):
+            for case in cases:
                 pools.get(case.world_size)  # a case's duration excludes starting its group
                 t0 = time.perf_counter()
                 measured = time_image_case(case, pools, device, runs=runs, warmup=warmup, timeout=timeout).measured()
@@ -154,8 +154,6 @@ class PerfStage:
                 record["duration_s"] = time.perf_counter() - t0
                 records.append(record)
                 advance(cast(Any, SimpleNamespace(case_id=case.id, status=record["status"])))
-                if i + 1 == len(cases) or cases[i + 1].world_size != case.world_size:
-                    pools.release(case.world_size)
             startup = dict(pools.startup_s)
         wall = time.perf_counter() - start
 

@@ -15,6 +15,7 @@ from harness.baselines.perf import PERF_BASE_FILE, perf_overlay_path
 from harness.baselines.platforms import platform_name
 from harness.cli import main
 from harness.commands.gate import GateContext
+from harness.runner import PoolSet
 from harness.console import make_console
 from harness.contracts.verdict import FAILED, PASSED
 from harness.stages.perf import PerfStage
@@ -116,10 +117,10 @@ def _scaled(scenario: dict[str, Any], factor: float) -> dict[str, Any]:
     return out
 
 
-def _context(cases: Path, baselines: Path, **perf: Any) -> GateContext:
+def _context(cases: Path, baselines: Path, pools: PoolSet | None = None, **perf: Any) -> GateContext:
     options = {"perf": None, "perf_runs": 1, "perf_warmup": 0, "perf_profile": "pr_test", **perf}
     args = argparse.Namespace(device="cpu", timeout=None, **options)
-    return GateContext(args, cases, baselines, None, make_console(), make_console(stderr=True))
+    return GateContext(args, cases, baselines, None, make_console(), make_console(stderr=True), pools or PoolSet("cpu"))
 
 
 def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Path], tmp_path: Path, monkeypatch) -> None:
@@ -134,12 +135,13 @@ def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Pa
     overlay.parent.mkdir(parents=True)
     overlay.write_text(json.dumps({"scenarios": {"perf_a": generous, "perf_b": {"expected_e2e_ms": 0.5}}}))
     stage = PerfStage()
-    ctx = _context(cases, baselines)
-    assert stage.skip_reason(ctx) is None  # a baseline for this hardware: on by default
     # perf_b's 0.5 ms is out of reach at the file's 25 % (+1 ms floor), as perf_a's 0.001 ms was in the
     # flow above; a tolerance from the environment (a noisy CI lane) overrides the file's
     monkeypatch.setenv("PARITY_PERF_TOL_E2E", "100000")
-    result = stage.run(ctx)
+    with PoolSet("cpu") as pools:
+        ctx = _context(cases, baselines, pools)
+        assert stage.skip_reason(ctx) is None  # a baseline for this hardware: on by default
+        result = stage.run(ctx)
     assert (result.passed, result.failed) == (2, 0)
     assert result.extra["tolerances"]["e2e"] == 100000.0
     assert set(result.top_level["perf"]) == {"perf_a", "perf_b"}
