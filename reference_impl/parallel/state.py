@@ -63,13 +63,13 @@ def init_sequence_parallel(ulysses_degree: int, ring_degree: int = 1) -> Sequenc
 
 
 def destroy_sequence_parallel() -> None:
-    """Destroy this rank's sub-groups: a long-lived group (a rank pool) re-initializes SP per case,
-    and on NCCL every leaked sub-group would keep a communicator and its GPU memory."""
+    """Forget the sub-groups; they are destroyed with the default group.
+
+    Destroying gloo sub-groups here made the next ``new_group`` fail now and then ("Connection
+    closed by peer" in connectFullMesh), so a long-lived pool keeps them until it closes: on NCCL
+    each keeps a communicator, a cost to watch in long pools.
+    """
     global _state
-    if _state is not None and dist.is_initialized():
-        for group in {id(g): g for g in (_state.ulysses_group, _state.ring_group)}.values():
-            if group is not dist.GroupMember.WORLD:
-                dist.destroy_process_group(group)
     _state = None
 
 
