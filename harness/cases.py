@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import itertools
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.case_files import load_case_directory, read_case_tables, read_toml
 from harness.contracts import Contract, get_contract
 from harness.contracts.params import ParamError, Params
 from harness.errors import ConfigError
@@ -104,29 +104,9 @@ def with_overrides(cases: Iterable[Case], **overrides: Any) -> list[Case]:
     return result
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"invalid TOML: {exc}", path=path) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
-
-
 def load_case_file(path: str | Path) -> list[Case]:
     path = Path(path)
-    data = _read_toml(path)
-    unknown = set(data) - {"defaults", "cases"}
-    if unknown:
-        key = sorted(unknown)[0]
-        raise ConfigError("unknown top-level table; a case file holds [defaults] and [cases.<id>]", path=path, key=key)
-    defaults = data.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise ConfigError("must be a table", path=path, key="defaults")
-    cases_table = data.get("cases")
-    if not isinstance(cases_table, dict) or not cases_table:
-        raise ConfigError("no cases: add at least one [cases.<id>] table", path=path, key="cases")
+    defaults, cases_table = read_case_tables(path, "a case")
     cases: list[Case] = []
     for case_id, body in cases_table.items():
         cases.extend(_expand(path, case_id, body, defaults))
@@ -200,7 +180,7 @@ def _glob(pattern: str) -> re.Pattern[str]:
 
 def apply_platform_overlay(cases: list[Case], path: Path) -> list[Case]:
     """Replace the parameters that ``path``'s ``[overrides."<glob>"]`` tables name, re-validated."""
-    data = _read_toml(path)
+    data = read_toml(path)
     unknown = set(data) - {"overrides"}
     if unknown:
         raise ConfigError('a platform overlay holds only [overrides."<case glob>"] tables', path=path, key=sorted(unknown)[0])
@@ -228,19 +208,7 @@ def load_cases(root: str | Path, platform: str | None = None) -> list[Case]:
     With ``platform``, ``platforms/<platform>.toml`` (when present) overrides matching cases.
     """
     directory = contract_case_dir(root)
-    if not directory.is_dir():
-        raise ConfigError("no such case directory (see PARITY_HOME or --cases)", path=directory)
-    files = sorted(directory.glob("*.toml"))
-    if not files:
-        raise ConfigError("no *.toml case files here", path=directory)
-    seen: dict[str, str] = {}
-    cases: list[Case] = []
-    for file in files:
-        for case in load_case_file(file):
-            if case.id in seen:
-                raise ConfigError(f"case '{case.id}' is also defined in {seen[case.id]}", path=file, key=f"cases.{case.id}")
-            seen[case.id] = str(file)
-            cases.append(case)
+    cases = load_case_directory(directory, load_case_file, "contract case")
     overlay = directory / "platforms" / f"{platform}.toml"
     if platform and overlay.is_file():
         cases = apply_platform_overlay(cases, overlay)

@@ -33,12 +33,12 @@ file, the case and the key (``cases.<id>.<key>``).
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from harness.baselines.images import _check_case_id
+from harness.case_files import load_case_directory, read_case_tables
 from harness.errors import ConfigError
 from reference_impl.models.layers import ModelConfigError
 from reference_impl.pipeline import PIXELS_PER_DIT_TOKEN, PipelineConfig, PipelineResult, run_pipeline_sequence_parallel
@@ -76,27 +76,11 @@ class ImageCase:
 
 def load_image_case_file(path: str | Path) -> list[ImageCase]:
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"invalid TOML: {exc}", path=path) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
-    unknown = set(data) - {"defaults", "cases"}
-    if unknown:
-        raise ConfigError("unknown top-level table; an image case file holds [defaults] and [cases.<id>]", path=path,
-                          key=sorted(unknown)[0])
-    defaults = data.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise ConfigError("must be a table", path=path, key="defaults")
+    defaults, table = read_case_tables(path, "an image case")
     for key in defaults:
         if key in _META or key in _RUNNER_KEYS:
             raise ConfigError("not a pipeline field: set it per case" if key in _META else "set by the runner (--device), not by a case",
                               path=path, key=f"defaults.{key}")
-    table = data.get("cases")
-    if not isinstance(table, dict) or not table:
-        raise ConfigError("no cases: add at least one [cases.<id>] table", path=path, key="cases")
     return [_make_case(path, case_id, body, defaults) for case_id, body in table.items()]
 
 
@@ -156,21 +140,7 @@ def image_case_dir(cases_root: str | Path) -> Path:
 
 def load_image_cases(cases_root: str | Path) -> list[ImageCase]:
     """Every case of every ``<cases_root>/images/*.toml``; ids must be unique across files."""
-    directory = image_case_dir(cases_root)
-    if not directory.is_dir():
-        raise ConfigError("no such image case directory (see PARITY_HOME or --cases)", path=directory)
-    files = sorted(directory.glob("*.toml"))
-    if not files:
-        raise ConfigError("no *.toml image case files here", path=directory)
-    seen: dict[str, str] = {}
-    cases: list[ImageCase] = []
-    for file in files:
-        for case in load_image_case_file(file):
-            if case.id in seen:
-                raise ConfigError(f"case '{case.id}' is also defined in {seen[case.id]}", path=file, key=f"cases.{case.id}")
-            seen[case.id] = str(file)
-            cases.append(case)
-    return cases
+    return load_case_directory(image_case_dir(cases_root), load_image_case_file, "image case")
 
 
 def select_image_cases(cases: list[ImageCase], ids: list[str]) -> list[ImageCase]:

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +65,7 @@ from harness.baselines.perf import (
     validate_scenario,
 )
 from harness.baselines.thresholds import HIGHER_IS_BETTER, KINDS, METRICS, ThresholdSet
+from harness.case_files import read_toml
 from harness.errors import ConfigError
 from harness.metrics import metric_from_json
 
@@ -149,17 +149,7 @@ def _bound_name(metric: str) -> str:
 def _read_policy_file(path: Path) -> Any:
     if path.suffix.lower() != ".toml":
         return read_json(path)
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on 3.10 only
-        import tomli as tomllib
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError("file not found", path=path) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"malformed TOML: {exc}", path=path) from None
+    return read_toml(path)
 
 
 def load_policy(path: str | Path, base: Policy = DEFAULT_POLICY) -> Policy:

@@ -161,7 +161,7 @@ def test_policy_files(tmp_path: Path) -> None:
             load_policy(js)
         assert (info.value.path, info.value.key) == (str(js), key)
     toml.write_text("[psnr\nmargin = 2\n")
-    with pytest.raises(ConfigError, match="malformed TOML.*line 1") as info:
+    with pytest.raises(ConfigError, match="invalid TOML.*line 1") as info:
         load_policy(toml)
     assert info.value.path == str(toml)
 
