@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.cases import make_case
+from harness.contracts.verdict import PASSED, Verdict
 from harness.launcher import RankPool
+from harness.runner import run_cases
 from reference_impl.attention.backends import SDPA_KERNELS, MathBackend, TorchSDPABackend
-from tests.reference import sp_workers as w
 from tests.reference.test_backends import fa_rule_bound
 
 pytestmark = pytest.mark.gpu
@@ -78,20 +80,24 @@ def cuda_pool2():
         yield pool
 
 
+def _contract_on_cuda(pool: RankPool, contract_id: str, **params) -> Verdict:
+    """A contract on two ranks sharing the GPU (gloo with host staging), through the same runner as the CLI."""
+    case = make_case(contract_id, params, case_id=contract_id, source="tests/gpu")
+    [verdict] = run_cases([case], "reference", "cuda", pools=lambda world: pool)
+    print(f"FIGURE cuda {contract_id} {params} {verdict.status} {verdict.kernel} {verdict.figures}")
+    return verdict
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_sglang_case_two_ranks_sharing_the_gpu(cuda_pool2, dtype):
-    figs = cuda_pool2.run(w.replicated_worker, 64, 30, 128, 6, dtype)
-    print(f"FIGURE cuda sp replicated {dtype} {figs[0]}")
-    for fig in figs:
-        assert fig["suffix"]["bitwise"], fig
-        assert fig["prefix_vs_suffix_order"]["max_abs"] <= 1e-2
+    params = dict(world_size=2, batch=1, tokens_per_rank=64, heads=30, head_dim=128, replicated=6, dtype=dtype)
+    suffix = _contract_on_cuda(cuda_pool2, "usp.replicated_suffix_bitwise", **params)
+    assert suffix.status == PASSED and suffix.figures["bitwise"] is True
+    assert _contract_on_cuda(cuda_pool2, "usp.replicated_prefix_drift", **params).status == PASSED
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_ulysses_and_ring_on_cuda(cuda_pool2, causal):
-    uly = cuda_pool2.run(w.parity_worker, 2, 1, 64, 8, 4, 64, "bf16", causal)
-    ring = cuda_pool2.run(w.parity_worker, 1, 2, 64, 8, 4, 64, "bf16", causal)
-    print(f"FIGURE cuda ulysses causal={causal} {uly}")
-    print(f"FIGURE cuda ring causal={causal} {ring}")
-    assert all(f["finite"] for f in uly + ring)
-    assert all(f["err64"] <= 2 * f["ref_err64"] + 1e-5 for f in ring)
+    params = dict(world_size=2, tokens_per_rank=64, heads=8, kv_heads=4, head_dim=64, dtype="bf16", causal=causal)
+    assert _contract_on_cuda(cuda_pool2, "usp.ulysses_parity", **params).status == PASSED
+    assert _contract_on_cuda(cuda_pool2, "usp.ring_parity", **params).status == PASSED

@@ -1,110 +1,90 @@
-"""USPAttention under real gloo process groups: parity with one rank, and every guard."""
+"""USPAttention under real gloo process groups, through the contracts (the one copy of the checks),
+plus the layer guards no contract reaches (they are refused before a contract could run them)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.launcher import RankPool
+from harness.contracts.verdict import PASSED
 from tests.reference import sp_workers as w
 
 pytestmark = pytest.mark.timeout(240)
 
-
-@pytest.fixture(scope="module")
-def pool2():
-    with RankPool(world_size=2, device="cpu") as pool:
-        yield pool
-
-
-@pytest.fixture(scope="module")
-def pool4():
-    with RankPool(world_size=4, device="cpu") as pool:
-        yield pool
+SGLANG = dict(batch=1, tokens_per_rank=64, head_dim=128, replicated=6)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_sglang_replicated_case_world2(pool2, dtype):
-    """B=1, 64 tokens per rank, 30 heads, head dim 128, 6 replicated tokens."""
-    for fig in pool2.run(w.replicated_worker, 64, 30, 128, 6, dtype):
-        assert fig["suffix"]["bitwise"], fig["suffix"]
-        assert fig["prefix_vs_suffix_order"]["max_abs"] <= 1e-2, fig
-        assert fig["prefix_vs_prefix_order"]["bitwise"], fig
-        assert fig["kv_prefix"]["bitwise"], fig
+def test_sglang_replicated_case_world2(assert_contract, dtype):
+    """B=1, 64 tokens per rank, 30 heads, head dim 128, 6 replicated tokens: suffix bitwise, prefix <= 1e-2."""
+    params = dict(SGLANG, world_size=2, heads=30, dtype=dtype)
+    assert assert_contract("usp.replicated_suffix_bitwise", **params).figures["bitwise"] is True
+    assert assert_contract("usp.replicated_prefix_drift", **params).figures["max_abs"] <= 1e-2
+    assert assert_contract("usp.replicated_kv_prefix", **params).figures["bitwise"] is True
 
 
-def test_sglang_replicated_case_world4(pool4):
-    for fig in pool4.run(w.replicated_worker, 64, 32, 128, 6, "bf16"):
-        assert fig["suffix"]["bitwise"], fig["suffix"]
-        assert fig["prefix_vs_suffix_order"]["max_abs"] <= 1e-2, fig
-        assert fig["kv_prefix"]["bitwise"], fig
+def test_sglang_replicated_case_world4(assert_contract):
+    params = dict(SGLANG, world_size=4, heads=32, dtype="bf16")
+    assert assert_contract("usp.replicated_suffix_bitwise", **params).figures["bitwise"] is True
+    assert assert_contract("usp.replicated_prefix_drift", **params).figures["max_abs"] <= 1e-2
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads", [4, 2])
-def test_ulysses_is_bitwise(pool2, dtype, causal, kv_heads):
-    for fig in pool2.run(w.parity_worker, 2, 1, 16, 4, kv_heads, 32, dtype, causal):
-        assert fig["finite"] and fig["bitwise"], fig
-
-
-def _fa_rule(fig: dict, k: float = 2.0, floor: float = 1e-5) -> bool:
-    """The distributed output is at most k times as far from float64 as one rank is, plus a floor."""
-    return fig["finite"] and fig["err64"] <= k * fig["ref_err64"] + floor
+def test_ulysses_is_bitwise(assert_contract, dtype, causal, kv_heads):
+    verdict = assert_contract("usp.ulysses_parity", world_size=2, heads=4, kv_heads=kv_heads, head_dim=32, dtype=dtype, causal=causal)
+    assert verdict.figures["bitwise"] is True
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("backend", ["torch_sdpa", "math"])
-def test_ring_matches_by_fa_rule(pool2, dtype, causal, backend):
-    for fig in pool2.run(w.parity_worker, 1, 2, 16, 4, 2, 32, dtype, causal, backend):
-        assert _fa_rule(fig), fig
+def test_ring_matches_by_fa_rule(assert_contract, dtype, causal, backend):
+    verdict = assert_contract("usp.ring_parity", world_size=2, heads=4, kv_heads=2, head_dim=32, dtype=dtype, causal=causal, backend=backend)
+    assert verdict.figures["err_ref64"] <= verdict.figures["allowed"]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_hybrid_2x2_matches_by_fa_rule(pool4, dtype, causal):
-    for fig in pool4.run(w.parity_worker, 2, 2, 8, 4, 2, 32, dtype, causal):
-        assert _fa_rule(fig), fig
+def test_hybrid_2x2_matches_by_fa_rule(assert_contract, dtype, causal):
+    verdict = assert_contract(
+        "usp.hybrid_parity", world_size=4, ulysses_degree=2, ring_degree=2, heads=4, kv_heads=2, dtype=dtype, causal=causal
+    )
+    assert verdict.figures["err_ref64"] <= verdict.figures["allowed"]
 
 
-@pytest.mark.parametrize("seq_lens", [[5, 9], [9, 1], [7, 7]])
-def test_varlen_uneven_lengths(pool2, seq_lens):
-    for fig in pool2.run(w.varlen_worker, seq_lens, 4, 16, "bf16"):
-        assert fig["bitwise"] and fig["padding_zero"], fig
+@pytest.mark.parametrize("world_size, seq_lens", [(2, [5, 9]), (2, [9, 1]), (2, [7, 7]), (4, [3, 8, 1, 6])])
+def test_varlen_uneven_lengths(assert_contract, world_size, seq_lens):
+    verdict = assert_contract("usp.varlen_parity", world_size=world_size, tokens_per_rank=9, seq_lens=seq_lens, dtype="bf16")
+    assert verdict.figures["bitwise"] is True
 
 
-def test_varlen_world4(pool4):
-    for fig in pool4.run(w.varlen_worker, [3, 8, 1, 6], 4, 16, "fp32"):
-        assert fig["bitwise"] and fig["padding_zero"], fig
-
-
+@pytest.mark.parametrize("mask", ["key_padding", "dense"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_masked_paths(pool2, dtype):
-    for fig in pool2.run(w.masked_worker, 8, 4, 16, dtype):
-        assert fig["key_mask"]["bitwise"], fig
-        assert fig["full_mask"]["bitwise"], fig
+def test_masked_paths(assert_contract, mask, dtype):
+    assert assert_contract("usp.masked_parity", world_size=2, mask=mask, dtype=dtype).figures["bitwise"] is True
 
 
-def test_masked_replicated_is_refused_on_every_rank_without_hanging(pool2):
-    results = pool2.run(w.guard_worker, "masked_replicated")
-    assert all(r.startswith("NotImplementedError") and "replicated" in r for r in results), results
+def test_masked_replicated_is_refused_on_every_rank_without_hanging(assert_contract):
+    assert assert_contract("usp.masked_rejects_replicated", world_size=2, replicated=2).status == PASSED
 
 
-def test_replicated_with_ring_is_refused(pool2):
-    results = pool2.run(w.guard_worker, "replicated_with_ring")
+def test_skip_sequence_parallel_runs_locally_without_collectives(assert_contract):
+    assert assert_contract("usp.skip_sequence_parallel_local", world_size=2).status == PASSED
+
+
+def test_replicated_with_ring_is_refused(rank_pool):
+    results = rank_pool(2).run(w.guard_worker, "replicated_with_ring")
     assert all(r.startswith("NotImplementedError") and "ring" in r for r in results), results
 
 
-def test_ring_admission_requires_lse(pool2):
-    results = pool2.run(w.guard_worker, "ring_admission")
+def test_ring_admission_requires_lse(rank_pool):
+    """On the CPU every backend returns the LSE; pretending SDPA does not exercises the layer's own check."""
+    results = rank_pool(2).run(w.guard_worker, "ring_admission")
     assert all(r.startswith("RuntimeError") and "log-sum-exp" in r for r in results), results
 
 
-def test_skip_sequence_parallel_runs_locally_without_collectives(pool2):
-    results = pool2.run(w.guard_worker, "skip_sp_local")
-    assert results[0] == "ran locally, equal=True" and results[1] == "no error", results
-
-
-def test_heads_not_divisible_by_ulysses_degree(pool2):
-    results = pool2.run(w.guard_worker, "heads")
+def test_heads_not_divisible_by_ulysses_degree(rank_pool):
+    """Case files refuse such heads before a rank runs; the layer must refuse them too."""
+    results = rank_pool(2).run(w.guard_worker, "heads")
     assert all(r.startswith("ValueError") and "3 query heads" in r and "Ulysses degree 2" in r for r in results)
