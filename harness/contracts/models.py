@@ -16,6 +16,8 @@ from harness.contracts.params import Param, ParamError, Params, bound_param
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.verdict import RankOutcome, Stats
 from harness.targets.base import Unsupported
+from reference_impl.attention.backends import PinnedKernelRefused
+from reference_impl.attention.selector import BackendRefused
 
 _LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _REFERENCE = frozenset({"reference_models"})
@@ -81,14 +83,8 @@ def _unsupported_choice(worker: Callable[..., dict], *args: Any, **kwargs: Any) 
     """
     try:
         return worker(*args, **kwargs)
-    except ValueError as exc:
-        if "cannot be honoured" in str(exc):
-            raise Unsupported(str(exc)) from exc
-        raise
-    except RuntimeError as exc:
-        if "No available kernel" in str(exc):
-            raise Unsupported(f"torch SDPA kernel {kwargs.get('sdpa_kernel')} cannot run this case here: {exc}") from exc
-        raise
+    except (BackendRefused, PinnedKernelRefused) as exc:
+        raise Unsupported(str(exc)) from exc
 
 
 def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:

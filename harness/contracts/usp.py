@@ -20,6 +20,7 @@ from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.verdict import RankOutcome, Stats, compare
 from harness.targets.base import Unsupported
+from reference_impl.attention.layer import RingAdmissionError  # the reference refusal; other targets raise Unsupported
 
 Tensor = torch.Tensor
 _GARBAGE_SEED = 7919  # padding filler seed: a varlen path that reads padding changes the output
@@ -76,12 +77,10 @@ def sharded_parity(ctx: RankContext, p: Params) -> RankOutcome:
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         try:
             attn = ctx.attention(p)
-        except RuntimeError as exc:
+        except RingAdmissionError as exc:
             # A backend without the LSE cannot rotate: that refusal is usp.ring_admission's subject;
             # here it means this case cannot be expressed with that backend (the same on every rank).
-            if p.ring_degree > 1 and "log-sum-exp" in str(exc):
-                raise Unsupported(f"backend {p.get('backend')} returns no log-sum-exp, so it cannot run ring attention") from exc
-            raise
+            raise Unsupported(f"backend {p.get('backend')} returns no log-sum-exp, so it cannot run ring attention") from exc
         out = attn(q[:, sl], k[:, sl], v[:, sl])
     return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
 

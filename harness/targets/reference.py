@@ -8,14 +8,11 @@ from typing import Any
 import torch
 
 from harness.targets.base import AttentionSpec, Target, Unsupported
-from reference_impl.attention.backends import AttentionBackend, backend_class
+from reference_impl.attention.backends import AttentionBackend, PinnedKernelRefused, backend_class
 from reference_impl.attention.layer import USPAttention
 from reference_impl.attention.selector import attention_backend_config, attention_component
 from reference_impl.forward_context import set_forward_context
 from reference_impl.parallel.state import destroy_sequence_parallel, init_sequence_parallel
-
-
-_NO_KERNEL = ("No available kernel", "No viable backend")  # torch's words on CUDA and on the CPU
 
 
 class ReferenceAttention:
@@ -32,12 +29,8 @@ class ReferenceAttention:
         try:
             with set_forward_context():
                 return self.layer(q, k, v, **kwargs)
-        except RuntimeError as exc:
-            # A pinned SDPA kernel that cannot serve these inputs (flash with fp32, cudnn with a
-            # mask...): torch refuses before computing anything, identically on every rank.
-            if self.sdpa_kernel and any(m in str(exc) for m in _NO_KERNEL):
-                raise Unsupported(f"torch SDPA kernel {self.sdpa_kernel} cannot run this case here ({q.dtype}): {exc}") from exc
-            raise
+        except PinnedKernelRefused as exc:  # identically on every rank, before anything is computed
+            raise Unsupported(str(exc)) from exc
 
 
 class ReferenceTarget(Target):

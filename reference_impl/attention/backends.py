@@ -176,6 +176,14 @@ class MathBackend(AttentionBackend):
 
 
 SDPA_KERNELS = ("math", "flash", "efficient", "cudnn")
+_NO_KERNEL = ("No available kernel", "No viable backend")  # torch's words on CUDA and on the CPU
+
+
+class PinnedKernelRefused(RuntimeError):
+    """torch refused the pinned SDPA kernel for these inputs (flash with fp32, cudnn with a mask...).
+
+    torch refuses before computing anything, so callers may treat it as "this case cannot run here".
+    """
 
 
 def _sdpa_backend_enum(kernel: str):
@@ -237,8 +245,13 @@ class TorchSDPABackend(AttentionBackend):
             # torch refuses an explicit mask together with is_causal: fold the causal limit in.
             attn_mask = _with_causal(attn_mask, qt.shape[-2], kt.shape[-2])
             causal = False
-        with pinned_sdpa_kernel(self.kernel):
-            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=attn_mask, is_causal=causal, scale=softmax_scale)
+        try:
+            with pinned_sdpa_kernel(self.kernel):
+                out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=attn_mask, is_causal=causal, scale=softmax_scale)
+        except RuntimeError as exc:
+            if self.kernel and any(m in str(exc) for m in _NO_KERNEL):
+                raise PinnedKernelRefused(f"torch SDPA kernel {self.kernel} cannot run this case here ({q.dtype}): {exc}") from exc
+            raise
         return out.transpose(1, 2)
 
     def _forward_with_lse(self, q, k, v, causal, softmax_scale, attn_mask):

@@ -50,6 +50,10 @@ def _as_dense_mask(attn_mask: Tensor) -> Tensor:
     return attn_mask
 
 
+class RingAdmissionError(RuntimeError):
+    """Ring degree > 1 with a backend that returns no log-sum-exp (refused at construction)."""
+
+
 class _AttentionBase(nn.Module):
     """Backend selection shared by both layers; exposes ``.backend`` (the enum) and ``.selection``."""
 
@@ -138,7 +142,7 @@ class USPAttention(_AttentionBase):
         self.skip_sequence_parallel = skip_sequence_parallel
         # Tile-local layers hold their whole K/V and never rotate, so they need no ring capability.
         if not skip_sequence_parallel and get_ring_world_size() > 1 and not self.selection.backend.supports_ring_rotation():
-            raise RuntimeError(
+            raise RingAdmissionError(
                 f"ring attention (ring degree {get_ring_world_size()}) needs a backend that returns the "
                 f"log-sum-exp; {self.backend.value} does not (choose another backend or skip_sequence_parallel=True)"
             )

@@ -131,6 +131,10 @@ def current_component() -> str | None:
     return _component.get()
 
 
+class BackendRefused(ValueError):
+    """A strictly chosen backend (explicit, forced, component override) cannot serve this layer."""
+
+
 @dataclass(frozen=True)
 class BackendSelection:
     """The chosen backend, the precedence level that chose it, and why earlier levels were passed over."""
@@ -195,7 +199,7 @@ def select_attn_backend(
             continue
         reason = _refusal(choice, head_size, dtype, supported, check_dtype=False)
         if reason:
-            raise ValueError(f"attention backend {choice.value!r} chosen by {level} cannot be honoured: {reason}")
+            raise BackendRefused(f"attention backend {choice.value!r} chosen by {level} cannot be honoured: {reason}")
         return BackendSelection(BACKENDS[choice], level)
 
     notes: list[str] = []
