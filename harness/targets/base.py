@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -39,12 +40,34 @@ CAPABILITIES: dict[str, str] = {
 }
 
 
-class Unsupported(Exception):
-    """The target cannot express this case (a missing backend, package or feature).
+# Why a target refuses a case. Contracts branch on the kind, never on a message text or on an
+# implementation's exception class, so any stack's refusal can become a skip or a checked refusal.
+REFUSALS: dict[str, str] = {
+    "unsupported": "the target cannot express this case (a feature, shape or dtype it lacks)",
+    "backend_unavailable": "the requested backend or pinned kernel is missing or cannot serve this case here",
+    "ring_needs_lse": "ring attention needs a backend that returns the log-sum-exp; this one does not",
+    "mask_with_replicated": "an attention mask together with replicated tokens under sequence parallelism",
+}
 
-    Raised by a target or a contract inside a rank, identically on every rank and before any
-    collective; the runner reports the case as *skipped* with this message.
+
+class Unsupported(Exception):
+    """The target cannot express this case; ``kind`` (a key of :data:`REFUSALS`) says which way.
+
+    Raised by a target (mapping its own stack's refusal to a kind, with the stack's message as
+    the reason) or by a contract inside a rank, identically on every rank and before any
+    collective. The runner reports the case as *skipped* with the reason, unless the contract
+    asked for exactly that refusal (then it is the behaviour under test).
     """
+
+    def __init__(self, reason: str, kind: str = "unsupported") -> None:
+        if kind not in REFUSALS:
+            raise ValueError(f"unknown refusal kind {kind!r}; valid: {', '.join(REFUSALS)}")
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.kind))
 
 
 @dataclass(frozen=True)
@@ -108,3 +131,9 @@ class Target(ABC):
     @abstractmethod
     def make_attention(self, spec: AttentionSpec) -> Attention:
         """Build the attention under test; raise :class:`Unsupported` for what it cannot express."""
+
+    def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
+        """For targets declaring ``reference_models``: the measuring function behind ``model.*``,
+        ``encoder.*``, ``vae.*`` and ``pipeline.*`` contracts, called in the rank with keyword
+        arguments; it returns JSON-safe figures. The contracts name the check, never the module."""
+        raise Unsupported(f"target {self.name} runs no reference model checks ({name})")

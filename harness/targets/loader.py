@@ -1,9 +1,10 @@
 """Resolve a target spec string: a built-in name or ``module:factory``.
 
 ``module:factory`` imports ``module`` (from the installed packages or the current directory)
-and calls ``factory()``, which must return a :class:`~harness.targets.base.Target` (a Target
-subclass itself is accepted too). Resolution happens in the parent, to learn capabilities,
-and again inside each rank: only the string travels between processes.
+and calls ``factory(**target_args)``, which must return a :class:`~harness.targets.base.Target`
+(a Target subclass itself is accepted too). ``target_args`` are the ``--target-arg KEY=VALUE``
+strings, handed to the factory as keyword arguments. Resolution happens in the parent, to
+learn capabilities, and again inside each rank: only the strings travel between processes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 from harness.errors import ConfigError
 from harness.targets.base import CAPABILITIES, Target
@@ -23,17 +24,33 @@ BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
     "yunchang-ulysses": ("harness.targets.yunchang", "ulysses_factory", "yunchang 0.6.4 UlyssesAttention (CUDA only)"),
 }
 
-_cache: dict[str, Target] = {}
+TargetArgs = tuple[tuple[str, str], ...]
+
+_cache: dict[tuple[str, TargetArgs], Target] = {}
 
 
-def load_target(spec: str) -> Target:
-    """The target named by ``spec``; cached per process (ranks build it once per run, not per case)."""
-    if spec not in _cache:
-        _cache[spec] = _build(spec)
-    return _cache[spec]
+def parse_target_args(items: Sequence[str]) -> TargetArgs:
+    """``["layer=pkg.mod:Cls", ...]`` as sorted ``(key, value)`` pairs; a ConfigError names a bad one."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"{item!r} is not KEY=VALUE with KEY a Python identifier", key="--target-arg")
+        if key in pairs:
+            raise ConfigError(f"{key!r} is given twice", key="--target-arg")
+        pairs[key] = value
+    return tuple(sorted(pairs.items()))
 
 
-def _build(spec: str) -> Target:
+def load_target(spec: str, args: TargetArgs = ()) -> Target:
+    """The target named by ``spec`` built with ``args``; cached per process (ranks build it once per run)."""
+    key = (spec, tuple(args))
+    if key not in _cache:
+        _cache[key] = _build(spec, dict(args))
+    return _cache[key]
+
+
+def _build(spec: str, args: dict[str, str]) -> Target:
     if spec in BUILTIN_TARGETS:
         module_name, attr, _ = BUILTIN_TARGETS[spec]
     elif ":" in spec:
@@ -51,10 +68,15 @@ def _build(spec: str) -> Target:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"target {spec!r}: cannot import module {module_name!r}: {exc}", key="target") from exc
-    factory: Callable[[], object] | None = getattr(module, attr, None)
+    factory: Callable[..., object] | None = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"target {spec!r}: module {module_name!r} has no callable {attr!r}", key="target")
-    target = factory()
+    try:
+        target = factory(**args)
+    except TypeError as exc:
+        if not args:
+            raise
+        raise ConfigError(f"target {spec!r} does not take {sorted(args)}: {exc}", key="--target-arg") from exc
     if not isinstance(target, Target):
         raise ConfigError(
             f"target {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.Target", key="target"
