@@ -2,7 +2,7 @@
 
 A contract's ``body(ctx, params)`` runs on every rank of a live group (module-level, so the
 rank pool can pickle a reference to it) and returns a :class:`RankOutcome`; :meth:`Contract.judge`
-merges the ranks' outcomes into one :class:`Verdict`. Adding a contract::
+merges the ranks' outcomes into one :class:`~harness.results.CaseResult`. Adding a contract::
 
     register(Contract(
         id="usp.my_check", description="...",
@@ -24,7 +24,8 @@ import torch
 
 from harness.contracts.bounds import AllChecks, Bound, FlashAttentionRule, judge
 from harness.contracts.params import Param, ParamError, Params, check_common, resolve
-from harness.contracts.verdict import FAILED, PASSED, SKIPPED, RankOutcome, Verdict
+from harness.contracts.stats import RankOutcome
+from harness.results import FAILED, PASSED, SKIPPED, CaseResult, Status
 from harness.targets.base import Attention, AttentionSpec, Target
 
 
@@ -114,19 +115,25 @@ class Contract:
             needed.add("backend_choice")
         return frozenset(needed)
 
-    def judge(self, case_id: str, params: Params, outcomes: Sequence[RankOutcome], duration_s: float, target: str) -> Verdict:
-        """Merge every rank's outcome into the case's verdict."""
+    def result(self, case_id: str, params: Params, status: Status, reason: str | None, target: str, **fields: Any) -> CaseResult:
+        """A result of this contract for ``case_id`` (its bound described from ``params``)."""
+        return CaseResult(case_id, self.id, status, reason, bound=self.bound(params).describe(), params=dict(params),
+                          target=target, **fields)
+
+    def judge(self, case_id: str, params: Params, outcomes: Sequence[RankOutcome], duration_s: float, target: str) -> CaseResult:
+        """Merge every rank's outcome into the case's result."""
         bound = self.bound(params)
         kernel = next((o.kernel for o in outcomes if o.kernel), None)
 
-        def verdict(status: str, reason: str | None, figures: dict[str, Any]) -> Verdict:
-            return Verdict(case_id, self.id, status, reason, figures, bound.describe(), kernel, duration_s, dict(params), target)
+        def verdict(status: Status, reason: str | None, figures: dict[str, Any], traceback: str | None = None) -> CaseResult:
+            return self.result(case_id, params, status, reason, target, figures=figures, kernel=kernel,
+                               duration_s=duration_s, traceback=traceback)
 
         errors = [(r, o.error) for r, o in enumerate(outcomes) if o.error]
         if errors:
             rank, text = errors[0]
             last = text.strip().splitlines()[-1] if text.strip() else "error"
-            return verdict(FAILED, f"rank {rank} raised: {last}", {"traceback": text})
+            return verdict(FAILED, f"rank {rank} raised: {last}", {}, text)
         skips = {o.skip for o in outcomes if o.skip}
         if skips:
             if len(skips) == 1 and all(o.skip for o in outcomes):

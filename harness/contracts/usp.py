@@ -9,18 +9,19 @@ gathered in rank order); the FlashAttention rule with k=2 where the ring changes
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from harness.contracts.bounds import Bitwise, Bound, attention_ref64, naive_attention, parse_bound
+from harness.contracts.bounds import Bitwise, Bound, parse_bound
+from harness.contracts.oracles import attention_ref64, naive_attention
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
-from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.verdict import RankOutcome, Stats, compare
+from harness.contracts.registry import Body, Contract, RankContext, register
+from harness.contracts.stats import RankOutcome, Stats, compare
 from harness.targets.base import Unsupported
-from reference_impl.attention.layer import RingAdmissionError  # the reference refusal; other targets raise Unsupported
 
 Tensor = torch.Tensor
 _GARBAGE_SEED = 7919  # padding filler seed: a varlen path that reads padding changes the output
@@ -64,6 +65,28 @@ def _all_ranks_alive(world_size: int) -> str | None:
     return None if int(flag.item()) == world_size else f"all_reduce after the checks gave {flag.item()}, not {world_size}"
 
 
+def _attention_contract(
+    contract_id: str, description: str, body: Body, *, bound: str | Bound | None = None, extra: tuple[Param, ...] = (),
+    ring: Callable[[Params], int] | int | None = None, requires: tuple[str, ...] = (),
+    checks: tuple[Callable[[Params], None], ...] = (), min_world_size: int = 1, timeout_s: float = 120.0,
+) -> None:
+    """Register a ``usp.*`` contract on the standard parameters (world size, [degrees,] shape, numerics, ``extra``).
+
+    ``bound``: a default for the case's ``bound`` parameter (text), a fixed Bound, or None (every check holds).
+    """
+    params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + extra
+    judged_by: Callable[[Params], Bound] | None = None
+    if isinstance(bound, str):
+        params += (bound_param(bound),)
+        judged_by = _bound
+    elif isinstance(bound, Bound):
+        fixed = bound
+        judged_by = lambda p: fixed  # noqa: E731
+    contract = Contract(contract_id, description, params, body, requires=frozenset(requires), checks=checks,
+                        min_world_size=min_world_size, timeout_s=timeout_s)
+    register(contract if judged_by is None else dataclasses.replace(contract, bound=judged_by))
+
+
 # ------------------------------------------------------------------ Ulysses / ring / hybrid
 
 
@@ -75,12 +98,9 @@ def sharded_parity(ctx: RankContext, p: Params) -> RankOutcome:
     oracles = _oracles(bound, q, k, v, p.causal)
     sl = _shard(ctx, p)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
-        try:
-            attn = ctx.attention(p)
-        except RingAdmissionError as exc:
-            # A backend without the LSE cannot rotate: that refusal is usp.ring_admission's subject;
-            # here it means this case cannot be expressed with that backend (the same on every rank).
-            raise Unsupported(f"backend {p.get('backend')} returns no log-sum-exp, so it cannot run ring attention") from exc
+        # A backend without the LSE cannot rotate: the target refuses (kind "ring_needs_lse"), the
+        # case is skipped with its reason; that refusal itself is usp.ring_admission's subject.
+        attn = ctx.attention(p)
         out = attn(q[:, sl], k[:, sl], v[:, sl])
     return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
 
@@ -106,32 +126,21 @@ def _ring_only(p: Params) -> None:
         raise ParamError("ring_degree", "Ulysses-only contract: ring_degree must be 1 (see usp.ring_parity / usp.hybrid_parity)")
 
 
-register(Contract(
+_attention_contract(
     "usp.ulysses_parity",
     "Ulysses SP output equals the single-rank output bitwise (the all-to-all keeps the reduction order)",
-    PARALLEL + degrees(1) + SHAPE + NUMERIC + (bound_param("bitwise"),),
-    sharded_parity,
-    bound=_bound,
-    checks=(_ring_only,),
-))
-register(Contract(
+    sharded_parity, bound="bitwise", ring=1, checks=(_ring_only,),
+)
+_attention_contract(
     "usp.ring_parity",
     "ring attention (partials merged in fp32 through the LSE) within the FlashAttention rule, k=2",
-    PARALLEL + degrees(lambda p: p["world_size"]) + SHAPE + NUMERIC + (bound_param("fa:2"),),
-    sharded_parity,
-    bound=_bound,
-    checks=(_ring_at_least(2),),
-    min_world_size=2,
-))
-register(Contract(
+    sharded_parity, bound="fa:2", ring=lambda p: p["world_size"], checks=(_ring_at_least(2),), min_world_size=2,
+)
+_attention_contract(
     "usp.hybrid_parity",
     "Ulysses × ring (e.g. W=4 as 2×2) within the FlashAttention rule, k=2",
-    PARALLEL + degrees(2) + SHAPE + NUMERIC + (bound_param("fa:2"),),
-    sharded_parity,
-    bound=_bound,
-    checks=(_ring_at_least(2), _ulysses_at_least(2)),
-    min_world_size=4,
-))
+    sharded_parity, bound="fa:2", ring=2, checks=(_ring_at_least(2), _ulysses_at_least(2)), min_world_size=4,
+)
 
 
 # ------------------------------------------------------------------ replicated tokens
@@ -195,33 +204,23 @@ def replicated_kv_prefix(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
 
 
-register(Contract(
+_attention_contract(
     "usp.replicated_suffix_bitwise",
     "replicated suffix kept at the tail (order-preserving): shard and suffix outputs torch.equal to one rank",
-    PARALLEL + SHAPE + NUMERIC + REPLICATED + (bound_param("bitwise"),),
-    replicated_suffix,
-    requires=frozenset({"replicated_suffix"}),
-    bound=_bound,
-    checks=(_replicated_positive,),
-))
-register(Contract(
+    replicated_suffix, bound="bitwise", extra=REPLICATED, requires=("replicated_suffix",), checks=(_replicated_positive,),
+)
+_attention_contract(
     "usp.replicated_prefix_drift",
     "replicated prefix path against the single-rank output computed in suffix order: max abs <= 1e-2",
-    PARALLEL + SHAPE + NUMERIC + REPLICATED + (bound_param("abs:1e-2"),),
-    replicated_prefix,
-    requires=frozenset({"replicated_prefix"}),
-    bound=_bound,
+    replicated_prefix, bound="abs:1e-2", extra=REPLICATED, requires=("replicated_prefix",),
     checks=(_replicated_positive, _not_causal("the prefix order changes a causal mask: compare without causal")),
-))
-register(Contract(
+)
+_attention_contract(
     "usp.replicated_kv_prefix",
     "cross attention on a replicated K/V prefix (queries sharded) equals one rank bitwise",
-    PARALLEL + SHAPE + NUMERIC + REPLICATED + (bound_param("bitwise"),),
-    replicated_kv_prefix,
-    requires=frozenset({"replicated_kv_prefix"}),
-    bound=_bound,
+    replicated_kv_prefix, bound="bitwise", extra=REPLICATED, requires=("replicated_kv_prefix",),
     checks=(_replicated_positive, _not_causal("cross attention on cached K/V is not causal")),
-))
+)
 
 
 # ------------------------------------------------------------------ varlen and masks
@@ -282,24 +281,18 @@ def masked(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(stats=compare(out, ref[:, sl]), kernel=attn.kernel)
 
 
-register(Contract(
+_attention_contract(
     "usp.varlen_parity",
     "seq_lens varlen (uneven per-rank lengths): valid tokens equal one rank bitwise, padding rows are zeros",
-    PARALLEL + SHAPE + NUMERIC + (Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"), bound_param("bitwise")),
-    varlen,
-    requires=frozenset({"varlen"}),
-    bound=_bound,
-    checks=(_check_seq_lens,),
-))
-register(Contract(
+    varlen, bound="bitwise", extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
+    requires=("varlen",), checks=(_check_seq_lens,),
+)
+_attention_contract(
     "usp.masked_parity",
     "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise",
-    PARALLEL + SHAPE + NUMERIC + (Param("mask", "str", "key_padding", "key_padding or dense"), bound_param("bitwise")),
-    masked,
-    requires=frozenset({"mask"}),
-    bound=_bound,
-    checks=(_check_mask_kind,),
-))
+    masked, bound="bitwise", extra=(Param("mask", "str", "key_padding", "key_padding or dense"),),
+    requires=("mask",), checks=(_check_mask_kind,),
+)
 
 
 # ------------------------------------------------------------------ guards
@@ -308,7 +301,7 @@ _REPLICATED_KWARGS = ("num_replicated_prefix", "num_replicated_suffix", "num_rep
 
 
 def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
-    """mask + replicated tokens under SP: NotImplementedError on every rank, and the group still answers."""
+    """mask + replicated tokens under SP: refused (kind mask_with_replicated) on every rank, and the group still answers."""
     q, k, v = _qkv(ctx, p, p.tokens_per_rank + p.replicated)
     mask = torch.ones(p.batch, q.shape[1], dtype=torch.bool, device=ctx.device)
     problems: list[str] = []
@@ -317,41 +310,39 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
         for kwarg in _REPLICATED_KWARGS:
             try:
                 attn(q, k, v, attn_mask=mask, **{kwarg: p.replicated})
-                problems.append(f"attn_mask with {kwarg}={p.replicated} ran instead of raising NotImplementedError")
-            except NotImplementedError:
-                pass
+                problems.append(f"attn_mask with {kwarg}={p.replicated} ran instead of being refused")
+            except Unsupported as exc:
+                if exc.kind != "mask_with_replicated":
+                    problems.append(f"attn_mask with {kwarg}: refused as {exc.kind}, not mask_with_replicated: {exc.reason}")
             except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
-                problems.append(f"attn_mask with {kwarg}: {type(exc).__name__} instead of NotImplementedError: {exc}")
+                problems.append(f"attn_mask with {kwarg}: {type(exc).__name__} instead of a mask_with_replicated refusal: {exc}")
         problem = _all_ranks_alive(p.world_size)
     return RankOutcome(problems=problems + ([problem] if problem else []), checks=len(_REPLICATED_KWARGS) + 1, kernel=attn.kernel)
 
 
-register(Contract(
+_attention_contract(
     "usp.masked_rejects_replicated",
-    "attn_mask with replicated tokens under SP raises NotImplementedError on every rank, before any collective",
-    PARALLEL + SHAPE + NUMERIC + REPLICATED,
-    masked_rejects_replicated,
-    requires=frozenset({"mask", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix"}),
-    checks=(_replicated_positive,),
-    min_world_size=2,
-    timeout_s=60.0,
-))
+    "attn_mask with replicated tokens under SP is refused (mask_with_replicated) on every rank, before any collective",
+    masked_rejects_replicated, extra=REPLICATED,
+    requires=("mask", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix"), checks=(_replicated_positive,),
+    min_world_size=2, timeout_s=60.0,
+)
 
 
 def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
-    """ring > 1 with a backend lacking the LSE: RuntimeError at construction, unless skip_sequence_parallel."""
+    """ring > 1 with a backend lacking the LSE: refused at construction (kind ring_needs_lse), unless skip_sequence_parallel."""
     problems: list[str] = []
     extra: dict[str, Any] = {}
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         try:
             ctx.attention(p, backend=p.no_lse_backend)
             problems.append(f"{p.no_lse_backend} was admitted under ring degree {p.ring_degree}")
-        except Unsupported:
-            raise
-        except RuntimeError as exc:
-            extra["refusal"] = str(exc)
+        except Unsupported as exc:
+            if exc.kind != "ring_needs_lse":
+                raise  # e.g. the backend is not installed here: the case cannot run
+            extra["refusal"] = exc.reason
         except Exception as exc:  # noqa: BLE001
-            problems.append(f"{p.no_lse_backend}: {type(exc).__name__} instead of RuntimeError: {exc}")
+            problems.append(f"{p.no_lse_backend}: {type(exc).__name__} instead of a ring_needs_lse refusal: {exc}")
         for label, changes in (
             (f"{p.no_lse_backend} with skip_sequence_parallel=True", {"backend": p.no_lse_backend, "skip_sequence_parallel": True}),
             (f"control backend {p.backend or '(default)'}", {}),
@@ -364,17 +355,14 @@ def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(problems=problems + ([problem] if problem else []), checks=4, extra=extra)
 
 
-register(Contract(
+_attention_contract(
     "usp.ring_admission",
-    "ring degree > 1 with a backend that returns no LSE is refused at construction (RuntimeError), "
+    "ring degree > 1 with a backend that returns no LSE is refused at construction (ring_needs_lse), "
     "admitted with skip_sequence_parallel=True; a ring-capable control backend is admitted",
-    PARALLEL + degrees(lambda p: p["world_size"]) + SHAPE + NUMERIC
-    + (Param("no_lse_backend", "str", "sage_attn", "a backend whose supports_ring_rotation() is False"),),
-    ring_admission,
-    requires=frozenset({"ring", "backend_choice"}),
-    checks=(_ring_at_least(2),),
-    min_world_size=2,
-))
+    ring_admission, ring=lambda p: p["world_size"],
+    extra=(Param("no_lse_backend", "str", "sage_attn", "a backend whose supports_ring_rotation() is False"),),
+    requires=("ring", "backend_choice"), checks=(_ring_at_least(2),), min_world_size=2,
+)
 
 
 def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
@@ -396,12 +384,9 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(stats=stats, problems=[problem] if problem else [], kernel=attn.kernel)
 
 
-register(Contract(
+_attention_contract(
     "usp.skip_sequence_parallel_local",
     "skip_sequence_parallel=True under an SP group (default W=2, ring 2) constructs, runs rank-locally "
     "with no collective and equals local attention on the rank's own data, bitwise",
-    PARALLEL + degrees(lambda p: p["world_size"]) + SHAPE + NUMERIC,
-    skip_sequence_parallel_local,
-    bound=lambda p: Bitwise(),
-    min_world_size=2,
-))
+    skip_sequence_parallel_local, bound=Bitwise(), ring=lambda p: p["world_size"], min_world_size=2,
+)
