@@ -19,7 +19,7 @@ from harness.contracts.bounds import Bitwise, Bound, attention_ref64, naive_atte
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.verdict import RankOutcome, Stats, compare
-from harness.targets.base import Unsupported
+from harness.targets.base import Attention, Unsupported
 from reference_impl.attention.layer import RingAdmissionError  # the reference refusal; other targets raise Unsupported
 
 Tensor = torch.Tensor
@@ -75,14 +75,19 @@ def sharded_parity(ctx: RankContext, p: Params) -> RankOutcome:
     oracles = _oracles(bound, q, k, v, p.causal)
     sl = _shard(ctx, p)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
-        try:
-            attn = ctx.attention(p)
-        except RingAdmissionError as exc:
-            # A backend without the LSE cannot rotate: that refusal is usp.ring_admission's subject;
-            # here it means this case cannot be expressed with that backend (the same on every rank).
-            raise Unsupported(f"backend {p.get('backend')} returns no log-sum-exp, so it cannot run ring attention") from exc
+        attn = _sp_attention(ctx, p)
         out = attn(q[:, sl], k[:, sl], v[:, sl])
     return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
+
+
+def _sp_attention(ctx: RankContext, p: Params) -> Attention:
+    """The attention under SP; a backend the reference refuses for ring is a case it cannot express."""
+    try:
+        return ctx.attention(p)
+    except RingAdmissionError as exc:
+        # A backend without the LSE cannot rotate: that refusal is usp.ring_admission's subject;
+        # here it means this case cannot be expressed with that backend (the same on every rank).
+        raise Unsupported(f"backend {p.get('backend')} returns no log-sum-exp, so it cannot run ring attention") from exc
 
 
 def _ring_at_least(n: int) -> Callable[[Params], None]:
@@ -274,12 +279,13 @@ def masked(ctx: RankContext, p: Params) -> RankOutcome:
         full |= torch.eye(total, dtype=torch.bool)
     full = full.to(ctx.device)
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v, attn_mask=full)
+    oracles = _oracles(_bound(p), q, k, v, p.causal, full)
     sl = _shard(ctx, p)
     mine = full[:, sl] if p.mask == "key_padding" else full
-    with ctx.parallel(p.world_size, 1):
-        attn = ctx.attention(p)
+    with ctx.parallel(p.ulysses_degree, p.ring_degree):
+        attn = _sp_attention(ctx, p)
         out = attn(q[:, sl], k[:, sl], v[:, sl], attn_mask=mine)
-    return RankOutcome(stats=compare(out, ref[:, sl]), kernel=attn.kernel)
+    return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
 
 
 register(Contract(
@@ -293,8 +299,9 @@ register(Contract(
 ))
 register(Contract(
     "usp.masked_parity",
-    "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise",
-    PARALLEL + SHAPE + NUMERIC + (Param("mask", "str", "key_padding", "key_padding or dense"), bound_param("bitwise")),
+    "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise "
+    "(under ring: within the FlashAttention rule, bound fa:2)",
+    PARALLEL + degrees(1) + SHAPE + NUMERIC + (Param("mask", "str", "key_padding", "key_padding or dense"), bound_param("bitwise")),
     masked,
     requires=frozenset({"mask"}),
     bound=_bound,

@@ -38,6 +38,7 @@ VERSIONED: tuple[tuple[str, str, str], ...] = (
     ("varlen", "0.37", "ContextParallelConfig(ulysses_anything=True): uneven per-rank lengths under Ulysses"),
     ("mask", "0.39", "TemplatedUlyssesAttention all-gathers a key-padding mask [B, S_local]; "
                      "0.36 refuses any mask under CP, 0.37-0.38 pass a local mask on ungathered"),
+    ("ring_mask", "0.39", "TemplatedRingAttention takes a mask and hands it to every rotated K/V block"),
 )
 HYBRID_SINCE = "0.37"  # 0.36 takes the ring branch when both degrees are > 1 and silently drops Ulysses
 
