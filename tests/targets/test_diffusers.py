@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from harness.cases import make_case
-from harness.contracts.verdict import FAILED, PASSED, SKIPPED
+from harness.contracts.verdict import FAILED, SKIPPED
 from harness.errors import ConfigError
 from harness.runner import run_cases
+from harness.targets.base import Unsupported
 from harness.targets import diffusers as adapter
 from harness.targets.loader import load_target
 from tests.targets import diffusers_divergences as div
@@ -47,6 +48,13 @@ def test_capabilities_follow_the_installed_version():
     assert adapter.capabilities_for("0.36.0") == {"ulysses", "ring", "gqa", "causal", "backend_choice"}
     assert adapter.capabilities_for("0.38.0") - adapter.capabilities_for("0.36.0") == {"varlen"}
     assert adapter.capabilities_for("0.42.1") - adapter.capabilities_for("0.38.0") == {"mask", "ring_mask"}
+
+
+def test_hybrid_is_refused_before_0_37_which_would_drop_ulysses(monkeypatch):
+    target = adapter.DiffusersTarget()
+    monkeypatch.setattr(target, "_version", "0.36.0")
+    with pytest.raises(Unsupported, match=r"diffusers 0.36.0 has no unified Ulysses x ring attention \(it arrived in 0.37\)"):
+        target.init_parallel(2, 2)  # raised before any mesh or collective
 
 
 @needs_diffusers
