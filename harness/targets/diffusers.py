@@ -130,17 +130,16 @@ class DiffusersAttention:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         gqa = k.shape[2] != q.shape[2]
-        call = lambda: dispatch_attention_fn(  # noqa: E731
-            q, k, v, attn_mask=attn_mask, is_causal=self.spec.causal, scale=self.spec.softmax_scale,
-            enable_gqa=gqa, backend=self.backend, parallel_config=config,
-        )
-        if config is None or not (self.spec.causal or gqa):
-            return call()
         try:
-            return call()
+            return dispatch_attention_fn(
+                q, k, v, attn_mask=attn_mask, is_causal=self.spec.causal, scale=self.spec.softmax_scale,
+                enable_gqa=gqa, backend=self.backend, parallel_config=config,
+            )
         except ValueError as exc:
+            if config is None or not (self.spec.causal or gqa):
+                raise
             # _templated_context_parallel_attention opens with `if is_causal: raise ValueError(...)`
-            # and `if enable_gqa: raise ValueError(...)`, before any collective: diffusers' refusal.
+            # and `if enable_gqa: raise ValueError(...)` (:2924-2927), before any collective.
             raise Unsupported(f"diffusers {installed_version()} under context parallelism: {exc}") from exc
 
 
