@@ -110,7 +110,7 @@ class DiffusersAttention:
         if seq_lens is None:
             return self._dispatch(q, k, v, attn_mask, self._parallel.plain if self._parallel else None)
         if attn_mask is not None:
-            raise Unsupported("seq_lens with an attn_mask: ulysses_anything gathers one of the two, not both")
+            raise Unsupported("seq_lens with an attn_mask: this adapter unpads q/k/v only (no contract sends both)")
         return self._varlen(q, k, v, list(seq_lens))
 
     def _varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
