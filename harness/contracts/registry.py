@@ -107,6 +107,8 @@ class Contract:
             needed.add("causal")
         if params.get("ring_degree", 1) > 1:
             needed.add("ring")
+            if params.get("mask"):
+                needed.add("ring_mask")
         # Sharded contracts without explicit degrees (replicated, varlen, masks) are Ulysses over W.
         ulysses = params.get("ulysses_degree", params.get("world_size", 1) if "tokens_per_rank" in params else 1)
         if ulysses > 1:

@@ -273,12 +273,13 @@ def masked(ctx: RankContext, p: Params) -> RankOutcome:
         full |= torch.eye(total, dtype=torch.bool)
     full = full.to(ctx.device)
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v, attn_mask=full)
+    oracles = _oracles(_bound(p), q, k, v, p.causal, full)
     sl = _shard(ctx, p)
     mine = full[:, sl] if p.mask == "key_padding" else full
-    with ctx.parallel(p.world_size, 1):
+    with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p)
         out = attn(q[:, sl], k[:, sl], v[:, sl], attn_mask=mine)
-    return RankOutcome(stats=compare(out, ref[:, sl]), kernel=attn.kernel)
+    return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
 
 
 _attention_contract(
@@ -289,8 +290,9 @@ _attention_contract(
 )
 _attention_contract(
     "usp.masked_parity",
-    "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise",
-    masked, bound="bitwise", extra=(Param("mask", "str", "key_padding", "key_padding or dense"),),
+    "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise "
+    "(under ring: within the FlashAttention rule, bound fa:2)",
+    masked, bound="bitwise", ring=1, extra=(Param("mask", "str", "key_padding", "key_padding or dense"),),
     requires=("mask",), checks=(_check_mask_kind,),
 )
 

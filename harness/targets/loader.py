@@ -24,6 +24,7 @@ BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
     "reference": ("harness.targets.reference", "factory", "reference_impl USPAttention (default)"),
     "yunchang": ("harness.targets.yunchang", "factory", "yunchang 0.6.4 LongContextAttention (Ulysses x ring; CUDA only)"),
     "yunchang-ulysses": ("harness.targets.yunchang", "ulysses_factory", "yunchang 0.6.4 UlyssesAttention (CUDA only)"),
+    "diffusers": ("harness.targets.diffusers", "factory", "diffusers dispatch_attention_fn under ContextParallelConfig (backend=NAME)"),
 }
 BUILTIN_PIPELINES: dict[str, tuple[str, str, str]] = {
     "reference": ("harness.targets.reference", "pipeline_factory", "reference_impl tiny seeded pipeline (default)"),
