@@ -8,8 +8,12 @@ the FlashAttention rule, ``max|out − ref64| ≤ K·max|naive_lowprec − ref64
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
+
+from harness.contracts.bounds import FlashAttentionRule
+from harness.contracts.stats import Stats
 
 
 def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -52,3 +56,41 @@ def attention_ref64(q, k, v, causal=False, softmax_scale=None, attn_mask=None) -
 def naive_attention(q, k, v, causal=False, softmax_scale=None, attn_mask=None) -> torch.Tensor:
     """The naive low precision reference: matmul, scale, softmax and matmul all in ``q.dtype``."""
     return _attention_in(q.dtype, q, k, v, causal, softmax_scale, attn_mask)
+
+
+def diagnose(
+    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
+    attn_mask: torch.Tensor | None, pick: Callable[[torch.Tensor], torch.Tensor], rule: FlashAttentionRule,
+) -> str | None:
+    """What an output that missed the oracle looks like instead: all zeros, attention with ``causal``
+    or the mask or the softmax scale ignored, or the attention times a constant. None: none of those.
+
+    ``pick`` maps the whole-sequence attention to the layout of ``out``; a candidate explains the
+    output when it is within the allowance the rule gave the real comparison.
+    """
+    o = out.detach().double().cpu()
+    if not torch.isfinite(o).all():
+        return None  # reported as non-finite values already
+    if not o.any():
+        return "the output is all zeros"
+    base = (q, k, v, causal, softmax_scale, attn_mask)
+    ref = pick(attention_ref64(*base)).cpu()
+    naive = pick(naive_attention(*base)).double().cpu()
+    allowed = rule.allowed(Stats(count=o.numel(), naive_err_ref64=float((naive - ref).abs().max())))
+
+    def explains(candidate: torch.Tensor) -> bool:
+        return float((o - candidate).abs().max()) <= allowed
+
+    candidates: list[tuple[str, tuple]] = []
+    if causal:
+        candidates.append(("it ignores causal: it matches non-causal attention", (q, k, v, False, softmax_scale, attn_mask)))
+    if attn_mask is not None:
+        candidates.append(("it ignores the attention mask: it matches unmasked attention", (q, k, v, causal, softmax_scale, None)))
+    candidates.append(("it ignores the softmax scale: it matches attention with scale 1", (q, k, v, causal, 1.0, attn_mask)))
+    for text, args in candidates:
+        if explains(pick(attention_ref64(*args)).cpu()):
+            return text
+    ratio = float((o * ref).sum() / (ref * ref).sum()) if ref.any() else 0.0
+    if abs(ratio - 1.0) > 1e-3 and explains(ratio * ref):
+        return f"it is {ratio:.4g} times the attention"
+    return None

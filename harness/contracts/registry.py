@@ -158,9 +158,33 @@ class Contract:
             figures["failed_checks"] = len(problems)
         if outcomes:  # extra figures are global (every rank computes the same), rank 0 speaks for all
             figures.update(outcomes[0].extra)
-        if problems:
-            reason = "; ".join(problems) + (f"; {reason}" if reason else "")
+        if any(o.oracle for o in outcomes):
+            oracle_problems, figures["oracle"] = _judge_oracle(params, outcomes)
+            problems += oracle_problems
+        if problems:  # the case's own bound speaks first, then the checks and the oracle
+            reason = "; ".join(([reason] if reason else []) + problems)
         return verdict(FAILED if reason else PASSED, reason, figures)
+
+
+def _judge_oracle(params: Params, outcomes: Sequence[RankOutcome]) -> tuple[list[str], dict[str, Any]]:
+    """Each output's distance to float64 attention, merged over ranks and judged by the case's ``oracle`` rule."""
+    from harness.contracts.outputs import oracle_rule
+
+    rule = oracle_rule(params)
+    problems: list[str] = []
+    figures: dict[str, Any] = {"bound": rule.describe()}
+    for name in dict.fromkeys(n for o in outcomes for n in o.oracle):
+        parts = [o.oracle[name] for o in outcomes if name in o.oracle]
+        merged = parts[0]
+        for part in parts[1:]:
+            merged = merged.merge(part)
+        figures[name] = {"err_ref64": merged.err_ref64, "naive_err_ref64": merged.naive_err_ref64,
+                         "allowed": rule.allowed(merged)}
+        reason = judge(rule, merged)
+        if reason:
+            hints = sorted({o.hints[name] for o in outcomes if name in o.hints})
+            problems.append(f"{name} output vs float64 attention: {reason}" + (f" ({'; '.join(hints)})" if hints else ""))
+    return problems, figures
 
 
 def _merge_problems(per_rank: Sequence[Sequence[str]]) -> list[str]:

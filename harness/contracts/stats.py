@@ -81,7 +81,8 @@ def compare(
 ) -> Stats:
     """Stats of ``out`` against ``expected`` (same shape); with ``ref64`` and ``naive`` also the FA-rule errors.
 
-    Bitwise means value equality as ``torch.equal`` defines it (NaN never equals anything).
+    Bitwise means the same dtype and value equality as ``torch.equal`` defines it (NaN never
+    equals anything).
     """
     if out.shape != expected.shape:
         raise ValueError(f"output shape {tuple(out.shape)} != expected shape {tuple(expected.shape)}")
@@ -90,9 +91,11 @@ def compare(
     finite = out_finite & ref_finite
     # Non-finite values are counted (and always fail), never summed into the figures.
     diff = torch.where(finite, (o - e).abs(), torch.zeros_like(o))
+    # Different dtypes are never bitwise equal, even where the values compare equal once promoted.
+    mismatched = o.numel() if out.dtype != expected.dtype else int((out != expected).sum().item())
     stats = Stats(
         count=o.numel(),
-        mismatched=int((out != expected).sum().item()),
+        mismatched=mismatched,
         nonfinite=int((~out_finite).sum().item()),
         ref_nonfinite=int((~ref_finite).sum().item()),
         max_abs=float(diff.max().item()) if diff.numel() else 0.0,
@@ -119,3 +122,5 @@ class RankOutcome:
     skip: str | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    oracle: dict[str, Stats] = field(default_factory=dict)  # an output ("sharded", "single-rank") vs float64 attention
+    hints: dict[str, str] = field(default_factory=dict)  # what an output that missed the oracle looks like instead

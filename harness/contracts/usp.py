@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from harness.contracts.bounds import Bitwise, Bound, parse_bound
-from harness.contracts.oracles import attention_ref64, naive_attention
+from harness.contracts.outputs import ORACLE, Asked, judge_output
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Body, Contract, RankContext, register
 from harness.contracts.stats import RankOutcome, Stats, compare
@@ -29,19 +29,6 @@ _GARBAGE_SEED = 7919  # padding filler seed: a varlen path that reads padding ch
 
 def _bound(params: Params) -> Bound:
     return parse_bound(params.bound, params.dtype)
-
-
-def _oracles(bound: Bound, q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Tensor | None = None):
-    """ref64 and the naive low precision output, only when the bound needs them."""
-    if not bound.needs_ref64:
-        return None
-    return attention_ref64(q, k, v, causal, None, mask), naive_attention(q, k, v, causal, None, mask)
-
-
-def _compare(out: Tensor, expected: Tensor, oracles: tuple[Tensor, Tensor] | None, pick: Callable[[Tensor], Tensor]) -> Stats:
-    if oracles is None:
-        return compare(out, expected)
-    return compare(out, expected, pick(oracles[0]), pick(oracles[1]))
 
 
 def _qkv(ctx: RankContext, p: Params, q_tokens: int, kv_tokens: int | None = None, seed: int | None = None):
@@ -73,8 +60,11 @@ def _attention_contract(
     """Register a ``usp.*`` contract on the standard parameters (world size, [degrees,] shape, numerics, ``extra``).
 
     ``bound``: a default for the case's ``bound`` parameter (text), a fixed Bound, or None (every check holds).
+    A contract with a bound judges outputs, so it also takes the ``oracle`` bound (:mod:`.outputs`).
     """
     params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + extra
+    if bound is not None:
+        params += (ORACLE,)
     judged_by: Callable[[Params], Bound] | None = None
     if isinstance(bound, str):
         params += (bound_param(bound),)
@@ -92,17 +82,15 @@ def _attention_contract(
 
 def sharded_parity(ctx: RankContext, p: Params) -> RankOutcome:
     """Plain sharded attention at (ulysses_degree, ring_degree) against the single-rank output."""
-    bound = _bound(p)
     q, k, v = _qkv(ctx, p, p.tokens)
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    oracles = _oracles(bound, q, k, v, p.causal)
     sl = _shard(ctx, p)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         # A backend without the LSE cannot rotate: the target refuses (kind "ring_needs_lse"), the
         # case is skipped with its reason; that refusal itself is usp.ring_admission's subject.
         attn = ctx.attention(p)
         out = attn(q[:, sl], k[:, sl], v[:, sl])
-    return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
+    return judge_output(p, Asked(q, k, v, p.causal), out, ref, lambda t: t[:, sl], attn.kernel, report_single=ctx.rank == 0)
 
 
 def _ring_at_least(n: int) -> Callable[[Params], None]:
@@ -168,12 +156,10 @@ def replicated_suffix(ctx: RankContext, p: Params) -> RankOutcome:
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
     sl = _shard(ctx, p)
     pick = lambda t: torch.cat([t[:, sl], t[:, total:]], dim=1)  # noqa: E731
-    bound = _bound(p)
-    oracles = _oracles(bound, q, k, v, p.causal)
     with ctx.parallel(p.world_size, 1):
         attn = ctx.attention(p)
         out = attn(pick(q), pick(k), pick(v), num_replicated_suffix=rep)
-    return RankOutcome(stats=_compare(out, pick(ref), oracles, pick), kernel=attn.kernel)
+    return judge_output(p, Asked(q, k, v, p.causal), out, ref, pick, attn.kernel, report_single=ctx.rank == 0)
 
 
 def replicated_prefix(ctx: RankContext, p: Params) -> RankOutcome:
@@ -186,7 +172,7 @@ def replicated_prefix(ctx: RankContext, p: Params) -> RankOutcome:
     with ctx.parallel(p.world_size, 1):
         attn = ctx.attention(p)
         out = attn(pick(q), pick(k), pick(v), num_replicated_prefix=rep)
-    return RankOutcome(stats=compare(out, pick(ref)), kernel=attn.kernel)
+    return judge_output(p, Asked(q, k, v, p.causal), out, ref, pick, attn.kernel, report_single=ctx.rank == 0)
 
 
 def replicated_kv_prefix(ctx: RankContext, p: Params) -> RankOutcome:
@@ -196,12 +182,10 @@ def replicated_kv_prefix(ctx: RankContext, p: Params) -> RankOutcome:
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
     sl = _shard(ctx, p)
     kv_pick = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
-    bound = _bound(p)
-    oracles = _oracles(bound, q, k, v, False)
     with ctx.parallel(p.world_size, 1):
         attn = ctx.attention(p)
         out = attn(q[:, sl], kv_pick(k), kv_pick(v), num_replicated_kv_prefix=rep)
-    return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
+    return judge_output(p, Asked(q, k, v), out, ref, lambda t: t[:, sl], attn.kernel, report_single=ctx.rank == 0)
 
 
 _attention_contract(
@@ -245,11 +229,11 @@ def varlen(ctx: RankContext, p: Params) -> RankOutcome:
     start, mine = sum(lens[: ctx.rank]), lens[ctx.rank]
     garbage = _qkv(ctx, p, padded - mine, seed=p.seed + _GARBAGE_SEED)
     inputs = [torch.cat([t[:, start : start + mine], g * 10], dim=1) for t, g in zip((q, k, v), garbage)]
-    expected = torch.cat([ref[:, start : start + mine], ref.new_zeros(p.batch, padded - mine, p.heads, p.head_dim)], dim=1)
+    pick = lambda t: torch.cat([t[:, start : start + mine], t.new_zeros(p.batch, padded - mine, *t.shape[2:])], dim=1)  # noqa: E731
     with ctx.parallel(p.world_size, 1):
         attn = ctx.attention(p)
         out = attn(*inputs, seq_lens=lens)
-    return RankOutcome(stats=compare(out, expected), kernel=attn.kernel)
+    return judge_output(p, Asked(q, k, v, p.causal), out, ref, pick, attn.kernel, report_single=ctx.rank == 0)
 
 
 MASK_KINDS = ("key_padding", "dense")
@@ -273,13 +257,13 @@ def masked(ctx: RankContext, p: Params) -> RankOutcome:
         full |= torch.eye(total, dtype=torch.bool)
     full = full.to(ctx.device)
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v, attn_mask=full)
-    oracles = _oracles(_bound(p), q, k, v, p.causal, full)
     sl = _shard(ctx, p)
     mine = full[:, sl] if p.mask == "key_padding" else full
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p)
         out = attn(q[:, sl], k[:, sl], v[:, sl], attn_mask=mine)
-    return RankOutcome(stats=_compare(out, ref[:, sl], oracles, lambda t: t[:, sl]), kernel=attn.kernel)
+    return judge_output(p, Asked(q, k, v, p.causal, full), out, ref, lambda t: t[:, sl], attn.kernel,
+                        report_single=ctx.rank == 0)
 
 
 _attention_contract(
@@ -376,14 +360,15 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     tokens = p.tokens_per_rank + 3 * ctx.rank
     q, k, v = _qkv(ctx, p, tokens, seed=p.seed + 1000 * (ctx.rank + 1))
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    stats: Stats | None = None
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p, skip_sequence_parallel=True)
-        for _ in range(ctx.rank + 1):
-            s = compare(attn(q, k, v), ref)
-            stats = s if stats is None else stats.merge(s)
+        outcome = judge_output(p, Asked(q, k, v, p.causal), attn(q, k, v), ref, lambda t: t, attn.kernel, report_single=True)
+        for _ in range(ctx.rank):
+            assert outcome.stats is not None
+            outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref))
         problem = _all_ranks_alive(p.world_size)
-    return RankOutcome(stats=stats, problems=[problem] if problem else [], kernel=attn.kernel)
+    outcome.problems += [problem] if problem else []
+    return outcome
 
 
 _attention_contract(
