@@ -22,12 +22,8 @@ case, keyed by its id::
 
 A matrix case expands to ids like ``ulysses[dtype=fp32,causal=false]``.
 
-A platform overlay ``contracts/platforms/<platform>.toml`` (``cpu``, ``cuda``, ``rocm``, ``mps``)
-replaces parameters of the cases whose id matches a glob, on that platform only, with the
-reason in a comment::
-
-    [overrides."zimage_sp[*dtype=fp32*]"]
-    bound = "fa:2"
+Platform and target overlays (``contracts/platforms/*.toml``, ``contracts/targets/*.toml``)
+adjust the cases for one platform or one upstream stack: :mod:`harness.cases.overlays`.
 
 Every problem (TOML
 syntax, unknown contract, unknown or missing key, wrong type, a token count the world size does
@@ -39,14 +35,13 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.cases.files import load_case_directory, read_case_tables
-from harness.files.tomlio import read_toml
+from harness.cases.overlays import apply_platform_overlay, apply_target_overlay
 from harness.contracts.case import Case, contract_of, make_case, with_overrides
 from harness.errors import ConfigError
 
@@ -115,45 +110,21 @@ def platform_of_device(device: str) -> str:
     return current_platform.kind if device != "cpu" else "cpu"
 
 
-def _glob(pattern: str) -> re.Pattern[str]:
-    """``*`` and ``?`` as wildcards; brackets stay literal, since matrix case ids contain them."""
-    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
-
-
-def apply_platform_overlay(cases: list[Case], path: Path) -> list[Case]:
-    """Replace the parameters that ``path``'s ``[overrides."<glob>"]`` tables name, re-validated."""
-    data = read_toml(path)
-    unknown = set(data) - {"overrides"}
-    if unknown:
-        raise ConfigError('a platform overlay holds only [overrides."<case glob>"] tables', path=path, key=sorted(unknown)[0])
-    overrides = data.get("overrides", {})
-    if not isinstance(overrides, dict):
-        raise ConfigError("must be a table of tables", path=path, key="overrides")
-    for pattern, values in overrides.items():
-        if not isinstance(values, dict) or not values:
-            raise ConfigError("must be a non-empty table of parameters", path=path, key=f"overrides.{pattern}")
-        hits = [i for i, c in enumerate(cases) if _glob(pattern).fullmatch(c.id)]
-        if not hits:
-            raise ConfigError("matches no case", path=path, key=f"overrides.{pattern}")
-        for i in hits:
-            case = cases[i]
-            cases[i] = make_case(
-                case.contract_id, {**case.raw, **values}, case_id=case.id, source=f"{case.source} + {path}",
-                description=case.description,
-            )
-    return cases
-
-
-def load_cases(root: str | Path, platform: str | None = None) -> list[Case]:
+def load_cases(root: str | Path, platform: str | None = None, target: str | None = None) -> list[Case]:
     """Every case of every ``*.toml`` in the contract case directory of ``root``; ids must be unique.
 
-    With ``platform``, ``platforms/<platform>.toml`` (when present) overrides matching cases.
+    With ``platform``, ``platforms/<platform>.toml`` (when present) overrides matching cases; with
+    ``target`` (a target's name), ``targets/<target>.toml`` (when present) applies its overrides
+    and expected failures for the installed version (:mod:`harness.cases.overlays`).
     """
     directory = contract_case_dir(root)
     cases = load_case_directory(directory, load_case_file, "contract case")
     overlay = directory / "platforms" / f"{platform}.toml"
     if platform and overlay.is_file():
         cases = apply_platform_overlay(cases, overlay)
+    overlay = directory / "targets" / f"{target}.toml"
+    if target and overlay.is_file():
+        cases = apply_target_overlay(cases, overlay)
     return cases
 
 

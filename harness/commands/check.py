@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cases.contract import CaseSelection, load_cases, platform_of_device, select_cases
-    from harness.gate.contracts import run_contract_cases
+    from harness.cases.contract import CaseSelection, select_cases
+    from harness.gate.contracts import load_contract_cases, run_contract_cases
     from harness.ranks import PoolSet
     from harness.report.console import CONTRACT_COLUMNS, make_console, result_table
     from harness.report.junit import write_junit
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = run_options(args)
     selection = CaseSelection(tuple(args.ids), args.world_size, args.backend, args.dtype, args.sdpa_kernel)
-    cases = select_cases(load_cases(cases_root(args), platform_of_device(options.device)), selection)
+    cases = select_cases(load_contract_cases(cases_root(args), options), selection)
     out, err = make_console(), make_console(stderr=True)
     with PoolSet(options.device) as pools:
         stage = run_contract_cases(cases, options, pools, err, release_pools=True)

@@ -31,16 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cases.contract import load_cases, platform_of_device
     from harness.contracts.params import canonical_dtype
     from harness.files.atomic import write_json_atomic
-    from harness.gate.contracts import check_device
+    from harness.gate.contracts import check_device, load_contract_cases
     from harness.report.console import make_console, progress
     from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
 
     run = run_options(args)
     check_device(run.device)
-    cases = load_cases(cases_root(args), platform_of_device(run.device))
+    cases = load_contract_cases(cases_root(args), run)
     if args.contracts:
         unknown = sorted(set(args.contracts) - {c.contract_id for c in cases})
         if unknown:

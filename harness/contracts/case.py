@@ -33,6 +33,8 @@ class Case(CaseOrigin):
     contract_id: str
     params: Params
     raw: Mapping[str, Any]
+    # A known upstream divergence (from a target overlay): why this case is expected to fail.
+    expected_failure: str | None = field(default=None, kw_only=True)
 
     @property
     def world_size(self) -> int:

@@ -19,7 +19,7 @@ from harness.contracts.registry import RankContext, get_contract
 from harness.contracts.stats import RankOutcome
 from harness.errors import ConfigError, ParamError
 from harness.ranks import PoolSet, RankFailure, rank_device
-from harness.results import FAILED, SKIPPED, CaseResult
+from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
 from harness.targets.base import CAPABILITIES, Target, Unsupported
 from harness.targets.loader import TargetArgs, load_target
 
@@ -103,13 +103,26 @@ def run_cases(
     runnable.sort(key=lambda item: item[1].world_size)  # stable: file order within a world size
     pools.prestart(c.world_size for _, c in runnable)
     for position, (index, case) in enumerate(runnable):
-        results[index] = _run_one(case, pools, options)
+        results[index] = expectation_applied(case, _run_one(case, pools, options))
         if on_result:
             on_result(results[index])
         last_of_world = position + 1 == len(runnable) or runnable[position + 1][1].world_size != case.world_size
         if release_pools and last_of_world:
             pools.release(case.world_size)
     return [results[i] for i in range(len(cases))]
+
+
+def expectation_applied(case: Case, result: CaseResult) -> CaseResult:
+    """A known divergence (``case.expected_failure``) that failed is ``xfailed``; one that passed fails (strict)."""
+    if case.expected_failure is None:
+        return result
+    if result.status == FAILED:
+        result.status, result.reason = XFAILED, f"expected failure: {case.expected_failure}. It failed: {result.reason}"
+    elif result.status == PASSED:
+        result.status = FAILED
+        result.reason = (f"expected to fail, but passed: {case.expected_failure}. If upstream fixed it, narrow or drop "
+                         "that entry's `versions`")
+    return result
 
 
 def _run_one(case: Case, pools: PoolSet, options: RunOptions) -> CaseResult:

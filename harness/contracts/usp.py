@@ -335,6 +335,10 @@ def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
         ):
             try:
                 ctx.attention(p, **changes)
+            except Unsupported as exc:
+                if not changes and exc.kind == "ring_needs_lse":  # nothing here can rotate: no control, no case
+                    raise Unsupported(f"no ring-capable backend to serve as the control: {exc.reason}", exc.kind) from exc
+                problems.append(f"{label} was refused: {exc.kind}: {exc.reason}")
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{label} was refused: {type(exc).__name__}: {exc}")
         problem = _all_ranks_alive(p.world_size)

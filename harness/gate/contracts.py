@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 
@@ -14,6 +15,12 @@ from harness.gate.stage import GateContext
 from harness.ranks import PoolSet
 from harness.report.console import CONTRACT_COLUMNS, progress, result_table
 from harness.results import StageResult, summary_line
+
+
+def load_contract_cases(cases_root: Path, options: RunOptions) -> list[Case]:
+    """The contract cases as they run for ``options``: with this platform's and this target's overlays."""
+    target = options.load()
+    return load_cases(cases_root, platform_of_device(options.device), target.overlay or target.name)
 
 
 def run_contract_cases(cases: Sequence[Case], options: RunOptions, pools: PoolSet, err: Console,
@@ -51,10 +58,10 @@ class ContractStage:
         return None  # no contract cases is a configuration error, raised by the loader
 
     def preflight(self, ctx: GateContext) -> None:
-        self._cases = load_cases(ctx.options.cases_root, platform_of_device(ctx.device))
+        self._cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
 
     def run(self, ctx: GateContext) -> StageResult:
-        cases, self._cases = self._cases or load_cases(ctx.options.cases_root, platform_of_device(ctx.device)), None
+        cases, self._cases = self._cases or load_contract_cases(ctx.options.cases_root, ctx.options.run), None
         stage = run_contract_cases(cases, ctx.options.run, ctx.pools, ctx.err, self.name)
         ctx.out.print(result_table(stage.results, "gate: contracts", CONTRACT_COLUMNS))
         ctx.out.print(f"contracts: {summary_line(stage.results, stage.wall_s)}")

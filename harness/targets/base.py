@@ -115,6 +115,10 @@ class Target(ABC):
     """An implementation under test. Subclass it and return an instance from your factory."""
 
     name: str = "target"
+    #: Whose case overlay (``cases/contracts/targets/<overlay>.toml``) holds this target's version
+    #: facts and known divergences; None: its own ``name``. A variant of a stack (a patched layer,
+    #: a test backend) names its stack's.
+    overlay: str | None = None
 
     @abstractmethod
     def capabilities(self) -> frozenset[str]:

@@ -170,6 +170,7 @@ class DiffusersTarget(Target):
     """``backend=NAME`` (a diffusers AttentionBackendName) picks the kernel family; default: diffusers' active one."""
 
     name = "diffusers"
+    overlay = "diffusers"  # variants (another backend, a test kernel) keep diffusers' version facts
 
     def __init__(self, backend: str | None = None) -> None:
         self.backend = backend
