@@ -63,6 +63,18 @@ def image_positions(grid: tuple[int, int, int], caption_padded_len: int, device:
     return torch.cat([pos, pos.new_zeros(padded_length(n) - n, 3)])
 
 
+def _embed_padded(embed: nn.Module, items: Sequence[Tensor], pad_token: Tensor) -> list[Tensor]:
+    """Each item padded to a multiple of 32 rows, embedded in one call, its padding rows then the pad token.
+
+    As diffusers does it: the padding repeats an item's last row before the embedding, so the
+    embedding's GEMM has diffusers' row count (fp32 GEMMs of one row take another kernel).
+    """
+    lengths = [t.shape[0] for t in items]
+    padded = [torch.cat([t, t[-1:].expand(padded_length(n) - n, -1)]) for t, n in zip(items, lengths)]
+    embedded = embed(torch.cat(padded)).split([t.shape[0] for t in padded])
+    return [torch.cat([e[:n], pad_token.expand(e.shape[0] - n, -1)]) for e, n in zip(embedded, lengths)]
+
+
 class ZImageTransformer(nn.Module):
     """patchify → embed and pad → noise / context refiners → main layers → final layer → unpatchify.
 
@@ -117,16 +129,12 @@ class ZImageTransformer(nn.Module):
         """Embedded, 32-padded image and caption streams with their RoPE tables (whole batch, every rank)."""
         dtype, rope_dtype = self.x_pad_token.dtype, torch.promote_types(self.x_pad_token.dtype, torch.float32)
         patches = [self._patchify(xi.to(dtype), p, pf) for xi in x]
-        img = self.all_x_embedder[f"{p}-{pf}"](torch.cat([t for t, _ in patches])).split([t.shape[0] for t, _ in patches])
-        cap = self.cap_embedder(torch.cat([c.to(dtype) for c in cap_feats])).split([c.shape[0] for c in cap_feats])
-        img_items, img_ropes, cap_items, cap_ropes = [], [], [], []
-        for tokens, (_, grid), caption in zip(img, patches, cap):
-            cap_len = padded_length(caption.shape[0])
-            cap_items.append(torch.cat([caption, self.cap_pad_token.expand(cap_len - caption.shape[0], -1)]))
-            cap_ropes.append(zimage_rope(self.config, caption_positions(cap_len, caption.device), rope_dtype))
-            img_items.append(torch.cat([tokens, self.x_pad_token.expand(padded_length(tokens.shape[0]) - tokens.shape[0], -1)]))
-            img_ropes.append(zimage_rope(self.config, image_positions(grid, cap_len, tokens.device), rope_dtype))
-        return TokenStream.pad(img_items, img_ropes), TokenStream.pad(cap_items, cap_ropes)
+        img = _embed_padded(self.all_x_embedder[f"{p}-{pf}"], [t for t, _ in patches], self.x_pad_token)
+        cap = _embed_padded(self.cap_embedder, [c.to(dtype) for c in cap_feats], self.cap_pad_token)
+        img_ropes = [zimage_rope(self.config, image_positions(grid, c.shape[0], c.device), rope_dtype)
+                     for (_, grid), c in zip(patches, cap)]
+        cap_ropes = [zimage_rope(self.config, caption_positions(c.shape[0], c.device), rope_dtype) for c in cap]
+        return TokenStream.pad(img, img_ropes), TokenStream.pad(cap, cap_ropes)
 
     def _check_inputs(self, x: Sequence[Tensor], cap_feats: Sequence[Tensor], p: int, pf: int) -> None:
         c = self.config
