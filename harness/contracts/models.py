@@ -130,6 +130,8 @@ def _check_masked_text(p: Params) -> None:
     """The masked paths pad the text to ``masked_text_tokens`` and shard image + text contiguously."""
     if p.masked_text_tokens < max(p.text_lengths):
         raise ParamError("masked_text_tokens", f"{p.masked_text_tokens} is shorter than the longest item {max(p.text_lengths)}")
+    if min(p.text_lengths) == p.masked_text_tokens:
+        raise ParamError("text_lengths", f"every item fills the {p.masked_text_tokens} text tokens: the masked paths need padding")
     joint = p.grid[0] * p.grid[1] * p.grid[2] + p.masked_text_tokens
     if joint % p.world_size:
         raise ParamError("masked_text_tokens", f"{joint} image + text tokens do not divide by world_size {p.world_size}")

@@ -9,7 +9,9 @@ import math
 import pytest
 import torch
 
+from harness.cases import make_case
 from harness.contracts.model_parity import HUNYUAN_MODEL_TINY, HUNYUAN_TINY, hunyuan_sp_parity_worker
+from harness.errors import ConfigError
 from harness.launcher import RankPool
 from reference_impl import set_forward_context
 from reference_impl.models.hunyuanvideo import (
@@ -288,6 +290,17 @@ def test_transformer_weights_round_trip(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------- 2-rank SP parity
+@pytest.mark.parametrize(
+    ("params", "key"),
+    [({"text_lengths": [16, 16]}, "text_lengths"), ({"masked_text_tokens": 5}, "masked_text_tokens"),
+     ({"world_size": 4, "masked_text_tokens": 9}, "masked_text_tokens"), ({"text_lengths": []}, "text_lengths")],
+)
+def test_masked_case_parameters_are_checked_before_any_rank_starts(params: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make_case("model.hunyuan_sp_parity", {"world_size": 2, **params}, case_id="c", source="f.toml")
+    assert info.value.key == f"cases.c.{key}"
+
+
 @pytest.fixture(scope="module")
 def parity() -> dict[str, list[dict]]:
     """Both ranks' figures per dtype from one 2-rank gloo group; txt_len=7 gives uneven text shards (4, 3)."""
