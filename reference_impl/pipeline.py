@@ -1,9 +1,9 @@
 """A tiny seeded text-to-image / text-to-video pipeline on the reference models.
 
 prompt → Qwen3 text encoder → DiT denoising loop (flow-matching Euler, seeded noise) → ViT
-VAE decode → uint8 RGB. Images use the Z-Image DiT (caption as replicated suffix); videos a
-HunyuanVideo style DiT built from ``MMDoubleStreamBlock`` / ``MMSingleStreamBlock`` (text as
-replicated suffix). Everything is plain data in and out (:class:`PipelineConfig` →
+VAE decode → uint8 RGB. Images use the Z-Image transformer, videos the HunyuanVideo
+transformer (both as diffusers computes them, at tiny sizes), each called the way its
+diffusers pipeline calls it. Everything is plain data in and out (:class:`PipelineConfig` →
 :class:`PipelineResult`), so a harness can run it on every rank of a process group: under
 sequence parallelism each rank runs the whole pipeline, the DiT shards image tokens and
 all-gathers its output, and rank 0's image is the result.
@@ -31,20 +31,13 @@ from torch import nn
 
 from reference_impl.attention.layer import LocalAttention, USPAttention
 from reference_impl.forward_context import set_forward_context
-from reference_impl.models.hunyuanvideo import HunyuanVideoBlockConfig, MMDoubleStreamBlock, MMSingleStreamBlock, hunyuan_rope
-from reference_impl.models.layers import ModelConfig, even_shard_bounds
+from reference_impl.models.hunyuanvideo_transformer import HunyuanVideoConfig, HunyuanVideoTransformer
+from reference_impl.models.layers import ModelConfig
 from reference_impl.models.minimax_vae import ViT3DDecoder, ViT3DDecoderConfig
 from reference_impl.models.qwen3 import Qwen3EncoderConfig, Qwen3TextEncoder
-from reference_impl.models.zimage import FinalLayer, TimestepEmbedder, ZImageConfig, ZImageDiT
-from reference_impl.parallel import comm
-from reference_impl.parallel.state import (
-    destroy_sequence_parallel,
-    get_ring_world_size,
-    get_sp_rank,
-    get_sp_world_size,
-    get_ulysses_group,
-    init_sequence_parallel,
-)
+from reference_impl.models.zimage import ZImageConfig
+from reference_impl.models.zimage_transformer import ZImageTransformer
+from reference_impl.parallel.state import destroy_sequence_parallel, get_sp_rank, get_sp_world_size, init_sequence_parallel
 
 Tensor = torch.Tensor
 
@@ -57,10 +50,13 @@ TEXT_ENCODER_TINY = dict(vocab_size=320, hidden_size=32, intermediate_size=64, n
 LATENT_CHANNELS = 4
 VAE_TINY = ViT3DDecoderConfig(latent_channels=LATENT_CHANNELS, hidden_size=32, num_heads=2, num_layers=2, patch_size=(1, 4, 4))
 DIT_PATCH = 2
-ZIMAGE_TINY = dict(dim=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_hidden_dim=128, num_layers=2, axes_dims=(4, 6, 6),
-                   in_channels=LATENT_CHANNELS, patch_size=DIT_PATCH, cap_feat_dim=32, adaln_embed_dim=32,
-                   t_embed_mid_dim=64, t_freq_dim=32)
-VIDEO_BLOCKS_TINY = HunyuanVideoBlockConfig(hidden_size=64, num_heads=4, mlp_ratio=2.0, rope_axes_dim=(4, 6, 6))
+# diffusers config keys; cap_feat_dim / text_embed_dim / pooled_projection_dim follow the text encoder.
+ZIMAGE_TINY = dict(all_patch_size=[DIT_PATCH], all_f_patch_size=[1], in_channels=LATENT_CHANNELS, dim=64, n_layers=2,
+                   n_refiner_layers=2, n_heads=4, n_kv_heads=4, axes_dims=[4, 6, 6], axes_lens=[1024, 64, 64])
+HUNYUAN_TINY = dict(in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS, num_attention_heads=4, attention_head_dim=16,
+                    num_layers=1, num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0, patch_size=DIT_PATCH,
+                    patch_size_t=1, rope_axes_dim=[4, 6, 6], guidance_embeds=True)
+GUIDANCE = 6.0  # HunyuanVideo's default guidance scale, embedded (×1000) by the guidance-distilled transformer
 PIXELS_PER_DIT_TOKEN = VAE_TINY.patch_size[1] * DIT_PATCH  # along H and along W
 
 
@@ -69,8 +65,9 @@ class PipelineConfig(ModelConfig):
     """One generation request; plain data, so it pickles to every rank.
 
     ``num_frames=None`` makes an image ``[H, W, 3]``; an int makes frames ``[T, H, W, 3]``.
-    ``height``/``width`` must be multiples of 8 (VAE ×4, DiT patch 2); under SP the image
-    token count ``(H/8)·(W/8)`` (per frame, times T for video) must divide by the SP degree.
+    ``height``/``width`` must be multiples of 8 (VAE ×4, DiT patch 2). Under SP, an image's
+    tokens are padded to a multiple of 32 (any degree dividing 32 shards them); a video's
+    ``T·(H/8)·(W/8)`` tokens must divide by the SP degree.
     """
 
     prompt: str = "a red fox in fresh snow"
@@ -135,56 +132,6 @@ class PipelineResult:
     sp_world_size: int
     sp_rank: int
     backends: dict[str, str] = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------- the video DiT
-class HunyuanStyleVideoDiT(nn.Module):
-    """patch embed → double-stream blocks → single-stream blocks over [image | text] → final layer.
-
-    The timestep embedder and final layer are Z-Image's (their config carries only the sizes
-    they read). Under SP (Ulysses only) each rank keeps its contiguous image-token shard, the
-    whole text rides as the replicated suffix, and the image output is all-gathered, so every
-    rank returns the full prediction.
-    """
-
-    def __init__(self, blocks: HunyuanVideoBlockConfig, in_channels: int, text_dim: int, patch_size: int,
-                 num_double: int = 1, num_single: int = 1) -> None:
-        super().__init__()
-        h = blocks.hidden_size
-        self.blocks_config, self.in_channels, self.patch_size = blocks, in_channels, patch_size
-        pieces = ZImageConfig(dim=h, adaln_embed_dim=h, t_embed_mid_dim=2 * h, t_freq_dim=32, patch_size=patch_size,
-                              in_channels=in_channels)
-        self.img_in = nn.Linear(in_channels * patch_size**2, h)
-        self.txt_in = nn.Linear(text_dim, h)
-        self.time_in = TimestepEmbedder(pieces)
-        self.double_blocks = nn.ModuleList(MMDoubleStreamBlock(blocks) for _ in range(num_double))
-        self.single_blocks = nn.ModuleList(MMSingleStreamBlock(blocks) for _ in range(num_single))
-        self.final_layer = FinalLayer(pieces)
-
-    def forward(self, latents: Tensor, timestep: float, text: Tensor) -> Tensor:
-        """``latents [B, C, T, H, W]``, ``text [B, L, text_dim]`` → prediction in ``latents``' shape and dtype."""
-        b, c, t, h, w = latents.shape
-        p = self.patch_size
-        world, rank = get_sp_world_size(), get_sp_rank()
-        if world > 1 and get_ring_world_size() > 1:
-            raise NotImplementedError("the video DiT shards image tokens over Ulysses only (ring degree must be 1)")
-        dtype = self.img_in.weight.dtype
-        tokens = latents.to(dtype).view(b, c, t, h // p, p, w // p, p).permute(0, 2, 3, 5, 4, 6, 1).reshape(b, -1, p * p * c)
-        start, end = even_shard_bounds(tokens.shape[1], rank, world)
-        img = self.img_in(tokens[:, start:end])
-        txt = self.txt_in(text.to(dtype))
-        vec = self.time_in(torch.full((b,), timestep, dtype=torch.float32, device=latents.device))
-        rope = hunyuan_rope(self.blocks_config, (t, h // p, w // p), rank, world, latents.device)
-        for block in self.double_blocks:
-            img, txt = block(img, txt, vec, rope)
-        x = torch.cat([img, txt], dim=1)
-        for block in self.single_blocks:
-            x = block(x, vec, txt.shape[1], rope)
-        out = self.final_layer(x[:, : end - start], vec)
-        if world > 1:
-            out = comm.all_gather(out, dim=1, group=get_ulysses_group())
-        out = out.view(b, t, h // p, w // p, p, p, c).permute(0, 6, 1, 2, 4, 3, 5)
-        return out.reshape(b, c, t, h, w).to(latents.dtype)
 
 
 # ---------------------------------------------------------------------------- sglang's old caption layout
@@ -283,9 +230,10 @@ def build_models(config: PipelineConfig) -> PipelineModels:
         encoder = _init_text_encoder(Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY), dtype=dtype), s)
     text_dim = encoder.config.hidden_size
     if config.num_frames is None:
-        dit: nn.Module = _seeded(s + 1, lambda: ZImageDiT(ZImageConfig(**{**ZIMAGE_TINY, "cap_feat_dim": text_dim})))
+        dit: nn.Module = _seeded(s + 1, lambda: ZImageTransformer(ZImageConfig.from_dict({**ZIMAGE_TINY, "cap_feat_dim": text_dim})))
     else:
-        dit = _seeded(s + 1, lambda: HunyuanStyleVideoDiT(VIDEO_BLOCKS_TINY, LATENT_CHANNELS, text_dim, DIT_PATCH))
+        video = HunyuanVideoConfig.from_dict({**HUNYUAN_TINY, "text_embed_dim": text_dim, "pooled_projection_dim": text_dim})
+        dit = _seeded(s + 1, lambda: HunyuanVideoTransformer(video))
     if config.suffix_mode == "rotate_to_front":
         rotate_captions_to_front(dit)
     vae = _seeded(s + 2, lambda: ViT3DDecoder(VAE_TINY))
@@ -311,6 +259,22 @@ class _Clock:
             end.synchronize()
             return float(start.elapsed_time(end))
         return (end - start) * 1000.0
+
+
+def _velocity(dit: nn.Module, latents: Tensor, sigma: float, text: Tensor) -> Tensor:
+    """The DiT's flow-matching velocity at noise level ``sigma``, the DiT called as its diffusers pipeline calls it.
+
+    ZImagePipeline passes ``t = 1 - sigma`` and negates the prediction; HunyuanVideoPipeline
+    passes ``t = 1000·sigma``, the text mask, a pooled text vector (CLIP's there; the mean of
+    the text here, the tiny pipeline having one encoder) and the guidance scale ×1000.
+    """
+    b = latents.shape[0]
+    if isinstance(dit, ZImageTransformer):
+        pred = dit(list(latents.unsqueeze(2).unbind(0)), torch.full((b,), 1.0 - sigma), list(text.unbind(0)))
+        return -torch.stack(pred).squeeze(2)
+    mask = torch.ones(text.shape[:2], dtype=torch.long, device=text.device)
+    return dit(latents, torch.full((b,), 1000.0 * sigma, device=latents.device), text, mask, text.mean(dim=1),
+               torch.full((b,), 1000.0 * GUIDANCE, device=latents.device))
 
 
 def _to_uint8(frames: Tensor) -> np.ndarray:
@@ -354,7 +318,7 @@ def run_pipeline(config: PipelineConfig, models: PipelineModels | None = None) -
         latents = noise.to(device)  # the scheduler state stays fp32; the DiT computes in its own dtype
         step_marks = [t_text]
         for i in range(config.steps):
-            velocity = models.dit(latents, sigmas[i], text)
+            velocity = _velocity(models.dit, latents, sigmas[i], text)
             latents = latents + (sigmas[i + 1] - sigmas[i]) * velocity.float()
             step_marks.append(clock.mark())
         video_latents = latents if frames is not None else latents.unsqueeze(2)

@@ -77,59 +77,81 @@ def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
     # skip) while the single-rank reference is built: before any collective, on every rank.
     result = ctx.target.model_check("model.zimage_sp_parity")(
         dtype_name=_LONG_DTYPE[p.dtype], seed=p.seed, grid_hw=tuple(p.grid), cap_len=p.caption_tokens, batch=p.batch,
+        image_grid=tuple(p.image_grid), caption_lengths=tuple(p.caption_lengths),
         backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
     bound = parse_bound(p.bound, p.dtype)
-    return _judge_paths(result["paths"], {name: bound for name in ("block.image", "block.caption", "dit")}, _kernel(result))
+    paths = ("block.image", "block.caption", "transformer", "transformer.masked")
+    return _judge_paths(result["paths"], {name: bound for name in paths}, _kernel(result))
 
 
 def hunyuan_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
     result = ctx.target.model_check("model.hunyuan_sp_parity")(
         dtype_name=_LONG_DTYPE[p.dtype], seed=p.seed, grid_thw=tuple(p.grid), txt_len=p.text_tokens, batch=p.batch,
-        backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
+        text_lengths=tuple(p.text_lengths), masked_text_len=p.masked_text_tokens, backend=p.backend,
+        sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
-    suffix, varlen = parse_bound(p.bound, p.dtype), parse_bound(p.varlen_bound, p.dtype)
-    bounds = {f"{kind}.{layout}.{part}": suffix if layout == "suffix" else varlen
-              for kind in ("double", "single") for layout in ("suffix", "varlen") for part in ("image", "text")}
+    ordered, varlen = parse_bound(p.bound, p.dtype), parse_bound(p.varlen_bound, p.dtype)
+    bounds = {f"{kind}.{layout}.{part}": varlen if layout == "varlen" else ordered
+              for kind in ("double", "single") for layout in ("suffix", "masked", "varlen") for part in ("image", "text")}
+    bounds.update({"transformer": ordered, "transformer.masked": ordered, "transformer.varlen": varlen})
     return _judge_paths(result["paths"], bounds, _kernel(result))
 
 
-def _grid_of(n: int) -> Callable[[Params], None]:
+def _positive_list(name: str, n: int | None = None) -> Callable[[Params], None]:
     def check(p: Params) -> None:
-        if len(p.grid) != n or min(p.grid) < 1:
-            raise ParamError("grid", f"needs {n} positive sizes, got {p.grid}")
+        value = getattr(p, name)
+        if not value or (n is not None and len(value) != n) or min(value) < 1:
+            raise ParamError(name, f"needs {n or 'one or more'} positive sizes, got {value}")
 
     return check
 
 
+def _check_masked_text(p: Params) -> None:
+    """The masked paths pad the text to ``masked_text_tokens`` and shard image + text contiguously."""
+    if p.masked_text_tokens < max(p.text_lengths):
+        raise ParamError("masked_text_tokens", f"{p.masked_text_tokens} is shorter than the longest item {max(p.text_lengths)}")
+    if min(p.text_lengths) == p.masked_text_tokens:
+        raise ParamError("text_lengths", f"every item fills the {p.masked_text_tokens} text tokens: the masked paths need padding")
+    joint = p.grid[0] * p.grid[1] * p.grid[2] + p.masked_text_tokens
+    if joint % p.world_size:
+        raise ParamError("masked_text_tokens", f"{joint} image + text tokens do not divide by world_size {p.world_size}")
+
+
 register(Contract(
     "model.zimage_sp_parity",
-    "Z-Image block (caption as replicated suffix) and the tiny DiT end to end under Ulysses SP equal one rank "
-    "bitwise; the caption-as-prefix control path is reported, not judged",
+    "Z-Image block (caption as replicated suffix) and the faithful transformer under Ulysses SP equal one rank "
+    "bitwise: items of one caption length (replicated suffix) and per-item caption masks (the unified sequence "
+    "sharded with its mask); the caption-as-prefix control path is reported, not judged",
     MODEL_PARAMS + (
-        Param("grid", "int_list", [8, 8], "image token grid [h, w]"),
-        Param("caption_tokens", "int", 6, "caption tokens (the replicated suffix)"),
+        Param("grid", "int_list", [8, 8], "image token grid [h, w] of the block paths"),
+        Param("caption_tokens", "int", 6, "caption tokens (the replicated suffix) of the block paths"),
+        Param("image_grid", "int_list", [6, 6], "the transformer's image token grid [h, w] (padded to a multiple of 32)"),
+        Param("caption_lengths", "int_list", [20, 40], "the transformer's per-item caption lengths (the masked path)"),
         bound_param("bitwise"),
     ),
     zimage_sp_parity,
     requires=_REFERENCE,
     bound=lambda p: parse_bound(p.bound, p.dtype),
-    checks=(_check_dtype, _grid_of(2)),
+    checks=(_check_dtype, _positive_list("grid", 2), _positive_list("image_grid", 2), _positive_list("caption_lengths")),
 ))
 register(Contract(
     "model.hunyuan_sp_parity",
-    "HunyuanVideo double/single-stream blocks under Ulysses SP: text as replicated suffix bitwise, "
-    "sharded text (seq_lens varlen) within the FlashAttention rule",
+    "HunyuanVideo double/single-stream blocks and the faithful transformer under Ulysses SP: text as replicated "
+    "suffix and masked text (joint sequence sharded with its key mask) bitwise, sharded text (seq_lens varlen) "
+    "within the FlashAttention rule",
     MODEL_PARAMS + (
         Param("grid", "int_list", [2, 4, 4], "video token grid [t, h, w]"),
         Param("text_tokens", "int", 7, "text tokens (not divisible by W gives uneven shards)"),
+        Param("text_lengths", "int_list", [7, 3], "per-item valid text tokens of the masked paths"),
+        Param("masked_text_tokens", "int", 16, "padded text length of the masked paths (image + it must divide by W)"),
         bound_param("bitwise"),
         Param("varlen_bound", "str", "fa:2", "bound of the sharded-text (varlen) paths"),
     ),
     hunyuan_sp_parity,
     requires=_REFERENCE,
     bound=lambda p: parse_bound(p.bound, p.dtype),
-    checks=(_check_dtype, _grid_of(3)),
+    checks=(_check_dtype, _positive_list("grid", 3), _positive_list("text_lengths"), _check_masked_text),
 ))
 
 

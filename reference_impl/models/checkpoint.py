@@ -1,6 +1,7 @@
-"""Lazy, counted read access to a transformers-layout checkpoint directory.
+"""Lazy, counted read access to a transformers- or diffusers-layout checkpoint directory.
 
-``config.json`` plus ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
+``config.json`` plus ``model.safetensors`` or shards listed by ``model.safetensors.index.json``
+(diffusers names them ``diffusion_pytorch_model.*``: pass ``weights_name=DIFFUSERS_WEIGHTS``).
 Opening validates every file's header (safetensors checks that the data region covers every
 tensor, so a truncated or corrupt file fails here, naming the file) but reads no tensor data.
 Tensors are read one at a time through :meth:`SafetensorsCheckpoint.get_tensor`, which counts
@@ -20,8 +21,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 Tensor = torch.Tensor
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+TRANSFORMERS_WEIGHTS = "model"
+DIFFUSERS_WEIGHTS = "diffusion_pytorch_model"
 
 
 class CheckpointError(ValueError):
@@ -47,8 +48,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 class SafetensorsCheckpoint:
     """A checkpoint directory: ``config`` (dict), tensor names and shapes, and counted tensor reads."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], weights_name: str = TRANSFORMERS_WEIGHTS) -> None:
         self.directory = Path(directory)
+        self.single_file, self.index_file = f"{weights_name}.safetensors", f"{weights_name}.safetensors.index.json"
         if not self.directory.is_dir():
             raise CheckpointError(self.directory, "not a directory")
         self.config = _read_json(self.directory / "config.json")
@@ -60,7 +62,7 @@ class SafetensorsCheckpoint:
         self.tensors_read = 0
 
     def _tensor_files(self) -> dict[str, Path]:
-        index_path = self.directory / INDEX_FILE
+        index_path = self.directory / self.index_file
         if index_path.is_file():
             weight_map = _read_json(index_path).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
@@ -72,9 +74,9 @@ class SafetensorsCheckpoint:
                     raise CheckpointError(index_path, f"shard {shard!r} (holding {name!r}) does not exist")
                 files[name] = path
             return files
-        single = self.directory / SINGLE_FILE
+        single = self.directory / self.single_file
         if not single.is_file():
-            raise CheckpointError(self.directory, f"no {SINGLE_FILE} or {INDEX_FILE} (only safetensors checkpoints are read)")
+            raise CheckpointError(self.directory, f"no {self.single_file} or {self.index_file} (only safetensors checkpoints are read)")
         return {name: single for name in self._open(single).keys()}
 
     @staticmethod

@@ -1,24 +1,30 @@
-"""HunyuanVideo MMDoubleStreamBlock and MMSingleStreamBlock through USPAttention.
+"""HunyuanVideo double- and single-stream blocks as diffusers 0.42.1 computes them, through USPAttention.
+
+Parameter names are diffusers' (``norm1.linear``, ``attn.to_q``, ``attn.add_q_proj``,
+``ff.net.0.proj``, ``proj_mlp`` ...), so a diffusers state dict loads as it is; the model
+around the blocks is :mod:`reference_impl.models.hunyuanvideo_transformer`.
 
 Both blocks attend over one joint sequence *[image tokens | text tokens]* and get back ONE
-tensor from the attention (sglang seed 001): the double-stream block splits it with
-``.split([img_len, txt_len], dim=1)`` for its two streams; the single-stream block feeds it
-whole to ``linear2``, whose input order it already is. Under sequence parallelism (degree W, ring degree 1) image tokens are
-always sharded (rank r holds its contiguous ``S_img / W`` tokens); text comes in one of two
-layouts:
+tensor from the attention (sglang seed 001): the double-stream block splits it for its two
+streams; the single-stream block feeds it whole to ``proj_out``, whose input order it already
+is. Under sequence parallelism (degree W, ring degree 1) the text comes in one of three layouts:
 
-- replicated (``txt_is_sharded=False``, the default): every rank holds the whole text, passed
-  to the attention as ``num_replicated_suffix=txt_len``. Order-preserving, so the SP output
-  is bitwise equal to one rank (given row-count-invariant GEMMs; see harness.contracts.model_parity).
+- replicated (the default): every rank holds its contiguous ``S_img / W`` image tokens and
+  the whole text, passed as ``num_replicated_suffix``. Order-preserving, so bitwise equal to
+  one rank (given row-count-invariant GEMMs; see harness.targets.reference.models).
 - sharded (``txt_is_sharded=True``): rank r holds its slice of the text padded to a common
-  length (:func:`shard_text`), with ``txt_valid_lens[r]`` valid tokens. The attention runs
-  the ``seq_lens`` varlen path with ``seq_lens[r] = img_local + txt_valid_lens[r]``; the
-  joint sequence is then scanned as ``[img_0, txt_0, img_1, txt_1, ...]``, a reordering of
-  the single-rank keys, so the result equals one rank only up to rounding. Outputs at padded
-  text positions are meaningless and must be dropped by the caller.
+  length (:func:`shard_text`) with ``txt_valid_lens[r]`` valid tokens; the attention runs the
+  ``seq_lens`` varlen path and scans keys as ``[img_0, txt_0, img_1, txt_1, ...]``, a
+  reordering of the single-rank keys, so it equals one rank only up to rounding (the
+  FlashAttention rule). Outputs at padded text positions are meaningless.
+- masked (``attn_mask [B, S_local]`` given, True = attend): the text carries per-item
+  padding. USPAttention refuses a mask with replicated tokens and ``seq_lens`` takes one
+  length per rank, not per item, so neither layout above can carry it: the joint sequence
+  ``[image | text]`` is sharded contiguously instead (a rank may hold image tokens only, text
+  only, or both) and the key mask gathered with it. Single-rank key order, so bitwise.
 
-Image tokens are rotated by 3-D axial RoPE (interleaved) at their global positions
-(:func:`hunyuan_rope`); text tokens get no RoPE. Blocks need
+Image tokens are rotated by 3-D axial RoPE (interleaved, the table in fp32 as diffusers
+computes it) at their global positions; text tokens get no RoPE. Blocks need
 ``reference_impl.set_forward_context(...)`` around the call.
 """
 
@@ -29,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.attention.layer import USPAttention
@@ -77,7 +84,7 @@ def hunyuan_rope(config: HunyuanVideoBlockConfig, grid_thw: tuple[int, int, int]
     """cos/sin ``[T*H*W / world, head_dim/2]`` for rank ``rank``'s image shard, at its global (t, h, w)."""
     pos = grid_positions(grid_thw, device=device)
     start, end = even_shard_bounds(pos.shape[0], rank, world)
-    return axial_rope_cos_sin(pos[start:end], config.rope_axes_dim, config.rope_theta, dtype)
+    return axial_rope_cos_sin(pos[start:end], config.rope_axes_dim, config.rope_theta, dtype, rounding="fp32")
 
 
 def shard_text(txt: Tensor, rank: int, world: int) -> tuple[Tensor, list[int]]:
@@ -95,15 +102,19 @@ def shard_text(txt: Tensor, rank: int, world: int) -> tuple[Tensor, list[int]]:
 
 
 def _joint_attention(
-    attn: USPAttention, img_qkv: Sequence[Tensor], txt_qkv: Sequence[Tensor], txt_is_sharded: bool,
-    txt_valid_lens: Sequence[int] | None,
+    attn: USPAttention, img_qkv: Sequence[Tensor], txt_qkv: Sequence[Tensor], attn_mask: Tensor | None,
+    txt_is_sharded: bool, txt_valid_lens: Sequence[int] | None,
 ) -> Tensor:
     """Attention over [image | text] in the text layout of the module docstring; one ``[B, S, H, D]`` tensor."""
     img_len, txt_len = img_qkv[0].shape[1], txt_qkv[0].shape[1]
     q, k, v = (torch.cat([i, t], dim=1) for i, t in zip(img_qkv, txt_qkv))
+    if txt_valid_lens is not None and not txt_is_sharded:
+        raise ValueError("txt_valid_lens is only meaningful with txt_is_sharded=True")
+    if attn_mask is not None:
+        if txt_is_sharded:
+            raise ValueError("attn_mask cannot be combined with txt_is_sharded: the seq_lens (varlen) path takes no mask")
+        return attn(q, k, v, attn_mask=attn_mask)
     if not txt_is_sharded:
-        if txt_valid_lens is not None:
-            raise ValueError("txt_valid_lens is only meaningful with txt_is_sharded=True")
         return attn(q, k, v, num_replicated_suffix=txt_len)
     if txt_valid_lens is None:
         raise ValueError("txt_is_sharded=True needs txt_valid_lens (valid text tokens on every rank; see shard_text)")
@@ -113,121 +124,171 @@ def _joint_attention(
 
 
 # ---------------------------------------------------------------------------- pieces
-def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+def _gelu_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
-class ModulateProjection(nn.Module):
-    """``linear(silu(vec))`` split into ``factor`` chunks of ``hidden_size`` (shift/scale/gate ...)."""
+ACTIVATIONS = {"gelu_tanh": _gelu_tanh, "silu": F.silu}
 
-    def __init__(self, hidden_size: int, factor: int) -> None:
+
+class _ProjectIn(nn.Module):
+    """diffusers' ``GELU`` / ``LinearActivation``: the input projection, then its activation."""
+
+    def __init__(self, dim: int, inner: int, activation: str) -> None:
         super().__init__()
-        self.factor = factor
-        self.linear = nn.Linear(hidden_size, factor * hidden_size)
-
-    def forward(self, vec: Tensor) -> tuple[Tensor, ...]:
-        return self.linear(nn.functional.silu(vec)).chunk(self.factor, dim=-1)
-
-
-class MLP(nn.Module):
-    def __init__(self, hidden_size: int, mlp_hidden_dim: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(hidden_size, mlp_hidden_dim)
-        self.fc2 = nn.Linear(mlp_hidden_dim, hidden_size)
+        self.proj = nn.Linear(dim, inner)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(nn.functional.gelu(self.fc1(x), approximate="tanh"))
+        return self.activation(self.proj(x))
 
 
-class _Stream(nn.Module):
-    """One modality's weights in the double-stream block: modulation, QKV, q/k norms, proj, MLP."""
+class FeedForward(nn.Module):
+    """diffusers' ``FeedForward`` (``net.0.proj`` → activation → ``net.2``; ``net.1`` is its dropout)."""
 
-    def __init__(self, config: HunyuanVideoBlockConfig) -> None:
+    def __init__(self, dim: int, inner: int, activation: str = "gelu_tanh") -> None:
         super().__init__()
-        h = config.hidden_size
-        self.mod = ModulateProjection(h, 6)
-        self.norm = nn.LayerNorm(h, elementwise_affine=False, eps=config.norm_eps)
-        self.attn_qkv = nn.Linear(h, 3 * h)
-        self.attn_q_norm = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
-        self.attn_k_norm = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
-        self.attn_proj = nn.Linear(h, h)
-        self.mlp = MLP(h, config.mlp_hidden_dim)
-        self.num_heads = config.num_heads
+        self.net = nn.ModuleList([_ProjectIn(dim, inner, activation), nn.Identity(), nn.Linear(inner, dim)])
 
-    def qkv(self, x: Tensor, shift: Tensor, scale: Tensor, rope: Rope | None) -> tuple[Tensor, Tensor, Tensor]:
-        b, s, _ = x.shape
-        q, k, v = self.attn_qkv(_modulate(self.norm(x), shift, scale)).view(b, s, 3, self.num_heads, -1).unbind(2)
-        q, k = self.attn_q_norm(q), self.attn_k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net[2](self.net[0](x))
+
+
+class AdaNormZero(nn.Module):
+    """``linear(silu(vec))`` in ``chunks`` pieces; ``LayerNorm(x)·(1 + scale) + shift`` with the first two.
+
+    diffusers' ``AdaLayerNormZero`` (6 chunks) and ``AdaLayerNormZeroSingle`` (3); returns the
+    modulated x and the remaining chunks (gates, MLP shift/scale).
+    """
+
+    def __init__(self, hidden_size: int, chunks: int, eps: float) -> None:
+        super().__init__()
+        self.chunks = chunks
+        self.linear = nn.Linear(hidden_size, chunks * hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=eps)
+
+    def forward(self, x: Tensor, vec: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        shift, scale, *rest = self.linear(F.silu(vec)).chunk(self.chunks, dim=1)
+        return self.norm(x) * (1 + scale[:, None]) + shift[:, None], tuple(rest)
+
+
+def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+class HunyuanAttention(nn.Module):
+    """``to_q``/``to_k``/``to_v`` (biased) → optional per-head RMSNorm → USPAttention, diffusers' names.
+
+    ``project_out`` adds ``to_out.0``; ``local=True`` never shards (the token refiner, on the
+    replicated text).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, qk_norm_eps: float | None, project_out: bool,
+                 local: bool = False) -> None:
+        super().__init__()
+        self.heads = num_heads
+        self.to_q, self.to_k, self.to_v = (nn.Linear(hidden_size, hidden_size) for _ in range(3))
+        head_dim = hidden_size // num_heads
+        self.norm_q = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
+        self.norm_k = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
+        self.to_out = nn.ModuleList([nn.Linear(hidden_size, hidden_size)]) if project_out else None
+        self.attn = USPAttention(num_heads, head_dim, skip_sequence_parallel=local)
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = (proj(x).unflatten(2, (self.heads, -1)) for proj in (self.to_q, self.to_k, self.to_v))
+        if self.norm_q is not None and self.norm_k is not None:
+            q, k = self.norm_q(q), self.norm_k(k)
         return q, k, v
 
-    def finish(self, x: Tensor, attn: Tensor, mods: Sequence[Tensor]) -> Tensor:
-        _, _, attn_gate, mlp_shift, mlp_scale, mlp_gate = mods
-        x = x + attn_gate.unsqueeze(1) * self.attn_proj(attn.flatten(2))
-        return x + mlp_gate.unsqueeze(1) * self.mlp(_modulate(self.norm(x), mlp_shift, mlp_scale))
+
+class JointAttention(HunyuanAttention):
+    """The double-stream block's attention: image projections plus the text's ``add_*`` ones."""
+
+    def __init__(self, config: HunyuanVideoBlockConfig) -> None:
+        h = config.hidden_size
+        super().__init__(h, config.num_heads, config.qk_norm_eps, project_out=True)
+        self.add_q_proj, self.add_k_proj, self.add_v_proj = (nn.Linear(h, h) for _ in range(3))
+        self.norm_added_q = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
+        self.norm_added_k = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
+        self.to_add_out = nn.Linear(h, h)
+
+    def forward(self, img: Tensor, txt: Tensor, rope: Rope, attn_mask: Tensor | None, txt_is_sharded: bool,
+                txt_valid_lens: Sequence[int] | None) -> tuple[Tensor, Tensor]:
+        q, k, v = self.qkv(img)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        tq, tk, tv = (proj(txt).unflatten(2, (self.heads, -1)) for proj in (self.add_q_proj, self.add_k_proj, self.add_v_proj))
+        tq, tk = self.norm_added_q(tq), self.norm_added_k(tk)
+        out = _joint_attention(self.attn, (q, k, v), (tq, tk, tv), attn_mask, txt_is_sharded, txt_valid_lens).flatten(2)
+        # Contiguous copies: in the masked layout a rank's split can be the whole tensor (no text
+        # on that rank), contiguous where one rank's split is a view, and torch's linear fuses
+        # the bias (addmm) only for contiguous 3-D input: bf16 would differ by the bias rounding.
+        img_out, txt_out = (part.contiguous() for part in out.split([img.shape[1], txt.shape[1]], dim=1))
+        assert self.to_out is not None
+        return self.to_out[0](img_out), self.to_add_out(txt_out)
 
 
 # ---------------------------------------------------------------------------- blocks
 class MMDoubleStreamBlock(nn.Module):
-    """Separate weights for image and text, one joint attention over [image | text].
+    """Separate weights for image and text, one joint attention over [image | text] (``HunyuanVideoTransformerBlock``).
 
     ``forward(img [B, S_img_local, hidden], txt [B, S_txt_local, hidden], vec [B, hidden],
-    rope (image tables [S_img_local, head_dim/2]), *, txt_is_sharded=False, txt_valid_lens=None)``
-    returns ``(img, txt)`` of the input shapes. Weight names: ``img.*`` / ``txt.*``.
-    """
-
-    def __init__(self, config: HunyuanVideoBlockConfig) -> None:
-        super().__init__()
-        self.img = _Stream(config)
-        self.txt = _Stream(config)
-        self.attn = USPAttention(config.num_heads, config.head_dim)
-
-    def forward(self, img: Tensor, txt: Tensor, vec: Tensor, rope: Rope, *, txt_is_sharded: bool = False,
-                txt_valid_lens: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
-        img_mods, txt_mods = self.img.mod(vec), self.txt.mod(vec)
-        img_qkv = self.img.qkv(img, img_mods[0], img_mods[1], rope)
-        txt_qkv = self.txt.qkv(txt, txt_mods[0], txt_mods[1], None)
-        attn = _joint_attention(self.attn, img_qkv, txt_qkv, txt_is_sharded, txt_valid_lens)
-        img_attn, txt_attn = attn.split([img.shape[1], txt.shape[1]], dim=1)
-        return self.img.finish(img, img_attn, img_mods), self.txt.finish(txt, txt_attn, txt_mods)
-
-
-class MMSingleStreamBlock(nn.Module):
-    """Shared weights over the concatenated [image | text]; attention and MLP run in parallel.
-
-    ``forward(x [B, S_img_local + txt_len, hidden], vec [B, hidden], txt_len, rope (image
-    tables [S_img_local, head_dim/2]), *, txt_is_sharded=False, txt_valid_lens=None)`` returns
-    ``x``'s shape. ``txt_len`` is the local text length (padded, when sharded).
+    rope (image tables [S_img_local, head_dim/2]), *, attn_mask=None, txt_is_sharded=False,
+    txt_valid_lens=None)`` returns ``(img, txt)`` of the input shapes.
     """
 
     def __init__(self, config: HunyuanVideoBlockConfig) -> None:
         super().__init__()
         h, m = config.hidden_size, config.mlp_hidden_dim
-        self.hidden_size, self.mlp_hidden_dim, self.num_heads = h, m, config.num_heads
-        self.modulation = ModulateProjection(h, 3)
-        self.norm = nn.LayerNorm(h, elementwise_affine=False, eps=config.norm_eps)
-        self.linear1 = nn.Linear(h, 3 * h + m)
-        self.linear2 = nn.Linear(h + m, h)
-        self.q_norm = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
-        self.k_norm = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
-        self.attn = USPAttention(config.num_heads, config.head_dim)
+        self.norm1 = AdaNormZero(h, 6, config.norm_eps)
+        self.norm1_context = AdaNormZero(h, 6, config.norm_eps)
+        self.attn = JointAttention(config)
+        self.norm2 = nn.LayerNorm(h, elementwise_affine=False, eps=config.norm_eps)
+        self.ff = FeedForward(h, m)
+        self.norm2_context = nn.LayerNorm(h, elementwise_affine=False, eps=config.norm_eps)
+        self.ff_context = FeedForward(h, m)
 
-    def forward(self, x: Tensor, vec: Tensor, txt_len: int, rope: Rope, *, txt_is_sharded: bool = False,
-                txt_valid_lens: Sequence[int] | None = None) -> Tensor:
-        b, s, _ = x.shape
-        if not 0 < txt_len < s:
-            raise ValueError(f"txt_len={txt_len} must be in (0, {s}) for a joint sequence of {s} tokens")
-        shift, scale, gate = self.modulation(vec)
-        qkv, mlp = self.linear1(_modulate(self.norm(x), shift, scale)).split([3 * self.hidden_size, self.mlp_hidden_dim], dim=-1)
-        q, k, v = qkv.view(b, s, 3, self.num_heads, -1).unbind(2)
-        q, k = self.q_norm(q), self.k_norm(k)
+    def forward(self, img: Tensor, txt: Tensor, vec: Tensor, rope: Rope, *, attn_mask: Tensor | None = None,
+                txt_is_sharded: bool = False, txt_valid_lens: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        norm_img, (gate, shift_mlp, scale_mlp, gate_mlp) = self.norm1(img, vec)
+        norm_txt, (c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp) = self.norm1_context(txt, vec)
+        img_attn, txt_attn = self.attn(norm_img, norm_txt, rope, attn_mask, txt_is_sharded, txt_valid_lens)
+        img = img + img_attn * gate.unsqueeze(1)
+        txt = txt + txt_attn * c_gate.unsqueeze(1)
+        img = img + gate_mlp.unsqueeze(1) * self.ff(_modulate(self.norm2(img), shift_mlp, scale_mlp))
+        txt = txt + c_gate_mlp.unsqueeze(1) * self.ff_context(_modulate(self.norm2_context(txt), c_shift_mlp, c_scale_mlp))
+        return img, txt
+
+
+class MMSingleStreamBlock(nn.Module):
+    """Shared weights over the concatenated [image | text]; attention and MLP in parallel (``HunyuanVideoSingleTransformerBlock``).
+
+    ``forward(x [B, S_img_local + txt_len, hidden], vec [B, hidden], txt_len, rope (image
+    tables [S_img_local, head_dim/2]), *, attn_mask=None, txt_is_sharded=False,
+    txt_valid_lens=None)`` returns ``x``'s shape. ``txt_len`` is the local text length (padded,
+    when sharded; it may be 0 or all of ``x`` in the masked layout).
+    """
+
+    def __init__(self, config: HunyuanVideoBlockConfig) -> None:
+        super().__init__()
+        h, m = config.hidden_size, config.mlp_hidden_dim
+        self.attn = HunyuanAttention(h, config.num_heads, config.qk_norm_eps, project_out=False)
+        self.norm = AdaNormZero(h, 3, config.norm_eps)
+        self.proj_mlp = nn.Linear(h, m)
+        self.proj_out = nn.Linear(h + m, h)
+
+    def forward(self, x: Tensor, vec: Tensor, txt_len: int, rope: Rope, *, attn_mask: Tensor | None = None,
+                txt_is_sharded: bool = False, txt_valid_lens: Sequence[int] | None = None) -> Tensor:
+        s = x.shape[1]
+        if not 0 <= txt_len <= s:
+            raise ValueError(f"txt_len={txt_len} must be in [0, {s}] for a joint sequence of {s} tokens")
+        norm_x, (gate,) = self.norm(x, vec)
+        mlp = _gelu_tanh(self.proj_mlp(norm_x))
+        q, k, v = self.attn.qkv(norm_x)
         img_len = s - txt_len
         img_q, img_k = apply_rope(q[:, :img_len], *rope), apply_rope(k[:, :img_len], *rope)
         attn = _joint_attention(
-            self.attn, (img_q, img_k, v[:, :img_len]), (q[:, img_len:], k[:, img_len:], v[:, img_len:]),
-            txt_is_sharded, txt_valid_lens,
+            self.attn.attn, (img_q, img_k, v[:, :img_len]), (q[:, img_len:], k[:, img_len:], v[:, img_len:]),
+            attn_mask, txt_is_sharded, txt_valid_lens,
         )
-        # The joint output is already in [image | text] order, which is linear2's input order.
-        out = self.linear2(torch.cat([attn.flatten(2), nn.functional.gelu(mlp, approximate="tanh")], dim=-1))
-        return x + gate.unsqueeze(1) * out
+        # The joint output is already in [image | text] order, which is proj_out's input order.
+        return x + gate.unsqueeze(1) * self.proj_out(torch.cat([attn.flatten(2), mlp], dim=2))

@@ -4,9 +4,11 @@
   or mistyped keys with an error naming the key, so a bad config never builds a wrong model.
 - :class:`RMSNorm` with or without an affine weight (``elementwise_affine=False`` is the
   affine-free q/k norm some VAEs use).
-- RoPE: 1-D and axial (2-D/3-D) cos/sin tables computed in fp64, applied to ``[B, S, H, D]``
-  in fp32. Positions are explicit tensors, so a sequence-parallel shard passes the *global*
-  positions of its tokens and gets exactly the rotation the single-rank run gives them.
+- RoPE: 1-D and axial (2-D/3-D) cos/sin tables, rounded where the implementation a model
+  follows rounds them (:data:`ROPE_ROUNDINGS`), applied to ``[B, S, H, D]`` in fp32. Positions
+  are explicit tensors, so a sequence-parallel shard passes the *global* positions of its
+  tokens and gets exactly the rotation the single-rank run gives them.
+- :func:`timestep_embedding`: the sinusoidal timestep embedding of the diffusion models.
 - :func:`even_shard_bounds`: which contiguous tokens a sequence-parallel rank holds.
 - safetensors I/O: :func:`load_safetensors_into` reads weights without pickle and reports
   every missing, unexpected or misshapen tensor by name before touching the module.
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -30,6 +33,7 @@ from torch import nn
 
 Tensor = torch.Tensor
 C = TypeVar("C", bound="ModelConfig")
+M = TypeVar("M", bound=nn.Module)
 
 
 # ---------------------------------------------------------------------------- config
@@ -108,6 +112,15 @@ class ModelConfig:
                 raise ModelConfigError(f"required by {cls.__name__} but missing", name)
         return cls(**data)
 
+    @classmethod
+    def from_diffusers(cls: type[C], config: Mapping[str, Any]) -> C:
+        """Build from a diffusers ``config.json`` dict: its bookkeeping keys (``_class_name``,
+        ``_diffusers_version``, ``_use_default_values``: every key starting with ``_``) are
+        dropped, the rest checked as :meth:`from_dict` checks them."""
+        if not isinstance(config, Mapping):
+            raise ModelConfigError(f"{cls.__name__} config must be a mapping, got {type(config).__name__}")
+        return cls.from_dict({k: v for k, v in config.items() if not str(k).startswith("_")})
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict that ``from_dict`` reads back."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -141,22 +154,47 @@ class RMSNorm(nn.Module):
 
 
 # ---------------------------------------------------------------------------- RoPE
-def rope_cos_sin(positions: Tensor, dim: int, theta: float = 10000.0, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-    """cos/sin tables ``[S, dim // 2]`` for 1-D positions ``[S]``, computed in fp64 and returned in ``dtype``.
+# Where a table below fp64 is rounded: a reference model must round where the implementation
+# whose weights it runs does, or its tables differ by up to 1.5e-5 near position 513.
+ROPE_ROUNDINGS = ("fp64", "fp32_angles", "fp32")
 
-    fp32 tables are the norm; an fp64 reference run asks for fp64 ones so its only rounding is fp64's.
+
+def rope_cos_sin(
+    positions: Tensor, dim: int, theta: float = 10000.0, dtype: torch.dtype = torch.float32, rounding: str = "fp64"
+) -> tuple[Tensor, Tensor]:
+    """cos/sin tables ``[S, dim // 2]`` for 1-D positions ``[S]`` in ``dtype``.
+
+    ``rounding`` says where a table below fp64 is rounded:
+
+    - ``fp64``: frequencies, angles, cos and sin in fp64, rounded once (the most accurate table);
+    - ``fp32_angles``: frequencies and angles in fp64, the angle rounded to fp32, cos/sin taken
+      in fp32 through ``torch.polar`` (diffusers' Z-Image ``RopeEmbedder``; polar's cos can differ
+      from ``torch.cos`` by an ulp);
+    - ``fp32``: frequencies, angles, cos and sin all in fp32 (diffusers' ``get_1d_rotary_pos_embed``,
+      HunyuanVideo).
+
+    An fp64 ``dtype`` always gets the fp64 table: that is the oracle's, whose only rounding is fp64's.
     """
     if dim % 2:
         raise ValueError(f"RoPE dim must be even, got {dim}")
     if positions.dim() != 1:
         raise ValueError(f"positions must be [S], got shape {tuple(positions.shape)}")
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
-    angles = torch.outer(positions.to(torch.float64), inv_freq)
+    if rounding not in ROPE_ROUNDINGS:
+        raise ValueError(f"unknown RoPE rounding {rounding!r}; valid: {', '.join(ROPE_ROUNDINGS)}")
+    if dtype == torch.float64:
+        rounding = "fp64"
+    freqs_dtype = torch.float32 if rounding == "fp32" else torch.float64
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=freqs_dtype, device=positions.device) / dim)
+    angles = torch.outer(positions.to(freqs_dtype), inv_freq)
+    if rounding == "fp32_angles":
+        rotation = torch.polar(torch.ones_like(angles.float()), angles.float())
+        return rotation.real.to(dtype), rotation.imag.to(dtype)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def axial_rope_cos_sin(
-    positions: Tensor, axes_dims: Sequence[int], theta: float = 10000.0, dtype: torch.dtype = torch.float32
+    positions: Tensor, axes_dims: Sequence[int], theta: float = 10000.0, dtype: torch.dtype = torch.float32,
+    rounding: str = "fp64",
 ) -> tuple[Tensor, Tensor]:
     """Axial RoPE (2-D/3-D DiTs): axis ``i`` of ``positions [S, n_axes]`` rotates ``axes_dims[i]`` channels.
 
@@ -164,7 +202,7 @@ def axial_rope_cos_sin(
     """
     if positions.dim() != 2 or positions.shape[1] != len(axes_dims):
         raise ValueError(f"positions must be [S, {len(axes_dims)}] for axes_dims {list(axes_dims)}, got {tuple(positions.shape)}")
-    tables = [rope_cos_sin(positions[:, i], d, theta, dtype) for i, d in enumerate(axes_dims)]
+    tables = [rope_cos_sin(positions[:, i], d, theta, dtype, rounding) for i, d in enumerate(axes_dims)]
     return torch.cat([c for c, _ in tables], dim=-1), torch.cat([s for _, s in tables], dim=-1)
 
 
@@ -200,6 +238,21 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = True) ->
         x1, x2 = x32[..., :half], x32[..., half:]
         out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------- timesteps
+def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    """Sinusoidal embedding ``[N, dim]`` of ``t [N]`` in fp32, the cos half first.
+
+    The arithmetic of diffusers' ``get_timestep_embedding(flip_sin_to_cos=True,
+    downscale_freq_shift=0)`` (HunyuanVideo) and of Z-Image's ``TimestepEmbedder``: they agree bit for bit.
+    """
+    if dim % 2:
+        raise ValueError(f"timestep embedding dim must be even, got {dim}")
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t.reshape(-1).float()[:, None] * freqs[None]
+    return torch.cat([args.cos(), args.sin()], dim=-1)
 
 
 # ---------------------------------------------------------------------------- sequence sharding
@@ -288,6 +341,22 @@ def load_safetensors_into(
         for name, dest in expected.items():
             dest.copy_(tensors[name])  # state_dict tensors share storage with the module
     return list(expected)
+
+
+def build_and_load(
+    build: Callable[[], M], source: str | os.PathLike[str] | Mapping[str, Tensor], dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> M:
+    """``build()`` without initialising it (on the meta device), then fill every tensor from ``source``.
+
+    Loading is strict (see :func:`load_safetensors_into`), so no tensor keeps the undefined
+    values ``to_empty`` leaves; a real-sized model is never randomly initialised first.
+    """
+    with torch.device("meta"):
+        module = build()
+    module = module.to(dtype).to_empty(device=device)
+    load_safetensors_into(module, source)
+    return module
 
 
 def save_safetensors(module: nn.Module, path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None) -> Path:

@@ -1,288 +1,217 @@
-"""Z-Image DiT: attention, transformer block and a small end-to-end stack, sequence-parallel ready.
+"""Z-Image transformer blocks as diffusers 0.42.1 computes them (``transformer_z_image.py``).
 
-Token order is *image tokens, then caption tokens*. Under sequence parallelism (SP degree W)
-each rank holds ``S_img / W`` image tokens (its contiguous shard, in rank order) followed by
-the *whole* caption, and the attention is told ``num_replicated_suffix=caption_len``:
-USPAttention keeps the caption at the tail, so every query scans K/V in single-rank order
-and the SP output is bitwise equal to one rank (sglang seed 001; rotating the caption to
-the front instead gave Z-Image-Turbo a mean abs error of 7.28 over 9 steps), provided the
-attention kernel is head-count invariant and the GEMMs row-count invariant (CPU: yes; H200:
-bf16 yes except torch's flash kernel at some shapes, fp32 GEMMs no).
+Parameter names are diffusers' (``attention.to_q``, ``feed_forward.w1``, ``adaLN_modulation.0``
+...), so a diffusers state dict loads as it is; the model around the blocks (padding, refiners,
+sequence parallelism) is :mod:`reference_impl.models.zimage_transformer`.
 
-RoPE is 3-D axial and interleaved (sglang's ``is_neox_style=False``). Positions follow
-Z-Image: caption token ``i`` sits at ``(1 + i, 0, 0)``, image token ``(h, w)`` at
-``(cap_len + 1, h, w)``. A shard rotates its tokens by their *global* positions
-(:func:`zimage_rope`), which is what makes SP equal single rank.
+- :class:`ZImageConfig` has diffusers' config keys and defaults (the released 6B model); the
+  sizes diffusers derives from them (head dim, SwiGLU width, adaLN width) are properties.
+- RoPE is 3-D axial and interleaved, its table rounded where diffusers rounds it (angles in fp64,
+  rounded to fp32, cos/sin in fp32): the fp64 table differs by 1.5e-5 near position 513.
+- :class:`ZImageAttention`: ``to_q``/``to_k``/``to_v`` → per-head RMSNorm on q and k → RoPE →
+  USPAttention → ``to_out``. The caption refiner's attention runs rank-locally
+  (``skip_sequence_parallel``): every rank holds the whole caption, so there is nothing to shard.
 
-Attention layers must run inside ``reference_impl.set_forward_context(...)``; the backend is
-chosen when the model is built (``attention_backend_config`` / ``attention_component``).
+Attention layers must run inside ``reference_impl.set_forward_context(...)``.
 """
 
 from __future__ import annotations
 
-import math
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.attention.layer import USPAttention
-from reference_impl.models.layers import (
-    ModelConfig,
-    RMSNorm,
-    apply_rope,
-    axial_rope_cos_sin,
-    even_shard_bounds,
-    grid_positions,
-    load_safetensors_into,
-)
-from reference_impl.parallel import comm
-from reference_impl.parallel.state import get_ring_world_size, get_sp_rank, get_sp_world_size, get_ulysses_group
+from reference_impl.models.layers import ModelConfig, RMSNorm, apply_rope, axial_rope_cos_sin, timestep_embedding
 
 Tensor = torch.Tensor
 Rope = tuple[Tensor, Tensor]
 
+ADALN_EMBED_DIM = 256  # diffusers' fixed widths: the adaLN input is min(dim, 256) wide
+T_EMBED_MID_DIM = 1024
+T_FREQ_DIM = 256
+QK_NORM_EPS = 1e-5  # diffusers fixes the q/k norm eps; norm_eps is the block norms'
+FINAL_NORM_EPS = 1e-6
+
 
 @dataclass(frozen=True)
 class ZImageConfig(ModelConfig):
-    """Z-Image architecture; the defaults are the released 6B model's sizes, tests pass tiny ones."""
+    """``ZImageTransformer2DModel``'s config keys; defaults are the released model's.
 
-    dim: int = 3840
-    num_heads: int = 30
-    num_kv_heads: int = 30
-    head_dim: int = 128
-    ffn_hidden_dim: int = 10240  # SwiGLU width (int(dim / 3 * 8) in Z-Image)
-    num_layers: int = 30
-    axes_dims: tuple[int, ...] = (32, 48, 48)  # RoPE channels per axis (caption/frame, h, w); sums to head_dim
-    rope_theta: float = 256.0
-    norm_eps: float = 1e-5
-    qk_norm_eps: float = 1e-5
+    ``n_kv_heads`` is read and unused, as in diffusers 0.42.1 (its attention is built with
+    ``n_heads`` key/value heads). ``siglip_feat_dim`` (the Omni variant) is not implemented.
+    """
+
+    all_patch_size: tuple[int, ...] = (2,)
+    all_f_patch_size: tuple[int, ...] = (1,)
     in_channels: int = 16
-    patch_size: int = 2
-    cap_feat_dim: int = 2560  # text-encoder hidden size
-    adaln_embed_dim: int = 256  # timestep embedding width fed to every modulation
-    t_embed_mid_dim: int = 1024
-    t_freq_dim: int = 256
-    t_scale: float = 1000.0  # the timestep is multiplied by this before the sinusoidal embedding
+    dim: int = 3840
+    n_layers: int = 30
+    n_refiner_layers: int = 2
+    n_heads: int = 30
+    n_kv_heads: int = 30
+    norm_eps: float = 1e-5
+    qk_norm: bool = True
+    cap_feat_dim: int = 2560
+    siglip_feat_dim: int | None = None
+    rope_theta: float = 256.0
+    t_scale: float = 1000.0
+    axes_dims: tuple[int, ...] = (32, 48, 48)
+    axes_lens: tuple[int, ...] = (1024, 512, 512)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        return int(self.dim / 3 * 8)
+
+    @property
+    def adaln_embed_dim(self) -> int:
+        return min(self.dim, ADALN_EMBED_DIM)
 
     def validate(self) -> None:
-        for key in ("dim", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_dim", "in_channels", "patch_size",
-                    "cap_feat_dim", "adaln_embed_dim", "t_embed_mid_dim", "t_freq_dim"):
+        for key in ("in_channels", "dim", "n_heads", "cap_feat_dim"):
             if getattr(self, key) <= 0:
                 raise self.error(key, f"must be positive, got {getattr(self, key)}")
-        if self.num_layers < 0:
-            raise self.error("num_layers", f"must be >= 0, got {self.num_layers}")
-        if self.num_heads % self.num_kv_heads:
-            raise self.error("num_kv_heads", f"{self.num_kv_heads} does not divide num_heads={self.num_heads}")
-        if self.t_freq_dim % 2:
-            raise self.error("t_freq_dim", f"must be even, got {self.t_freq_dim}")
-        if any(d <= 0 or d % 2 for d in self.axes_dims):
-            raise self.error("axes_dims", f"every axis needs a positive even channel count, got {list(self.axes_dims)}")
+        for key in ("n_layers", "n_refiner_layers"):
+            if getattr(self, key) < 0:
+                raise self.error(key, f"must be >= 0, got {getattr(self, key)}")
+        if self.dim % self.n_heads:
+            raise self.error("n_heads", f"{self.n_heads} does not divide dim={self.dim}")
+        if self.siglip_feat_dim is not None:
+            raise self.error("siglip_feat_dim", "the Omni variant (SigLIP features) is not implemented; must be null")
+        if not self.all_patch_size or len(self.all_patch_size) != len(self.all_f_patch_size):
+            raise self.error("all_f_patch_size", f"needs one entry per all_patch_size entry {list(self.all_patch_size)}")
+        if min(self.all_patch_size + self.all_f_patch_size) <= 0:
+            raise self.error("all_patch_size", "patch sizes must be positive")
+        if len(self.axes_dims) != 3 or any(d <= 0 or d % 2 for d in self.axes_dims):
+            raise self.error("axes_dims", f"needs 3 positive even channel counts, got {list(self.axes_dims)}")
         if sum(self.axes_dims) != self.head_dim:
-            raise self.error("axes_dims", f"sum {sum(self.axes_dims)} must equal head_dim={self.head_dim}")
+            raise self.error("axes_dims", f"sum {sum(self.axes_dims)} must equal the head dim dim/n_heads={self.head_dim}")
+        if len(self.axes_lens) != 3 or min(self.axes_lens) <= 0:
+            raise self.error("axes_lens", f"needs 3 positive table lengths, got {list(self.axes_lens)}")
 
 
-# ---------------------------------------------------------------------------- RoPE and sharding
-def zimage_positions(grid_hw: tuple[int, int], cap_len: int, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
-    """Global 3-axis positions: image ``[H*W, 3]`` (row-major) and caption ``[cap_len, 3]``."""
-    h, w = grid_hw
-    img = grid_positions((1, h, w), (cap_len + 1, 0, 0), device)
-    cap = grid_positions((cap_len, 1, 1), (1, 0, 0), device)
-    return img, cap
+def zimage_rope(config: ZImageConfig, positions: Tensor, dtype: torch.dtype = torch.float32) -> Rope:
+    """cos/sin ``[S, head_dim/2]`` of 3-axis positions ``[S, 3]``, rounded as diffusers rounds them.
 
-
-def zimage_rope(config: ZImageConfig, grid_hw: tuple[int, int], cap_len: int, rank: int = 0, world: int = 1,
-                device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Rope:
-    """cos/sin ``[S_img/world + cap_len, head_dim/2]`` for rank ``rank``'s image shard then the whole caption.
-
-    With ``world=1`` this is the full single-rank table; a shard gets the rows of its global positions.
+    Diffusers looks positions up in a table of ``axes_lens`` rows per axis, so a position past
+    it is an error there; it is one here too, rather than a silent extrapolation.
     """
-    img, cap = zimage_positions(grid_hw, cap_len, device)
-    start, end = even_shard_bounds(img.shape[0], rank, world)
-    return axial_rope_cos_sin(torch.cat([img[start:end], cap]), config.axes_dims, config.rope_theta, dtype)
+    for axis, limit in enumerate(config.axes_lens):
+        if positions.shape[0] and int(positions[:, axis].max()) >= limit:
+            raise ValueError(f"RoPE position {int(positions[:, axis].max())} on axis {axis} is past axes_lens[{axis}]={limit}")
+    return axial_rope_cos_sin(positions, config.axes_dims, config.rope_theta, dtype, rounding="fp32_angles")
 
 
 # ---------------------------------------------------------------------------- layers
 class ZImageAttention(nn.Module):
-    """Fused QKV → per-head RMSNorm on q and k → RoPE → USPAttention → output projection."""
+    """Self-attention with per-head q/k RMSNorm and RoPE; ``local=True`` never shards (replicated tokens)."""
 
-    def __init__(self, config: ZImageConfig) -> None:
+    def __init__(self, config: ZImageConfig, local: bool = False) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        self.qkv = nn.Linear(config.dim, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim, bias=False)
-        self.norm_q = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
-        self.norm_k = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
-        self.attn = USPAttention(config.num_heads, config.head_dim, num_kv_heads=config.num_kv_heads)
-        self.out = nn.Linear(config.num_heads * config.head_dim, config.dim, bias=False)
+        self.heads, self.head_dim = config.n_heads, config.head_dim
+        inner = config.n_heads * config.head_dim
+        self.to_q = nn.Linear(config.dim, inner, bias=False)
+        self.to_k = nn.Linear(config.dim, inner, bias=False)
+        self.to_v = nn.Linear(config.dim, inner, bias=False)
+        self.norm_q = RMSNorm(config.head_dim, eps=QK_NORM_EPS) if config.qk_norm else None
+        self.norm_k = RMSNorm(config.head_dim, eps=QK_NORM_EPS) if config.qk_norm else None
+        self.to_out = nn.ModuleList([nn.Linear(inner, config.dim, bias=False)])
+        self.attn = USPAttention(config.n_heads, config.head_dim, skip_sequence_parallel=local)
 
-    def forward(self, hidden: Tensor, rope: Rope, num_replicated_suffix: int = 0, num_replicated_prefix: int = 0) -> Tensor:
-        """``hidden [B, S_local, dim]``, ``rope`` tables ``[S_local, head_dim/2]`` → ``[B, S_local, dim]``.
+    def forward(self, hidden: Tensor, rope: Rope, attn_mask: Tensor | None = None, num_replicated_suffix: int = 0,
+                num_replicated_prefix: int = 0) -> Tensor:
+        """``hidden [B, S_local, dim]``, ``rope`` tables ``[S_local, head_dim/2]`` or ``[B, S_local, head_dim/2]``.
 
-        ``num_replicated_suffix``: the trailing tokens identical on every SP rank (the caption).
-        ``num_replicated_prefix`` is the same for leading tokens: a caption rotated to the front
-        (sglang's old layout), kept so contracts can measure the drift that order costs.
+        ``attn_mask [B, S_local]``: key padding (True = attend). ``num_replicated_suffix``: the
+        trailing tokens identical on every SP rank (the caption); ``num_replicated_prefix`` the
+        same for leading tokens (a caption rotated to the front, sglang's old layout, kept so
+        contracts can measure the drift that order costs).
         """
         b, s, _ = hidden.shape
-        q, k, v = self.qkv(hidden).split(
-            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], dim=-1
-        )
-        q = self.norm_q(q.view(b, s, self.num_heads, self.head_dim))
-        k = self.norm_k(k.view(b, s, self.num_kv_heads, self.head_dim))
-        v = v.view(b, s, self.num_kv_heads, self.head_dim)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = self.attn(q, k, v, num_replicated_prefix=num_replicated_prefix, num_replicated_suffix=num_replicated_suffix)
-        return self.out(out.reshape(b, s, self.num_heads * self.head_dim))
+        q, k, v = (proj(hidden).view(b, s, self.heads, self.head_dim) for proj in (self.to_q, self.to_k, self.to_v))
+        if self.norm_q is not None and self.norm_k is not None:
+            q, k = self.norm_q(q), self.norm_k(k)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        out = self.attn(q, k, v, attn_mask=attn_mask, num_replicated_prefix=num_replicated_prefix,
+                        num_replicated_suffix=num_replicated_suffix)
+        return self.to_out[0](out.reshape(b, s, self.heads * self.head_dim))
 
 
-class SwiGLU(nn.Module):
-    """``w2(silu(x W1) * x W3)`` with W1 and W3 fused into one matmul."""
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) · w3 x)``."""
 
     def __init__(self, dim: int, hidden_dim: int) -> None:
         super().__init__()
-        self.w13 = nn.Linear(dim, 2 * hidden_dim, bias=False)
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class ZImageTransformerBlock(nn.Module):
-    """Sandwich-norm block with adaLN modulation from the timestep embedding.
+    """Sandwich-norm block; with ``modulation`` the timestep scales its inputs and tanh-gates its outputs.
 
     ``x += tanh(g_a) · norm(attn(norm(x) · (1 + s_a)))``, then the same with the SwiGLU FFN;
-    ``(s_a, g_a, s_f, g_f)`` come from one linear on the timestep embedding.
+    ``(s_a, g_a, s_f, g_f)`` come from one linear on the adaLN input. Without modulation (the
+    caption refiner) scales are 1 and gates are 1.
     """
 
-    def __init__(self, config: ZImageConfig) -> None:
+    def __init__(self, config: ZImageConfig, modulation: bool = True, local: bool = False) -> None:
         super().__init__()
-        self.attention = ZImageAttention(config)
-        self.feed_forward = SwiGLU(config.dim, config.ffn_hidden_dim)
+        self.attention = ZImageAttention(config, local=local)
+        self.feed_forward = FeedForward(config.dim, config.ffn_hidden_dim)
         self.attention_norm1 = RMSNorm(config.dim, eps=config.norm_eps)
-        self.attention_norm2 = RMSNorm(config.dim, eps=config.norm_eps)
         self.ffn_norm1 = RMSNorm(config.dim, eps=config.norm_eps)
+        self.attention_norm2 = RMSNorm(config.dim, eps=config.norm_eps)
         self.ffn_norm2 = RMSNorm(config.dim, eps=config.norm_eps)
-        self.adaln_modulation = nn.Linear(config.adaln_embed_dim, 4 * config.dim)
+        self.adaLN_modulation = nn.Sequential(nn.Linear(config.adaln_embed_dim, 4 * config.dim)) if modulation else None
 
-    def forward(self, hidden: Tensor, rope: Rope, adaln_input: Tensor, num_replicated_suffix: int = 0,
-                num_replicated_prefix: int = 0) -> Tensor:
-        """``hidden [B, S_local, dim]`` (image shard + caption), ``adaln_input [B, adaln_embed_dim]``."""
-        scale_a, gate_a, scale_f, gate_f = self.adaln_modulation(adaln_input).unsqueeze(1).chunk(4, dim=-1)
-        attn = self.attention(self.attention_norm1(hidden) * (1 + scale_a), rope, num_replicated_suffix, num_replicated_prefix)
+    def forward(self, hidden: Tensor, rope: Rope, adaln_input: Tensor | None = None, attn_mask: Tensor | None = None,
+                num_replicated_suffix: int = 0, num_replicated_prefix: int = 0) -> Tensor:
+        """``hidden [B, S_local, dim]``; ``adaln_input [B, adaln_embed_dim]`` iff the block is modulated."""
+        if (self.adaLN_modulation is None) != (adaln_input is None):
+            raise ValueError("a modulated block needs adaln_input, an unmodulated one takes none")
+        replicated = {"num_replicated_suffix": num_replicated_suffix, "num_replicated_prefix": num_replicated_prefix}
+        if self.adaLN_modulation is None:
+            attn = self.attention(self.attention_norm1(hidden), rope, attn_mask, **replicated)
+            hidden = hidden + self.attention_norm2(attn)
+            return hidden + self.ffn_norm2(self.feed_forward(self.ffn_norm1(hidden)))
+        scale_a, gate_a, scale_f, gate_f = self.adaLN_modulation(adaln_input).unsqueeze(1).chunk(4, dim=2)
+        attn = self.attention(self.attention_norm1(hidden) * (1.0 + scale_a), rope, attn_mask, **replicated)
         hidden = hidden + gate_a.tanh() * self.attention_norm2(attn)
-        ffn = self.feed_forward(self.ffn_norm1(hidden) * (1 + scale_f))
+        ffn = self.feed_forward(self.ffn_norm1(hidden) * (1.0 + scale_f))
         return hidden + gate_f.tanh() * self.ffn_norm2(ffn)
 
 
 class TimestepEmbedder(nn.Module):
-    """Sinusoidal embedding (cos then sin, fp32) of ``t · t_scale`` → MLP."""
+    """Sinusoidal embedding (cos then sin, fp32) → ``Linear(256, 1024)`` → SiLU → ``Linear(1024, adaln)``."""
 
     def __init__(self, config: ZImageConfig) -> None:
         super().__init__()
-        self.freq_dim, self.t_scale = config.t_freq_dim, config.t_scale
-        self.mlp = nn.Sequential(
-            nn.Linear(config.t_freq_dim, config.t_embed_mid_dim), nn.SiLU(), nn.Linear(config.t_embed_mid_dim, config.adaln_embed_dim)
-        )
+        self.mlp = nn.Sequential(nn.Linear(T_FREQ_DIM, T_EMBED_MID_DIM), nn.SiLU(), nn.Linear(T_EMBED_MID_DIM, config.adaln_embed_dim))
 
     def forward(self, t: Tensor) -> Tensor:
-        half = self.freq_dim // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-        args = (t.float() * self.t_scale)[:, None] * freqs[None]
-        emb = torch.cat([args.cos(), args.sin()], dim=-1)
-        return self.mlp(emb.to(self.mlp[0].weight.dtype))
+        """``t [B]``, already multiplied by ``t_scale`` (as diffusers' caller does)."""
+        return self.mlp(timestep_embedding(t, T_FREQ_DIM).to(self.mlp[0].weight.dtype))
 
 
 class FinalLayer(nn.Module):
-    """Affine-free LayerNorm scaled by ``1 + linear(silu(t_emb))``, then the patch projection."""
+    """Affine-free LayerNorm scaled by ``1 + linear(silu(adaln))``, then the patch projection."""
 
-    def __init__(self, config: ZImageConfig) -> None:
+    def __init__(self, config: ZImageConfig, out_channels: int) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(config.dim, elementwise_affine=False, eps=1e-6)
-        self.adaln_modulation = nn.Linear(config.adaln_embed_dim, config.dim)
-        self.linear = nn.Linear(config.dim, config.patch_size**2 * config.in_channels)
+        self.norm_final = nn.LayerNorm(config.dim, elementwise_affine=False, eps=FINAL_NORM_EPS)
+        self.linear = nn.Linear(config.dim, out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(config.adaln_embed_dim, config.dim))
 
     def forward(self, x: Tensor, adaln_input: Tensor) -> Tensor:
-        scale = self.adaln_modulation(F.silu(adaln_input)).unsqueeze(1)
-        return self.linear(self.norm(x) * (1 + scale))
-
-
-# ---------------------------------------------------------------------------- the stack
-class ZImageDiT(nn.Module):
-    """patch embed → ``num_layers`` blocks over [image | caption] → final layer → unpatchify.
-
-    One rank or sequence parallel: ``forward`` reads the SP degree from
-    ``reference_impl.parallel.state``; with W > 1 each rank embeds the whole latent, keeps its
-    image shard plus the full caption, runs the blocks with the caption as the replicated
-    suffix and all-gathers the image tokens at the end, so every rank returns the full output
-    (bitwise equal to one rank). Needs ring degree 1 and ``H/p · W/p`` divisible by W.
-    """
-
-    def __init__(self, config: ZImageConfig) -> None:
-        super().__init__()
-        self.config = config
-        c = config
-        self.t_embedder = TimestepEmbedder(c)
-        self.x_embedder = nn.Linear(c.patch_size**2 * c.in_channels, c.dim)
-        self.cap_embedder = nn.Sequential(RMSNorm(c.cap_feat_dim, eps=c.norm_eps), nn.Linear(c.cap_feat_dim, c.dim))
-        self.layers = nn.ModuleList(ZImageTransformerBlock(c) for _ in range(c.num_layers))
-        self.final_layer = FinalLayer(c)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any] | ZImageConfig) -> ZImageDiT:
-        """Build from a dict (keys of :class:`ZImageConfig`; bad keys raise naming the key) or a config."""
-        return cls(config if isinstance(config, ZImageConfig) else ZImageConfig.from_dict(config))
-
-    def load_weights(self, source: str | os.PathLike[str] | Mapping[str, Tensor]) -> list[str]:
-        """Load a .safetensors file (or dict) whose names are this module's ``state_dict`` keys."""
-        return load_safetensors_into(self, source)
-
-    def _patchify(self, latents: Tensor) -> Tensor:
-        b, c, h, w = latents.shape
-        p = self.config.patch_size
-        x = latents.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # b, h', w', ph, pw, c
-        return x.reshape(b, (h // p) * (w // p), p * p * c)
-
-    def _unpatchify(self, x: Tensor, h: int, w: int) -> Tensor:
-        b, p, c = x.shape[0], self.config.patch_size, self.config.in_channels
-        x = x.view(b, h // p, w // p, p, p, c).permute(0, 5, 1, 3, 2, 4)  # b, c, h', ph, w', pw
-        return x.reshape(b, c, h, w)
-
-    def forward(self, latents: Tensor, timestep: Tensor | float, caption_embeds: Tensor) -> Tensor:
-        """``latents [B, C, H, W]``, ``timestep`` scalar or ``[B]``, ``caption_embeds [B, S_cap, cap_feat_dim]``.
-
-        Returns the prediction ``[B, C, H, W]`` in ``latents``' dtype (computed in the weights' dtype).
-        """
-        c = self.config
-        b, ch, h, w = latents.shape
-        if ch != c.in_channels or h % c.patch_size or w % c.patch_size:
-            raise ValueError(
-                f"latents {tuple(latents.shape)} need {c.in_channels} channels and H, W divisible by patch_size={c.patch_size}"
-            )
-        if caption_embeds.dim() != 3 or caption_embeds.shape[0] != b or caption_embeds.shape[2] != c.cap_feat_dim:
-            raise ValueError(f"caption_embeds must be [{b}, S_cap, {c.cap_feat_dim}], got {tuple(caption_embeds.shape)}")
-        dtype = self.x_embedder.weight.dtype
-        t = torch.as_tensor(timestep, dtype=torch.float32, device=latents.device).reshape(-1).expand(b)
-        adaln = self.t_embedder(t)
-
-        world, rank = get_sp_world_size(), get_sp_rank()
-        if world > 1 and get_ring_world_size() > 1:
-            raise NotImplementedError("ZImageDiT shards image tokens over Ulysses only: the caption suffix path has no ring support")
-        grid = (h // c.patch_size, w // c.patch_size)
-        start, end = even_shard_bounds(grid[0] * grid[1], rank, world)
-        img = self.x_embedder(self._patchify(latents.to(dtype)))[:, start:end]
-        cap = self.cap_embedder(caption_embeds.to(dtype))
-        cap_len = cap.shape[1]
-        rope = zimage_rope(c, grid, cap_len, rank, world, latents.device, torch.promote_types(dtype, torch.float32))
-
-        hidden = torch.cat([img, cap], dim=1)
-        for layer in self.layers:
-            hidden = layer(hidden, rope, adaln, num_replicated_suffix=cap_len)
-        out = self.final_layer(hidden[:, : end - start], adaln)
-        if world > 1:
-            out = comm.all_gather(out, dim=1, group=get_ulysses_group())
-        return self._unpatchify(out, h, w).to(latents.dtype)
+        scale = 1.0 + self.adaLN_modulation(adaln_input)
+        return self.linear(self.norm_final(x) * scale.unsqueeze(1))

@@ -167,13 +167,14 @@ def test_assert_contract_fails_and_skips_the_test(assert_contract):
 def test_model_contracts_judge_the_measured_paths(rank_pools):
     zimage = _run(rank_pools, "model.zimage_sp_parity", world_size=2, dtype="bf16")
     assert zimage.status == PASSED, zimage.reason
-    assert set(zimage.figures["bounds"]) == {"block.image", "block.caption", "dit"}
+    assert set(zimage.figures["bounds"]) == {"block.image", "block.caption", "transformer", "transformer.masked"}
     assert "control.block.caption_as_prefix.image" in zimage.figures["paths"]  # reported, not judged
     assert zimage.figures["paths"]["control.block.caption_as_prefix.image"]["bitwise"] is False
     # The sharded-text path reorders keys: held to bitwise it must fail, naming the paths.
     hunyuan = _run(rank_pools, "model.hunyuan_sp_parity", world_size=2, dtype="bf16", varlen_bound="bitwise")
     assert hunyuan.status == FAILED
-    assert "double.varlen.image: not bitwise" in hunyuan.reason and "suffix" not in hunyuan.reason
+    assert "single.varlen.image: not bitwise" in hunyuan.reason and "transformer.varlen: not bitwise" in hunyuan.reason
+    assert "suffix" not in hunyuan.reason and "masked" not in hunyuan.reason
     encoder = _run(rank_pools, "encoder.masked_causal_lengths", world_size=1)
     assert encoder.status == PASSED and encoder.figures["max_abs"] <= encoder.figures["bound"]
     on_a_test_target = _run(rank_pools, "encoder.fp8_parity", ROTATING)

@@ -25,11 +25,23 @@ def test_order_preserving_is_bitwise_and_the_rotated_layout_is_reported(assert_c
     assert {"rotate_to_front_mae", "rotate_to_front_max_abs"} <= set(figures) and verdict.kernel == "torch_sdpa"
 
 
-def test_a_case_that_cannot_see_key_order_fails_its_control(rank_pools: PoolSet) -> None:
-    # bf16 at 9 steps: the rotated layout's reorder noise stays under bf16 rounding (measured).
-    case = make_case("pipeline.turbo_drift", {"world_size": 2, "dtype": "bf16", "steps": 9, "height": 32, "width": 32},
+def rotation_is_the_identity() -> None:
+    """Rank worker: from now on this rank builds the rotate_to_front pipeline without rotating anything."""
+    import reference_impl.pipeline as pipeline
+
+    pipeline.rotate_captions_to_front = lambda model: 0
+
+
+def test_a_case_that_cannot_see_key_order_fails_its_control() -> None:
+    """A case blind to key order by construction, whatever the CPU's arithmetic: on these ranks the
+    "rotated" layout is the order-preserving one, so its run is the same computation as the
+    order-preserving run and equals one rank bit for bit. Its control must fail. (fp32, where a real
+    rotation is visible at every step count measured, so only the construction makes it blind.)"""
+    case = make_case("pipeline.turbo_drift", {"world_size": 2, "dtype": "fp32", "steps": 9, "height": 32, "width": 32},
                      case_id="blind", source="test")
-    [verdict] = run_cases([case], RunOptions(), rank_pools)
+    with PoolSet() as pools:  # its own ranks: the patch must not reach the session's pools
+        pools.get(2).run(rotation_is_the_identity)
+        [verdict] = run_cases([case], RunOptions(), pools)
     assert verdict.status == FAILED and "control: rotate_to_front latents equal one rank's" in (verdict.reason or "")
     assert verdict.figures["order_preserving_bitwise"] and verdict.figures["rotate_to_front_latent_mae"] == 0.0
 

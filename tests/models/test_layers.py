@@ -21,8 +21,10 @@ from reference_impl.models.layers import (
     grid_positions,
     load_safetensors_into,
     read_safetensors,
+    build_and_load,
     rope_cos_sin,
     save_safetensors,
+    timestep_embedding,
 )
 
 
@@ -98,6 +100,13 @@ def test_rmsnorm_keeps_dtype_and_refuses_wrong_width() -> None:
         RMSNorm(8)(torch.randn(2, 6))
 
 
+def test_from_diffusers_drops_bookkeeping_keys_and_checks_the_rest() -> None:
+    saved = {"_class_name": "X", "_diffusers_version": "0.42.1", "width": 4}
+    assert _Cfg.from_diffusers(saved) == _Cfg(width=4)
+    with pytest.raises(ModelConfigError, match="'bogus'"):
+        _Cfg.from_diffusers({**saved, "bogus": 1})
+
+
 # ---------------------------------------------------------------------------- RoPE
 def _complex_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Independent interleaved RoPE: channel pairs (2i, 2i+1) as complex numbers times e^{i·angle}."""
@@ -143,6 +152,33 @@ def test_rope_batched_tables_and_shape_errors() -> None:
         apply_rope(torch.randn(2, 5, 3, 8), cos, sin)
     with pytest.raises(ValueError, match="even"):
         rope_cos_sin(torch.arange(4), 7)
+
+
+def test_rope_rounding_is_where_the_table_is_rounded() -> None:
+    pos = torch.arange(1024)
+    exact = rope_cos_sin(pos, 32, 256.0, torch.float64)
+    fp64 = rope_cos_sin(pos, 32, 256.0)
+    assert torch.equal(fp64[0], exact[0].float()) and torch.equal(fp64[1], exact[1].float())  # rounded once
+    inv = 1.0 / 256.0 ** (torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    angles = torch.outer(pos.double(), inv).float()
+    polar = torch.polar(torch.ones_like(angles), angles)
+    assert torch.equal(rope_cos_sin(pos, 32, 256.0, rounding="fp32_angles")[0], polar.real)
+    angles32 = torch.outer(pos.float(), 1.0 / 256.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
+    assert torch.equal(rope_cos_sin(pos, 32, 256.0, rounding="fp32")[1], angles32.sin())
+    for rounding in ("fp32_angles", "fp32"):  # both really differ from the exact table, and fp64 ignores them
+        assert (rope_cos_sin(pos, 32, 256.0, rounding=rounding)[0].double() - exact[0]).abs().max() > 1e-6
+        assert torch.equal(rope_cos_sin(pos, 32, 256.0, torch.float64, rounding)[0], exact[0])
+    with pytest.raises(ValueError, match="unknown RoPE rounding 'bf16'"):
+        rope_cos_sin(pos, 32, rounding="bf16")
+
+
+def test_timestep_embedding_is_cos_then_sin() -> None:
+    t = torch.tensor([0.0, 3.0])
+    emb = timestep_embedding(t, 8)
+    freqs = torch.tensor([10000 ** (-i / 4) for i in range(4)])
+    torch.testing.assert_close(emb, torch.cat([(t[:, None] * freqs).cos(), (t[:, None] * freqs).sin()], dim=-1))
+    with pytest.raises(ValueError, match="even"):
+        timestep_embedding(t, 7)
 
 
 def test_axial_rope_is_per_axis_rope_concatenated() -> None:
@@ -203,6 +239,16 @@ def test_load_reports_every_problem_by_name_and_copies_nothing(tmp_path) -> None
     text = str(err)
     assert "bad.safetensors" in text and "norm.weight" in text and "stray.weight" in text and "[3, 4]" in text
     assert all(torch.equal(dst.state_dict()[k], v) for k, v in before.items())
+
+
+def test_build_and_load_fills_every_tensor_without_initialising() -> None:
+    torch.manual_seed(0)
+    src = _Net()
+    built = build_and_load(_Net, src.state_dict(), torch.bfloat16)
+    assert built.proj.weight.device.type == "cpu" and built.proj.weight.dtype == torch.bfloat16
+    assert torch.equal(built.proj.weight, src.proj.weight.bfloat16()) and torch.equal(built.norm.weight, src.norm.weight.bfloat16())
+    with pytest.raises(WeightLoadError, match="missing tensors: norm.weight"):
+        build_and_load(_Net, {k: v for k, v in src.state_dict().items() if k != "norm.weight"})
 
 
 def test_load_non_strict_ignores_extras_and_key_map_renames() -> None:

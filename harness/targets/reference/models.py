@@ -1,6 +1,6 @@
 """Per-rank workers for the model-level SP parity contracts (``model.zimage_sp_parity``, ``model.hunyuan_sp_parity``).
 
-Each worker runs on every rank of a live process group (``harness.launcher.run_on_ranks``)
+Each worker runs on every rank of a live process group (``harness.ranks.run_on_ranks``)
 and compares a sequence-parallel run of a reference model against the single-rank run of
 the same weights on the same inputs, computed *in the same process before* sequence
 parallelism is initialised (so the reference is a genuine one-rank forward). Sharded
@@ -18,7 +18,13 @@ must give a token the same result whatever the number of rows in the call (a ran
 GEMMs on ``S/W + S_rep`` rows, one rank on ``S + S_rep``). On an H200 (torch 2.11, cu130)
 cuBLAS fp32 GEMMs are not row-count invariant (max 1.8e-5 at K=3840, 1030 vs 518 rows; even
 K=64, 32 vs 16 rows), so fp32 figures there are not bitwise; bf16 GEMMs were at every shape
-tried, and CPU GEMMs were in fp32 and bf16.
+tried, and CPU GEMMs were in fp32 and bf16 down to a few rows. Two CPU exceptions (torch 2.13,
+MKL, measured): fp32 GEMMs of 4 rows or fewer (K=128) take another kernel, and a linear layer
+fuses its bias in bf16 only for contiguous 3-D input. The masked layout shards ``[image |
+text]`` contiguously, so a rank can hold a sliver of one stream: at W=4 with 32 image + 8 text
+tokens rank 3 holds 2 image tokens per item and the fp32 output moves by 2.4e-7 (within the
+FlashAttention rule). The default masked shape (16 text tokens) leaves every rank at least 4
+tokens of a stream it holds, so there the masked paths are bitwise.
 """
 
 from __future__ import annotations
@@ -37,8 +43,11 @@ from reference_impl.attention.layer import USPAttention
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
 from reference_impl.models.hunyuanvideo import HunyuanVideoBlockConfig, MMDoubleStreamBlock, MMSingleStreamBlock, hunyuan_rope, shard_text
-from reference_impl.models.layers import even_shard_bounds
-from reference_impl.models.zimage import ZImageConfig, ZImageDiT, ZImageTransformerBlock, zimage_rope
+from reference_impl.models.hunyuanvideo_transformer import HunyuanVideoConfig, HunyuanVideoTransformer
+from reference_impl.models.layers import even_shard_bounds, grid_positions
+from reference_impl.models.sequences import key_mask
+from reference_impl.models.zimage import ZImageConfig, ZImageTransformerBlock, zimage_rope
+from reference_impl.models.zimage_transformer import ZImageTransformer, caption_positions
 from reference_impl.parallel import comm
 from reference_impl.parallel.state import destroy_sequence_parallel, get_ulysses_group, init_sequence_parallel
 
@@ -46,10 +55,14 @@ Tensor = torch.Tensor
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Tiny architectures: heads divisible by 2 and 4 so the same worker runs at W = 1, 2, 4.
-ZIMAGE_TINY = dict(dim=64, num_heads=4, num_kv_heads=4, head_dim=16, ffn_hidden_dim=128, num_layers=2, axes_dims=[4, 6, 6],
-                   in_channels=4, patch_size=2, cap_feat_dim=32, adaln_embed_dim=32, t_embed_mid_dim=64, t_freq_dim=32)
+# Tiny architectures (diffusers config keys for the transformers): heads divisible by 2 and 4
+# so the same worker runs at W = 1, 2, 4.
+ZIMAGE_TINY = dict(in_channels=4, dim=64, n_layers=2, n_refiner_layers=2, n_heads=4, n_kv_heads=4, cap_feat_dim=32,
+                   axes_dims=[4, 6, 6], axes_lens=[1024, 64, 64])
 HUNYUAN_TINY = dict(hidden_size=64, num_heads=4, mlp_ratio=2.0, rope_axes_dim=[4, 6, 6])
+HUNYUAN_MODEL_TINY = dict(in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=16, num_layers=1,
+                          num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=32,
+                          pooled_projection_dim=16, rope_axes_dim=[4, 6, 6])
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -104,10 +117,11 @@ def _gather(t: Tensor) -> Tensor:
 
 def _reference(fn: Callable[..., Any], model: torch.nn.Module, args: tuple[Tensor, ...], sdpa_kernel: str | None) -> tuple[Any, Any]:
     """Single-rank outputs in the model's dtype (kernel pinned like the SP run) and in fp64 (a
-    float64 copy of the same weights, same inputs, any kernel: the fused ones have no fp64)."""
+    float64 copy of the same weights, same inputs, any kernel: the fused ones have no fp64).
+    Masks (bool or integer tensors) are passed unchanged."""
     with pinned_sdpa_kernel(sdpa_kernel):
         low = fn(model, *args)
-    high = fn(copy.deepcopy(model).double(), *(a.double() for a in args))
+    high = fn(copy.deepcopy(model).double(), *(a.double() if a.is_floating_point() else a for a in args))
     return low, high
 
 
@@ -138,16 +152,20 @@ def _run_worker(
 # ---------------------------------------------------------------------------- Z-Image
 def zimage_sp_parity_worker(
     dtype_name: str = "bfloat16", seed: int = 0, *, grid_hw: tuple[int, int] = (8, 8), cap_len: int = 6, batch: int = 1,
-    config: Mapping[str, Any] | None = None, backend: str | None = None, sdpa_kernel: str | None = None,
-    device: str | None = None,
+    image_grid: tuple[int, int] = (6, 6), caption_lengths: tuple[int, ...] = (20, 40), config: Mapping[str, Any] | None = None,
+    backend: str | None = None, sdpa_kernel: str | None = None, device: str | None = None,
 ) -> dict[str, Any]:
-    """Z-Image block (caption as replicated suffix) and ZImageDiT end to end, SP=W vs one rank.
+    """Z-Image block (caption as replicated suffix) and the faithful ZImageTransformer, SP=W vs one rank.
 
-    Paths: ``block.image``, ``block.caption`` (every rank's copy), ``dit`` (the gathered
-    latent prediction), all expected bitwise; and ``control.block.caption_as_prefix.image``,
-    the caption rotated to the front (expected *not* bitwise: the drift order preservation
-    removes). Ulysses degree = the group's world size, ring degree 1. ``config`` overrides keys
-    of :data:`ZIMAGE_TINY` (e.g. real head counts for a shape sweep); ``backend`` forces the
+    Paths: ``block.image``, ``block.caption`` (every rank's copy) on a ``grid_hw`` image and a
+    ``cap_len`` caption; ``transformer``: one item per entry of ``caption_lengths``, each
+    with the first length (one padded length: caption as the replicated suffix);
+    ``transformer.masked``: the items with their own lengths (20 and 40 pad to 32 and 64, so
+    a per-item key mask: the unified sequence sharded contiguously). The transformer's image
+    is ``image_grid`` tokens (36: padded to 64). All expected bitwise; and
+    ``control.block.caption_as_prefix.image``, the caption rotated to the front (expected *not*
+    bitwise: the drift order preservation removes). Ulysses degree = the group's world size,
+    ring degree 1. ``config`` overrides keys of :data:`ZIMAGE_TINY`; ``backend`` forces the
     attention backend, ``sdpa_kernel`` pins torch's SDPA kernel for the low-precision runs.
     """
     dtype, dev = _dtype(dtype_name), _device(device)
@@ -155,60 +173,79 @@ def zimage_sp_parity_worker(
         torch.manual_seed(seed)
         cfg = ZImageConfig.from_dict({**ZIMAGE_TINY, **(config or {})})
         block = ZImageTransformerBlock(cfg).to(dev, dtype)
-        dit = ZImageDiT(cfg).to(dev, dtype)
+        model = ZImageTransformer(cfg).to(dev, dtype)
+        with torch.no_grad():  # the learned pad tokens start at zero: make them visible
+            model.x_pad_token.normal_()
+            model.cap_pad_token.normal_()
     attn = block.attention.attn
     rand = _inputs(seed, dev, dtype)
     n_img = grid_hw[0] * grid_hw[1]
     img, cap = rand(batch, n_img, cfg.dim), rand(batch, cap_len, cfg.dim)
     adaln = rand(batch, cfg.adaln_embed_dim)
-    p = cfg.patch_size
-    latents = rand(batch, cfg.in_channels, grid_hw[0] * p, grid_hw[1] * p)
-    t = rand(batch).abs()
-    caption = rand(batch, cap_len, cfg.cap_feat_dim)
+    positions = torch.cat([grid_positions((1, *grid_hw), (cap_len + 1, 0, 0), dev), caption_positions(cap_len, dev)])
+    p = cfg.all_patch_size[0]
+    latents = [rand(cfg.in_channels, 1, image_grid[0] * p, image_grid[1] * p) for _ in caption_lengths]
+    t = rand(len(caption_lengths)).abs()
+    captions = [rand(n, cfg.cap_feat_dim) for n in caption_lengths]
+    uniform = [rand(caption_lengths[0], cfg.cap_feat_dim) for _ in caption_lengths]
 
     def block_full(m: torch.nn.Module, img_: Tensor, cap_: Tensor, ada: Tensor) -> Tensor:
-        rope = zimage_rope(cfg, grid_hw, cap_len, device=dev, dtype=_table_dtype(m))
+        rope = zimage_rope(cfg, positions, _table_dtype(m))
         return m(torch.cat([img_, cap_], dim=1), rope, ada, num_replicated_suffix=cap_len)
 
-    def reference() -> tuple[Any, Any]:
-        return (_reference(block_full, block, (img, cap, adaln), sdpa_kernel),
-                _reference(lambda m, *a: m(*a), dit, (latents, t, caption), sdpa_kernel))
+    def transformer(m: torch.nn.Module, t_: Tensor, *tensors: Tensor) -> Tensor:
+        n = len(tensors) // 2
+        return torch.stack(m(list(tensors[:n]), t_, list(tensors[n:])))
 
-    def sharded(rank: int, world: int, refs: tuple[Any, Any]) -> dict[str, Any]:
-        (ref, ref64), (dit_ref, dit_ref64) = refs
+    def reference() -> tuple[Any, Any, Any]:
+        return (_reference(block_full, block, (img, cap, adaln), sdpa_kernel),
+                _reference(transformer, model, (t, *latents, *uniform), sdpa_kernel),
+                _reference(transformer, model, (t, *latents, *captions), sdpa_kernel))
+
+    def sharded(rank: int, world: int, refs: tuple[Any, Any, Any]) -> dict[str, Any]:
+        (ref, ref64), (uni_ref, uni_ref64), (mask_ref, mask_ref64) = refs
         start, end = even_shard_bounds(n_img, rank, world)
-        rope = zimage_rope(cfg, grid_hw, cap_len, rank, world, dev)
+        rows = torch.cat([positions[start:end], positions[n_img:]])
+        rope = zimage_rope(cfg, rows)
         out = block(torch.cat([img[:, start:end], cap], dim=1), rope, adaln, num_replicated_suffix=cap_len)
         out_img, out_cap = _gather(out[:, : end - start]), _gather(out[:, end - start :])
         # Control: the caption rotated to the front as a replicated *prefix* (sglang's old suffix
         # path). Same maths, another K/V scan order: shows what order preservation buys.
         rot = block(torch.cat([cap, img[:, start:end]], dim=1), (rope[0].roll(cap_len, 0), rope[1].roll(cap_len, 0)), adaln,
                     num_replicated_prefix=cap_len)
-        dit_out = dit(latents, t, caption)
         return {
             "block.image": _figures(out_img, ref[:, :n_img], ref64[:, :n_img]),
             "block.caption": _figures(out_cap, ref[:, n_img:].repeat(1, world, 1), ref64[:, n_img:].repeat(1, world, 1)),
-            "dit": _figures(dit_out, dit_ref, dit_ref64),
+            "transformer": _figures(transformer(model, t, *latents, *uniform), uni_ref, uni_ref64),
+            "transformer.masked": _figures(transformer(model, t, *latents, *captions), mask_ref, mask_ref64),
             "control.block.caption_as_prefix.image": _figures(_gather(rot[:, cap_len:]), ref[:, :n_img], ref64[:, :n_img]),
         }
 
-    info = {"model": "zimage", "dtype": dtype_name, "seed": seed, **_backend_info(attn, sdpa_kernel)}
+    info = {"model": "zimage", "dtype": dtype_name, "seed": seed, "caption_lengths": list(caption_lengths),
+            **_backend_info(attn, sdpa_kernel)}
     return _run_worker(reference, sharded, info, sdpa_kernel)
 
 
 # ---------------------------------------------------------------------------- HunyuanVideo
 def hunyuan_sp_parity_worker(
     dtype_name: str = "bfloat16", seed: int = 0, *, grid_thw: tuple[int, int, int] = (2, 4, 4), txt_len: int = 7,
-    batch: int = 1, config: Mapping[str, Any] | None = None, backend: str | None = None, sdpa_kernel: str | None = None,
+    batch: int = 1, text_lengths: tuple[int, ...] = (7, 3), masked_text_len: int = 16, config: Mapping[str, Any] | None = None,
+    model_config: Mapping[str, Any] | None = None, backend: str | None = None, sdpa_kernel: str | None = None,
     device: str | None = None,
 ) -> dict[str, Any]:
-    """MMDoubleStreamBlock and MMSingleStreamBlock, SP=W vs one rank, in both text layouts.
+    """MMDoubleStreamBlock, MMSingleStreamBlock and the faithful HunyuanVideoTransformer, SP=W vs one rank.
 
-    Paths: ``{double,single}.suffix.{image,text}`` (text replicated on every rank, as
-    ``num_replicated_suffix``) and ``{double,single}.varlen.{image,text}`` (text sharded with
-    :func:`shard_text`, ``seq_lens`` varlen; padded text positions are dropped). Pick a
-    ``txt_len`` not divisible by W to exercise uneven per-rank lengths. ``config`` overrides
-    keys of :data:`HUNYUAN_TINY`; ``backend`` / ``sdpa_kernel`` as for the Z-Image worker.
+    Block paths ``{double,single}.{layout}.{image,text}``: ``suffix`` (text replicated on every
+    rank, as ``num_replicated_suffix``), ``varlen`` (text sharded with :func:`shard_text`,
+    ``seq_lens``; padded text positions dropped) on ``batch`` items of ``txt_len`` tokens; and
+    ``masked`` (one item per entry of ``text_lengths``, text padded to ``masked_text_len``, a
+    ``[B, S]`` key mask, the joint sequence sharded contiguously; image + padded text must
+    divide by W). Transformer paths on the same ``grid_thw``: ``transformer`` (unpadded text
+    of ``txt_len`` tokens: the replicated suffix), ``transformer.masked`` (per-item
+    ``text_lengths``: the joint masked layout) and ``transformer.varlen`` (``text_layout="sharded"``).
+    Pick a ``txt_len`` not divisible by W to exercise uneven per-rank lengths. ``config``
+    overrides keys of :data:`HUNYUAN_TINY`, ``model_config`` of :data:`HUNYUAN_MODEL_TINY`;
+    ``backend`` / ``sdpa_kernel`` as for the Z-Image worker.
     """
     dtype, dev = _dtype(dtype_name), _device(device)
     with _backend(backend):
@@ -216,48 +253,110 @@ def hunyuan_sp_parity_worker(
         cfg = HunyuanVideoBlockConfig.from_dict({**HUNYUAN_TINY, **(config or {})})
         double = MMDoubleStreamBlock(cfg).to(dev, dtype)
         single = MMSingleStreamBlock(cfg).to(dev, dtype)
+        mcfg = HunyuanVideoConfig.from_dict({**HUNYUAN_MODEL_TINY, **(model_config or {})})
+        model = HunyuanVideoTransformer(mcfg).to(dev, dtype)
     rand = _inputs(seed, dev, dtype)
     n_img = grid_thw[0] * grid_thw[1] * grid_thw[2]
     img, txt, vec = rand(batch, n_img, cfg.hidden_size), rand(batch, txt_len, cfg.hidden_size), rand(batch, cfg.hidden_size)
+    n_items, masked_len = len(text_lengths), masked_text_len
+    m_img, m_txt, m_vec = rand(n_items, n_img, cfg.hidden_size), rand(n_items, masked_len, cfg.hidden_size), rand(n_items, cfg.hidden_size)
+    m_mask = key_mask([n_img + n for n in text_lengths], n_img + masked_len, dev)
+    inputs = _hunyuan_model_inputs(mcfg, grid_thw, rand, [txt_len] * batch, txt_len)
+    masked_inputs = _hunyuan_model_inputs(mcfg, grid_thw, rand, list(text_lengths), masked_len)
 
-    def double_full(m: torch.nn.Module, img_: Tensor, txt_: Tensor, vec_: Tensor) -> Tensor:
-        return torch.cat(m(img_, txt_, vec_, hunyuan_rope(cfg, grid_thw, device=dev, dtype=_table_dtype(m))), dim=1)
+    def double_full(m: torch.nn.Module, img_: Tensor, txt_: Tensor, vec_: Tensor, *mask: Tensor) -> Tensor:
+        rope = hunyuan_rope(cfg, grid_thw, device=dev, dtype=_table_dtype(m))
+        return torch.cat(m(img_, txt_, vec_, rope, attn_mask=mask[0] if mask else None), dim=1)
 
-    def single_full(m: torch.nn.Module, img_: Tensor, txt_: Tensor, vec_: Tensor) -> Tensor:
-        return m(torch.cat([img_, txt_], dim=1), vec_, txt_len, hunyuan_rope(cfg, grid_thw, device=dev, dtype=_table_dtype(m)))
+    def single_full(m: torch.nn.Module, img_: Tensor, txt_: Tensor, vec_: Tensor, *mask: Tensor) -> Tensor:
+        rope = hunyuan_rope(cfg, grid_thw, device=dev, dtype=_table_dtype(m))
+        return m(torch.cat([img_, txt_], dim=1), vec_, txt_.shape[1], rope, attn_mask=mask[0] if mask else None)
+
+    def transformer(m: torch.nn.Module, *args: Tensor, text_layout: str = "replicated") -> Tensor:
+        return m(*args, text_layout=text_layout)
 
     def reference() -> dict[str, tuple[Tensor, Tensor]]:
-        return {"double": _reference(double_full, double, (img, txt, vec), sdpa_kernel),
-                "single": _reference(single_full, single, (img, txt, vec), sdpa_kernel)}
+        blocks = {"double": double_full, "single": single_full}
+        refs = {name: _reference(fn, mod, (img, txt, vec), sdpa_kernel) for (name, fn), mod in zip(blocks.items(), (double, single))}
+        refs.update({f"{name}.masked": _reference(fn, mod, (m_img, m_txt, m_vec, m_mask), sdpa_kernel)
+                     for (name, fn), mod in zip(blocks.items(), (double, single))})
+        refs["transformer"] = _reference(transformer, model, inputs, sdpa_kernel)
+        refs["transformer.masked"] = _reference(transformer, model, masked_inputs, sdpa_kernel)
+        return refs
 
     def sharded(rank: int, world: int, refs: dict[str, tuple[Tensor, Tensor]]) -> dict[str, Any]:
-        start, end = even_shard_bounds(n_img, rank, world)
-        rope = hunyuan_rope(cfg, grid_thw, rank, world, dev)
-        img_l = img[:, start:end]
-        txt_shard, valid = shard_text(txt, rank, world)
-        n_local = end - start
-
-        def run(kind: str, txt_l: Tensor, **layout: Any) -> tuple[Tensor, Tensor]:
-            if kind == "double":
-                return double(img_l, txt_l, vec, rope, **layout)
-            out = single(torch.cat([img_l, txt_l], dim=1), vec, txt_l.shape[1], rope, **layout)
-            return out[:, :n_local], out[:, n_local:]
-
-        paths: dict[str, Any] = {}
-        for kind, (ref, ref64) in refs.items():
-            ref_img, ref_txt = ref[:, :n_img], ref[:, n_img:]
-            ref64_img, ref64_txt = ref64[:, :n_img], ref64[:, n_img:]
-            out_img, out_txt = run(kind, txt)
-            paths[f"{kind}.suffix.image"] = _figures(_gather(out_img), ref_img, ref64_img)
-            paths[f"{kind}.suffix.text"] = _figures(
-                _gather(out_txt), ref_txt.repeat(1, world, 1), ref64_txt.repeat(1, world, 1)
-            )
-            out_img, out_txt = run(kind, txt_shard, txt_is_sharded=True, txt_valid_lens=valid)
-            paths[f"{kind}.varlen.image"] = _figures(_gather(out_img), ref_img, ref64_img)
-            # Padding sits only at the tail of the last ranks, so the gathered chunks' first txt_len are the text.
-            paths[f"{kind}.varlen.text"] = _figures(_gather(out_txt)[:, :txt_len], ref_txt, ref64_txt)
+        paths = _hunyuan_block_paths(double, single, cfg, grid_thw, (img, txt, vec), refs, rank, world)
+        paths.update(_hunyuan_masked_paths(double, single, cfg, grid_thw, (m_img, m_txt, m_vec, m_mask), refs, rank, world))
+        paths["transformer"] = _figures(transformer(model, *inputs), *refs["transformer"])
+        paths["transformer.varlen"] = _figures(transformer(model, *inputs, text_layout="sharded"), *refs["transformer"])
+        paths["transformer.masked"] = _figures(transformer(model, *masked_inputs), *refs["transformer.masked"])
         return paths
 
-    info = {"model": "hunyuanvideo", "dtype": dtype_name, "seed": seed, "txt_len": txt_len,
-            **_backend_info(double.attn, sdpa_kernel)}
+    info = {"model": "hunyuanvideo", "dtype": dtype_name, "seed": seed, "txt_len": txt_len, "text_lengths": list(text_lengths),
+            "masked_text_len": masked_text_len, **_backend_info(double.attn.attn, sdpa_kernel)}
     return _run_worker(reference, sharded, info, sdpa_kernel)
+
+
+def _hunyuan_model_inputs(cfg: HunyuanVideoConfig, grid_thw: tuple[int, int, int], rand: Callable[..., Tensor],
+                          lengths: list[int], text_len: int) -> tuple[Tensor, ...]:
+    """Transformer inputs: latents, t, text, its mask (item i valid on ``lengths[i]``), pooled text, guidance."""
+    b, p = len(lengths), cfg.patch_size
+    latents = rand(b, cfg.in_channels, grid_thw[0] * cfg.patch_size_t, grid_thw[1] * p, grid_thw[2] * p)
+    mask = torch.tensor([[1] * n + [0] * (text_len - n) for n in lengths], device=latents.device)
+    t, guidance = rand(b).abs() * 1000, rand(b).abs() * 1000
+    return latents, t, rand(b, text_len, cfg.text_embed_dim), mask, rand(b, cfg.pooled_projection_dim), guidance
+
+
+def _hunyuan_block_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBlock, cfg: HunyuanVideoBlockConfig,
+                         grid_thw: tuple[int, int, int], inputs: tuple[Tensor, Tensor, Tensor],
+                         refs: Mapping[str, tuple[Tensor, Tensor]], rank: int, world: int) -> dict[str, Any]:
+    """The ``suffix`` and ``varlen`` block paths on this rank's image shard."""
+    img, txt, vec = inputs
+    n_img, txt_len = img.shape[1], txt.shape[1]
+    start, end = even_shard_bounds(n_img, rank, world)
+    rope = hunyuan_rope(cfg, grid_thw, rank, world, img.device)
+    img_l = img[:, start:end]
+    txt_shard, valid = shard_text(txt, rank, world)
+    n_local = end - start
+
+    def run(kind: str, txt_l: Tensor, **layout: Any) -> tuple[Tensor, Tensor]:
+        if kind == "double":
+            return double(img_l, txt_l, vec, rope, **layout)
+        out = single(torch.cat([img_l, txt_l], dim=1), vec, txt_l.shape[1], rope, **layout)
+        return out[:, :n_local], out[:, n_local:]
+
+    paths: dict[str, Any] = {}
+    for kind in ("double", "single"):
+        ref, ref64 = refs[kind]
+        ref_img, ref_txt = ref[:, :n_img], ref[:, n_img:]
+        ref64_img, ref64_txt = ref64[:, :n_img], ref64[:, n_img:]
+        out_img, out_txt = run(kind, txt)
+        paths[f"{kind}.suffix.image"] = _figures(_gather(out_img), ref_img, ref64_img)
+        paths[f"{kind}.suffix.text"] = _figures(_gather(out_txt), ref_txt.repeat(1, world, 1), ref64_txt.repeat(1, world, 1))
+        out_img, out_txt = run(kind, txt_shard, txt_is_sharded=True, txt_valid_lens=valid)
+        paths[f"{kind}.varlen.image"] = _figures(_gather(out_img), ref_img, ref64_img)
+        # Padding sits only at the tail of the last ranks, so the gathered chunks' first txt_len are the text.
+        paths[f"{kind}.varlen.text"] = _figures(_gather(out_txt)[:, :txt_len], ref_txt, ref64_txt)
+    return paths
+
+
+def _hunyuan_masked_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBlock, cfg: HunyuanVideoBlockConfig,
+                          grid_thw: tuple[int, int, int], inputs: tuple[Tensor, Tensor, Tensor, Tensor],
+                          refs: Mapping[str, tuple[Tensor, Tensor]], rank: int, world: int) -> dict[str, Any]:
+    """The ``masked`` block paths: a contiguous shard of the joint [image | padded text] sequence and its key mask."""
+    img, txt, vec, mask = inputs
+    n_img = img.shape[1]
+    start, end = even_shard_bounds(n_img + txt.shape[1], rank, world)
+    i0, i1 = min(start, n_img), min(end, n_img)
+    img_l, txt_l, mask_l = img[:, i0:i1], txt[:, max(start, n_img) - n_img : max(end, n_img) - n_img], mask[:, start:end]
+    cos, sin = hunyuan_rope(cfg, grid_thw, device=img.device)
+    rope = (cos[i0:i1], sin[i0:i1])
+    outs = {"double": torch.cat(double(img_l, txt_l, vec, rope, attn_mask=mask_l), dim=1),
+            "single": single(torch.cat([img_l, txt_l], dim=1), vec, txt_l.shape[1], rope, attn_mask=mask_l)}
+    paths: dict[str, Any] = {}
+    for kind, out in outs.items():
+        full = _gather(out)
+        ref, ref64 = refs[f"{kind}.masked"]
+        paths[f"{kind}.masked.image"] = _figures(full[:, :n_img], ref[:, :n_img], ref64[:, :n_img])
+        paths[f"{kind}.masked.text"] = _figures(full[:, n_img:], ref[:, n_img:], ref64[:, n_img:])
+    return paths
