@@ -15,13 +15,18 @@ fields shared by its cases) and one table per case, keyed by its id::
     ulysses_degree = 2      # default world_size / ring_degree
     ring_degree = 1         # default 1
     kind = "image"          # optional: "image" or "video", checked against what the fields make
+    target = "diffusers"    # optional (also in [defaults]): the pipeline target; default --pipeline-target
     seed = 0                # every other key is a field of the pipeline target
 
     [cases.hunyuan_t2v_2ranks]
     world_size = 2
     num_frames = 3          # frames make a video case (HunyuanVideo style DiT)
 
-The reference of every case is the output of the same fields on ONE rank (blessed by ``parity
+A case's ``target`` is a pipeline target spec (a built-in name or ``module:factory``). A case
+that names the run's default target (``--pipeline-target``) gets its factory arguments
+(``--pipeline-target-arg``) too; a case naming another target gets it built without arguments, so
+that target's settings are case fields (e.g. diffusers' ``path``). The reference of every case is
+the output of the same fields, on the same target, on ONE rank (blessed by ``parity
 bless``): a 1-rank case is then a regression check, an N-rank case a parity check. ``device`` is
 not a case key: the runner sets it per rank (``--device``). Which keys are fields, and whether
 their values can run, is the pipeline target's to say (:meth:`PipelineTarget.check_case`).
@@ -44,36 +49,73 @@ from harness.cases.files import load_case_directory, read_case_tables
 from harness.contracts.case import CaseOrigin
 from harness.errors import ConfigError, ParamError
 from harness.targets.base import PipelineTarget
+from harness.targets.loader import TargetArgs, load_pipeline_target
 
 KINDS = ("image", "video")
-_META = ("description", "world_size", "ulysses_degree", "ring_degree", "kind")
+_PER_CASE = ("description", "world_size", "ulysses_degree", "ring_degree", "kind")
+TARGET_KEY = "target"  # not a field: which pipeline target runs the case (per case or in [defaults])
 
 
 @dataclass(frozen=True)
 class ImageCase(CaseOrigin):
-    """One image or video case; ``fields`` are the pipeline target's (device excluded)."""
+    """One image or video case; ``fields`` are the pipeline target's (device excluded).
+
+    ``target`` and ``target_args`` name the pipeline target and its factory arguments: strings,
+    so they travel to the ranks, which build the target from them.
+    """
 
     kind: str
     world_size: int
     ulysses_degree: int
     ring_degree: int
     fields: dict[str, Any]
+    target: str = "reference"
+    target_args: TargetArgs = ()
 
     def reference_case(self) -> ImageCase:
         """The same fields on one rank: what ``parity bless`` stores as this case's reference."""
         return dataclasses.replace(self, world_size=1, ulysses_degree=1, ring_degree=1)
 
 
-def load_image_case_file(path: str | Path, pipeline: PipelineTarget) -> list[ImageCase]:
+def load_image_case_file(path: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()) -> list[ImageCase]:
+    """The cases of one file; ``pipeline`` (with ``pipeline_args``) runs the cases that name no ``target``."""
     path = Path(path)
     defaults, table = read_case_tables(path, "an image case")
     for key in defaults:
-        if key in _META:
+        if key in _PER_CASE:
             raise ConfigError("not a pipeline field: set it per case", path=path, key=f"defaults.{key}")
-    return [_make_case(path, case_id, body, defaults, pipeline) for case_id, body in table.items()]
+    return [_make_case(path, case_id, body, defaults, (pipeline, pipeline_args)) for case_id, body in table.items()]
 
 
-def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any], pipeline: PipelineTarget) -> ImageCase:
+def _case_target(path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any],
+                 default: tuple[str, TargetArgs]) -> tuple[str, TargetArgs, str]:
+    """The case's target spec and factory args (its own ``target``, the file's, or the run's default)
+    and the key that chose it (for errors)."""
+    if TARGET_KEY in body:
+        spec, where = body[TARGET_KEY], f"cases.{case_id}.{TARGET_KEY}"
+    elif TARGET_KEY in defaults:
+        spec, where = defaults[TARGET_KEY], f"defaults.{TARGET_KEY}"
+    else:
+        return default[0], default[1], "--pipeline-target"
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(f"case '{case_id}': target must be a pipeline target name or 'module:factory', got {spec!r}",
+                          path=path, key=where)
+    return spec, default[1] if spec == default[0] else (), where
+
+
+def _load_target(path: Path, case_id: str, spec: str, args: TargetArgs, where: str) -> PipelineTarget:
+    """The case's pipeline target; a bad spec is an error at the key that named it."""
+    try:
+        return load_pipeline_target(spec, args)
+    except ConfigError as exc:
+        if exc.key != "target":
+            raise  # a factory argument's error names its option
+        message = str(exc).removeprefix(f"key '{exc.key}': ")
+        raise ConfigError(f"case '{case_id}': {message}", path=None if where.startswith("--") else path, key=where) from None
+
+
+def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
+               default_target: tuple[str, TargetArgs]) -> ImageCase:
     where = f"cases.{case_id}"
     if not isinstance(body, dict):
         raise ConfigError(f"case '{case_id}' must be a table", path=path, key=where)
@@ -100,7 +142,9 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
     description = body.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
-    fields = {**defaults, **{k: v for k, v in body.items() if k not in _META}}
+    target, target_args, chosen_by = _case_target(path, case_id, body, defaults, default_target)
+    pipeline = _load_target(path, case_id, target, target_args, chosen_by)
+    fields = {k: v for k, v in {**defaults, **body}.items() if k not in (*_PER_CASE, TARGET_KEY)}
     try:
         kind = pipeline.check_case(fields, world)
     except ParamError as exc:
@@ -109,16 +153,17 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
     declared = body.get("kind", kind)
     if declared not in KINDS or declared != kind:
         raise ConfigError(f"case '{case_id}': kind {declared!r} but the case makes it {kind!r}", path=path, key=f"{where}.kind")
-    return ImageCase(case_id, kind, world, ulysses, ring, fields, source=str(path), description=description)
+    return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, source=str(path), description=description)
 
 
 def image_case_dir(cases_root: str | Path) -> Path:
     return Path(cases_root) / "images"
 
 
-def load_image_cases(cases_root: str | Path, pipeline: PipelineTarget) -> list[ImageCase]:
+def load_image_cases(cases_root: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()) -> list[ImageCase]:
     """Every case of every ``<cases_root>/images/*.toml``; ids must be unique across files."""
-    return load_case_directory(image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline), "image case")
+    return load_case_directory(image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline, pipeline_args),
+                               "image case")
 
 
 def select_image_cases(cases: Sequence[ImageCase], ids: Sequence[str]) -> list[ImageCase]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.contracts.runner import RunOptions
 from harness.paths import default_baselines_dir, default_cases_dir
-from harness.targets.loader import BUILTIN_TARGETS, parse_target_args
+from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, TargetArgs, parse_target_args
 
 
 def add_cases(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +40,21 @@ def add_target(parser: argparse.ArgumentParser) -> None:
                         help="keyword argument for the target's factory (repeatable), e.g. layer=pkg.mod:Class")
     add_device(parser)
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-case timeout (default: the contract's)")
+
+
+def add_pipeline_target(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--pipeline-target", default="reference", metavar="P",
+        help=f"pipeline {what} for image cases that name no `target`: {', '.join(BUILTIN_PIPELINES)} "
+        "(default: reference), or module:factory",
+    )
+    parser.add_argument("--pipeline-target-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="keyword argument for the pipeline target's factory (repeatable), e.g. path=DIR for diffusers")
+
+
+def pipeline_args(args: argparse.Namespace) -> TargetArgs:
+    """The ``--pipeline-target-arg`` pairs, checked."""
+    return parse_target_args(args.pipeline_target_arg, "--pipeline-target-arg")
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from harness.commands._options import add_baselines, add_cases, add_device, baselines_dir, cases_root
+from harness.commands._options import add_baselines, add_cases, add_device, add_pipeline_target, baselines_dir, cases_root, pipeline_args
 
 HELP = "re-run image cases on one rank and rewrite their reference images and manifest (only when asked)"
 DESCRIPTION = ("Re-run image cases on one rank and rewrite their reference images and the SHA-256 manifest: the only "
@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cases(parser)
     add_baselines(parser)
     add_device(parser)
-    parser.add_argument("--pipeline-target", default="reference", metavar="P", help="pipeline to bless from (default: reference)")
+    add_pipeline_target(parser, "to bless from")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S", help="per-case timeout (default: 300)")
     parser.set_defaults(run=run)
 
@@ -31,18 +31,17 @@ def run(args: argparse.Namespace) -> int:
     from harness.gate.contracts import check_device
     from harness.ranks import PoolSet
     from harness.report.console import make_console
-    from harness.targets.loader import load_pipeline_target
 
     baselines = baselines_dir(args)
     if not baselines.is_dir():
         raise ConfigError("no such baselines directory", path=baselines, key="--baselines")
     check_device(args.device)
-    cases = select_image_cases(load_image_cases(cases_root(args), load_pipeline_target(args.pipeline_target)), args.ids)
+    cases = select_image_cases(load_image_cases(cases_root(args), args.pipeline_target, pipeline_args(args)), args.ids)
     out = make_console()
     start = time.perf_counter()
     directory = baselines / REFERENCES_DIR
     with PoolSet(args.device) as pools:
-        written = bless_cases(cases, directory, pools, args.pipeline_target, args.timeout)
+        written = bless_cases(cases, directory, pools, args.timeout)
     for case_id, (shape, files) in written.items():
         out.print(f"blessed {case_id} ({'x'.join(map(str, shape))}): {', '.join(str(directory / f) for f in files)}")
     out.print(f"{len(cases)} reference(s) written with their hashes to {directory / MANIFEST} "

@@ -6,7 +6,9 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.commands._options import add_baselines, add_cases, add_outputs, add_target, baselines_dir, cases_root, run_options
+from harness.commands._options import (
+    add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, baselines_dir, cases_root, pipeline_args, run_options,
+)
 
 HELP = "the CI gate: contract cases, image quality against references, timings against perf baselines; exit 1 on any regression"
 DESCRIPTION = "The CI gate: every contract case, every image case against its reference and thresholds, and (where this machine has a perf baseline) the timings."
@@ -34,8 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--report", type=Path, default=None, metavar="DIR",
                         help="write results.json, junit.xml, index.html and a triptych PNG per failing image case here")
     add_target(parser)
-    parser.add_argument("--pipeline-target", default="reference", metavar="P",
-                        help="pipeline of the image and perf stages: reference (default) or module:factory")
+    add_pipeline_target(parser, "of the image and perf stages")
     parser.add_argument("--clip-model", default=None, metavar="DIR",
                         help="local CLIP model directory for the image stage (default: $PARITY_CLIP_MODEL; none: clip skipped)")
     defaults = PerfOptions()
@@ -63,6 +64,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no such baselines directory", path=baselines, key="--baselines")
     options = GateOptions(
         cases_root(args), baselines, run_options(args), args.pipeline_target, args.report, args.json, args.junit,
-        args.clip_model, PerfOptions(args.perf, args.perf_runs, args.perf_warmup, args.perf_profile),
+        args.clip_model, PerfOptions(args.perf, args.perf_runs, args.perf_warmup, args.perf_profile), pipeline_args(args),
     )
     return 0 if run_gate(options)["passed"] else 1

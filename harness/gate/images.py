@@ -1,7 +1,7 @@
 """The gate's image stage: run every image case, compare with its blessed single-rank reference, judge by thresholds.
 
-Per case: the pipeline target runs on ``world_size`` ranks of the gate's pools; rank 0's output is
-compared with the hash-verified reference (``<baselines>/images``) by PSNR, SSIM, mean abs diff
+Per case: the case's pipeline target runs on ``world_size`` ranks of the gate's pools (or, for an
+external command, in the gate's process); rank 0's output is compared with the hash-verified reference (``<baselines>/images``) by PSNR, SSIM, mean abs diff
 and, when a CLIP model is configured, CLIP cosine. clip, ssim and psnr pass at ``value >=
 threshold``, mean_abs_diff at ``value <= threshold``. A metric that is not computed (CLIP without a
 model) is ``null`` with its reason, never passed silently; the case is judged on the metrics
@@ -32,7 +32,6 @@ from harness.gate.pipeline_runs import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
 from harness.results import FAILED, PASSED, CaseResult, StageResult, image_entry, summary_line
-from harness.targets.loader import load_pipeline_target
 
 if TYPE_CHECKING:  # metrics (scipy, transformers) load only when the stage runs
     from harness.metrics import ClipScorer
@@ -74,12 +73,12 @@ def violations(metrics: dict[str, float | None], thresholds: Thresholds) -> list
 
 
 def judge_case(case: ImageCase, ref: np.ndarray, cand: np.ndarray, thresholds: Thresholds,
-               scorer: ClipScorer | None, clip_skip: str | None, target: str = "reference") -> CaseResult:
-    """The case's result: the metrics of ``cand`` against ``ref``, judged by ``thresholds``."""
+               scorer: ClipScorer | None, clip_skip: str | None) -> CaseResult:
+    """The case's result: the metrics of ``cand`` (from the case's target) against ``ref``, judged by ``thresholds``."""
     figures: dict[str, object] = {"thresholds": {m: thresholds.get(m) for m in METRICS},
                                   "threshold_source": dict(thresholds.source)}
     result = CaseResult(case.id, f"images.{case.kind}", PASSED, bound=describe_bounds(thresholds), params=case_params(case),
-                        target=target, figures=figures)
+                        target=case.target, figures=figures)
     if ref.shape != cand.shape:
         result.status = FAILED
         result.reason = f"candidate shape {cand.shape} differs from the reference's {ref.shape} (re-bless if the case changed)"
@@ -115,8 +114,8 @@ def load_inputs(ctx: GateContext) -> _Inputs:
 
     options = ctx.options
     platform = platform_name(ctx.device)
-    pipeline = load_pipeline_target(options.pipeline)
-    cases = sorted(load_image_cases(options.cases_root, pipeline), key=lambda c: c.world_size)  # stable: file order per world
+    cases = sorted(load_image_cases(options.cases_root, options.pipeline, options.pipeline_args),
+                   key=lambda c: c.world_size)  # stable: file order per world
     thresholds = ThresholdSet.for_platform(options.baselines_dir, platform)
     bounds = {c.id: thresholds.for_case(c.id, c.kind) for c in cases}
     references = {c.id: load_reference(options.baselines_dir / REFERENCES_DIR, c.id) for c in cases}
@@ -147,10 +146,9 @@ class ImageStage:
         timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
 
         def judge(case: ImageCase) -> CaseResult:
-            produced = generate(case, ctx.pools, options.pipeline, timeout)
+            produced = generate(case, ctx.pools, timeout)
             ref = inputs.references[case.id]
-            result = judge_case(case, ref, produced.output, inputs.bounds[case.id], inputs.scorer, inputs.clip_skip,
-                                options.pipeline)
+            result = judge_case(case, ref, produced.output, inputs.bounds[case.id], inputs.scorer, inputs.clip_skip)
             result.figures.update(e2e_ms=produced.timings.e2e_ms, backends=produced.backends)
             result.kernel = ", ".join(f"{k}: {v}" for k, v in produced.backends.items()) or None
             if result.status == FAILED and options.report_dir is not None:

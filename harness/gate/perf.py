@@ -28,7 +28,6 @@ from harness.gate.pipeline_runs import time_case
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
 from harness.results import FAILED, PASSED, SKIPPED, CaseResult, StageResult, summary_line
-from harness.targets.loader import load_pipeline_target
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
 ABSOLUTE_PROFILE = "pr_test"
@@ -98,15 +97,15 @@ class PerfStage:
         options, perf = ctx.options, ctx.options.perf
         platform = platform_name(ctx.device)
         baseline = machine_baseline(ctx, platform)
-        cases = sorted(load_image_cases(options.cases_root, load_pipeline_target(options.pipeline)), key=lambda c: c.world_size)
+        cases = sorted(load_image_cases(options.cases_root, options.pipeline, options.pipeline_args), key=lambda c: c.world_size)
         timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
         measured_all: dict[str, dict[str, Any]] = {}
 
         def judge(case: ImageCase) -> CaseResult:
-            measured = time_case(case, ctx.pools, options.pipeline, runs=perf.runs, warmup=perf.warmup, timeout=timeout).measured()
+            measured = time_case(case, ctx.pools, runs=perf.runs, warmup=perf.warmup, timeout=timeout).measured()
             measured_all[case.id] = measured
             expected = baseline.scenario(case.id) if baseline is not None else None
-            result = CaseResult(case.id, f"perf.{case.kind}", SKIPPED, params=case_params(case), target=options.pipeline,
+            result = CaseResult(case.id, f"perf.{case.kind}", SKIPPED, params=case_params(case), target=case.target,
                                 figures=_figures(measured))
             if baseline is None or expected is None:
                 result.reason = f"no perf baseline for scenario '{case.id}' on '{platform}'"

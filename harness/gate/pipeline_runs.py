@@ -1,8 +1,11 @@
-"""What the image and perf stages (and ``parity bless``) run in the ranks: a pipeline target's generations.
+"""What the image and perf stages (and ``parity bless``) run: a pipeline target's generations.
 
-Both run an image case on ``case.world_size`` ranks of a live pool through the pipeline target
-(:class:`~harness.targets.base.PipelineTarget`), each rank on its own device; rank 0's output
-is what is judged. :func:`generate` runs once. :func:`time_case` prepares once (models, SP
+Both run an image case on ``case.world_size`` ranks of a live pool through the case's pipeline
+target (:class:`~harness.targets.base.PipelineTarget`, built in each rank from ``case.target`` and
+``case.target_args``), each rank on its own device; rank 0's output is what is judged. A target
+that starts its own processes (``runs_in_ranks`` False: an external command) runs in this
+process instead, once per run, with no rank group: the ranks would only hold devices the
+command needs. :func:`generate` runs once. :func:`time_case` prepares once (models, SP
 groups: not timed), then ``warmup`` untimed runs, then ``runs`` timed ones, and reports the
 median of every value in the shape of an sglang perf scenario (see :mod:`harness.baselines.perf`),
 so it is checked against a baseline as it is and can become one through ``parity recalibrate perf``::
@@ -17,8 +20,9 @@ so it is checked against a baseline as it is and can become one through ``parity
      "runs": 3, "warmup": 1, "world_size": 2}
 
 ``calibration`` is :mod:`harness.gate.calibration`'s probes, measured by rank 0 (the others
-waiting) right before and right after the timed runs, the minimum of the two kept; a baseline
-keeps it so a run on another machine can be gated normalised.
+waiting; for a target run here, by this process) right before and right after the timed runs,
+the minimum of the two kept; a baseline keeps it so a run on another machine can be gated
+normalised.
 
 Every value is the median over the N timed runs of that value (the average and median step of
 each run first, then their median over runs). Peak memory is the largest over the ranks, over
@@ -26,7 +30,8 @@ the timed runs: on CUDA ``torch.cuda.max_memory_allocated`` (tensors only, the r
 weights included; kind ``cuda_max_allocated``); on Linux CPU the process's peak RSS after resetting it through
 ``/proc/self/clear_refs`` (whole process, libraries included; kind ``rss_peak``); elsewhere the
 lifetime peak RSS of the rank process (``rss_lifetime_peak``: an upper bound, since a pool rank
-has run other cases before).
+has run other cases before). A target run in this process has its memory in processes parity
+does not own: ``peak_memory_mb`` is null, kind ``not_measured``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import resource
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,14 +47,34 @@ from typing import Any
 from harness.cases.image import ImageCase
 from harness.gate import calibration  # noqa: F401 - a module
 from harness.ranks import PoolSet, rank_device
-from harness.targets.base import PipelineOutput, Timings
-from harness.targets.loader import load_pipeline_target
+from harness.targets.base import PipelineOutput, PipelineTarget, PreparedPipeline, Timings
+from harness.targets.loader import TargetArgs, load_pipeline_target
 
+NOT_MEASURED = "not_measured"  # a target run in this process: its memory is in processes parity does not own
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
 
 
-def generate_on_rank(pipeline: str, fields: Mapping[str, Any]) -> PipelineOutput | None:
+def pipeline_of(case: ImageCase) -> PipelineTarget:
+    """The case's pipeline target, as this process builds it (cached)."""
+    return load_pipeline_target(case.target, case.target_args)
+
+
+def unavailable(case: ImageCase, device: str) -> str | None:
+    """Why the case cannot run on this machine (it is then skipped with this), or None."""
+    return pipeline_of(case).unavailable_reason(device, case.world_size)
+
+
+def needs_ranks(case: ImageCase) -> bool:
+    """Whether the case runs in a rank group (False: its target starts its own processes)."""
+    return pipeline_of(case).runs_in_ranks
+
+
+def _prepare_here(case: ImageCase, device: str) -> PreparedPipeline:
+    return pipeline_of(case).prepare(case.fields, device, case.world_size)
+
+
+def generate_on_rank(pipeline: str, args: TargetArgs, fields: Mapping[str, Any]) -> PipelineOutput | None:
     """Rank worker: one run of ``fields`` with SP over the whole group; rank 0 returns its output.
 
     Module level so a RankPool can pickle a reference to it. The device is the rank's own
@@ -57,7 +82,7 @@ def generate_on_rank(pipeline: str, fields: Mapping[str, Any]) -> PipelineOutput
     """
     import torch.distributed as dist
 
-    prepared = load_pipeline_target(pipeline).prepare(fields, str(rank_device()))
+    prepared = load_pipeline_target(pipeline, args).prepare(fields, str(rank_device()))
     try:
         output = prepared.run()
     finally:
@@ -65,13 +90,20 @@ def generate_on_rank(pipeline: str, fields: Mapping[str, Any]) -> PipelineOutput
     return output if dist.get_rank() == 0 else None
 
 
-def generate(case: ImageCase, pools: PoolSet, pipeline: str = "reference", timeout: float | None = None) -> PipelineOutput:
+def generate(case: ImageCase, pools: PoolSet, timeout: float | None = None) -> PipelineOutput:
     """Run ``case`` on ``case.world_size`` ranks of ``pools`` and return rank 0's output.
 
     One rank runs in a 1-rank pool too, so every case (and its reference) runs in the same
-    process setup (a rank's thread count, its device) and only the SP degree differs.
+    process setup (a rank's thread count, its device) and only the SP degree differs. A target
+    that starts its own processes runs here (its own timeout bounds it).
     """
-    output = pools.get(case.world_size).run(generate_on_rank, pipeline, case.fields, timeout=timeout)[0]
+    if not needs_ranks(case):
+        prepared = _prepare_here(case, pools.device)
+        try:
+            return prepared.run()
+        finally:
+            prepared.close()
+    output = pools.get(case.world_size).run(generate_on_rank, case.target, case.target_args, case.fields, timeout=timeout)[0]
     if output is None:
         raise RuntimeError(f"{case.id}: rank 0 returned no output")
     return output
@@ -85,7 +117,7 @@ class RankTiming:
     """What one rank sends back: its timed runs' timings (rank 0 only) and its peak memory."""
 
     timings: list[Timings] | None
-    peak_memory_bytes: int
+    peak_memory_bytes: int | None
     peak_memory_kind: str
     calibration: dict[str, float] | None = None
 
@@ -118,7 +150,7 @@ def _peak_memory_bytes(device: str, kind: str) -> int:
     return int(maxrss if sys.platform == "darwin" else maxrss * 1024)  # bytes on macOS, kB on Linux
 
 
-def time_on_rank(pipeline: str, fields: Mapping[str, Any], warmup: int, runs: int) -> RankTiming:
+def time_on_rank(pipeline: str, args: TargetArgs, fields: Mapping[str, Any], warmup: int, runs: int) -> RankTiming:
     """Rank worker: prepare once (not timed), ``warmup`` untimed runs, then ``runs`` timed ones; rank 0 returns the timings.
 
     Prepared once, as a server is: NCCL creates a communicator lazily at a group's first
@@ -127,30 +159,34 @@ def time_on_rank(pipeline: str, fields: Mapping[str, Any], warmup: int, runs: in
     import torch.distributed as dist
 
     device = str(rank_device())
-    prepared = load_pipeline_target(pipeline).prepare(fields, device)
+    rank0 = dist.get_rank() == 0
+    timing = _time_runs(load_pipeline_target(pipeline, args).prepare(fields, device), device, warmup, runs, rank0,
+                        dist.barrier, measure_memory=True)
+    return timing if rank0 else RankTiming(None, timing.peak_memory_bytes, timing.peak_memory_kind)
+
+
+def _time_runs(prepared: PreparedPipeline, device: str, warmup: int, runs: int, rank0: bool,
+               barrier: Callable[[], Any], measure_memory: bool) -> RankTiming:
+    """Warm-up, calibration, the timed runs, calibration again; closes ``prepared``."""
     try:
         for _ in range(warmup):
             prepared.run()
-        before = _calibrate(device)
-        kind = _reset_peak_memory(device)
+        before = _calibrate(device, rank0, barrier)
+        kind = _reset_peak_memory(device) if measure_memory else NOT_MEASURED
         results = [prepared.run() for _ in range(runs)]
-        peak = _peak_memory_bytes(device, kind)
-        after = _calibrate(device)
+        peak = _peak_memory_bytes(device, kind) if measure_memory else None
+        after = _calibrate(device, rank0, barrier)
     finally:
         prepared.close()
-    if dist.get_rank() != 0:
-        return RankTiming(None, peak, kind)
-    assert before is not None and after is not None
-    return RankTiming([r.timings for r in results], peak, kind, calibration.combine([before, after]))
+    probes = calibration.combine([before, after]) if before is not None and after is not None else None
+    return RankTiming([r.timings for r in results], peak, kind, probes)
 
 
-def _calibrate(device: str) -> dict[str, float] | None:
+def _calibrate(device: str, rank0: bool, barrier: Callable[[], Any]) -> dict[str, float] | None:
     """Rank 0 measures the calibration probes while the other ranks wait (they would disturb it)."""
-    import torch.distributed as dist
-
-    dist.barrier()
-    probes = calibration.measure(device) if dist.get_rank() == 0 else None
-    dist.barrier()
+    barrier()
+    probes = calibration.measure(device) if rank0 else None
+    barrier()
     return probes
 
 
@@ -185,7 +221,7 @@ class CaseTiming:
     world_size: int
     warmup: int
     timings: list[Timings]
-    peak_memory_bytes: list[int]
+    peak_memory_bytes: list[int]  # one per rank; empty when not measured
     peak_memory_kind: str
     calibration: dict[str, float] | None = None
 
@@ -194,7 +230,7 @@ class CaseTiming:
         return {
             **median_scenario(self.timings),
             **({"calibration": self.calibration} if self.calibration else {}),
-            "peak_memory_mb": round(max(self.peak_memory_bytes) / 2**20, 1),
+            "peak_memory_mb": round(max(self.peak_memory_bytes) / 2**20, 1) if self.peak_memory_bytes else None,
             "peak_memory_kind": self.peak_memory_kind,
             "clock": self.timings[0].clock,
             "runs": len(self.timings),
@@ -203,15 +239,20 @@ class CaseTiming:
         }
 
 
-def time_case(case: ImageCase, pools: PoolSet, pipeline: str = "reference", *, runs: int = 3, warmup: int = 1,
+def time_case(case: ImageCase, pools: PoolSet, *, runs: int = 3, warmup: int = 1,
               timeout: float | None = None) -> CaseTiming:
-    """Time ``case`` on ``case.world_size`` ranks of ``pools``: ``warmup`` runs, then ``runs`` timed ones."""
+    """Time ``case`` on ``case.world_size`` ranks of ``pools`` (or here, for a target that starts its own
+    processes): ``warmup`` runs, then ``runs`` timed ones."""
     if runs < 1 or warmup < 0:
         raise ValueError(f"need runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
-    per_rank: list[RankTiming] = pools.get(case.world_size).run(time_on_rank, pipeline, case.fields, warmup, runs,
-                                                                timeout=timeout)
+    if needs_ranks(case):
+        per_rank: list[RankTiming] = pools.get(case.world_size).run(
+            time_on_rank, case.target, case.target_args, case.fields, warmup, runs, timeout=timeout)
+    else:
+        per_rank = [_time_runs(_prepare_here(case, pools.device), pools.device, warmup, runs, True, lambda: None,
+                               measure_memory=False)]
     timings = per_rank[0].timings
     if not timings:
         raise RuntimeError(f"{case.id}: rank 0 returned no timings")
-    return CaseTiming(case.id, case.world_size, warmup, timings, [r.peak_memory_bytes for r in per_rank],
-                      per_rank[0].peak_memory_kind, per_rank[0].calibration)
+    peaks = [r.peak_memory_bytes for r in per_rank if r.peak_memory_bytes is not None]
+    return CaseTiming(case.id, case.world_size, warmup, timings, peaks, per_rank[0].peak_memory_kind, per_rank[0].calibration)

@@ -18,9 +18,12 @@ from rich.console import Console
 
 from harness.cases.image import ImageCase
 from harness.contracts.runner import RunOptions
+from harness.gate.pipeline_runs import needs_ranks, unavailable
 from harness.ranks import PoolSet, RankFailure
 from harness.report.console import progress
-from harness.results import FAILED, CaseResult, StageResult
+from harness.results import FAILED, SKIPPED, CaseResult, StageResult, Status
+from harness.targets.base import PipelineFailed
+from harness.targets.loader import TargetArgs
 
 PERF_PROFILES = ("pr_test", "long_term", "normalised")
 
@@ -45,12 +48,13 @@ class GateOptions:
     cases_root: Path
     baselines_dir: Path
     run: RunOptions = field(default_factory=RunOptions)
-    pipeline: str = "reference"  # the pipeline target of the image and perf stages
+    pipeline: str = "reference"  # the pipeline target of the image and perf stages' cases that name none
     report_dir: Path | None = None
     json_path: Path | None = None
     junit_path: Path | None = None
     clip_model: str | None = None
     perf: PerfOptions = field(default_factory=PerfOptions)
+    pipeline_args: TargetArgs = ()  # its factory arguments (--pipeline-target-arg)
 
 
 @dataclass
@@ -79,29 +83,42 @@ def run_each_case(ctx: GateContext, label: str, cases: Sequence[ImageCase], chec
                   judge: Callable[[ImageCase], CaseResult]) -> tuple[list[CaseResult], float]:
     """``judge(case)`` for every case in the gate's pools, with a progress bar; the results and the wall time.
 
-    A case's duration excludes starting its group. A rank that fails (raises, dies, hangs) fails
-    that case with the rank's traceback; the stage goes on with the next case.
+    A case's duration excludes starting its group. A case its target cannot run on this machine
+    is skipped with the target's reason. A rank that fails (raises, dies, hangs), or a pipeline
+    that fails in a way its target explains (:class:`PipelineFailed`), fails that case with the
+    traceback or stderr; the stage goes on with the next case.
     """
     start = time.perf_counter()
     results: list[CaseResult] = []
+    skips = {c.id: unavailable(c, ctx.device) for c in cases}
     with progress(ctx.err, len(cases), label) as advance:
-        ctx.pools.prestart(c.world_size for c in cases)
+        ctx.pools.prestart(c.world_size for c in cases if not skips[c.id] and needs_ranks(c))
         for case in cases:
             t0 = time.perf_counter()
             try:
-                ctx.pools.get(case.world_size)
-                t0 = time.perf_counter()
-                result = judge(case)
-            except RankFailure as exc:
-                result = CaseResult(case.id, f"{check}.{case.kind}", FAILED, str(exc).splitlines()[0],
-                                    params=case_params(case), target=ctx.options.pipeline, traceback=exc.traceback)
+                if skips[case.id]:
+                    result = _failed_or_skipped(case, check, SKIPPED, skips[case.id] or "")
+                else:
+                    if needs_ranks(case):
+                        ctx.pools.get(case.world_size)
+                    t0 = time.perf_counter()
+                    result = judge(case)
+            except (RankFailure, PipelineFailed) as exc:
+                detail = exc.traceback if isinstance(exc, RankFailure) else exc.detail
+                result = _failed_or_skipped(case, check, FAILED, str(exc).splitlines()[0], detail)
             result.duration_s = time.perf_counter() - t0
             results.append(result)
             advance(result)
     return results, time.perf_counter() - start
 
 
+def _failed_or_skipped(case: ImageCase, check: str, status: Status, reason: str, traceback: str | None = None) -> CaseResult:
+    return CaseResult(case.id, f"{check}.{case.kind}", status, reason, params=case_params(case), target=case.target,
+                      traceback=traceback)
+
+
 def case_params(case: ImageCase) -> dict[str, object]:
-    """An image case as a result's ``params``: its degrees, kind and pipeline fields."""
+    """An image case as a result's ``params``: its degrees, kind, pipeline fields and target arguments (when any)."""
+    args = {"target_args": dict(case.target_args)} if case.target_args else {}
     return {"world_size": case.world_size, "ulysses_degree": case.ulysses_degree, "ring_degree": case.ring_degree,
-            "kind": case.kind, **case.fields}
+            "kind": case.kind, **case.fields, **args}

@@ -5,6 +5,7 @@ from harness.targets.base import (
     REFUSALS,
     Attention,
     AttentionSpec,
+    PipelineFailed,
     PipelineOutput,
     PipelineTarget,
     PreparedPipeline,
@@ -15,7 +16,7 @@ from harness.targets.base import (
 from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target, parse_target_args
 
 __all__ = [
-    "BUILTIN_PIPELINES", "BUILTIN_TARGETS", "CAPABILITIES", "REFUSALS", "Attention", "AttentionSpec", "PipelineOutput",
-    "PipelineTarget", "PreparedPipeline", "Target", "Timings", "Unsupported", "load_pipeline_target", "load_target",
+    "BUILTIN_PIPELINES", "BUILTIN_TARGETS", "CAPABILITIES", "REFUSALS", "Attention", "AttentionSpec", "PipelineFailed",
+    "PipelineOutput", "PipelineTarget", "PreparedPipeline", "Target", "Timings", "Unsupported", "load_pipeline_target", "load_target",
     "parse_target_args",
 ]

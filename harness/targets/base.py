@@ -191,17 +191,39 @@ class PreparedPipeline(Protocol):
     def close(self) -> None: ...
 
 
+class PipelineFailed(Exception):
+    """A pipeline run failed in a way its target can explain (an external command's exit status, its stderr).
+
+    The gate fails that case with ``reason`` and keeps ``detail`` (the stderr tail) as the result's
+    traceback, then goes on with the next case, as it does for a rank that raised.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.detail))
+
+
 class PipelineTarget(ABC):
     """A pipeline under test, driven with the *fields* of an image case (prompt, seed, size, steps...).
 
     Every rank of the case's group calls :meth:`prepare` and then ``run()``; rank 0's output is
     judged. The reference of an N-rank case is the same fields on one rank.
+
+    A target whose ``runs_in_ranks`` is False starts its own processes (an external command that
+    does its own parallelism): the gate then starts no rank group for it and calls :meth:`prepare`
+    in its own process with the case's ``world_size``, for the target to pass on.
     """
 
     name: str = "pipeline"
+    runs_in_ranks: bool = True
 
-    def unavailable_reason(self, device: str) -> str | None:
-        """None when the pipeline can run on ``device``, else a sentence saying why not."""
+    def unavailable_reason(self, device: str, world_size: int = 1) -> str | None:
+        """None when the pipeline can run on ``device`` at ``world_size``, else a sentence saying why not
+        (the case is then skipped with it: a property of this machine, not of the case)."""
         return None
 
     @abstractmethod
@@ -209,5 +231,6 @@ class PipelineTarget(ABC):
         """Validate an image case's fields (``ParamError`` naming the key) and return its kind: "image" or "video"."""
 
     @abstractmethod
-    def prepare(self, fields: Mapping[str, Any], device: str) -> PreparedPipeline:
-        """In a rank: build what a run needs, with sequence parallelism over the whole default group."""
+    def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> PreparedPipeline:
+        """Build what a run needs. In a rank (``world_size`` None): sequence parallelism over the whole
+        default group. With ``runs_in_ranks`` False: in the gate's process, ``world_size`` given."""

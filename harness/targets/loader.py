@@ -3,7 +3,8 @@
 ``module:factory`` imports ``module`` (from the installed packages or the current directory)
 and calls ``factory(**target_args)``, which must return a :class:`~harness.targets.base.Target`
 (or, for pipelines, a :class:`~harness.targets.base.PipelineTarget`). ``target_args`` are the
-``--target-arg KEY=VALUE`` strings, handed to the factory as keyword arguments. Resolution
+``--target-arg KEY=VALUE`` strings (``--pipeline-target-arg`` for a pipeline target), handed to
+the factory as keyword arguments. Resolution
 happens in the parent, to learn capabilities, and again inside each rank: only the strings
 travel between processes.
 """
@@ -28,6 +29,8 @@ BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
 }
 BUILTIN_PIPELINES: dict[str, tuple[str, str, str]] = {
     "reference": ("harness.targets.reference", "pipeline_factory", "reference_impl tiny seeded pipeline (default)"),
+    "diffusers": ("harness.targets.diffusers_pipeline", "factory", "a diffusers DiffusionPipeline from a local directory (path=DIR)"),
+    "command": ("harness.targets.command_pipeline", "factory", "an external command writing PNGs and timings (template='...')"),
 }
 
 TargetArgs = tuple[tuple[str, str], ...]
@@ -36,15 +39,15 @@ T = TypeVar("T", Target, PipelineTarget)
 _cache: dict[tuple[str, str, TargetArgs], object] = {}
 
 
-def parse_target_args(items: Sequence[str]) -> TargetArgs:
-    """``["layer=pkg.mod:Cls", ...]`` as sorted ``(key, value)`` pairs; a ConfigError names a bad one."""
+def parse_target_args(items: Sequence[str], option: str = "--target-arg") -> TargetArgs:
+    """``["layer=pkg.mod:Cls", ...]`` as sorted ``(key, value)`` pairs; a ConfigError names a bad one and ``option``."""
     pairs: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
-            raise ConfigError(f"{item!r} is not KEY=VALUE with KEY a Python identifier", key="--target-arg")
+            raise ConfigError(f"{item!r} is not KEY=VALUE with KEY a Python identifier", key=option)
         if key in pairs:
-            raise ConfigError(f"{key!r} is given twice", key="--target-arg")
+            raise ConfigError(f"{key!r} is given twice", key=option)
         pairs[key] = value
     return tuple(sorted(pairs.items()))
 
@@ -93,7 +96,8 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
     except TypeError as exc:
         if not args:
             raise
-        raise ConfigError(f"{what} {spec!r} does not take {sorted(args)}: {exc}", key="--target-arg") from exc
+        option = "--pipeline-target-arg" if kind is PipelineTarget else "--target-arg"
+        raise ConfigError(f"{what} {spec!r} does not take {sorted(args)}: {exc}", key=option) from exc
     if not isinstance(target, kind):
         raise ConfigError(
             f"{what} {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.{kind.__name__}", key="target"

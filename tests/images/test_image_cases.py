@@ -10,12 +10,11 @@ from harness.cases.image import ImageCase, select_image_cases
 from harness.cases.image import load_image_cases as load_with
 from harness.errors import ConfigError
 from harness.paths import default_cases_dir
-from harness.targets.reference import pipeline_factory
 from harness.targets.reference.pipeline import PipelineConfig, pipeline_config
 
 
 def load_image_cases(root: Path) -> list[ImageCase]:
-    return load_with(root, pipeline_factory())
+    return load_with(root)
 
 
 def config(case: ImageCase) -> PipelineConfig:

@@ -12,7 +12,6 @@ from harness.cases.image import load_image_case_file
 from harness.gate.pipeline_runs import _peak_memory_bytes, _reset_peak_memory, median_scenario, time_case
 from harness.ranks import PoolSet
 from harness.targets import Timings
-from harness.targets.reference import pipeline_factory
 
 ZERO = Tolerances(e2e=0.0, denoise_stage=0.0, non_denoise_stage=0.0, denoise_step=0.0, denoise_agg=0.0)
 
@@ -76,7 +75,7 @@ num_frames = 2
 def test_cases_are_timed_on_their_ranks(tmp_path: Path) -> None:
     path = tmp_path / "tiny.toml"
     path.write_text(CASES)
-    sp_case, video_case = load_image_case_file(path, pipeline_factory())
+    sp_case, video_case = load_image_case_file(path)
     with PoolSet("cpu") as pools:
         sp = time_case(sp_case, pools, runs=2, warmup=1)
         video = time_case(video_case, pools, runs=1, warmup=0)

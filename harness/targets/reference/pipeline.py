@@ -90,8 +90,8 @@ class ReferencePipelineTarget(PipelineTarget):
                              f"do not divide by world_size {world_size}")
         return "image" if config.num_frames is None else "video"
 
-    def prepare(self, fields: Mapping[str, Any], device: str) -> _Prepared:
-        return _Prepared(pipeline_config(fields, device))
+    def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> _Prepared:
+        return _Prepared(pipeline_config(fields, device))  # runs in ranks: the group is the world
 
 
 # ------------------------------------------------------------------------ turbo drift

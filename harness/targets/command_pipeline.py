@@ -1,0 +1,268 @@
+"""The ``command`` pipeline target: an external command that writes PNGs (and timings) into a directory parity gives it.
+
+This is how a stack parity should not import is gated (a server, ``sglang generate ...``, another
+venv)::
+
+    parity gate --pipeline-target command \\
+        --pipeline-target-arg template='python my_gen.py --prompt {prompt} --seed {seed} --out {out_dir}'
+
+The template (``template=`` factory argument, or the case field ``template``, which wins) is split
+with ``shlex`` into an argv *before* any placeholder is filled, and run without a shell: a value
+with spaces or quotes stays one argument and can never become shell syntax (for pipes or
+redirections, make ``sh -c`` the command and pass values as ``"$1"`` after it). Placeholders
+(``str.format`` fields, format specs allowed: ``{seed:04d}``) are the case's fields plus:
+
+- ``{out_dir}`` (required): an empty directory made for this run, removed after it was read
+  (kept, and named in the error, when the run failed);
+- ``{timings}``: ``{out_dir}/timings.json``, where parity reads the timings from;
+- ``{world_size}``: the case's world size, for the command to ask its own launcher for that many
+  ranks (the command does its own parallelism);
+- ``{device}``: the gate's ``--device``.
+
+Every field must be used by the template (an unused one is a typo: an error naming it), and
+``height`` and ``width`` are required: the PNGs are checked against them. ``num_frames`` makes a
+video case. The command must write, anywhere under ``{out_dir}``, one RGB PNG (image case) or
+``num_frames`` RGB PNGs in one directory (video case, frames in name order, numbers compared as
+numbers), each ``height`` x ``width``; other files are ignored.
+
+Timings: ``{out_dir}/timings.json`` when the command writes it, in parity's schema::
+
+    {"e2e_ms": 812.0, "stages_ms": {"TextEncodingStage": 40.1, "DenoisingStage": 700.2, ...},
+     "denoise_step_ms": [70.1, 69.8, ...]}
+
+(``stages_ms`` and ``denoise_step_ms`` optional), or in sglang's ``--perf-dump-path`` schema
+(``total_duration_ms``, ``steps: [{name, duration_ms}]``, ``denoise_steps_ms: [{step,
+duration_ms}]``), so ``sglang generate ... --perf-dump-path {timings}`` is read as it is. Without
+the file, ``e2e_ms`` is the command's wall time (process start to exit: interpreter start-up and
+model loading included) and there are no stages; the output's ``backends`` says which it was.
+
+The command runs once per case (per run in the perf stage) in the gate's own process, never in a
+rank group: W torch ranks would do nothing but hold the devices the command needs. It runs in a
+session of its own; on timeout (``timeout=`` factory argument, seconds, default 600) or when it
+exits, every process left in that session is killed, so none outlives the case. A non-zero exit,
+a timeout, a missing or misshapen PNG or a malformed timings file fails the case with the
+command's stderr tail (:class:`~harness.targets.base.PipelineFailed`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import string
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import ConfigError, ParamError
+from harness.targets.base import PipelineFailed, PipelineOutput, PipelineTarget, Timings
+
+BUILTINS = ("out_dir", "timings", "world_size", "device")  # placeholders parity fills
+TIMINGS_FILE = "timings.json"
+DEFAULT_TIMEOUT_S = 600.0
+STDERR_TAIL_LINES = 40
+_SCALARS = (str, int, float, bool)
+
+
+def placeholders(argv: list[str]) -> set[str]:
+    """The ``{name}`` fields of every argument (ParamError on ``template`` for a malformed one)."""
+    names = set()
+    for arg in argv:
+        try:
+            parsed = list(string.Formatter().parse(arg))
+        except ValueError as exc:
+            raise ParamError("template", f"bad placeholder in {arg!r}: {exc}") from None
+        for _, name, _, _ in parsed:
+            if name is not None:
+                if not name.isidentifier():
+                    raise ParamError("template", f"placeholder {{{name}}} in {arg!r} is not a plain name")
+                names.add(name)
+    return names
+
+
+class CommandPipelineTarget(PipelineTarget):
+    """An external command template; runs in the gate's process (``runs_in_ranks`` False)."""
+
+    name = "command"
+    runs_in_ranks = False
+
+    def __init__(self, template: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.template = template
+        self.timeout = timeout
+
+    def _argv(self, fields: Mapping[str, Any]) -> list[str]:
+        template = fields.get("template", self.template)
+        if not isinstance(template, str) or not template.strip():
+            raise ParamError("template", "no command: give --pipeline-target-arg template='...' or a case field template")
+        try:
+            return shlex.split(template)
+        except ValueError as exc:
+            raise ParamError("template", f"cannot split {template!r} into arguments: {exc}") from None
+
+    def check_case(self, fields: Mapping[str, Any], world_size: int) -> str:
+        argv = self._argv(fields)
+        used = placeholders(argv)
+        if "out_dir" not in used:
+            raise ParamError("template", "the template must pass {out_dir}, the directory the command writes its PNGs to")
+        values = {k: v for k, v in fields.items() if k != "template"}
+        for key, value in values.items():
+            if key in BUILTINS:
+                raise ParamError(key, f"set by parity (the {{{key}}} placeholder), not by a case")
+            if key not in used:
+                raise ParamError(key, f"not a placeholder of the template ({shlex.join(argv)})")
+            if not isinstance(value, _SCALARS):
+                raise ParamError(key, f"must be a string, number or boolean, got {value!r}")
+        for name in sorted(used - set(values) - set(BUILTINS)):
+            raise ParamError("template", f"placeholder {{{name}}} has no value: not a case field nor one of {', '.join(BUILTINS)}")
+        for key in ("height", "width", *(("num_frames",) if "num_frames" in values else ())):
+            value = values.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ParamError(key, f"required: a positive int (the PNGs are checked against it), got {value!r}")
+        trial = {**values, "out_dir": "/out", "timings": f"/out/{TIMINGS_FILE}", "world_size": world_size, "device": "cpu"}
+        for arg in argv:
+            try:
+                arg.format(**trial)
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                raise ParamError("template", f"cannot fill {arg!r} with the case's values: {exc}") from None
+        return "video" if "num_frames" in values else "image"
+
+    def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> _PreparedCommand:
+        values = {k: v for k, v in fields.items() if k != "template"}
+        return _PreparedCommand(self._argv(fields), {**values, "world_size": world_size or 1, "device": device},
+                                self.timeout)
+
+
+class _PreparedCommand:
+    """One command line, run once per ``run()`` into a fresh directory."""
+
+    def __init__(self, template: list[str], values: dict[str, Any], timeout: float) -> None:
+        self.template, self.values, self.timeout = template, values, timeout
+        frames = values.get("num_frames")
+        self.shape = (*((frames,) if frames else ()), values["height"], values["width"], 3)
+
+    def run(self) -> PipelineOutput:
+        out_dir = Path(tempfile.mkdtemp(prefix="parity-command-"))
+        argv = [arg.format(**self.values, out_dir=str(out_dir), timings=str(out_dir / TIMINGS_FILE)) for arg in self.template]
+        start = time.perf_counter()
+        stderr = _run(argv, self.timeout, out_dir)
+        wall_ms = (time.perf_counter() - start) * 1000
+        try:
+            output = read_pngs(out_dir, self.shape)
+            timings, source = read_timings(out_dir / TIMINGS_FILE, wall_ms)
+        except PipelineFailed as exc:
+            raise PipelineFailed(f"{exc.reason} (outputs kept in {out_dir})", _tail(stderr)) from None
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return PipelineOutput(output, timings, {"command": Path(argv[0]).name, "timings": source})
+
+    def close(self) -> None:
+        """Nothing to release: every run cleans up after itself."""
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.splitlines()[-STDERR_TAIL_LINES:])
+
+
+def _run(argv: list[str], timeout: float, out_dir: Path) -> str:
+    """Run ``argv`` in its own session; its stderr, or PipelineFailed with the stderr tail."""
+    where = f"{shlex.join(argv)} (outputs kept in {out_dir})"
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace", start_new_session=True)
+    except OSError as exc:
+        raise PipelineFailed(f"cannot start the command: {exc}: {where}") from None
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        _, stderr = proc.communicate()
+        raise PipelineFailed(f"command timed out after {timeout:g} s: {where}", _tail(stderr)) from None
+    finally:
+        _kill_session(proc.pid)  # whatever it left behind
+    if proc.returncode != 0:
+        last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "no stderr")
+        raise PipelineFailed(f"command exited with status {proc.returncode} ({last.strip()[:200]}): {where}", _tail(stderr))
+    return stderr
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the session leader's pid is its process group's id
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _natural(path: Path) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def read_pngs(out_dir: Path, shape: tuple[int, ...]) -> np.ndarray:
+    """The image (``[H, W, 3]``) or frames (``[T, H, W, 3]``) the command wrote, checked against ``shape``."""
+    import imageio.v3 as iio
+
+    files = sorted(out_dir.rglob("*.png"))
+    want = shape[0] if len(shape) == 4 else 1
+    if len(files) != want or len({f.parent for f in files}) > 1:
+        found = ", ".join(str(f.relative_to(out_dir)) for f in files) or "none"
+        raise PipelineFailed(f"expected {want} PNG{'s in one directory' if want > 1 else ''} under {{out_dir}}, found {found}")
+    arrays = []
+    for path in sorted(files, key=_natural):
+        try:
+            array = np.asarray(iio.imread(path))
+        except Exception as exc:  # noqa: BLE001 - imageio raises plugin-specific errors for corrupt data
+            raise PipelineFailed(f"{path.name}: cannot decode the PNG: {exc}") from None
+        if array.dtype != np.uint8 or array.shape != shape[-3:]:
+            raise PipelineFailed(f"{path.name}: expected 8-bit RGB of shape {shape[-3:]}, got {array.dtype} {array.shape}")
+        arrays.append(array)
+    return np.stack(arrays) if len(shape) == 4 else arrays[0]
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise PipelineFailed(f"{TIMINGS_FILE}: {where} must be a non-negative number of ms, got {value!r}")
+    return float(value)
+
+
+def read_timings(path: Path, wall_ms: float) -> tuple[Timings, str]:
+    """The run's timings and where they came from: the file (parity's or sglang's schema) or the wall clock."""
+    if not path.is_file():
+        return Timings(wall_ms, {}, [], "command wall time"), "none: e2e is the command's wall time (start-up and loading included)"
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PipelineFailed(f"{TIMINGS_FILE} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PipelineFailed(f"{TIMINGS_FILE} must hold an object, got {type(doc).__name__}")
+    if "e2e_ms" in doc:
+        stages = doc.get("stages_ms", {})
+        steps = doc.get("denoise_step_ms", [])
+        if not isinstance(stages, dict) or not isinstance(steps, list):
+            raise PipelineFailed(f"{TIMINGS_FILE}: stages_ms must be an object and denoise_step_ms a list")
+        return Timings(_number(doc["e2e_ms"], "e2e_ms"), {str(k): _number(v, f"stages_ms.{k}") for k, v in stages.items()},
+                       [_number(v, f"denoise_step_ms[{i}]") for i, v in enumerate(steps)], "command timings.json"), TIMINGS_FILE
+    if "total_duration_ms" in doc:
+        try:
+            stages = {str(s["name"]): _number(s["duration_ms"], f"steps.{s['name']}") for s in doc.get("steps", [])}
+            steps = [_number(s["duration_ms"], f"denoise_steps_ms[{i}]") for i, s in enumerate(doc.get("denoise_steps_ms", []))]
+        except (KeyError, TypeError) as exc:
+            raise PipelineFailed(f"{TIMINGS_FILE}: sglang perf dump entries need name/duration_ms: {exc!r}") from None
+        return (Timings(_number(doc["total_duration_ms"], "total_duration_ms"), stages, steps, "sglang perf dump"),
+                f"{TIMINGS_FILE} (sglang perf dump)")
+    raise PipelineFailed(f"{TIMINGS_FILE} has neither e2e_ms (parity's schema) nor total_duration_ms (sglang's perf dump)")
+
+
+def factory(template: str | None = None, timeout: str | float = DEFAULT_TIMEOUT_S) -> CommandPipelineTarget:
+    try:
+        seconds = float(timeout)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}", key="--pipeline-target-arg")
+    return CommandPipelineTarget(template, seconds)

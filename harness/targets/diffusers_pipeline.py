@@ -1,0 +1,289 @@
+"""The ``diffusers`` pipeline target: a ``DiffusionPipeline`` from a local directory, seeded, timed by callbacks.
+
+The directory is a ``save_pretrained`` pipeline (``model_index.json`` and one folder per component),
+given as ``--pipeline-target-arg path=DIR`` or as the case field ``path`` (which wins). It is
+loaded with ``local_files_only=True``: a gate never reaches a hub. An image case's fields:
+
+- ``path``, ``seed`` (default 0: a CPU ``torch.Generator`` seeded with it, so a run draws the same
+  noise on every device and every rank), ``dtype`` (``float32`` (default), ``bfloat16``,
+  ``float16``: the ``torch_dtype`` the pipeline is loaded in);
+- any parameter of the pipeline class's ``__call__`` (``prompt`` (required), ``height``, ``width``,
+  ``num_inference_steps``, ``guidance_scale``, ``max_sequence_length``, ``num_frames``...), passed
+  as is. An unknown key is an error naming it; the arguments parity sets itself (``generator``,
+  ``output_type``, ``callback_on_step_end``...) are refused. A pipeline whose ``__call__`` takes
+  ``num_frames`` makes video cases (``.frames``), any other image cases (``.images``).
+
+Output: ``output_type="np"`` (floats in [0, 1]) to uint8 as diffusers' ``numpy_to_pil`` rounds it,
+``[H, W, 3]`` or ``[T, H, W, 3]``.
+
+Timings (``perf_counter``; on CUDA every mark synchronizes the device first), from four marks
+per run: the call, ``encode_prompt`` (the method is wrapped on the instance), the transformer's
+first forward (a forward pre-hook) and ``callback_on_step_end`` after every step:
+
+- ``TextEncodingStage``: time inside ``encode_prompt`` (tokenizers and text encoders). Absent
+  when the pipeline never calls it; its time is then in ``PreparationStage``.
+- ``PreparationStage``: from the call to the first transformer forward, text encoding excluded:
+  input checks, timesteps, latents.
+- ``DenoisingStage`` = the sum of ``denoise_step_ms``. Step 0 runs from the first transformer
+  forward to the first callback, so the loop's few operations before that forward (timestep
+  broadcast, guidance) fall in ``PreparationStage``; step i > 0 runs callback to callback.
+- ``DecodingStage``: from the last callback to the return of the call: latent unpacking, VAE
+  decode, post-processing to numpy.
+
+The four stages partition the run: they add up to ``e2e_ms``.
+
+Parallelism: at W ranks every rank loads the whole pipeline and diffusers' own context
+parallelism shards the transformer (``transformer.enable_parallelism(ContextParallelConfig(
+ulysses_degree=W))``, by the model's ``_cp_plan``); text encoders and VAE run whole on every
+rank, and rank 0's output is judged. A transformer without ``_cp_plan`` refuses W > 1 at case
+load. ``enable_parallelism`` cannot run on the CPU (see :data:`CPU_REASON`), so there W > 1 cases
+are skipped with that reason and W = 1 runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from harness.errors import ParamError
+from harness.targets.base import PipelineOutput, PipelineTarget, Timings
+from harness.targets.diffusers import NOT_INSTALLED, installed_version
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PARITY_FIELDS = ("path", "seed", "dtype")  # fields parity consumes; every other field is a __call__ argument
+SET_BY_PARITY = frozenset({"generator", "output_type", "return_dict", "callback_on_step_end",
+                           "callback_on_step_end_tensor_inputs", "num_images_per_prompt", "callback", "callback_steps"})
+_POSITIVE = ("height", "width", "num_inference_steps", "num_frames")
+CPU_REASON = ("diffusers' enable_parallelism cannot run on the CPU: it places rank r on torch.device(<accelerator>, "
+              "r % torch.accelerator.device_count()), a ZeroDivisionError with no accelerator (measured with diffusers "
+              "0.42.1, ModelMixin._resolve_parallel_config); W > 1 needs --device cuda")
+
+
+@dataclass(frozen=True)
+class PipelineDir:
+    """What a saved pipeline directory declares, read without loading any weight."""
+
+    path: Path
+    pipeline_class: str
+    transformer_class: str | None
+    call_params: frozenset[str]
+    has_cp_plan: bool
+
+    @property
+    def video(self) -> bool:
+        return "num_frames" in self.call_params
+
+
+@functools.lru_cache(maxsize=32)
+def describe(path: str) -> PipelineDir:
+    """The pipeline class, its ``__call__`` parameters and whether its transformer has a CP plan
+    (ParamError on ``path`` when the directory is not a saved diffusers pipeline)."""
+    import diffusers
+
+    root = Path(path)
+    index = root / "model_index.json"
+    if not index.is_file():
+        raise ParamError("path", f"{root} is not a saved diffusers pipeline (no model_index.json)")
+    name = json.loads(index.read_text()).get("_class_name")
+    cls = getattr(diffusers, str(name), None)
+    if cls is None:
+        raise ParamError("path", f"{index}: _class_name {name!r} is not a pipeline of diffusers {diffusers.__version__}")
+    params = frozenset(inspect.signature(cls.__call__).parameters) - {"self"}
+    if "callback_on_step_end" not in params:
+        raise ParamError("path", f"{name}.__call__ takes no callback_on_step_end: parity times the steps through it")
+    transformer_config = root / "transformer" / "config.json"
+    transformer = json.loads(transformer_config.read_text()).get("_class_name") if transformer_config.is_file() else None
+    model = getattr(diffusers, str(transformer), None) if transformer else None
+    return PipelineDir(root, str(name), transformer, params, getattr(model, "_cp_plan", None) is not None)
+
+
+def _check_values(fields: Mapping[str, Any]) -> None:
+    if not isinstance(fields.get("prompt"), str):
+        raise ParamError("prompt", f"required: a string, got {fields.get('prompt')!r}")
+    seed = fields.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ParamError("seed", f"expected an int, got {seed!r}")
+    dtype = fields.get("dtype", "float32")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ParamError("dtype", f"expected one of {', '.join(DTYPES)}, got {fields.get('dtype')!r}")
+    for key in _POSITIVE:
+        value = fields.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ParamError(key, f"expected a positive int, got {value!r}")
+
+
+class DiffusersPipelineTarget(PipelineTarget):
+    """A saved diffusers pipeline. Subclass and override :meth:`load` to build it another way (or to plant a fault)."""
+
+    name = "diffusers"
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+
+    def unavailable_reason(self, device: str, world_size: int = 1) -> str | None:
+        if installed_version() is None:
+            return NOT_INSTALLED
+        if world_size == 1:
+            return None
+        if device == "cpu":
+            return CPU_REASON
+        gpus = torch.cuda.device_count()
+        if gpus < world_size:
+            return f"diffusers' context parallelism needs one GPU per rank (an NCCL device mesh); {gpus} visible for {world_size} ranks"
+        return None
+
+    def _dir(self, fields: Mapping[str, Any]) -> PipelineDir:
+        path = fields.get("path", self.path)
+        if not isinstance(path, str) or not path:
+            raise ParamError("path", "no pipeline directory: give --pipeline-target-arg path=DIR or a case field path")
+        if installed_version() is None:
+            raise ParamError("path", NOT_INSTALLED)
+        return describe(str(Path(path).resolve()))
+
+    def check_case(self, fields: Mapping[str, Any], world_size: int) -> str:
+        if "device" in fields:
+            raise ParamError("device", "set by the runner (--device), not by a case")
+        info = self._dir(fields)
+        for key in fields:
+            if key in SET_BY_PARITY:
+                raise ParamError(key, "set by parity, not by a case")
+            if key not in PARITY_FIELDS and key not in info.call_params:
+                valid = ", ".join((*PARITY_FIELDS, *sorted(info.call_params - SET_BY_PARITY)))
+                raise ParamError(key, f"unknown key: neither a parity field nor a parameter of {info.pipeline_class}.__call__; "
+                                      f"valid: {valid}")
+        _check_values(fields)
+        if world_size > 1 and not info.has_cp_plan:
+            raise ParamError("world_size", f"{info.transformer_class or 'the pipeline'} has no _cp_plan: diffusers cannot "
+                                           f"split it over {world_size} ranks")
+        return "video" if info.video else "image"
+
+    def load(self, path: Path, dtype: torch.dtype, device: str) -> DiffusionPipeline:
+        """The pipeline on ``device``, from the directory only (no hub)."""
+        from diffusers import DiffusionPipeline
+
+        pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True).to(device)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> _Prepared:
+        info = self._dir(fields)
+        pipe = self.load(info.path, DTYPES[fields.get("dtype", "float32")], device)
+        kwargs = {k: v for k, v in fields.items() if k not in PARITY_FIELDS}
+        return _Prepared(pipe, info, kwargs, int(fields.get("seed", 0)), device)
+
+
+@dataclass
+class _Clock:
+    """The marks of one run (module docstring); ``sync`` makes device work visible to the host clock."""
+
+    sync: Callable[[], None]
+    text_ms: float | None = None
+    first_forward: float | None = None
+    step_ends: list[float] = field(default_factory=list)
+
+    def now(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+    def reset(self) -> None:
+        self.text_ms, self.first_forward, self.step_ends = None, None, []
+
+    def wrap_text_encoding(self, encode: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(encode)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = self.now()
+            try:
+                return encode(*args, **kwargs)
+            finally:
+                self.text_ms = (self.text_ms or 0.0) + (self.now() - start) * 1000
+
+        return timed
+
+    def on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if self.first_forward is None:
+            self.first_forward = self.now()
+
+    def on_step_end(self, pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        self.step_ends.append(self.now())
+        return {}  # nothing replaced: the pipeline keeps its own tensors
+
+    def timings(self, start: float, end: float, clock: str) -> Timings:
+        if self.first_forward is None or not self.step_ends:
+            raise RuntimeError("the pipeline reported no denoising step (no transformer forward or no callback_on_step_end)")
+        marks = [self.first_forward, *self.step_ends]
+        steps = [(b - a) * 1000 for a, b in zip(marks, marks[1:])]
+        text = self.text_ms or 0.0
+        stages = {"TextEncodingStage": text} if self.text_ms is not None else {}
+        stages.update(PreparationStage=(self.first_forward - start) * 1000 - text, DenoisingStage=sum(steps),
+                      DecodingStage=(end - self.step_ends[-1]) * 1000)
+        return Timings((end - start) * 1000, stages, steps, clock)
+
+
+def _to_uint8(result: Any, video: bool) -> np.ndarray:
+    """diffusers' ``numpy_to_pil`` rounding of the first output: ``[H, W, 3]`` or ``[T, H, W, 3]``."""
+    batch = np.asarray(result.frames if video else result.images)
+    out = np.asarray(batch[0])
+    if out.ndim != (4 if video else 3) or out.shape[-1] != 3:
+        raise RuntimeError(f"the pipeline returned {batch.shape}, not a batch of {'frames' if video else 'images'} with 3 channels")
+    return (out * 255).round().astype(np.uint8)
+
+
+def _attention_backend(model: torch.nn.Module) -> str:
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    for module in model.modules():
+        backend = getattr(getattr(module, "processor", None), "_attention_backend", None)
+        if backend is not None:
+            return str(getattr(backend, "value", backend))
+    return str(_AttentionBackendRegistry.get_active_backend()[0].value)
+
+
+class _Prepared:
+    """The pipeline loaded once (context parallelism over the group when W > 1); ``run()`` generates."""
+
+    def __init__(self, pipe: DiffusionPipeline, info: PipelineDir, kwargs: dict[str, Any], seed: int, device: str) -> None:
+        import torch.distributed as dist
+
+        self.pipe, self.info, self.kwargs, self.seed = pipe, info, kwargs, seed
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world > 1:
+            from diffusers import ContextParallelConfig
+
+            pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+        cuda = device.startswith("cuda")
+        self.clock = _Clock((lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None))
+        self.clock_name = "perf_counter, cuda-synchronized" if cuda else "perf_counter"
+        if hasattr(pipe, "encode_prompt"):
+            pipe.encode_prompt = self.clock.wrap_text_encoding(pipe.encode_prompt)
+        self.hook = pipe.transformer.register_forward_pre_hook(self.clock.on_forward)
+        self.backends = {"pipeline": info.pipeline_class, "transformer": type(pipe.transformer).__name__,
+                         "attention": _attention_backend(pipe.transformer),
+                         "context_parallel": f"ulysses={world}" if world > 1 else "none"}
+
+    def run(self) -> PipelineOutput:
+        self.clock.reset()
+        start = self.clock.now()
+        result = self.pipe(**self.kwargs, generator=torch.Generator("cpu").manual_seed(self.seed), output_type="np",
+                           return_dict=True, callback_on_step_end=self.clock.on_step_end)
+        end = self.clock.now()
+        return PipelineOutput(_to_uint8(result, self.info.video), self.clock.timings(start, end, self.clock_name),
+                              dict(self.backends))
+
+    def close(self) -> None:
+        self.hook.remove()
+
+
+def factory(path: str | None = None) -> DiffusersPipelineTarget:
+    return DiffusersPipelineTarget(path)
