@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.gate.contracts import check_device
     from harness.ranks import PoolSet
     from harness.report.console import make_console
+    from harness.targets.base import PipelineFailed
 
     baselines = baselines_dir(args)
     if not baselines.is_dir():
@@ -41,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     directory = baselines / REFERENCES_DIR
     with PoolSet(args.device) as pools:
-        written = bless_cases(cases, directory, pools, args.timeout)
+        try:
+            written = bless_cases(cases, directory, pools, args.timeout)
+        except PipelineFailed as exc:  # an external command failed: nothing was written
+            make_console(stderr=True).print(f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False)
+            return 1
     for case_id, (shape, files) in written.items():
         out.print(f"blessed {case_id} ({'x'.join(map(str, shape))}): {', '.join(str(directory / f) for f in files)}")
     out.print(f"{len(cases)} reference(s) written with their hashes to {directory / MANIFEST} "

@@ -19,9 +19,9 @@ redirections, make ``sh -c`` the command and pass values as ``"$1"`` after it). 
   ranks (the command does its own parallelism);
 - ``{device}``: the gate's ``--device``.
 
-Every field must be used by the template (an unused one is a typo: an error naming it), and
-``height`` and ``width`` are required: the PNGs are checked against them. ``num_frames`` makes a
-video case. The command must write, anywhere under ``{out_dir}``, one RGB PNG (image case) or
+``height`` and ``width`` are required: the PNGs are checked against them; ``num_frames`` makes a
+video case. Every other field must be used by the template (an unused one is a typo: an error
+naming it). The command must write, anywhere under ``{out_dir}``, one RGB PNG (image case) or
 ``num_frames`` RGB PNGs in one directory (video case, frames in name order, numbers compared as
 numbers), each ``height`` x ``width``; other files are ignored.
 
@@ -70,6 +70,7 @@ TIMINGS_FILE = "timings.json"
 DEFAULT_TIMEOUT_S = 600.0
 STDERR_TAIL_LINES = 40
 _SCALARS = (str, int, float, bool)
+SHAPE_FIELDS = ("height", "width", "num_frames")  # read by parity for the shape check; the template may omit them
 
 
 def placeholders(argv: list[str]) -> set[str]:
@@ -116,16 +117,16 @@ class CommandPipelineTarget(PipelineTarget):
         for key, value in values.items():
             if key in BUILTINS:
                 raise ParamError(key, f"set by parity (the {{{key}}} placeholder), not by a case")
-            if key not in used:
+            if key not in used and key not in SHAPE_FIELDS:
                 raise ParamError(key, f"not a placeholder of the template ({shlex.join(argv)})")
             if not isinstance(value, _SCALARS):
                 raise ParamError(key, f"must be a string, number or boolean, got {value!r}")
-        for name in sorted(used - set(values) - set(BUILTINS)):
-            raise ParamError("template", f"placeholder {{{name}}} has no value: not a case field nor one of {', '.join(BUILTINS)}")
         for key in ("height", "width", *(("num_frames",) if "num_frames" in values else ())):
             value = values.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParamError(key, f"required: a positive int (the PNGs are checked against it), got {value!r}")
+        for name in sorted(used - set(values) - set(BUILTINS)):
+            raise ParamError("template", f"placeholder {{{name}}} has no value: not a case field nor one of {', '.join(BUILTINS)}")
         trial = {**values, "out_dir": "/out", "timings": f"/out/{TIMINGS_FILE}", "world_size": world_size, "device": "cpu"}
         for arg in argv:
             try:

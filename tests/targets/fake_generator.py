@@ -59,8 +59,10 @@ def main() -> int:
     if args.fail:
         print("loading weights...\nRuntimeError: CUDA out of memory (planted)", file=sys.stderr)
         return 3
-    if args.sleep:
-        subprocess.run([sys.executable, "-c", f"import time; time.sleep({args.sleep})"], check=False)
+    if args.sleep:  # a child that would outlive its parent if only the parent were killed
+        sleeper = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({args.sleep})"])
+        (args.out / "sleeper.pid").write_text(str(sleeper.pid))
+        sleeper.wait()
     start = time.perf_counter()
     frames = [image(args.prompt, args.seed + args.seed_offset, args.height, args.width, i) for i in range(max(args.frames, 1))]
     if args.sp_bug and args.world_size > 1:

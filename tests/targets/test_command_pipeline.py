@@ -1,0 +1,176 @@
+"""The ``command`` pipeline target: template checks, safe argv, failures with stderr, timeouts, PNGs and timings read back.
+
+The command is ``tests/targets/fake_generator.py`` (a seeded image from prompt and seed). These
+tests run it in this process, as the gate does (no rank group); the gate end to end is in
+``test_pipeline_gates.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+
+from harness.cases.image import ImageCase
+from harness.errors import ConfigError, ParamError
+from harness.gate.pipeline_runs import time_case
+from harness.ranks import PoolSet
+from harness.targets.base import PipelineFailed
+from harness.targets.command_pipeline import CommandPipelineTarget, factory, read_pngs, read_timings
+from harness.targets.loader import load_pipeline_target
+
+GENERATOR = Path(__file__).with_name("fake_generator.py")
+BASE = (f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} "
+        "--height {height} --width {width} --out {out_dir} --world-size {world_size}")
+FIELDS = {"prompt": "a lighthouse at dusk", "seed": 3, "height": 24, "width": 32}
+
+
+def run_once(extra: str = "", fields: dict | None = None, world_size: int = 1, timeout: float = 60.0):  # noqa: ANN201
+    target = CommandPipelineTarget(BASE + extra, timeout)
+    fields = fields or FIELDS
+    target.check_case(fields, world_size)
+    prepared = target.prepare(fields, "cpu", world_size)
+    try:
+        return prepared.run()
+    finally:
+        prepared.close()
+
+
+@pytest.mark.parametrize(
+    ("template", "fields", "key", "message"),
+    [
+        (None, FIELDS, "template", "no command"),
+        ("gen --prompt {prompt}", FIELDS, "template", "must pass {out_dir}"),
+        ("gen 'unclosed {out_dir}", FIELDS, "template", "cannot split"),
+        (BASE, {**FIELDS, "steps": 4}, "steps", "not a placeholder of the template"),
+        (BASE + " --cfg {guidance}", FIELDS, "template", "placeholder {guidance} has no value"),
+        (BASE, {**FIELDS, "world_size": 2}, "world_size", "set by parity"),
+        (BASE, {k: v for k, v in FIELDS.items() if k != "height"}, "height", "required: a positive int"),
+        (BASE, {**FIELDS, "prompt": ["a", "b"]}, "prompt", "string, number or boolean"),
+        (BASE.replace("{seed}", "{seed:04d}"), {**FIELDS, "seed": "x"}, "template", "cannot fill"),
+        (BASE + " {0}", FIELDS, "template", "not a plain name"),
+    ],
+)
+def test_case_mistakes_name_the_key(template: str | None, fields: dict, key: str, message: str) -> None:
+    with pytest.raises(ParamError, match=message) as info:
+        CommandPipelineTarget(template).check_case(fields, 1)
+    assert info.value.key == key
+
+
+def test_kind_template_from_a_case_field_and_factory_arguments() -> None:
+    target = CommandPipelineTarget()  # no template argument: the case's own wins
+    assert target.check_case({**FIELDS, "template": BASE}, 1) == "image"
+    assert target.check_case({**FIELDS, "template": BASE + " --frames {num_frames}", "num_frames": 3}, 2) == "video"
+    assert target.runs_in_ranks is False
+    assert factory(BASE, "2.5").timeout == 2.5
+    with pytest.raises(ConfigError, match="timeout must be a positive number"):
+        factory(BASE, "soon")
+    with pytest.raises(ConfigError, match="does not take"):
+        load_pipeline_target("command", (("templat", BASE),))
+
+
+def test_values_reach_the_command_as_single_arguments_never_as_shell(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    nasty = "it's a \"fox\"; touch {marker} $(touch {marker}) `touch {marker}`".format(marker=tmp_path / "pwned")
+    out = run_once(f" --log {shlex.quote(str(log))}", {**FIELDS, "prompt": nasty}, world_size=4)
+    argv = json.loads(log.read_text())["argv"]
+    assert argv[argv.index("--prompt") + 1] == nasty and json.loads(log.read_text())["world_size"] == 4
+    assert not (tmp_path / "pwned").exists()
+    assert out.output.shape == (24, 32, 3) and out.output.dtype == np.uint8
+    assert out.backends["timings"].startswith("none: e2e is the command's wall time")
+    assert out.timings.stages_ms == {} and out.timings.e2e_ms > 0 and out.timings.clock == "command wall time"
+
+
+def test_a_failing_command_fails_with_its_stderr_and_keeps_its_outputs() -> None:
+    with pytest.raises(PipelineFailed, match=r"exited with status 3 \(RuntimeError: CUDA out of memory \(planted\)\)") as info:
+        run_once(" --fail")
+    assert "loading weights..." in info.value.detail and "--prompt 'a lighthouse at dusk'" in info.value.reason
+    kept = Path(info.value.reason.rsplit("outputs kept in ", 1)[1].rstrip(")"))
+    assert kept.is_dir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has ended; only its entry waits for a reaper
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_timeout_ends_the_command_and_everything_it_started() -> None:
+    start = time.perf_counter()
+    with pytest.raises(PipelineFailed, match="timed out after 3 s") as info:
+        run_once(" --sleep 120", timeout=3.0)
+    assert time.perf_counter() - start < 30
+    kept = Path(info.value.reason.split("outputs kept in ", 1)[1].split(")", 1)[0])
+    sleeper = int((kept / "sleeper.pid").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(sleeper)  # the command's own child, not only the command
+
+
+def test_pngs_are_checked_against_the_case() -> None:
+    wrong_size = BASE.replace("--height {height}", "--height 16")
+    with pytest.raises(PipelineFailed, match=r"image.png: expected 8-bit RGB of shape \(24, 32, 3\), got uint8 \(16, 32, 3\)"):
+        _run_template(wrong_size, FIELDS)
+    with pytest.raises(PipelineFailed, match=r"expected 3 PNGs in one directory under \{out_dir\}, found frames/0.png, frames/1.png"):
+        _run_template(BASE + " --frames 2", {**FIELDS, "num_frames": 3})
+
+
+def _run_template(template: str, fields: dict) -> np.ndarray:
+    target = CommandPipelineTarget(template)
+    target.check_case(fields, 1)
+    return target.prepare(fields, "cpu", 1).run().output
+
+
+def test_frames_are_read_in_numeric_order(tmp_path: Path) -> None:
+    frames = [np.full((4, 6, 3), i, np.uint8) for i in range(11)]
+    (tmp_path / "video").mkdir()
+    for i, frame in enumerate(frames):
+        iio.imwrite(tmp_path / "video" / f"f{i}.png", frame)  # text order would put f10 before f2
+    assert np.array_equal(read_pngs(tmp_path, (11, 4, 6, 3)), np.stack(frames))
+    iio.imwrite(tmp_path / "video" / "f11.png", np.zeros((4, 6, 4), np.uint8))
+    with pytest.raises(PipelineFailed, match="expected 11 PNGs"):
+        read_pngs(tmp_path, (11, 4, 6, 3))
+
+
+def test_timings_in_parity_and_sglang_schemas(tmp_path: Path) -> None:
+    path = tmp_path / "timings.json"
+    path.write_text(json.dumps({"e2e_ms": 9.5, "stages_ms": {"DenoisingStage": 6.0}, "denoise_step_ms": [3, 3.0]}))
+    timings, source = read_timings(path, 1000.0)
+    assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms, source) == (9.5, {"DenoisingStage": 6.0}, [3.0, 3.0],
+                                                                                 "timings.json")
+    path.write_text(json.dumps({"total_duration_ms": 14959.11, "steps": [{"name": "TextEncodingStage", "duration_ms": 611.83}],
+                                "denoise_steps_ms": [{"step": 0, "duration_ms": 240.5}], "commit_hash": "abc"}))
+    timings, source = read_timings(path, 1000.0)
+    assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms) == (14959.11, {"TextEncodingStage": 611.83}, [240.5])
+    assert source == "timings.json (sglang perf dump)"
+    for bad, message in ((["x"], "must hold an object"), ({"e2e_ms": -1}, "non-negative"), ({"steps": []}, "neither e2e_ms"),
+                         ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, "need name/duration_ms")):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(PipelineFailed, match=message):
+            read_timings(path, 1.0)
+    path.write_text("{")
+    with pytest.raises(PipelineFailed, match="not JSON"):
+        read_timings(path, 1.0)
+
+
+def test_perf_timing_runs_here_with_the_commands_own_timings() -> None:
+    fields = {**FIELDS, "template": BASE + " --timings {timings}"}
+    case = ImageCase("cmd", kind="image", world_size=2, ulysses_degree=2, ring_degree=1, fields=fields,
+                     target="command", target_args=(), source="<test>")
+    with PoolSet("cpu") as pools:
+        measured = time_case(case, pools, runs=2, warmup=1).measured()
+        assert pools.startup_s == {}  # no rank group was started: the command does its own parallelism
+    assert measured["stages_ms"] == {"TextEncodingStage": 1.0, "DenoisingStage": 1.5, "DecodingStage": 0.5}
+    assert measured["denoise_step_ms"] == {"0": 0.75, "1": 0.75} and measured["clock"] == "command timings.json"
+    assert measured["peak_memory_mb"] is None and measured["peak_memory_kind"] == "not_measured"
+    assert set(measured["calibration"]) == {"launch_us", "gemm_ms", "sdpa_ms"} and measured["world_size"] == 2
