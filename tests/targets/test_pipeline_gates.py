@@ -1,0 +1,165 @@
+"""Acceptance (issue 18): ``parity bless`` then ``parity gate`` with the ``command`` and ``diffusers`` pipeline targets.
+
+Each test builds a project in a temp dir (one cheap contract case, image cases, the project's own
+thresholds), blesses the references from the target, gates against them (exit 0), then gates a
+perturbed pipeline (exit 1, with a triptych PNG in the report).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+
+from harness.baselines.images import load_reference
+from harness.cli import main
+from harness.paths import default_baselines_dir
+from harness.results import load_results
+from harness.targets.diffusers_pipeline import CPU_REASON
+from tests.targets.tiny_flux import save_tiny_flux
+
+pytestmark = pytest.mark.timeout(600)
+
+GENERATOR = Path(__file__).with_name("fake_generator.py")
+COMMAND_CASES = """\
+[defaults]
+prompt = "a lighthouse at dusk"
+seed = 3
+height = 24
+width = 32
+
+[cases.cmd_1rank]
+
+[cases.cmd_2ranks]
+world_size = 2
+"""
+FLUX_CASES = """\
+[defaults]
+prompt = "a red fox"
+height = 32
+width = 32
+num_inference_steps = 3
+max_sequence_length = 16
+
+[cases.flux_1rank]
+
+[cases.flux_2ranks]
+world_size = 2
+"""
+REFERENCE_CASES = """\
+[defaults]
+target = "reference"
+prompt = "a lighthouse at dusk"
+height = 16
+width = 16
+steps = 2
+
+[cases.ref_1rank]
+"""
+
+
+def _project(root: Path, **image_files: str) -> tuple[Path, Path]:
+    cases, baselines = root / "cases", root / "baselines"
+    (cases / "contracts").mkdir(parents=True)
+    (cases / "images").mkdir()
+    baselines.mkdir()
+    (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n')
+    for name, text in image_files.items():
+        (cases / "images" / f"{name}.toml").write_text(text)
+    shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
+    return cases, baselines
+
+
+def _records(doc: dict, stage: str = "images") -> dict[str, dict]:
+    return {r["case_id"]: r for r in doc["stages"][stage]["records"]}
+
+
+def _assert_triptych(report: Path, record: dict, baselines: Path) -> None:
+    """reference | candidate | diff, the reference panel being the blessed image (scaled up k times)."""
+    reference = load_reference(baselines / "images", record["case_id"])
+    height, width = reference.shape[:2]
+    picture = iio.imread(report / record["artifacts"]["triptych"])
+    k = (picture.shape[1] - 8) // (3 * width)  # three panels, two 4-pixel gaps, scaled by k
+    assert k >= 1 and picture.shape == (height * k, 3 * width * k + 8, 3)
+    assert np.array_equal(picture[::k, : width * k : k], reference)
+    assert not np.array_equal(picture[::k, width * k + 4 : 2 * width * k + 4 : k], reference)  # the candidate differs
+
+
+def test_command_target_gate_passes_then_fails_a_planted_multi_rank_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cases, baselines = _project(tmp_path, command=COMMAND_CASES)
+    log = tmp_path / "calls.jsonl"
+    template = (f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} --height {{height}} "
+                f"--width {{width}} --out {{out_dir}} --world-size {{world_size}} --timings {{timings}} --log {shlex.quote(str(log))}")
+
+    def run(verb: str, template: str, *extra: str) -> int:
+        return main([verb, "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", "command",
+                     "--pipeline-target-arg", f"template={template}", *extra])
+
+    assert run("bless", template + " --fail") == 1  # a failing command: its stderr shown, nothing written
+    assert "CUDA out of memory (planted)" in capsys.readouterr().err and not (baselines / "images").exists()
+    log.unlink()
+    assert run("bless", template) == 0
+    assert [json.loads(line)["world_size"] for line in log.read_text().splitlines()] == [1]  # both cases: one 1-rank run
+
+    report = tmp_path / "healthy"
+    assert run("gate", template, "--report", str(report), "--perf", "--perf-runs", "1", "--perf-warmup", "0") == 0
+    doc = load_results(report / "results.json")
+    images, perf = _records(doc), _records(doc, "perf")
+    for case_id in ("cmd_1rank", "cmd_2ranks"):
+        assert images[case_id]["status"] == "passed" and doc["cases"][case_id]["metrics"]["psnr"] == float("inf")
+        assert images[case_id]["target"] == "command" and images[case_id]["params"]["target_args"] == {"template": template}
+        assert "timings: timings.json" in images[case_id]["kernel"]
+        assert perf[case_id]["target"] == "command" and perf[case_id]["figures"]["clock"] == "command timings.json"
+    assert doc["perf"]["cmd_2ranks"]["stages_ms"]["DenoisingStage"] == 1.5  # the command's own timings.json
+    assert "2" not in doc["stages"]["images"]["pool_startup_s"]  # W=2 asked of the command, no 2-rank group
+    assert 2 in [json.loads(line)["world_size"] for line in log.read_text().splitlines()]
+
+    report = tmp_path / "perturbed"
+    assert run("gate", template + " --sp-bug", "--report", str(report)) == 1
+    doc = load_results(report / "results.json")
+    images = _records(doc)
+    assert images["cmd_1rank"]["status"] == "passed"  # the planted error needs more than one rank
+    failed = images["cmd_2ranks"]
+    assert failed["status"] == "failed" and "psnr" in failed["reason"] and doc["cases"]["cmd_2ranks"]["metrics"]["psnr"] < 30
+    print(f"FIGURE command perturbed cmd_2ranks {doc['cases']['cmd_2ranks']['metrics']} in {failed['duration_s']:.2f} s")
+    _assert_triptych(report, failed, baselines)
+    assert 'name="cmd_2ranks"' in (report / "junit.xml").read_text()
+
+
+def test_diffusers_target_gate_passes_then_fails_a_planted_attention_error(tmp_path: Path) -> None:
+    flux = save_tiny_flux(tmp_path / "flux")
+    cases, baselines = _project(tmp_path, flux=FLUX_CASES, reference=REFERENCE_CASES)
+
+    def run(verb: str, target: str, *extra: str) -> int:
+        return main([verb, "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", target,
+                     "--pipeline-target-arg", f"path={flux}", *extra])
+
+    assert run("bless", "diffusers") == 0  # flux cases from diffusers, ref_1rank from its own target, the reference
+    report = tmp_path / "healthy"
+    assert run("gate", "diffusers", "--report", str(report)) == 0
+    doc = load_results(report / "results.json")
+    images = _records(doc)
+    assert images["flux_1rank"]["status"] == "passed" and doc["cases"]["flux_1rank"]["metrics"]["psnr"] == float("inf")
+    assert images["flux_1rank"]["target"] == "diffusers" and images["flux_1rank"]["figures"]["backends"]["pipeline"] == "FluxPipeline"
+    assert images["ref_1rank"]["status"] == "passed" and images["ref_1rank"]["target"] == "reference"
+    assert "target_args" not in images["ref_1rank"]["params"]  # another target than --pipeline-target: built without them
+    assert images["flux_2ranks"]["status"] == "skipped" and images["flux_2ranks"]["reason"] == CPU_REASON
+    print(f"FIGURE diffusers healthy flux_1rank {images['flux_1rank']['duration_s']:.2f} s, e2e "
+          f"{images['flux_1rank']['figures']['e2e_ms']:.1f} ms, gate wall {doc['wall_s']:.1f} s")
+
+    report = tmp_path / "perturbed"
+    assert run("gate", "tests.targets.planted_attention:factory", "--report", str(report)) == 1
+    doc = load_results(report / "results.json")
+    images = _records(doc)
+    failed = images["flux_1rank"]
+    assert failed["status"] == "failed" and failed["target"] == "tests.targets.planted_attention:factory"
+    assert doc["cases"]["flux_1rank"]["metrics"]["psnr"] < 30 and "psnr" in failed["reason"]
+    print(f"FIGURE diffusers perturbed flux_1rank {doc['cases']['flux_1rank']['metrics']} in {failed['duration_s']:.2f} s")
+    assert images["ref_1rank"]["status"] == "passed"  # its own target: untouched by --pipeline-target
+    _assert_triptych(report, failed, baselines)
