@@ -85,3 +85,37 @@ def test_bad_toml_duplicates_and_missing_directory(tmp_path: Path) -> None:
     second.write_text("[cases.a\n")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_image_cases(tmp_path)
+
+
+def test_each_case_names_its_pipeline_target_and_only_the_default_gets_its_arguments(tmp_path: Path) -> None:
+    _write(tmp_path, "[defaults]\nheight = 16\nwidth = 16\n[cases.ref]\ntarget = 'reference'\nsteps = 2\n[cases.cmd]\n")
+    _write(tmp_path, "[defaults]\ntarget = 'reference'\n[cases.file_default]\n", "other.toml")
+    template = (("template", "gen --seed 1 {out_dir}"),)
+    ref, cmd, file_default = load_with(tmp_path, "command", template)
+    assert (ref.target, ref.target_args, ref.kind) == ("reference", (), "image")
+    assert (cmd.target, cmd.target_args, cmd.kind) == ("command", template, "image")
+    assert (file_default.target, file_default.target_args) == ("reference", ())
+    assert "target" not in ref.fields and "target" not in file_default.fields
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "message"),
+    [
+        ("[cases.a]\ntarget = 3\n", "cases.a.target", "must be a pipeline target name"),
+        ("[cases.a]\ntarget = 'nope'\n", "cases.a.target", "unknown pipeline target 'nope'; built-in pipeline targets: reference, diffusers, command"),
+        ("[defaults]\ntarget = 'no_such_module:factory'\n[cases.a]\n", "defaults.target", "cannot import module 'no_such_module'"),
+        ("[cases.a]\ntarget = 'command'\nheight = 8\nwidth = 8\n", "cases.a.template", "no command"),
+    ],
+)
+def test_target_mistakes_name_the_key_that_chose_it(tmp_path: Path, text: str, key: str, message: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_image_cases(tmp_path)
+    assert info.value.path == str(path) and info.value.key == key
+
+
+def test_an_unknown_default_pipeline_target_is_the_options_error(tmp_path: Path) -> None:
+    _write(tmp_path, "[cases.a]\n")
+    with pytest.raises(ConfigError, match="unknown pipeline target 'nope'") as info:
+        load_with(tmp_path, "nope")
+    assert info.value.path is None and info.value.key == "--pipeline-target"
