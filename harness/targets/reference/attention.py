@@ -31,6 +31,7 @@ MODEL_CHECKS: dict[str, tuple[str, str]] = {
     "vae.audio_fp32_restored": ("vae", "audio_fp32_restored"),
     "vae.video_dispatch": ("vae", "video_dispatch"),
     "pipeline.turbo_drift": ("pipeline", "turbo_drift"),
+    "perf.sp_step_ratio": ("pipeline", "sp_step_ratio"),
 }
 
 

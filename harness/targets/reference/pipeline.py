@@ -125,3 +125,27 @@ def check_drift_case(params: Mapping[str, Any]) -> None:
     """``pipeline.turbo_drift`` parameters the pipeline can run (ParamError naming the key)."""
     fields = {k: params[k] for k in ("prompt", "seed", "height", "width", "steps") if k in params}
     ReferencePipelineTarget().check_case(fields, int(params.get("world_size", 1)))
+
+
+def sp_step_ratio(device: str, repeats: int = 3, **fields: Any) -> dict[str, Any]:
+    """On every rank of a group: the median denoising step of ``fields`` on one rank and under SP over
+    the group, timed side by side (A, B, A, B...) on the same ranks, models built once per layout."""
+    import statistics
+
+    config = pipeline_config(fields, device)
+    single_models = build_models(config)  # SP not set up yet: a one-rank pipeline
+    single_steps: list[float] = []
+    sp_steps: list[float] = []
+    run_pipeline(config, single_models)  # warm-up
+    prepared = _Prepared(config)
+    try:
+        prepared.run()  # warm-up under SP (pays the communicators' first collective)
+        for _ in range(repeats):
+            destroy_sequence_parallel()
+            single_steps += run_pipeline(config, single_models).timings.denoise_step_ms
+            init_sequence_parallel(dist.get_world_size(), 1)
+            sp_steps += prepared.run().timings.denoise_step_ms
+    finally:
+        prepared.close()
+    single, sp = statistics.median(single_steps), statistics.median(sp_steps)
+    return {"single_rank_step_ms": single, "sp_step_ms": sp, "ratio": sp / single, "steps_timed": len(sp_steps)}
