@@ -5,7 +5,7 @@ Fixtures:
 - ``rank_pool``: ``rank_pool(world_size) -> harness.launcher.RankPool``, one live pool per world
   size for the whole session (started on first use, closed at the end);
 - ``assert_contract``: ``assert_contract("usp.ulysses_parity", world_size=2, dtype="bf16")`` runs
-  one case on the session's target through those pools; it fails the test with the figures,
+  one case on the session's target (or ``target=..., target_args=(("layer", "m:C"),)``) through those pools; it fails the test with the figures,
   skips it with the reason when the target cannot express the case, and returns the Verdict.
 
 Options: ``--parity-target`` (default ``reference``; ``module:factory`` for yours) and
@@ -51,9 +51,9 @@ def assert_contract(request: pytest.FixtureRequest, rank_pool: Callable[[int], R
     target = request.config.getoption("--parity-target")
     device = request.config.getoption("--parity-device")
 
-    def check(contract_id: str, *, target: str = target, **params: Any) -> Verdict:
+    def check(contract_id: str, *, target: str = target, target_args: tuple[tuple[str, str], ...] = (), **params: Any) -> Verdict:
         case = make_case(contract_id, params, case_id=f"{request.node.name}:{contract_id}", source="assert_contract")
-        [verdict] = run_cases([case], target, device, pools=rank_pool)
+        [verdict] = run_cases([case], target, device, pools=rank_pool, target_args=target_args)
         if verdict.status == SKIPPED:
             pytest.skip(f"{contract_id}: {verdict.reason}")
         if verdict.status == FAILED:

@@ -22,7 +22,7 @@ from harness.contracts.registry import RankContext
 from harness.contracts.verdict import FAILED, SKIPPED, RankOutcome, Verdict
 from harness.launcher import RankFailure, RankPool, rank_device
 from harness.targets.base import CAPABILITIES, Target, Unsupported
-from harness.targets.loader import load_target
+from harness.targets.loader import TargetArgs, load_target
 
 PoolGetter = Callable[[int], RankPool]
 
@@ -90,11 +90,11 @@ def _close_when_started(future: Future[RankPool]) -> None:
     pool.close()
 
 
-def run_case_in_rank(contract_id: str, params: dict, target_spec: str) -> RankOutcome:
+def run_case_in_rank(contract_id: str, params: dict, target_spec: str, target_args: TargetArgs = ()) -> RankOutcome:
     """The function every rank runs for one case (module level: the pool pickles a reference to it)."""
     import torch.distributed as dist
 
-    target = load_target(target_spec)
+    target = load_target(target_spec, target_args)
     contract = get_contract(contract_id)
     ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device())
     try:
@@ -127,14 +127,16 @@ def run_cases(
     pools: PoolGetter | None = None,
     timeout: float | None = None,
     on_verdict: Callable[[Verdict], None] | None = None,
+    target_args: TargetArgs = (),
 ) -> list[Verdict]:
     """Verdicts in the order of ``cases``.
 
     ``pools`` lends a live pool per world size. A :class:`PoolSet` is driven fully (all its
     groups started at once, each released after its last case; the caller closes it); any other
     getter (the pytest plugin's session pools) is only asked; None: a PoolSet of this call.
+    ``target_args`` are the ``--target-arg`` pairs (``parse_target_args``), handed to every rank too.
     """
-    target_obj = load_target(target)
+    target_obj = load_target(target, target_args)
     verdicts: dict[int, Verdict] = {}
     runnable: list[tuple[int, Case]] = []
     for index, case in enumerate(cases):
@@ -153,7 +155,7 @@ def run_cases(
         if managed:
             managed.prestart(c.world_size for _, c in runnable)
         for position, (index, case) in enumerate(runnable):
-            verdicts[index] = _run_one(case, getter, target, timeout)
+            verdicts[index] = _run_one(case, getter, target, target_args, timeout)
             if on_verdict:
                 on_verdict(verdicts[index])
             last_of_world = position + 1 == len(runnable) or runnable[position + 1][1].world_size != case.world_size
@@ -165,13 +167,15 @@ def run_cases(
     return [verdicts[i] for i in range(len(cases))]
 
 
-def _run_one(case: Case, pools: PoolGetter, target: str, timeout: float | None) -> Verdict:
+def _run_one(case: Case, pools: PoolGetter, target: str, target_args: TargetArgs, timeout: float | None) -> Verdict:
     contract = get_contract(case.contract_id)
     start = time.perf_counter()
     try:
         pool = pools(case.world_size)
         start = time.perf_counter()  # a case's cost excludes starting its group
-        outcomes = pool.run(run_case_in_rank, case.contract_id, dict(case.params), target, timeout=timeout or contract.timeout_s)
+        outcomes = pool.run(
+            run_case_in_rank, case.contract_id, dict(case.params), target, target_args, timeout=timeout or contract.timeout_s
+        )
     except RankFailure as exc:
         verdict = _verdict(case, FAILED, str(exc).splitlines()[0], time.perf_counter() - start, target)
         verdict.figures["traceback"] = exc.traceback

@@ -28,7 +28,11 @@ def add_outputs(parser: argparse.ArgumentParser) -> None:
 def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", default="reference", metavar="T",
-        help="implementation under test: reference (default), yunchang, yunchang-ulysses, or module:factory",
+        help="implementation under test: reference (default), sglang, yunchang, yunchang-ulysses, or module:factory",
+    )
+    parser.add_argument(
+        "--target-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="keyword argument for the target's factory (repeatable), e.g. --target sglang --target-arg layer=MODULE:CLASS",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device of the ranks (default: cpu)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-case timeout (default: the contract's)")

@@ -109,17 +109,21 @@ def run_contract_cases(
     without, this call starts them and closes each after its last case.
     """
     from harness.runner import PoolSet, run_cases
+    from harness.targets.loader import parse_target_args
 
     check_device(args.device)
+    target_args = parse_target_args(getattr(args, "target_arg", []))
     start = time.perf_counter()
     with progress(err, len(cases), label) as advance:
         if pools is None:
             with PoolSet(args.device) as own:
-                verdicts = run_cases(cases, args.target, args.device, pools=own, timeout=args.timeout, on_verdict=advance)
+                verdicts = run_cases(cases, args.target, args.device, pools=own, timeout=args.timeout, on_verdict=advance,
+                                     target_args=target_args)
             startup = own.startup_s
         else:
             pools.prestart(c.world_size for c in cases)
-            verdicts = run_cases(cases, args.target, args.device, pools=pools.get, timeout=args.timeout, on_verdict=advance)
+            verdicts = run_cases(cases, args.target, args.device, pools=pools.get, timeout=args.timeout, on_verdict=advance,
+                                 target_args=target_args)
             startup = pools.startup_s
     return ContractRun(verdicts, time.perf_counter() - start, dict(startup))
 
@@ -127,10 +131,13 @@ def run_contract_cases(
 def environment(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from harness.targets.loader import parse_target_args
+
     from reference_impl.platform import current_platform
 
     return {
         "target": args.target,
+        "target_args": dict(parse_target_args(getattr(args, "target_arg", []))),
         "device": args.device,
         "platform": current_platform.label(),
         "torch": torch.__version__,
