@@ -4,7 +4,7 @@ Importing this package registers every built-in contract: ``usp.*``, ``backend.*
 model-level ``model.*`` / ``encoder.*`` / ``vae.*`` and the pipeline-level ``pipeline.*``.
 """
 
-from harness.contracts import backend, models, pipeline, usp  # noqa: F401  (registration)
+from harness.contracts import backend, models, pipeline, usp, usp_masked_prefix  # noqa: F401  (registration)
 from harness.contracts.registry import Contract, RankContext, all_contracts, get_contract, register
 from harness.contracts.verdict import FAILED, PASSED, SKIPPED, RankOutcome, Stats, Verdict, compare
 

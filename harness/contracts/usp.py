@@ -304,35 +304,56 @@ register(Contract(
 
 # ------------------------------------------------------------------ guards
 
-_REPLICATED_KWARGS = ("num_replicated_prefix", "num_replicated_suffix", "num_replicated_kv_prefix")
+_REPLICATED_KWARGS = {"prefix": "num_replicated_prefix", "suffix": "num_replicated_suffix", "kv_prefix": "num_replicated_kv_prefix"}
+
+
+def _check_refused(p: Params) -> None:
+    unknown = sorted(set(p.refused) - set(_REPLICATED_KWARGS))
+    if unknown or not p.refused:
+        raise ParamError("refused", f"{p.refused}: a non-empty subset of {', '.join(_REPLICATED_KWARGS)}")
 
 
 def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
-    """mask + replicated tokens under SP: NotImplementedError on every rank, and the group still answers."""
+    """mask + replicated tokens under SP: the ``refused`` kinds raise on every rank, the others run; the group still answers.
+
+    A refusal is NotImplementedError or the target's Unsupported of kind ``mask_with_replicated``.
+    A prefix left out of ``refused`` (legal in sglang since PR #36735) needs ``masked_replicated_prefix``.
+    """
+    if "prefix" not in p.refused and "masked_replicated_prefix" not in ctx.target.capabilities():
+        raise Unsupported("a masked replicated prefix is expected to run; this target does not declare masked_replicated_prefix")
     q, k, v = _qkv(ctx, p, p.tokens_per_rank + p.replicated)
     mask = torch.ones(p.batch, q.shape[1], dtype=torch.bool, device=ctx.device)
     problems: list[str] = []
     with ctx.parallel(p.world_size, 1):
         attn = ctx.attention(p)
-        for kwarg in _REPLICATED_KWARGS:
+        for kind, kwarg in _REPLICATED_KWARGS.items():
+            call, refused = f"attn_mask with {kwarg}={p.replicated}", kind in p.refused
             try:
-                attn(q, k, v, attn_mask=mask, **{kwarg: p.replicated})
-                problems.append(f"attn_mask with {kwarg}={p.replicated} ran instead of raising NotImplementedError")
-            except NotImplementedError:
-                pass
+                out = attn(q, k, v, attn_mask=mask, **{kwarg: p.replicated})
+                if refused:
+                    problems.append(f"{call} ran instead of raising NotImplementedError")
+                elif out.shape != q.shape or not torch.isfinite(out).all():
+                    problems.append(f"{call} gave shape {tuple(out.shape)} (expected {tuple(q.shape)}) or non-finite values")
+            except (NotImplementedError, Unsupported) as exc:
+                if isinstance(exc, Unsupported) and exc.kind != "mask_with_replicated":
+                    raise
+                if not refused:
+                    problems.append(f"{call} was refused, but it is legal here: {exc}")
             except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
-                problems.append(f"attn_mask with {kwarg}: {type(exc).__name__} instead of NotImplementedError: {exc}")
+                problems.append(f"{call}: {type(exc).__name__} instead of {'a refusal' if refused else 'running'}: {exc}")
         problem = _all_ranks_alive(p.world_size)
     return RankOutcome(problems=problems + ([problem] if problem else []), checks=len(_REPLICATED_KWARGS) + 1, kernel=attn.kernel)
 
 
 register(Contract(
     "usp.masked_rejects_replicated",
-    "attn_mask with replicated tokens under SP raises NotImplementedError on every rank, before any collective",
-    PARALLEL + SHAPE + NUMERIC + REPLICATED,
+    "attn_mask with replicated tokens under SP: each kind in `refused` raises NotImplementedError on every rank "
+    "before any collective, the others run",
+    PARALLEL + SHAPE + NUMERIC + REPLICATED
+    + (Param("refused", "str_list", list(_REPLICATED_KWARGS), "replicated kinds a mask must be refused with: prefix, suffix, kv_prefix"),),
     masked_rejects_replicated,
     requires=frozenset({"mask", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix"}),
-    checks=(_replicated_positive,),
+    checks=(_replicated_positive, _check_refused),
     min_world_size=2,
     timeout_s=60.0,
 ))
@@ -346,8 +367,10 @@ def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
         try:
             ctx.attention(p, backend=p.no_lse_backend)
             problems.append(f"{p.no_lse_backend} was admitted under ring degree {p.ring_degree}")
-        except Unsupported:
-            raise
+        except Unsupported as exc:
+            if exc.kind != "ring_needs_lse":
+                raise
+            extra["refusal"] = exc.reason
         except RuntimeError as exc:
             extra["refusal"] = str(exc)
         except Exception as exc:  # noqa: BLE001
@@ -358,6 +381,8 @@ def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
         ):
             try:
                 ctx.attention(p, **changes)
+            except Unsupported:
+                raise  # e.g. no backend here can run ring at all: the case cannot be expressed
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{label} was refused: {type(exc).__name__}: {exc}")
         problem = _all_ranks_alive(p.world_size)

@@ -24,6 +24,8 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import sys
+import warnings
 from importlib.metadata import PackageNotFoundError, version as distribution_version
 from types import ModuleType
 from typing import Any
@@ -72,7 +74,9 @@ def capabilities_for(version: Version) -> frozenset[str]:
 def import_error() -> str | None:
     """Why sglang's attention layer does not import here, or None (the import is paid once per process)."""
     try:
-        importlib.import_module(LAYER_MODULE)
+        with warnings.catch_warnings():  # "Only CUDA ... support AWQ/GGUF": platform notices, one per rank
+            warnings.simplefilter("ignore", UserWarning)
+            importlib.import_module(LAYER_MODULE)
     except Exception as exc:  # noqa: BLE001 - any import failure is the reason
         return f"sglang {installed_version()} is installed but {LAYER_MODULE} does not import: {type(exc).__name__}: {exc} ({INSTALL_HINT})"
     return None
@@ -85,8 +89,7 @@ def _sglang() -> dict[str, ModuleType]:
         raise Unsupported(reason, kind="backend_unavailable")
     base = "sglang.multimodal_gen.runtime"
     names = {"layer": LAYER_MODULE, "state": f"{base}.distributed.parallel_state",
-             "context": f"{base}.managers.forward_context", "server_args": f"{base}.server_args.server_args",
-             "backends": f"{base}.platforms"}
+             "context": f"{base}.managers.forward_context", "server_args": f"{base}.server_args.server_args"}
     return {key: importlib.import_module(name) for key, name in names.items()}
 
 
@@ -173,26 +176,39 @@ class SglangTarget(Target):
         return None
 
     def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
-        mods = _sglang()
-        _set_server_args(mods["server_args"])
-        state, backend = mods["state"], dist.get_backend()
-        rank, world = dist.get_rank(), dist.get_world_size()
-        state.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend=backend)
-        state.initialize_model_parallel(
-            sequence_parallel_degree=ulysses_degree * ring_degree, ulysses_degree=ulysses_degree,
-            ring_degree=ring_degree, backend=backend,
-        )
-        self._ring_degree = ring_degree
+        self._parallel_state(ulysses_degree, ring_degree)
 
     def destroy_parallel(self) -> None:
         self._ring_degree = 1
-        state = importlib.import_module(f"{LAYER_MODULE.rsplit('.layers', 1)[0]}.distributed.parallel_state") if _imported() else None
-        if state is not None and state.model_parallel_is_initialized():
+        if LAYER_MODULE not in sys.modules:  # sglang never imported in this process: nothing to forget
+            return
+        state = _sglang()["state"]
+        if state.model_parallel_is_initialized():
             state.destroy_model_parallel()
+
+    def _parallel_state(self, ulysses_degree: int, ring_degree: int) -> ModuleType:
+        """sglang's groups on the default group: SP over U×R ranks, data parallel over the rest (every rank calls it)."""
+        mods = _sglang()
+        _set_server_args(mods["server_args"])
+        state, backend = mods["state"], dist.get_backend()
+        if state.model_parallel_is_initialized():
+            state.destroy_model_parallel()
+        rank, world, sp = dist.get_rank(), dist.get_world_size(), ulysses_degree * ring_degree
+        state.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend=backend)
+        state.initialize_model_parallel(
+            data_parallel_size=world // sp, sequence_parallel_degree=sp, ulysses_degree=ulysses_degree,
+            ring_degree=ring_degree, backend=backend,
+        )
+        self._ring_degree = ring_degree
+        return mods["state"]
 
     def make_attention(self, spec: AttentionSpec) -> SglangAttention:
         mods = _sglang()
-        _set_server_args(mods["server_args"])
+        if not mods["state"].model_parallel_is_initialized():
+            # sglang always runs on its parallel state, even on one rank (its masked path reads the SP
+            # size before honouring skip_sequence_parallel): outside SP, each rank is an SP group of one.
+            # Creating the groups is collective; contracts build their single-rank reference on every rank.
+            self._parallel_state(1, 1)
         if spec.sdpa_kernel:
             raise Unsupported(f"sglang cannot pin torch SDPA to one kernel ({spec.sdpa_kernel})", "backend_unavailable")
         enum = mods["layer"].AttentionBackendEnum
@@ -217,13 +233,10 @@ class SglangTarget(Target):
             if required is not None:  # the selector cannot serve the requested backend here
                 raise Unsupported(f"sglang {installed_version()}: {exc}", "backend_unavailable") from exc
             raise
+        if required is not None and layer.backend != required:  # sglang's selector fell back to another backend
+            raise Unsupported(f"sglang {installed_version()} runs {layer.backend.name} when asked for {required.name} here",
+                              "backend_unavailable")
         return SglangAttention(layer, mods, installed_version())
-
-
-def _imported() -> bool:
-    import sys
-
-    return LAYER_MODULE in sys.modules
 
 
 def _set_server_args(module: ModuleType) -> None:
