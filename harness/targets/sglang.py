@@ -106,7 +106,10 @@ def load_layer_class(spec: str) -> type:
     cls = getattr(module, attr, None)
     if not inspect.isclass(cls):
         raise ConfigError(f"module {module_name!r} has no class {attr!r}", key=where)
-    params = inspect.signature(cls).parameters
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{spec}: cannot read its constructor's signature: {exc}", key=where) from exc
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     missing = [name for name in _CONSTRUCTOR_ARGS if name not in params and not takes_any]
     if missing or not callable(getattr(cls, "forward", None)):
