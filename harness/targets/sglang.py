@@ -5,7 +5,8 @@ Each rank builds sglang's world and sequence-parallel groups on the live default
 builds the layer with sglang's constructor and selector, and calls it inside sglang's forward
 context: nothing of sglang is re-implemented or mocked. sglang is imported only inside the
 ranks, once per rank process (the pool keeps them alive); the parent learns the capabilities
-from the installed version's metadata alone.
+from the installed version's metadata alone, and imports sglang only to say why it cannot
+(``unavailable_reason``) or to check a ``layer=`` class.
 
 sglang's refusals reach the verdict with sglang's own text, mapped to a kind of
 :data:`~harness.targets.base.REFUSALS`: ring/hybrid refused at construction (no CPU backend
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import inspect
 import sys
 import warnings
@@ -44,18 +44,17 @@ INSTALL_HINT = "on a CPU-only machine run scripts/install-sglang-cpu.sh; elsewhe
 # The capabilities every release this adapter knows has, and those that came later. The first
 # release of each PR was established by reading layer.py of each sglang wheel on PyPI
 # (scripts/sglang_cpu/README.md, "Version facts").
-_BASE = frozenset({"ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix",
-                   "mask", "backend_choice"})
+_BASE = frozenset({"ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix", "mask"})
 SINCE: dict[str, tuple[Version, str]] = {
     "varlen": (Version("0.5.18"), "PR #33923 added the seq_lens entry"),
+    "backend_choice": (Version("0.5.20"), "USPAttention takes required_attention_backend"),
     "masked_replicated_prefix": (Version("0.5.20"), "PR #36735 made a key mask with a replicated prefix legal"),
 }
-OLDEST = Version("0.5.16")  # the oldest release whose USPAttention.forward takes every keyword used here
+OLDEST = Version("0.5.16")  # USPAttention as this adapter calls it (forward's replicated kinds); only 0.5.23 was run
 
 _REPLICATED = ("num_replicated_prefix", "num_replicated_suffix", "num_replicated_kv_prefix")
 _FORWARD_KWARGS = frozenset({"attn_mask", "seq_lens", *_REPLICATED})
-_CONSTRUCTOR_ARGS = ("num_heads", "head_size", "num_kv_heads", "softmax_scale", "causal",
-                     "required_attention_backend", "skip_sequence_parallel")
+_CONSTRUCTOR_ARGS = ("num_heads", "head_size", "num_kv_heads", "softmax_scale", "causal", "skip_sequence_parallel")
 
 
 def installed_version() -> Version | None:
@@ -157,7 +156,6 @@ class SglangTarget(Target):
     name = "sglang"
 
     def __init__(self, layer: str | None = None) -> None:
-        self.layer_spec = layer
         self._layer_cls: type | None = load_layer_class(layer) if layer else None
         self._ring_degree = 1
 
@@ -170,13 +168,13 @@ class SglangTarget(Target):
         if version is None:
             return f"sglang is not installed ({INSTALL_HINT})"
         if version < OLDEST:
-            return f"sglang {version} is older than {OLDEST}, the oldest release this adapter drives"
+            return f"sglang {version} is older than {OLDEST}, the oldest USPAttention this adapter is written for"
         kind = torch.device(device).type
         if kind not in ("cpu", "cuda"):
             return f"the sglang target runs on cpu or cuda, not {kind}"
         if kind == "cuda" and not torch.cuda.is_available():
             return "device cuda but torch sees no CUDA device"
-        return None
+        return import_error()  # the one question metadata cannot answer: this imports sglang, once per process
 
     def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
         self._parallel_state(ulysses_degree, ring_degree)
@@ -189,7 +187,7 @@ class SglangTarget(Target):
         if state.model_parallel_is_initialized():
             state.destroy_model_parallel()
 
-    def _parallel_state(self, ulysses_degree: int, ring_degree: int) -> ModuleType:
+    def _parallel_state(self, ulysses_degree: int, ring_degree: int) -> None:
         """sglang's groups on the default group: SP over U×R ranks, data parallel over the rest (every rank calls it)."""
         mods = _sglang()
         _set_server_args(mods["server_args"])
@@ -203,7 +201,6 @@ class SglangTarget(Target):
             ring_degree=ring_degree, backend=backend,
         )
         self._ring_degree = ring_degree
-        return mods["state"]
 
     def make_attention(self, spec: AttentionSpec) -> SglangAttention:
         mods = _sglang()
@@ -223,10 +220,11 @@ class SglangTarget(Target):
                 raise Unsupported(f"sglang {installed_version()} has no attention backend {spec.backend!r}; its backends: {names}",
                                   "backend_unavailable")
         cls = self._layer_cls or mods["layer"].USPAttention
+        chosen = {} if required is None else {"required_attention_backend": required}
         try:
             layer = cls(
                 spec.num_heads, spec.head_dim, num_kv_heads=spec.num_kv_heads, softmax_scale=spec.softmax_scale,
-                causal=spec.causal, required_attention_backend=required, skip_sequence_parallel=spec.skip_sequence_parallel,
+                causal=spec.causal, skip_sequence_parallel=spec.skip_sequence_parallel, **chosen,
             )
         except RuntimeError as exc:
             if self._ring_degree > 1 and not spec.skip_sequence_parallel:  # sglang's ring admission, at construction

@@ -52,14 +52,15 @@ def _run(cases: dict[str, Case], ids: list[str], rank_pool, target_args=()) -> d
 
 
 @pytest.mark.parametrize(
-    "version,has_varlen,has_masked_prefix",
+    "version,has_varlen,has_0_5_20",
     [("0.5.17", False, False), ("0.5.18", True, False), ("0.5.19", True, False), ("0.5.20", True, True), ("0.5.23", True, True)],
 )
-def test_capabilities_follow_the_installed_version(monkeypatch, version, has_varlen, has_masked_prefix):
+def test_capabilities_follow_the_installed_version(monkeypatch, version, has_varlen, has_0_5_20):
     monkeypatch.setattr(sglang_target, "installed_version", lambda: Version(version))
     caps = sglang_target.SglangTarget().capabilities()
     assert caps <= set(CAPABILITIES)
-    assert ("varlen" in caps) is has_varlen and ("masked_replicated_prefix" in caps) is has_masked_prefix
+    assert ("varlen" in caps) is has_varlen
+    assert ("masked_replicated_prefix" in caps) is has_0_5_20 and ("backend_choice" in caps) is has_0_5_20
     assert {"ulysses", "ring", "gqa", "causal", "mask", "replicated_suffix"} <= caps
 
 
@@ -70,9 +71,12 @@ def test_unavailable_reasons(monkeypatch):
     assert "scripts/install-sglang-cpu.sh" in sglang_target.INSTALL_HINT
     assert target.capabilities() == frozenset()
     monkeypatch.setattr(sglang_target, "installed_version", lambda: Version("0.5.15"))
-    assert target.unavailable_reason("cpu") == "sglang 0.5.15 is older than 0.5.16, the oldest release this adapter drives"
+    assert target.unavailable_reason("cpu") == "sglang 0.5.15 is older than 0.5.16, the oldest USPAttention this adapter is written for"
     monkeypatch.setattr(sglang_target, "installed_version", lambda: Version("0.5.23"))
     assert target.unavailable_reason("mps") == "the sglang target runs on cpu or cuda, not mps"
+    monkeypatch.setattr(sglang_target, "import_error", lambda: "sglang 0.5.23 is installed but ... does not import: X")
+    assert target.unavailable_reason("cpu") == "sglang 0.5.23 is installed but ... does not import: X"
+    monkeypatch.setattr(sglang_target, "import_error", lambda: None)
     assert target.unavailable_reason("cpu") is None
 
 
