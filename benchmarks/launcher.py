@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.launcher import RankPool, rank_device, run_on_ranks
+from harness.ranks import RankPool, rank_device, run_on_ranks
 
 SHAPE = (1, 64, 8, 64)  # [B, S_local, H, D]: one rank's shard of a small attention input
 

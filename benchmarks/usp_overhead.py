@@ -12,7 +12,7 @@ import json
 
 import torch
 
-from harness.kernel_bench import AttnShape, matmul_tflops, usp_overhead
+from harness.targets.reference.kernels import AttnShape, matmul_tflops, usp_overhead
 
 
 def main() -> None:

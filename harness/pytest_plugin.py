@@ -2,14 +2,16 @@
 
 Fixtures:
 
-- ``rank_pool``: ``rank_pool(world_size) -> harness.launcher.RankPool``, one live pool per world
-  size for the whole session (started on first use, closed at the end);
+- ``rank_pools``: the session's :class:`harness.ranks.PoolSet` (one live group per world size,
+  started on first use, closed at the end);
+- ``rank_pool``: ``rank_pool(world_size) -> harness.ranks.RankPool`` from those pools;
 - ``assert_contract``: ``assert_contract("usp.ulysses_parity", world_size=2, dtype="bf16")`` runs
-  one case on the session's target (or ``target=..., target_args=(("layer", "m:C"),)``) through those pools; it fails the test with the figures,
-  skips it with the reason when the target cannot express the case, and returns the Verdict.
+  one case on the session's target through those pools; it fails the test with the figures,
+  skips it with the reason when the target cannot express the case, and returns the CaseResult.
 
-Options: ``--parity-target`` (default ``reference``; ``module:factory`` for yours) and
-``--parity-device`` (``cpu`` or ``cuda``). Imports are lazy: the plugin costs nothing to a
+Options: ``--parity-target`` (default ``reference``; a built-in name or ``module:factory`` for
+yours), ``--parity-target-arg KEY=VALUE`` (repeatable: keyword arguments of the target's factory)
+and ``--parity-device`` (``cpu`` or ``cuda``). Imports are lazy: the plugin costs nothing to a
 session that does not use it.
 """
 
@@ -21,49 +23,55 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from harness.contracts.verdict import Verdict
-    from harness.launcher import RankPool
+    from harness.ranks import PoolSet, RankPool
+    from harness.results import CaseResult
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("parity", "parity contracts")
-    group.addoption("--parity-target", default="reference", help="target for assert_contract: reference, yunchang, or module:factory")
+    group.addoption("--parity-target", default="reference", help="target for assert_contract: a built-in name or module:factory")
+    group.addoption("--parity-target-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="keyword argument of the target's factory (repeatable)")
     group.addoption("--parity-device", default="cpu", choices=("cpu", "cuda"), help="device of the ranks for rank_pool / assert_contract")
 
 
 @pytest.fixture(scope="session")
-def rank_pool(request: pytest.FixtureRequest) -> Iterator[Callable[[int], RankPool]]:
-    from harness.runner import PoolSet
+def rank_pools(request: pytest.FixtureRequest) -> Iterator[PoolSet]:
+    from harness.ranks import PoolSet
 
-    pools = PoolSet(request.config.getoption("--parity-device"))
-    try:
-        yield pools.get  # the getter, not the set: run_cases must not release session pools
-    finally:
-        pools.close()
+    with PoolSet(request.config.getoption("--parity-device")) as pools:
+        yield pools
+
+
+@pytest.fixture(scope="session")
+def rank_pool(rank_pools: PoolSet) -> Callable[[int], RankPool]:
+    return rank_pools.get
 
 
 @pytest.fixture
-def assert_contract(request: pytest.FixtureRequest, rank_pool: Callable[[int], RankPool]) -> Callable[..., Verdict]:
-    from harness.cases import make_case
-    from harness.contracts.verdict import FAILED, SKIPPED
-    from harness.runner import run_cases
+def assert_contract(request: pytest.FixtureRequest, rank_pools: PoolSet) -> Callable[..., CaseResult]:
+    from harness.contracts.case import make_case
+    from harness.contracts.runner import RunOptions, run_cases
+    from harness.results import FAILED, SKIPPED
+    from harness.targets.loader import parse_target_args
 
-    target = request.config.getoption("--parity-target")
+    default_target = request.config.getoption("--parity-target")
+    target_args = parse_target_args(request.config.getoption("--parity-target-arg"))
     device = request.config.getoption("--parity-device")
 
-    def check(contract_id: str, *, target: str = target, target_args: tuple[tuple[str, str], ...] = (), **params: Any) -> Verdict:
+    def check(contract_id: str, *, target: str = default_target, **params: Any) -> CaseResult:
         case = make_case(contract_id, params, case_id=f"{request.node.name}:{contract_id}", source="assert_contract")
-        [verdict] = run_cases([case], target, device, pools=rank_pool, target_args=target_args)
-        if verdict.status == SKIPPED:
-            pytest.skip(f"{contract_id}: {verdict.reason}")
-        if verdict.status == FAILED:
-            figures = {k: v for k, v in verdict.figures.items() if k != "traceback"}
-            details = f"\n{verdict.figures['traceback']}" if "traceback" in verdict.figures else ""
+        options = RunOptions(target, target_args if target == default_target else (), device)
+        [result] = run_cases([case], options, rank_pools)
+        if result.status == SKIPPED:
+            pytest.skip(f"{contract_id}: {result.reason}")
+        if result.status == FAILED:
+            details = f"\n{result.traceback}" if result.traceback else ""
             pytest.fail(
-                f"{contract_id} failed on target {target}: {verdict.reason}\nbound: {verdict.bound}\n"
-                f"kernel: {verdict.kernel}\nfigures: {figures}{details}",
+                f"{contract_id} failed on target {target}: {result.reason}\nbound: {result.bound}\n"
+                f"kernel: {result.kernel}\nfigures: {result.figures}{details}",
                 pytrace=False,
             )
-        return verdict
+        return result
 
     return check

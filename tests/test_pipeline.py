@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.contracts.pipeline import turbo_drift  # the measuring function lives with its contract
-from harness.launcher import RankPool
+from harness.targets.reference.pipeline import turbo_drift  # the measuring function behind pipeline.turbo_drift
+from harness.ranks import RankPool
 from reference_impl.attention.layer import USPAttention
 from reference_impl.models.layers import ModelConfigError
 from reference_impl.pipeline import (
@@ -31,6 +31,11 @@ pytestmark = pytest.mark.timeout(240)
 
 
 # ---------------------------------------------------------------- rank workers
+
+
+def drift_figures(fields: dict) -> dict:
+    """The turbo-drift figures of ``fields`` on this rank (CPU)."""
+    return turbo_drift("cpu", **fields)["figures"]
 
 
 def sp_and_single(config: PipelineConfig) -> tuple[PipelineResult, PipelineResult]:
@@ -161,11 +166,10 @@ def test_turbo_drift_rotate_to_front_against_one_rank(pool2):
     what was measured is asserted: order-preserving is bitwise at both step counts; the rotated
     layout moves the latents, and at 30 steps the pixels too.
     """
-    drift = {steps: pool2.run(turbo_drift, PipelineConfig(dtype="bfloat16", steps=steps, height=64, width=64))[0]
-             for steps in (9, 30)}
+    drift = {steps: pool2.run(drift_figures, dict(dtype="bfloat16", steps=steps, height=64, width=64))[0] for steps in (9, 30)}
     for figures in drift.values():
         assert figures["order_preserving_bitwise"] and figures["order_preserving_mae"] == 0.0
     assert drift[30]["rotate_to_front_mae"] > 0.0
     assert drift[30]["rotate_to_front_latent_mae"] > 0.0
-    fp32 = pool2.run(turbo_drift, PipelineConfig(dtype="float32", steps=9))[0]
+    fp32 = pool2.run(drift_figures, dict(dtype="float32", steps=9))[0]
     assert fp32["order_preserving_bitwise"] and fp32["rotate_to_front_latent_mae"] > 0.0

@@ -26,18 +26,19 @@ from typing import Any
 
 import numpy as np
 
-from harness.baselines.atomic import write_bytes_atomic, write_json_atomic
-from harness.baselines.jsonio import expect_object, expect_str, read_json
+from harness.files.atomic import write_bytes_atomic, write_json_atomic
+from harness.files.jsonio import expect_object, expect_str, read_json
 from harness.errors import ConfigError
 
-__all__ = ["MANIFEST", "load_reference", "bless", "read_manifest"]
+__all__ = ["MANIFEST", "REFERENCES_DIR", "load_reference", "bless", "read_manifest", "check_case_id"]
 
 MANIFEST = "manifest.json"
+REFERENCES_DIR = "images"  # <baselines>/images: reference PNGs and their manifest
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def _check_case_id(case_id: str) -> str:
+def check_case_id(case_id: str) -> str:
     """Case ids become file names: refuse anything that could escape the directory."""
     if not isinstance(case_id, str) or not _SAFE_ID.match(case_id) or ".." in case_id:
         raise ConfigError(f"case id {case_id!r} is not usable as a file name (letters, digits, _ . -)", key="case_id")
@@ -105,7 +106,7 @@ def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
 def load_reference(directory: str | Path, case_id: str) -> np.ndarray:
     """The verified reference for ``case_id``: ``HxWx3`` uint8 for an image, ``TxHxWx3`` for a video."""
     directory = Path(directory)
-    _check_case_id(case_id)
+    check_case_id(case_id)
     manifest = read_manifest(directory)
     names = _case_files(manifest, case_id)
     if not names:
@@ -135,7 +136,7 @@ def bless(directory: str | Path, case_id: str, array: Any) -> list[str]:
     Files of the case's previous reference that the new one does not reuse are removed.
     """
     directory = Path(directory)
-    _check_case_id(case_id)
+    check_case_id(case_id)
     array = np.asarray(array)
     if array.dtype != np.uint8 or array.ndim not in (3, 4) or array.shape[-1] != 3 or 0 in array.shape:
         raise ValueError(f"bless needs uint8 HxWx3 or TxHxWx3, got dtype {array.dtype} shape {array.shape}")

@@ -72,8 +72,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.atomic import write_json_atomic
-from harness.baselines.jsonio import expect_number, expect_object, expect_str, join_key, read_json
+from harness.files.atomic import write_json_atomic
+from harness.files.jsonio import expect_number, expect_object, expect_str, join_key, read_json
+from harness.baselines.named import NamedValues
 from harness.baselines.platforms import find_overlay
 from harness.errors import ConfigError
 
@@ -123,8 +124,8 @@ def platform_matches(name: str, platform: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Tolerances:
-    """Relative slack per metric family (0.2 = the value may be 20 % above its baseline)."""
+class Tolerances(NamedValues, names=TOLERANCE_KEYS, what="tolerance"):
+    """Relative slack per metric family (0.2 = the value may be 20 % above its baseline); ``get`` by family."""
 
     e2e: float
     denoise_stage: float
@@ -132,12 +133,6 @@ class Tolerances:
     denoise_step: float
     denoise_agg: float
     abs_floor_ms: float = 0.0
-
-    def get(self, category: str) -> float:
-        """Tolerance by category name (one of :data:`TOLERANCE_KEYS`)."""
-        if category not in TOLERANCE_KEYS:
-            raise KeyError(f"unknown tolerance {category!r}; valid: {list(TOLERANCE_KEYS)}")
-        return float(getattr(self, category))
 
 
 @dataclass(frozen=True)

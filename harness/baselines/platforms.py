@@ -13,8 +13,9 @@ from __future__ import annotations
 import platform as _py_platform
 import re
 from pathlib import Path
+from typing import Any
 
-__all__ = ["normalize_device_name", "find_overlay", "platform_name"]
+__all__ = ["normalize_device_name", "find_overlay", "platform_name", "hardware_name", "machine_record"]
 
 _VENDOR_WORDS = frozenset({"nvidia", "amd", "intel", "instinct", "radeon", "geforce", "tesla", "apple", "corporation"})
 
@@ -63,3 +64,51 @@ def platform_name(device: str = "cpu") -> str:
     if device == "cpu":
         return "cpu_" + (normalize_device_name(_py_platform.machine()) or "unknown")
     raise ValueError(f"no platform name for device {device!r}; valid: cpu, cuda[:N]")
+
+
+def hardware_name(device: str = "cpu") -> str:
+    """A human-readable name of the hardware (a perf overlay's ``metadata.hardware``)."""
+    import os
+
+    import torch
+
+    if device.startswith("cuda"):
+        return str(torch.cuda.get_device_name(torch.device(device)))
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model or _py_platform.processor() or _py_platform.machine()} ({os.cpu_count()} logical CPUs)"
+
+
+def machine_record() -> dict[str, Any]:
+    """What identifies the machine a run happened on (a sweep file's ``platform``; ``parity doctor`` shows it)."""
+    import platform as py
+
+    import torch
+
+    from reference_impl.platform import current_platform as p
+
+    record: dict[str, Any] = {"kind": p.kind, "label": p.label(), "simulated": p.simulated, "gcn_arch": p.gcn_arch,
+                              "device_name": p.device_name}
+    record.update(torch=torch.__version__, torch_cuda=torch.version.cuda, torch_hip=getattr(torch.version, "hip", None),
+                  python=py.python_version())
+    record["driver"] = _driver_version() if torch.cuda.is_available() else None
+    return record
+
+
+def _driver_version() -> str | None:
+    import subprocess
+
+    for cmd in (["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], ["rocm-smi", "--showdriverversion"]):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out:
+            return out.splitlines()[0].strip()
+    return None

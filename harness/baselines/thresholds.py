@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.atomic import write_json_atomic
-from harness.baselines.jsonio import expect_number, expect_object, join_key, read_json
+from harness.baselines.named import NamedValues
+from harness.files.atomic import write_json_atomic
+from harness.files.jsonio import expect_number, expect_object, join_key, read_json
 from harness.errors import ConfigError
 
 __all__ = [
@@ -42,7 +43,12 @@ __all__ = [
     "ThresholdSet",
     "case_key",
     "default_key",
+    "THRESHOLDS_FILE",
+    "OVERLAYS_DIR",
 ]
+
+THRESHOLDS_FILE = "consistency_threshold.json"
+OVERLAYS_DIR = "platforms"  # <baselines>/platforms/<platform>.json: a platform's overlay
 
 METRICS: tuple[str, ...] = ("clip", "ssim", "psnr", "mean_abs_diff")
 KINDS: tuple[str, ...] = ("image", "video")
@@ -94,21 +100,15 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedValues, names=METRICS, what="metric"):
     """The four bounds for one case, with ``source[metric]`` = ``"<file>:<key path>"`` so a report
-    can say where a bound came from (a platform overlay, the base, or a default)."""
+    can say where a bound came from (a platform overlay, the base, or a default); ``get`` by metric."""
 
     clip: float
     ssim: float
     psnr: float
     mean_abs_diff: float
     source: dict[str, str] = field(default_factory=dict, compare=False)
-
-    def get(self, metric: str) -> float:
-        """Bound by metric name (one of :data:`METRICS`)."""
-        if metric not in METRICS:
-            raise KeyError(f"unknown metric {metric!r}; valid: {list(METRICS)}")
-        return float(getattr(self, metric))
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,14 @@ class ThresholdSet:
     def load(cls, base_path: str | Path, overlays: Sequence[str | Path] = ()) -> ThresholdSet:
         """Read and validate the base file and each overlay, in order."""
         return cls([_Layer(str(p), _validate_document(read_json(p), str(p))) for p in [base_path, *overlays]])
+
+    @classmethod
+    def for_platform(cls, baselines_dir: str | Path, platform: str) -> ThresholdSet:
+        """The base thresholds of a baselines directory with this platform's overlay (if any) merged over them."""
+        from harness.baselines.platforms import find_overlay
+
+        overlay = find_overlay(Path(baselines_dir) / OVERLAYS_DIR, platform)
+        return cls.load(Path(baselines_dir) / THRESHOLDS_FILE, [overlay] if overlay else [])
 
     @classmethod
     def from_json(cls, doc: Any, path: str = "<memory>") -> ThresholdSet:

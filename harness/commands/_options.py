@@ -1,11 +1,13 @@
-"""Options several verbs share, declared once so they read the same everywhere."""
+"""Options several verbs share, declared once so they read the same everywhere, and turned into typed options here."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from harness.contracts.runner import RunOptions
 from harness.paths import default_baselines_dir, default_cases_dir
+from harness.targets.loader import BUILTIN_TARGETS, parse_target_args
 
 
 def add_cases(parser: argparse.ArgumentParser) -> None:
@@ -25,14 +27,29 @@ def add_outputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write JUnit XML for CI")
 
 
+def add_device(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device of the ranks (default: cpu)")
+
+
 def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", default="reference", metavar="T",
-        help="implementation under test: reference (default), sglang, yunchang, yunchang-ulysses, or module:factory",
+        help=f"implementation under test: {', '.join(BUILTIN_TARGETS)} (default: reference), or module:factory",
     )
-    parser.add_argument(
-        "--target-arg", action="append", default=[], metavar="KEY=VALUE",
-        help="keyword argument for the target's factory (repeatable), e.g. --target sglang --target-arg layer=MODULE:CLASS",
-    )
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device of the ranks (default: cpu)")
+    parser.add_argument("--target-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="keyword argument for the target's factory (repeatable), e.g. layer=pkg.mod:Class")
+    add_device(parser)
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-case timeout (default: the contract's)")
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """The typed run options of the ``--target/--target-arg/--device/--timeout`` arguments."""
+    return RunOptions(args.target, parse_target_args(args.target_arg), args.device, args.timeout)
+
+
+def cases_root(args: argparse.Namespace) -> Path:
+    return args.cases or default_cases_dir()
+
+
+def baselines_dir(args: argparse.Namespace) -> Path:
+    return args.baselines or default_baselines_dir()

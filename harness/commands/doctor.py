@@ -9,10 +9,10 @@ import os
 import platform
 from typing import Any
 
-
-from harness.console import make_console
 from rich.markup import escape
 from rich.table import Table
+
+from harness.report.console import make_console
 
 HELP = "show Python/torch versions, the platform, devices, every attention backend and target, and why one is unavailable"
 _PACKAGES = ("torch", "flash-attn", "sageattention", "yunchang", "transformers", "scikit-image", "rich")
@@ -34,26 +34,19 @@ def _version(package: str) -> str | None:
 def diagnose() -> dict[str, Any]:
     import torch
 
+    from harness.baselines.platforms import machine_record
     from harness.paths import HOME_ENV, default_baselines_dir, default_cases_dir, parity_home
     from harness.targets.loader import BUILTIN_TARGETS, load_target
-    from reference_impl.attention.backends import BACKENDS
-    from reference_impl.platform import PLATFORM_ENV, current_platform
+    from harness.targets.reference.attention import backend_report
+    from reference_impl.platform import PLATFORM_ENV
 
-    info = _platform(current_platform)
+    machine = machine_record()
+    info = {k: machine[k] for k in ("kind", "label", "simulated", "gcn_arch", "device_name")}
     cuda = torch.cuda.is_available()
     devices = [{"type": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}]
     if cuda:
         devices += [{"type": "cuda", "index": i, "name": torch.cuda.get_device_name(i)} for i in range(torch.cuda.device_count())]
-    backends = [
-        {
-            "name": enum.value,
-            "available": cls.unavailable_reason() is None,
-            "reason": cls.unavailable_reason(),
-            "returns_lse": cls.supports_ring_rotation(),
-            "dtypes": sorted(str(d).replace("torch.", "") for d in cls.supported_dtypes),
-        }
-        for enum, cls in BACKENDS.items()
-    ]
+    backends = backend_report()
     device = "cuda" if cuda else "cpu"
     targets = [
         {"name": name, "available": load_target(name).unavailable_reason(device) is None,
@@ -61,10 +54,10 @@ def diagnose() -> dict[str, Any]:
         for name in BUILTIN_TARGETS
     ]
     return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "torch_hip": getattr(torch.version, "hip", None),
+        "python": machine["python"],
+        "torch": machine["torch"],
+        "torch_cuda": machine["torch_cuda"],
+        "torch_hip": machine["torch_hip"],
         "platform": info,
         "platform_env": {PLATFORM_ENV: os.environ.get(PLATFORM_ENV)},
         "devices": devices,
@@ -74,10 +67,6 @@ def diagnose() -> dict[str, Any]:
         "paths": {HOME_ENV: os.environ.get(HOME_ENV), "home": str(parity_home()),
                   "cases": str(default_cases_dir()), "baselines": str(default_baselines_dir())},
     }
-
-
-def _platform(p: Any) -> dict[str, Any]:
-    return {"kind": p.kind, "label": p.label(), "simulated": p.simulated, "gcn_arch": p.gcn_arch, "device_name": p.device_name}
 
 
 def run(args: argparse.Namespace) -> int:

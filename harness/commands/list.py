@@ -6,13 +6,11 @@ import argparse
 import json
 from typing import Any
 
-
-from harness.console import make_console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands._options import add_cases
-from harness.paths import default_cases_dir
+from harness.commands._options import add_cases, cases_root
+from harness.report.console import make_console
 
 HELP = "list the contracts, the contract cases and the targets"
 
@@ -25,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def inventory(args: argparse.Namespace) -> dict[str, Any]:
-    from harness.cases import load_cases
+    from harness.cases.contract import load_cases
     from harness.contracts import all_contracts
     from harness.targets.loader import BUILTIN_TARGETS, load_target
 
@@ -41,7 +39,7 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
     ]
     cases = [
         {"id": c.id, "contract": c.contract_id, "world_size": c.world_size, "file": c.source, "params": dict(c.params)}
-        for c in load_cases(args.cases or default_cases_dir())
+        for c in load_cases(cases_root(args))
     ]
     targets = []
     for name, (_, _, description) in BUILTIN_TARGETS.items():

@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.baselines.atomic import write_bytes_atomic
-    from harness.matrix import load_sweep, render_html, render_markdown
+    from harness.files.atomic import write_bytes_atomic
+    from harness.sweep.matrix import load_sweep, render_html, render_markdown
 
     sweeps = [load_sweep(f) for f in args.files]
     text = render_html(sweeps) if args.format == "html" else render_markdown(sweeps)

@@ -26,9 +26,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from harness.console import make_console
 from harness.errors import ConfigError
 from harness.paths import default_baselines_dir
+from harness.report.console import make_console
 
 HELP = "propose thresholds or perf baselines from N gate results (a diff table); --write writes them"
 EPILOG = """\
@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
     thresholds = what.add_parser("thresholds", help="clip/ssim/psnr/mean_abs_diff thresholds from the worst run",
-                                 description="Thresholds from the worst value over the runs (policy in harness/recalibrate.py).")
+                                 description="Thresholds from the worst value over the runs (policy in harness/recalibrate/policy.py).")
     _common(thresholds)
     thresholds.add_argument("--policy", type=Path, default=None, metavar="FILE",
                             help="policy overrides, JSON or TOML (e.g. [psnr] margin = 2, cap = 35)")
@@ -88,7 +88,7 @@ def _baselines_dir(args: argparse.Namespace) -> Path:
 
 
 def _load(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    from harness.recalibrate import load_results
+    from harness.results import load_results
 
     return [load_results(p) for p in paths]
 
@@ -176,9 +176,8 @@ def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[
 
 
 def run_thresholds(args: argparse.Namespace) -> int:
-    from harness.baselines.thresholds import ThresholdSet
+    from harness.baselines.thresholds import OVERLAYS_DIR, THRESHOLDS_FILE, ThresholdSet
     from harness.recalibrate import DEFAULT_POLICY, PROPOSAL_HEADER, apply_proposals, load_policy, proposal_rows, propose_thresholds
-    from harness.stages.images import OVERLAYS_DIR, THRESHOLDS_FILE
 
     directory = _baselines_dir(args)
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cases import load_cases, platform_of_device
-from harness.commands._options import add_cases
+from harness.commands._options import add_cases, add_target, cases_root, run_options
 from harness.errors import ConfigError
-from harness.paths import default_cases_dir
 
 HELP = "run contracts over a backend × dtype × world-size matrix on this machine and write a sweep JSON"
 EPILOG = """\
@@ -21,12 +19,11 @@ Merge files from several machines with `parity matrix`."""
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("sweep", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device of the ranks (default: cpu)")
+    add_target(parser)
     parser.add_argument("--backends", nargs="+", default=None, metavar="B", help="backend columns (default: all)")
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16", "fp16"], metavar="D", help="dtypes (default: fp32 bf16 fp16)")
     parser.add_argument("--world-sizes", nargs="+", type=int, default=None, metavar="N", help="only cases at these world sizes")
     parser.add_argument("--contracts", nargs="+", default=None, metavar="ID", help="only these contracts (default: every contract with a backend and a dtype)")
-    parser.add_argument("--target", default="reference", metavar="T", help="implementation under test (default: reference)")
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel timings")
     parser.add_argument("--json", type=Path, required=True, metavar="FILE", help="the sweep file to write")
     add_cases(parser)
@@ -34,33 +31,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.baselines.atomic import write_json_atomic
-    from harness.commands.check import check_device
-    from harness.console import make_console, progress
     from harness.contracts.params import canonical_dtype
-    from harness.sweep import BackendColumn, default_backends, expand_matrix, run_sweep
+    from harness.files.atomic import write_json_atomic
+    from harness.gate.contracts import check_device, load_contract_cases
+    from harness.report.console import make_console, progress
+    from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
 
-    check_device(args.device)
-    cases = load_cases(args.cases or default_cases_dir(), platform_of_device(args.device))
+    run = run_options(args)
+    check_device(run.device)
+    cases = load_contract_cases(cases_root(args), run)
     if args.contracts:
         unknown = sorted(set(args.contracts) - {c.contract_id for c in cases})
         if unknown:
             raise ConfigError(f"no case of contract(s) {', '.join(unknown)}", key="--contracts")
         cases = [c for c in cases if c.contract_id in args.contracts]
     try:
-        dtypes = [canonical_dtype(d) for d in args.dtypes]
-        backends = [BackendColumn.parse(b) for b in args.backends] if args.backends else default_backends(args.device)
+        dtypes = tuple(canonical_dtype(d) for d in args.dtypes)
     except ValueError as exc:
         raise ConfigError(str(exc), key="--dtypes") from None
-    total = len(expand_matrix(cases, backends, dtypes, args.world_sizes))
+    backends = tuple(BackendColumn.parse(b) for b in args.backends or ())
+    options = SweepOptions(run, backends, dtypes, tuple(args.world_sizes or ()), not args.no_kernels)
+    total = len(expand_matrix(cases, options.columns(), dtypes, options.world_sizes))
     if total == 0:
         raise ConfigError("the selection gives an empty matrix", key="--contracts/--world-sizes")
     err = make_console(stderr=True)
     with progress(err, total, "sweep") as advance:
-        document = run_sweep(
-            cases, device=args.device, backends=backends, dtypes=dtypes, world_sizes=args.world_sizes,
-            target=args.target, kernels=not args.no_kernels, on_verdict=advance,
-        )
+        document = run_sweep(cases, options, on_result=advance)
     write_json_atomic(args.json, document)
     counts = {s: sum(c["status"] == s for c in document["cells"]) for s in ("passed", "failed", "skipped")}
     make_console().print(

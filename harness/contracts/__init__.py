@@ -1,24 +1,16 @@
-"""Named parity contracts: checks with parameters that return a verdict with figures.
+"""Named parity contracts: checks with parameters, run on every rank, judged into a CaseResult with figures.
 
-Importing this package registers every built-in contract: ``usp.*``, ``backend.*`` and the
+Importing this package registers every built-in contract: ``usp.*``, ``backend.*``, the
 model-level ``model.*`` / ``encoder.*`` / ``vae.*`` and the pipeline-level ``pipeline.*``.
+Nothing here imports an implementation: contracts reach one through ``harness.targets``.
 """
 
-from harness.contracts import backend, models, pipeline, usp, usp_masked_prefix  # noqa: F401  (registration)
+from harness.contracts import backend, models, pipeline, usp, usp_masked_replicated  # noqa: F401  (registration)
+from harness.contracts.case import Case, make_case, with_overrides
 from harness.contracts.registry import Contract, RankContext, all_contracts, get_contract, register
-from harness.contracts.verdict import FAILED, PASSED, SKIPPED, RankOutcome, Stats, Verdict, compare
+from harness.contracts.stats import RankOutcome, Stats, compare
 
 __all__ = [
-    "FAILED",
-    "PASSED",
-    "SKIPPED",
-    "Contract",
-    "RankContext",
-    "RankOutcome",
-    "Stats",
-    "Verdict",
-    "all_contracts",
-    "compare",
-    "get_contract",
-    "register",
+    "Case", "Contract", "RankContext", "RankOutcome", "Stats", "all_contracts", "compare", "get_contract", "make_case",
+    "register", "with_overrides",
 ]

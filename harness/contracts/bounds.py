@@ -9,7 +9,7 @@
   the low precision dtype: an implementation may be at most K times worse than the naive one.
 
 A NaN or Inf in an output (or in the reference it is compared with) fails under every bound.
-The oracles are written here, independent of any target, so they cannot share its bugs.
+The oracles the FlashAttention rule compares with live in :mod:`harness.contracts.oracles`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-import torch
-
-from harness.contracts.verdict import Stats
+from harness.contracts.stats import Stats
 
 BOUND_SYNTAX = "'bitwise', 'abs:X' or 'fa[:K[:FLOOR]]'"
 
@@ -134,48 +132,3 @@ def _non_negative(text: str) -> float:
     if not value >= 0 or not math.isfinite(value):
         raise ValueError(f"{text} is not a finite number >= 0")
     return value
-
-
-# ---------------------------------------------------------------------------- oracles
-
-
-def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """GQA: KV head j serves the contiguous query heads [j·r, (j+1)·r), as every backend does."""
-    return t if t.shape[2] == heads else t.repeat_interleave(heads // t.shape[2], dim=2)
-
-
-def _attention_in(
-    dtype: torch.dtype,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    softmax_scale: float | None,
-    attn_mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """softmax(QKᵀ·scale)V on ``[B, S, H, D]`` with every op in ``dtype``."""
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    heads = q.shape[2]
-    qh, kh, vh = (t.to(dtype).transpose(1, 2) for t in (q, _expand_kv(k, heads), _expand_kv(v, heads)))
-    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale
-    keep = None
-    if causal:
-        sq, sk = scores.shape[-2:]
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=scores.device).tril()
-    if attn_mask is not None:
-        mask = attn_mask if attn_mask.dim() == 4 else attn_mask[:, None, None, :]
-        keep = mask if keep is None else keep & mask
-    if keep is not None:
-        scores = scores.masked_fill(~keep, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, vh).transpose(1, 2)
-
-
-def attention_ref64(q, k, v, causal=False, softmax_scale=None, attn_mask=None) -> torch.Tensor:
-    """Exact attention in float64 on the very same (already low precision) inputs."""
-    return _attention_in(torch.float64, q, k, v, causal, softmax_scale, attn_mask)
-
-
-def naive_attention(q, k, v, causal=False, softmax_scale=None, attn_mask=None) -> torch.Tensor:
-    """The naive low precision reference: matmul, scale, softmax and matmul all in ``q.dtype``."""
-    return _attention_in(q.dtype, q, k, v, causal, softmax_scale, attn_mask)

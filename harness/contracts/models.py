@@ -1,9 +1,9 @@
 """Model-level contracts: the reference models under SP, the text encoder, the VAE attention.
 
-They wrap measuring functions written next to the models (``model_parity``,
-``encoder_checks``, ``vae_checks``), which return dicts of figures; here those figures are
-judged and turned into verdicts. They exercise ``reference_impl`` directly, so they need the
-``reference_models`` capability (a third-party target is skipped with the reason).
+They judge figures measured by the target's model checks (:meth:`Target.model_check`: for the
+reference, functions in ``harness/targets/reference/``), which return dicts of figures; here
+those figures are judged and turned into results. Only a target that runs the reference models
+declares ``reference_models``; any other target is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from typing import Any
 from harness.contracts.bounds import Bound, judge, parse_bound
 from harness.contracts.params import Param, ParamError, Params, bound_param
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.verdict import RankOutcome, Stats
-from harness.targets.base import Unsupported
-from reference_impl.attention.backends import PinnedKernelRefused
-from reference_impl.attention.selector import BackendRefused
+from harness.contracts.stats import RankOutcome, Stats
 
 _LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _REFERENCE = frozenset({"reference_models"})
@@ -75,24 +72,11 @@ MODEL_PARAMS = (
 )
 
 
-def _unsupported_choice(worker: Callable[..., dict], *args: Any, **kwargs: Any) -> dict:
-    """Run a model worker; a forced backend or pinned kernel that cannot serve the case skips it.
-
-    Both refusals happen while the single-rank reference is built, before any collective, and
-    identically on every rank.
-    """
-    try:
-        return worker(*args, **kwargs)
-    except (BackendRefused, PinnedKernelRefused) as exc:
-        raise Unsupported(str(exc)) from exc
-
-
 def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
-    from harness.contracts.model_parity import zimage_sp_parity_worker
-
-    result = _unsupported_choice(
-        zimage_sp_parity_worker,
-        _LONG_DTYPE[p.dtype], p.seed, grid_hw=tuple(p.grid), cap_len=p.caption_tokens, batch=p.batch,
+    # A forced backend or pinned kernel that cannot serve the case is refused by the target (a
+    # skip) while the single-rank reference is built: before any collective, on every rank.
+    result = ctx.target.model_check("model.zimage_sp_parity")(
+        dtype_name=_LONG_DTYPE[p.dtype], seed=p.seed, grid_hw=tuple(p.grid), cap_len=p.caption_tokens, batch=p.batch,
         backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
     bound = parse_bound(p.bound, p.dtype)
@@ -100,11 +84,8 @@ def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
 
 
 def hunyuan_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
-    from harness.contracts.model_parity import hunyuan_sp_parity_worker
-
-    result = _unsupported_choice(
-        hunyuan_sp_parity_worker,
-        _LONG_DTYPE[p.dtype], p.seed, grid_thw=tuple(p.grid), txt_len=p.text_tokens, batch=p.batch,
+    result = ctx.target.model_check("model.hunyuan_sp_parity")(
+        dtype_name=_LONG_DTYPE[p.dtype], seed=p.seed, grid_thw=tuple(p.grid), txt_len=p.text_tokens, batch=p.batch,
         backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
     suffix, varlen = parse_bound(p.bound, p.dtype), parse_bound(p.varlen_bound, p.dtype)
@@ -194,39 +175,29 @@ _BLOCK = Param("block_size", "int_list", [32, 48], "FP8 scale blocks [rows, cols
 _SEED = Param("seed", "int", 0, "seed of weights and inputs")
 
 def _masked_causal(ctx: RankContext, p: Params) -> dict[str, Any]:
-    from harness.contracts.encoder_checks import check_masked_causal_lengths
-
-    return check_masked_causal_lengths(tuple(p.lengths), p.heads, p.kv_heads, p.head_dim, p.backend, p.seed)
+    return ctx.target.model_check("encoder.masked_causal_lengths")(
+        lengths=tuple(p.lengths), num_heads=p.heads, num_kv_heads=p.kv_heads, head_dim=p.head_dim, backend=p.backend,
+        seed=p.seed)
 
 
 def _admission(ctx: RankContext, p: Params) -> dict[str, Any]:
-    from harness.contracts.encoder_checks import check_quantized_admission
-
-    return check_quantized_admission(_block(p), p.seed)
+    return ctx.target.model_check("encoder.quantized_admission")(block_size=_block(p), seed=p.seed)
 
 
 def _packed_qkv(ctx: RankContext, p: Params) -> dict[str, Any]:
-    from harness.contracts.encoder_checks import check_packed_qkv_scale
-
-    return check_packed_qkv_scale(_block(p), p.seed)
+    return ctx.target.model_check("encoder.packed_qkv_scale")(block_size=_block(p), seed=p.seed)
 
 
 def _fp8(ctx: RankContext, p: Params) -> dict[str, Any]:
-    from harness.contracts.encoder_checks import check_fp8_parity
-
-    return check_fp8_parity(_block(p), tuple(p.lengths), seed=p.seed)
+    return ctx.target.model_check("encoder.fp8_parity")(block_size=_block(p), lengths=tuple(p.lengths), seed=p.seed)
 
 
 def _audio(ctx: RankContext, p: Params) -> dict[str, Any]:
-    from harness.contracts.vae_checks import audio_fp32_restored
-
-    return audio_fp32_restored(str(ctx.device), p.seed)
+    return ctx.target.model_check("vae.audio_fp32_restored")(device=str(ctx.device), seed=p.seed)
 
 
 def _video(ctx: RankContext, p: Params) -> dict[str, Any]:
-    from harness.contracts.vae_checks import video_dispatch
-
-    return video_dispatch(str(ctx.device), p.seed)
+    return ctx.target.model_check("vae.video_dispatch")(device=str(ctx.device), seed=p.seed)
 
 
 _figures_contract(

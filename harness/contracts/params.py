@@ -14,20 +14,17 @@ from typing import Any
 
 import torch
 
+from harness.errors import ParamError
+
 REQUIRED: Any = object()
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float64": "fp64"}
 
+#: torch's SDPA kernels a case may pin (torch.nn.attention.SDPBackend: MATH, FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION).
+SDPA_KERNELS = ("math", "flash", "efficient", "cudnn")
+
 KINDS = ("int", "float", "bool", "str", "int_list", "str_list", "dtype")
-
-
-class ParamError(ValueError):
-    """A parameter is missing, unknown, of the wrong type or inconsistent; ``key`` names it."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
-        self.key = key
 
 
 class Params(dict):

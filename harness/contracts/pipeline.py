@@ -15,94 +15,38 @@ order and so that the bitwise result of the order-preserving path means somethin
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-
 from harness.contracts.bounds import Bitwise
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.verdict import RankOutcome, compare
+from harness.contracts.stats import RankOutcome, compare
 
 _LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-def _mae(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean())
-
-
-@dataclass(frozen=True)
-class DriftRuns:
-    """The three runs of one config on this rank (PipelineResults)."""
-
-    single: Any
-    preserving: Any
-    rotated: Any
-
-
-def drift_runs(config: Any) -> DriftRuns:
-    """On every rank of a group: ``config`` on one rank, then under SP (degree = world size) in both layouts."""
-    from reference_impl.pipeline import run_pipeline, run_pipeline_sequence_parallel
-
-    preserving_config = dataclasses.replace(config, suffix_mode="order_preserving")
-    return DriftRuns(
-        run_pipeline(preserving_config),  # SP not set up yet: this rank alone, same threads and kernels
-        run_pipeline_sequence_parallel(preserving_config),
-        run_pipeline_sequence_parallel(dataclasses.replace(config, suffix_mode="rotate_to_front")),
-    )
-
-
-def drift_figures(runs: DriftRuns) -> dict[str, Any]:
-    """Pixel MAE (0..255 units) and latent MAE of each SP layout against one rank."""
-    single, preserving, rotated = runs.single, runs.preserving, runs.rotated
-    return {
-        "order_preserving_bitwise": bool(np.array_equal(preserving.latents, single.latents)
-                                         and np.array_equal(preserving.output, single.output)),
-        "order_preserving_mae": _mae(preserving.output, single.output),
-        "rotate_to_front_mae": _mae(rotated.output, single.output),
-        "rotate_to_front_max_abs": float(np.abs(rotated.output.astype(np.int16) - single.output.astype(np.int16)).max()),
-        "rotate_to_front_latent_mae": _mae(rotated.latents, single.latents),
-    }
-
-
-def turbo_drift(config: Any) -> dict[str, Any]:
-    """Rank worker: :func:`drift_figures` of :func:`drift_runs` (module level, so a pool can pickle it)."""
-    return drift_figures(drift_runs(config))
 
 
 def _body(ctx: RankContext, p: Params) -> RankOutcome:
     import torch
 
-    from reference_impl.pipeline import PipelineConfig
-
-    config = PipelineConfig(prompt=p.prompt, seed=p.seed, height=p.height, width=p.width, steps=p.steps,
-                            dtype=_LONG_DTYPE[p.dtype], device=str(ctx.device))
-    runs = drift_runs(config)
-    figures = drift_figures(runs)
-    stats = compare(torch.from_numpy(runs.preserving.latents), torch.from_numpy(runs.single.latents))
+    measured = ctx.target.model_check("pipeline.turbo_drift")(
+        device=str(ctx.device), prompt=p.prompt, seed=p.seed, height=p.height, width=p.width, steps=p.steps,
+        dtype=_LONG_DTYPE[p.dtype],
+    )
+    figures, latents = measured["figures"], measured["latents"]
+    stats = compare(torch.from_numpy(latents["preserving"]), torch.from_numpy(latents["single"]))
     problems = []
     if p.control_drift and figures["rotate_to_front_latent_mae"] == 0.0:
         problems.append("control: rotate_to_front latents equal one rank's, so this case cannot tell key orders apart "
                         "(change steps/size/dtype, or set control_drift = false)")
-    return RankOutcome(stats=stats, problems=problems, checks=2 if p.control_drift else 1,
-                       kernel=runs.preserving.backends["dit"], extra=figures)
+    return RankOutcome(stats=stats, problems=problems, checks=2 if p.control_drift else 1, kernel=measured["kernel"],
+                       extra=figures)
 
 
 def _check(p: Params) -> None:
+    """What the contract itself needs; whether the pipeline can run the size is the target's to check."""
     if p.dtype not in _LONG_DTYPE:
         raise ParamError("dtype", f"the pipeline runs in {', '.join(_LONG_DTYPE)}, not {p.dtype}")
-    from reference_impl.models.layers import ModelConfigError
-    from reference_impl.pipeline import PIXELS_PER_DIT_TOKEN, PipelineConfig
-
-    try:
-        PipelineConfig(height=p.height, width=p.width, steps=p.steps)
-    except ModelConfigError as exc:
-        raise ParamError(exc.key or "height", exc.args[0]) from None
-    tokens = (p.height // PIXELS_PER_DIT_TOKEN) * (p.width // PIXELS_PER_DIT_TOKEN)
-    if tokens % p.world_size:
-        raise ParamError("world_size", f"{tokens} image tokens ({p.height}x{p.width}) do not divide by world_size {p.world_size}")
+    for key in ("height", "width", "steps"):
+        if p[key] < 1:
+            raise ParamError(key, f"must be positive, got {p[key]}")
 
 
 register(Contract(

@@ -2,7 +2,7 @@
 
 A contract's ``body(ctx, params)`` runs on every rank of a live group (module-level, so the
 rank pool can pickle a reference to it) and returns a :class:`RankOutcome`; :meth:`Contract.judge`
-merges the ranks' outcomes into one :class:`Verdict`. Adding a contract::
+merges the ranks' outcomes into one :class:`~harness.results.CaseResult`. Adding a contract::
 
     register(Contract(
         id="usp.my_check", description="...",
@@ -24,7 +24,8 @@ import torch
 
 from harness.contracts.bounds import AllChecks, Bound, FlashAttentionRule, judge
 from harness.contracts.params import Param, ParamError, Params, check_common, resolve
-from harness.contracts.verdict import FAILED, PASSED, SKIPPED, RankOutcome, Verdict
+from harness.contracts.stats import RankOutcome
+from harness.results import FAILED, PASSED, SKIPPED, CaseResult, Status
 from harness.targets.base import Attention, AttentionSpec, Target
 
 
@@ -106,6 +107,8 @@ class Contract:
             needed.add("causal")
         if params.get("ring_degree", 1) > 1:
             needed.add("ring")
+            if params.get("mask"):
+                needed.add("ring_mask")
         # Sharded contracts without explicit degrees (replicated, varlen, masks) are Ulysses over W.
         ulysses = params.get("ulysses_degree", params.get("world_size", 1) if "tokens_per_rank" in params else 1)
         if ulysses > 1:
@@ -114,19 +117,25 @@ class Contract:
             needed.add("backend_choice")
         return frozenset(needed)
 
-    def judge(self, case_id: str, params: Params, outcomes: Sequence[RankOutcome], duration_s: float, target: str) -> Verdict:
-        """Merge every rank's outcome into the case's verdict."""
+    def result(self, case_id: str, params: Params, status: Status, reason: str | None, target: str, **fields: Any) -> CaseResult:
+        """A result of this contract for ``case_id`` (its bound described from ``params``)."""
+        return CaseResult(case_id, self.id, status, reason, bound=self.bound(params).describe(), params=dict(params),
+                          target=target, **fields)
+
+    def judge(self, case_id: str, params: Params, outcomes: Sequence[RankOutcome], duration_s: float, target: str) -> CaseResult:
+        """Merge every rank's outcome into the case's result."""
         bound = self.bound(params)
         kernel = next((o.kernel for o in outcomes if o.kernel), None)
 
-        def verdict(status: str, reason: str | None, figures: dict[str, Any]) -> Verdict:
-            return Verdict(case_id, self.id, status, reason, figures, bound.describe(), kernel, duration_s, dict(params), target)
+        def verdict(status: Status, reason: str | None, figures: dict[str, Any], traceback: str | None = None) -> CaseResult:
+            return self.result(case_id, params, status, reason, target, figures=figures, kernel=kernel,
+                               duration_s=duration_s, traceback=traceback)
 
         errors = [(r, o.error) for r, o in enumerate(outcomes) if o.error]
         if errors:
             rank, text = errors[0]
             last = text.strip().splitlines()[-1] if text.strip() else "error"
-            return verdict(FAILED, f"rank {rank} raised: {last}", {"traceback": text})
+            return verdict(FAILED, f"rank {rank} raised: {last}", {}, text)
         skips = {o.skip for o in outcomes if o.skip}
         if skips:
             if len(skips) == 1 and all(o.skip for o in outcomes):
@@ -149,9 +158,33 @@ class Contract:
             figures["failed_checks"] = len(problems)
         if outcomes:  # extra figures are global (every rank computes the same), rank 0 speaks for all
             figures.update(outcomes[0].extra)
-        if problems:
-            reason = "; ".join(problems) + (f"; {reason}" if reason else "")
+        if any(o.oracle for o in outcomes):
+            oracle_problems, figures["oracle"] = _judge_oracle(params, outcomes)
+            problems += oracle_problems
+        if problems:  # the case's own bound speaks first, then the checks and the oracle
+            reason = "; ".join(([reason] if reason else []) + problems)
         return verdict(FAILED if reason else PASSED, reason, figures)
+
+
+def _judge_oracle(params: Params, outcomes: Sequence[RankOutcome]) -> tuple[list[str], dict[str, Any]]:
+    """Each output's distance to float64 attention, merged over ranks and judged by the case's ``oracle`` rule."""
+    from harness.contracts.outputs import oracle_rule
+
+    rule = oracle_rule(params)
+    problems: list[str] = []
+    figures: dict[str, Any] = {"bound": rule.describe()}
+    for name in dict.fromkeys(n for o in outcomes for n in o.oracle):
+        parts = [o.oracle[name] for o in outcomes if name in o.oracle]
+        merged = parts[0]
+        for part in parts[1:]:
+            merged = merged.merge(part)
+        figures[name] = {"err_ref64": merged.err_ref64, "naive_err_ref64": merged.naive_err_ref64,
+                         "allowed": rule.allowed(merged)}
+        reason = judge(rule, merged)
+        if reason:
+            hints = sorted({o.hints[name] for o in outcomes if name in o.hints})
+            problems.append(f"{name} output vs float64 attention: {reason}" + (f" ({'; '.join(hints)})" if hints else ""))
+    return problems, figures
 
 
 def _merge_problems(per_rank: Sequence[Sequence[str]]) -> list[str]:

@@ -1,6 +1,21 @@
-"""Targets: the small interface through which contracts build and run an implementation."""
+"""Targets: the small interface through which the harness builds and runs an implementation under test."""
 
-from harness.targets.base import CAPABILITIES, Attention, AttentionSpec, Target, Unsupported
-from harness.targets.loader import BUILTIN_TARGETS, load_target
+from harness.targets.base import (
+    CAPABILITIES,
+    REFUSALS,
+    Attention,
+    AttentionSpec,
+    PipelineOutput,
+    PipelineTarget,
+    PreparedPipeline,
+    Target,
+    Timings,
+    Unsupported,
+)
+from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target, parse_target_args
 
-__all__ = ["BUILTIN_TARGETS", "CAPABILITIES", "Attention", "AttentionSpec", "Target", "Unsupported", "load_target"]
+__all__ = [
+    "BUILTIN_PIPELINES", "BUILTIN_TARGETS", "CAPABILITIES", "REFUSALS", "Attention", "AttentionSpec", "PipelineOutput",
+    "PipelineTarget", "PreparedPipeline", "Target", "Timings", "Unsupported", "load_pipeline_target", "load_target",
+    "parse_target_args",
+]

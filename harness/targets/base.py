@@ -1,6 +1,8 @@
 """The target interface: the only way the harness reaches an implementation under test.
 
-Contracts never import an implementation. They ask a :class:`Target` to set up its
+Two kinds of target. An attention :class:`Target` builds the attention layer the contracts
+judge; a :class:`PipelineTarget` generates the images or frames (and stage timings) that the
+gate's image and perf stages judge. Contracts never import an implementation. They ask a :class:`Target` to set up its
 sequence-parallel state and to build an attention callable from an :class:`AttentionSpec`,
 so the same contracts gate the reference implementation, yunchang, an sglang checkout or a
 user's module (``--target module:factory``). A target is resolved *inside each rank* from its
@@ -16,10 +18,11 @@ skipped with the reason, never failed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 # What a target can declare. A contract requires a subset; each name is the keyword argument or
@@ -34,6 +37,7 @@ CAPABILITIES: dict[str, str] = {
     "replicated_kv_prefix": "forward(..., num_replicated_kv_prefix=n)",
     "varlen": "forward(..., seq_lens=[one valid length per rank])",
     "mask": "forward(..., attn_mask=bool mask [B, S_k] or [B, 1|H, S_q, S_k])",
+    "ring_mask": "attn_mask under ring attention (each rank holds the mask of its own K/V shard)",
     "masked_replicated_prefix": "forward(..., attn_mask=[B, n + S_k] key mask, num_replicated_prefix=n) under SP",
     "backend_choice": "AttentionSpec.backend names the kernel family to run",
     "backend_selection": "AttentionSpec.backend_config / default_backend / component / supported_backends",
@@ -112,6 +116,10 @@ class Target(ABC):
     """An implementation under test. Subclass it and return an instance from your factory."""
 
     name: str = "target"
+    #: Whose case overlay (``cases/contracts/targets/<overlay>.toml``) holds this target's version
+    #: facts and known divergences; None: its own ``name``. A variant of a stack (a patched layer,
+    #: a test backend) names its stack's.
+    overlay: str | None = None
 
     @abstractmethod
     def capabilities(self) -> frozenset[str]:
@@ -133,8 +141,70 @@ class Target(ABC):
     def make_attention(self, spec: AttentionSpec) -> Attention:
         """Build the attention under test; raise :class:`Unsupported` for what it cannot express."""
 
+    def backend_columns(self, device: str) -> list[str]:
+        """Backend names ``parity sweep`` runs as columns on ``device`` (``name`` or ``name:kernel``).
+        Default: none besides the target's own choice (``AttentionSpec.backend=None``)."""
+        return []
+
+    def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
+        """Refuse parameters this target can never run, before any rank starts (raise
+        ``harness.contracts.params.ParamError`` naming the key: the run exits 2). Default: accept."""
+
     def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
         """For targets declaring ``reference_models``: the measuring function behind ``model.*``,
         ``encoder.*``, ``vae.*`` and ``pipeline.*`` contracts, called in the rank with keyword
-        arguments; it returns JSON-safe figures. The contracts name the check, never the module."""
+        arguments; it returns figures (and, for the caller in the same rank, arrays). The contracts
+        name the check, never the module."""
         raise Unsupported(f"target {self.name} runs no reference model checks ({name})")
+
+
+# ------------------------------------------------------------------------------- pipelines
+
+
+@dataclass(frozen=True)
+class Timings:
+    """One pipeline run's clock, in sglang's stage names (``TextEncodingStage``, ``DenoisingStage``, ...)."""
+
+    e2e_ms: float
+    stages_ms: dict[str, float]
+    denoise_step_ms: list[float] = field(default_factory=list)
+    clock: str = "perf_counter"
+
+
+@dataclass
+class PipelineOutput:
+    """What one run generated: uint8 ``[H, W, 3]`` (image) or ``[T, H, W, 3]`` (video), and how long it took."""
+
+    output: np.ndarray
+    timings: Timings
+    backends: dict[str, str] = field(default_factory=dict)
+
+
+class PreparedPipeline(Protocol):
+    """A pipeline set up in a rank (models built, sequence parallelism over the group): run it N times."""
+
+    def run(self) -> PipelineOutput: ...
+
+    def close(self) -> None: ...
+
+
+class PipelineTarget(ABC):
+    """A pipeline under test, driven with the *fields* of an image case (prompt, seed, size, steps...).
+
+    Every rank of the case's group calls :meth:`prepare` and then ``run()``; rank 0's output is
+    judged. The reference of an N-rank case is the same fields on one rank.
+    """
+
+    name: str = "pipeline"
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """None when the pipeline can run on ``device``, else a sentence saying why not."""
+        return None
+
+    @abstractmethod
+    def check_case(self, fields: Mapping[str, Any], world_size: int) -> str:
+        """Validate an image case's fields (``ParamError`` naming the key) and return its kind: "image" or "video"."""
+
+    @abstractmethod
+    def prepare(self, fields: Mapping[str, Any], device: str) -> PreparedPipeline:
+        """In a rank: build what a run needs, with sequence parallelism over the whole default group."""

@@ -2,9 +2,10 @@
 
 ``module:factory`` imports ``module`` (from the installed packages or the current directory)
 and calls ``factory(**target_args)``, which must return a :class:`~harness.targets.base.Target`
-(a Target subclass itself is accepted too). ``target_args`` are the ``--target-arg KEY=VALUE``
-strings, handed to the factory as keyword arguments. Resolution happens in the parent, to
-learn capabilities, and again inside each rank: only the strings travel between processes.
+(or, for pipelines, a :class:`~harness.targets.base.PipelineTarget`). ``target_args`` are the
+``--target-arg KEY=VALUE`` strings, handed to the factory as keyword arguments. Resolution
+happens in the parent, to learn capabilities, and again inside each rank: only the strings
+travel between processes.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from harness.errors import ConfigError
-from harness.targets.base import CAPABILITIES, Target
+from harness.targets.base import CAPABILITIES, PipelineTarget, Target
 
 # name -> (module, factory attribute, one-line description)
 BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
@@ -23,11 +25,16 @@ BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
     "sglang": ("harness.targets.sglang", "factory", "sglang's multimodal_gen USPAttention on sglang's parallel state (layer=MODULE:CLASS)"),
     "yunchang": ("harness.targets.yunchang", "factory", "yunchang 0.6.4 LongContextAttention (Ulysses x ring; CUDA only)"),
     "yunchang-ulysses": ("harness.targets.yunchang", "ulysses_factory", "yunchang 0.6.4 UlyssesAttention (CUDA only)"),
+    "diffusers": ("harness.targets.diffusers", "factory", "diffusers dispatch_attention_fn under ContextParallelConfig (backend=NAME)"),
+}
+BUILTIN_PIPELINES: dict[str, tuple[str, str, str]] = {
+    "reference": ("harness.targets.reference", "pipeline_factory", "reference_impl tiny seeded pipeline (default)"),
 }
 
 TargetArgs = tuple[tuple[str, str], ...]
+T = TypeVar("T", Target, PipelineTarget)
 
-_cache: dict[tuple[str, TargetArgs], Target] = {}
+_cache: dict[tuple[str, str, TargetArgs], object] = {}
 
 
 def parse_target_args(items: Sequence[str]) -> TargetArgs:
@@ -44,48 +51,59 @@ def parse_target_args(items: Sequence[str]) -> TargetArgs:
 
 
 def load_target(spec: str, args: TargetArgs = ()) -> Target:
-    """The target named by ``spec`` built with ``args``; cached per process (ranks build it once per run)."""
-    key = (spec, tuple(args))
+    """The attention target named by ``spec`` built with ``args``; cached per process (ranks build it once)."""
+    return _load(spec, args, BUILTIN_TARGETS, Target, "target")
+
+
+def load_pipeline_target(spec: str, args: TargetArgs = ()) -> PipelineTarget:
+    """The pipeline target named by ``spec`` built with ``args``; cached per process."""
+    return _load(spec, args, BUILTIN_PIPELINES, PipelineTarget, "pipeline target")
+
+
+def _load(spec: str, args: TargetArgs, builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str) -> T:
+    key = (what, spec, tuple(args))
     if key not in _cache:
-        _cache[key] = _build(spec, dict(args))
-    return _cache[key]
+        _cache[key] = _build(spec, dict(args), builtin, kind, what)
+    target = _cache[key]
+    assert isinstance(target, kind)
+    return target
 
 
-def _build(spec: str, args: dict[str, str]) -> Target:
-    if spec in BUILTIN_TARGETS:
-        module_name, attr, _ = BUILTIN_TARGETS[spec]
+def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str) -> T:
+    if spec in builtin:
+        module_name, attr, _ = builtin[spec]
     elif ":" in spec:
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr:
-            raise ConfigError(f"target {spec!r} must be 'module:factory'", key="target")
+            raise ConfigError(f"{what} {spec!r} must be 'module:factory'", key="target")
     else:
         raise ConfigError(
-            f"unknown target {spec!r}; built-in targets: {', '.join(BUILTIN_TARGETS)}, or give 'module:factory'",
-            key="target",
+            f"unknown {what} {spec!r}; built-in {what}s: {', '.join(builtin)}, or give 'module:factory'", key="target"
         )
     if os.getcwd() not in sys.path and "" not in sys.path:  # `parity` runs from a bin dir: see the user's modules
         sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"target {spec!r}: cannot import module {module_name!r}: {exc}", key="target") from exc
+        raise ConfigError(f"{what} {spec!r}: cannot import module {module_name!r}: {exc}", key="target") from exc
     factory: Callable[..., object] | None = getattr(module, attr, None)
     if not callable(factory):
-        raise ConfigError(f"target {spec!r}: module {module_name!r} has no callable {attr!r}", key="target")
+        raise ConfigError(f"{what} {spec!r}: module {module_name!r} has no callable {attr!r}", key="target")
     try:
         target = factory(**args)
     except TypeError as exc:
         if not args:
             raise
-        raise ConfigError(f"target {spec!r} does not take {sorted(args)}: {exc}", key="--target-arg") from exc
-    if not isinstance(target, Target):
+        raise ConfigError(f"{what} {spec!r} does not take {sorted(args)}: {exc}", key="--target-arg") from exc
+    if not isinstance(target, kind):
         raise ConfigError(
-            f"target {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.Target", key="target"
+            f"{what} {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.{kind.__name__}", key="target"
         )
-    unknown = set(target.capabilities()) - set(CAPABILITIES)
-    if unknown:
-        raise ConfigError(
-            f"target {spec!r} declares unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}",
-            key="target",
-        )
+    if isinstance(target, Target):
+        unknown = set(target.capabilities()) - set(CAPABILITIES)
+        if unknown:
+            raise ConfigError(
+                f"target {spec!r} declares unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}",
+                key="target",
+            )
     return target

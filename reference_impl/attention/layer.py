@@ -12,6 +12,7 @@ collective, so a refused call can never leave a peer blocked.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,6 +53,13 @@ def _as_dense_mask(attn_mask: Tensor) -> Tensor:
 
 class RingAdmissionError(RuntimeError):
     """Ring degree > 1 with a backend that returns no log-sum-exp (refused at construction)."""
+
+
+class MaskWithReplicatedError(NotImplementedError):
+    """An attention mask with replicated tokens under SP: refused on every rank before any collective.
+
+    The masked path gathers keys over ranks; replicated tokens would be duplicated W times.
+    """
 
 
 class _AttentionBase(nn.Module):
@@ -117,29 +125,12 @@ class LocalAttention(_AttentionBase):
 class USPAttention(_AttentionBase):
     """Unified sequence-parallel attention (Ulysses × ring) with replicated tokens, varlen and masks."""
 
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        num_kv_heads: int | None = None,
-        causal: bool = False,
-        softmax_scale: float | None = None,
-        supported_attention_backends: Iterable[AttentionBackendEnum | str] | None = None,
-        default_attention_backend: AttentionBackendEnum | str | None = None,
-        skip_sequence_parallel: bool = False,
-        is_cross_attention: bool = False,
-        *,
-        backend: AttentionBackendEnum | str | None = None,
-        sdpa_kernel: str | None = None,
-        dtype: torch.dtype | None = None,
-        component: str | None = None,
-    ) -> None:
-        super().__init__(
-            num_heads, head_size, num_kv_heads, causal, softmax_scale, supported_attention_backends,
-            default_attention_backend, is_cross_attention,
-            backend=backend, sdpa_kernel=sdpa_kernel, dtype=dtype, component=component,
-        )
+    def __init__(self, *args: Any, skip_sequence_parallel: bool = False, **kwargs: Any) -> None:
+        """The parameters of :class:`LocalAttention`, and ``skip_sequence_parallel``: run rank-locally
+        (tile-local work inside an SP group), which also skips the ring admission below."""
+        super().__init__(*args, **kwargs)
         self.skip_sequence_parallel = skip_sequence_parallel
+        num_heads = self.num_heads
         # Tile-local layers hold their whole K/V and never rotate, so they need no ring capability.
         if not skip_sequence_parallel and get_ring_world_size() > 1 and not self.selection.backend.supports_ring_rotation():
             raise RingAdmissionError(
@@ -183,7 +174,7 @@ class USPAttention(_AttentionBase):
             return self._forward_single_rank(q, k, v, attn_mask, seq_lens)
         # Every guard below is a local check that every rank evaluates identically, before any collective.
         if attn_mask is not None and replicated:
-            raise NotImplementedError(
+            raise MaskWithReplicatedError(
                 "the masked sequence-parallel path does not consume replicated tokens: they would be "
                 "duplicated on every rank and corrupt the output (num_replicated_prefix/suffix/kv_prefix "
                 f"= {num_replicated_prefix}/{num_replicated_suffix}/{num_replicated_kv_prefix})"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.baselines import atomic
-from harness.baselines.atomic import write_bytes_atomic, write_json_atomic
+from harness.files import atomic
+from harness.files.atomic import write_bytes_atomic, write_json_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -99,7 +99,7 @@ def test_sigkill_between_temp_write_and_rename_keeps_old_file(tmp_path: Path) ->
     child = _spawn(
         f"""
         import os, sys, time
-        from harness.baselines import atomic
+        from harness.files import atomic
         real_fsync = os.fsync
         def fsync_then_hang(fd):
             real_fsync(fd)
@@ -128,7 +128,7 @@ def test_sigkill_at_random_moments_never_tears_the_target(tmp_path: Path) -> Non
     write_json_atomic(target, {"version": -1, "payload": ""})
     child = _spawn(
         f"""
-        from harness.baselines.atomic import write_json_atomic
+        from harness.files.atomic import write_json_atomic
         i = 0
         print("GO", flush=True)
         while True:

@@ -97,7 +97,7 @@ def test_doctor_json_names_every_backend_and_why():
     assert not backends["fa"]["available"] and "flash-attn" in backends["fa"]["reason"]
     assert not backends["sage_attn"]["available"] and "sageattention" in backends["sage_attn"]["reason"]
     assert backends["sage_attn"]["returns_lse"] is False and backends["math"]["returns_lse"] is True
-    assert {t["name"] for t in data["targets"]} == {"reference", "sglang", "yunchang", "yunchang-ulysses"}
+    assert {t["name"] for t in data["targets"]} == {"reference", "yunchang", "yunchang-ulysses", "diffusers", "sglang"}
 
 
 def test_doctor_reports_a_forced_platform(capsys, monkeypatch):
@@ -125,8 +125,10 @@ def test_check_json_and_junit_carry_the_figures_of_every_case(tmp_path, sglang_c
     assert code == 0, out
     assert "2 passed, 0 failed, 0 skipped" in out
     data = json.loads(report.read_text())
-    assert data["summary"] == {"passed": 2, "failed": 0, "skipped": 0} and data["target"] == "reference"
-    by_case = {v["case_id"]: v for v in data["verdicts"]}
+    stage = data["stages"]["contracts"]
+    assert stage["summary"] == {"passed": 2, "failed": 0, "skipped": 0, "xfailed": 0} and data["target"] == "reference"
+    assert data["command"] == "check" and data["passed"] is True
+    by_case = {v["case_id"]: v for v in stage["records"]}
     assert set(by_case) == {"sglang_suffix_w2", "sglang_prefix_w2"}
     for verdict in by_case.values():
         assert {"bitwise", "max_abs", "mean_abs", "rel_err"} <= set(verdict["figures"])
@@ -142,7 +144,7 @@ def test_rotating_suffix_target_fails_the_suffix_contract_only(tmp_path, sglang_
                  "--target", "tests.targets.rotating_suffix:factory", "--json", str(report), "--junit", str(junit)])
     assert code == 1
     assert "1 passed, 1 failed, 0 skipped" in capsys.readouterr().out
-    by_case = {v["case_id"]: v for v in json.loads(report.read_text())["verdicts"]}
+    by_case = {v["case_id"]: v for v in json.loads(report.read_text())["stages"]["contracts"]["records"]}
     suffix = by_case["sglang_suffix_w2"]
     assert suffix["status"] == "failed" and suffix["figures"]["bitwise"] is False and suffix["figures"]["max_abs"] > 0
     assert by_case["sglang_prefix_w2"]["status"] == "passed"
@@ -163,6 +165,6 @@ def test_gate_writes_results_and_junit_into_the_report_dir(tmp_path, capsys):
     data = json.loads((report / "results.json").read_text())
     assert data["passed"] is True
     stage = data["stages"]["contracts"]
-    assert stage["summary"] == {"passed": 1, "failed": 0, "skipped": 1}
+    assert stage["summary"] == {"passed": 1, "failed": 0, "skipped": 1, "xfailed": 0}
     assert ET.parse(report / "junit.xml").getroot().find("testsuite").get("name") == "contracts"
     assert main(["gate", "--cases", str(cases), "--baselines", str(tmp_path / "missing")]) == 2

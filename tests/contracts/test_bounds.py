@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.contracts.bounds import AbsBound, Bitwise, FlashAttentionRule, attention_ref64, judge, naive_attention, parse_bound
-from harness.contracts.verdict import Stats, compare
+from harness.contracts.bounds import AbsBound, Bitwise, FlashAttentionRule, judge, parse_bound
+from harness.contracts.oracles import attention_ref64, naive_attention
+from harness.contracts.stats import Stats, compare
 
 
 def _qkv(dtype: torch.dtype, heads: int = 4, kv_heads: int = 4, seq: int = 24, seed: int = 0):
@@ -121,8 +122,8 @@ def test_parse_bound_rejects_bad_syntax(text):
         parse_bound(text, "fp32")
 
 
-def test_verdict_json_has_no_nan_at_any_depth():
-    from harness.contracts.verdict import Verdict
+def test_result_json_has_no_nan_at_any_depth():
+    from harness.results import FAILED, CaseResult
 
-    v = Verdict("c", "usp.x", "failed", "r", {"max_abs": float("nan"), "paths": {"a": {"max_abs": float("inf")}}}, "b", None, 0.0, {}, "t")
+    v = CaseResult("c", "usp.x", FAILED, "r", {"max_abs": float("nan"), "paths": {"a": {"max_abs": float("inf")}}}, "b")
     assert v.to_dict()["figures"] == {"max_abs": "nan", "paths": {"a": {"max_abs": "inf"}}}

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import load_case_file, load_cases, with_overrides
+from harness.cases import load_case_file, load_cases
+from harness.contracts.case import with_overrides
 from harness.errors import ConfigError
 from harness.paths import default_cases_dir
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.cases import make_case
-from harness.contracts.verdict import PASSED, Verdict
-from harness.launcher import RankPool
-from harness.runner import run_cases
+from harness.contracts.case import make_case
+from harness.contracts.runner import RunOptions, run_cases
+from harness.ranks import PoolSet
+from harness.results import PASSED, CaseResult
 from reference_impl.attention.backends import SDPA_KERNELS, MathBackend, TorchSDPABackend
 from tests.reference.test_backends import fa_rule_bound
 
@@ -76,14 +76,14 @@ def test_head_count_invariance(kernel):
 
 @pytest.fixture(scope="module")
 def cuda_pool2():
-    with RankPool(world_size=2, device="cuda") as pool:
-        yield pool
+    with PoolSet(device="cuda") as pools:
+        yield pools
 
 
-def _contract_on_cuda(pool: RankPool, contract_id: str, **params) -> Verdict:
-    """A contract on two ranks sharing the GPU (gloo with host staging), through the same runner as the CLI."""
+def _contract_on_cuda(pools: PoolSet, contract_id: str, **params) -> CaseResult:
+    """A contract on ranks sharing the GPU (gloo with host staging), through the same runner as the CLI."""
     case = make_case(contract_id, params, case_id=contract_id, source="tests/gpu")
-    [verdict] = run_cases([case], "reference", "cuda", pools=lambda world: pool)
+    [verdict] = run_cases([case], RunOptions(device="cuda"), pools)
     print(f"FIGURE cuda {contract_id} {params} {verdict.status} {verdict.kernel} {verdict.figures}")
     return verdict
 

@@ -6,9 +6,20 @@ from pathlib import Path
 
 import pytest
 
+from harness.cases.image import ImageCase, select_image_cases
+from harness.cases.image import load_image_cases as load_with
 from harness.errors import ConfigError
-from harness.image_cases import load_image_cases, select_image_cases
 from harness.paths import default_cases_dir
+from harness.targets.reference import pipeline_factory
+from harness.targets.reference.pipeline import PipelineConfig, pipeline_config
+
+
+def load_image_cases(root: Path) -> list[ImageCase]:
+    return load_with(root, pipeline_factory())
+
+
+def config(case: ImageCase) -> PipelineConfig:
+    return pipeline_config(case.fields)
 
 
 def _write(root: Path, text: str, name: str = "cases.toml") -> Path:
@@ -23,16 +34,16 @@ def test_the_projects_cases_load() -> None:
     assert {"zimage_t2i_1rank", "zimage_t2i_2ranks", "hunyuan_t2v_2ranks"} <= set(cases)
     one, two, video = cases["zimage_t2i_1rank"], cases["zimage_t2i_2ranks"], cases["hunyuan_t2v_2ranks"]
     assert (one.world_size, two.world_size, two.ulysses_degree, two.ring_degree) == (1, 2, 2, 1)
-    assert one.config() == two.config()  # the SP=2 case must reproduce the 1-rank image of the same request
-    assert video.kind == "video" and video.config().num_frames and one.kind == "image"
-    assert two.reference_case().world_size == 1 and two.reference_case().config() == two.config()
+    assert config(one) == config(two)  # the SP=2 case must reproduce the 1-rank image of the same request
+    assert video.kind == "video" and config(video).num_frames and one.kind == "image"
+    assert two.reference_case().world_size == 1 and config(two.reference_case()) == config(two)
 
 
 def test_defaults_apply_and_the_case_wins(tmp_path: Path) -> None:
     _write(tmp_path, '[defaults]\nsteps = 3\nheight = 16\n[cases.a]\nwidth = 16\n[cases.b]\nworld_size = 2\nwidth = 32\nsteps = 5\n')
     a, b = load_image_cases(tmp_path)
-    assert (a.config().steps, a.config().height, a.world_size, a.ulysses_degree) == (3, 16, 1, 1)
-    assert (b.config().steps, b.config().width, b.ulysses_degree) == (5, 32, 2)
+    assert (config(a).steps, config(a).height, a.world_size, a.ulysses_degree) == (3, 16, 1, 1)
+    assert (config(b).steps, config(b).width, b.ulysses_degree) == (5, 32, 2)
     assert [c.id for c in select_image_cases([a, b], ["b"])] == ["b"]
     with pytest.raises(ConfigError, match="no image case 'c'; known: a, b"):
         select_image_cases([a, b], ["c"])

@@ -19,7 +19,7 @@ import pytest
 from harness.baselines.images import bless, load_reference
 from harness.cli import main
 from harness.paths import default_baselines_dir
-from harness.recalibrate import load_results
+from harness.results import load_results
 from tests.images.tiny_clip import save_tiny_clip
 
 pytestmark = pytest.mark.timeout(300)
@@ -100,7 +100,7 @@ def test_gate_passes_with_a_clip_figure_and_leaves_references_alone(
         assert metrics["ssim"] == 1.0 and metrics["mean_abs_diff"] == 0.0 and metrics["clip"] == pytest.approx(1.0, abs=1e-6)
     assert doc["cases"]["vid_2ranks"]["kind"] == "video" and doc["platform"] == doc["stages"]["images"]["platform"]
     record = {r["case_id"]: r for r in doc["stages"]["images"]["records"]}["img_1rank"]
-    assert record["threshold_source"]["psnr"].endswith("consistency_threshold.json:default_psnr_threshold_image")
+    assert record["figures"]["threshold_source"]["psnr"].endswith("consistency_threshold.json:default_psnr_threshold_image")
     assert record["figures"]["thresholds"]["psnr"] == 30.0 and doc["stages"]["images"]["clip_skipped"] is None
 
 
@@ -130,14 +130,14 @@ def test_unreachable_threshold_fails_with_triptych_report_and_clip_skipped(
     record = {r["case_id"]: r for r in doc["stages"]["images"]["records"]}["vid_2ranks"]
     assert "psnr" in record["reason"] and "< 200" in record["reason"] and "cases.vid_2ranks.psnr_threshold" in record["reason"]
 
-    picture = iio.imread(report / record["triptych"])
+    picture = iio.imread(report / record["artifacts"]["triptych"])
     k = (picture.shape[1] - 8) // 48  # three 16-pixel panels and two gaps per row
     assert picture.shape == (3 * 16 * k + 8, 3 * 16 * k + 8, 3)  # first, middle, last frame
     middle = picture[16 * k + 4 : 32 * k + 4 : k]
     assert np.array_equal(middle[:, : 16 * k : k], video[1])  # the reference panel holds the blessed frame
     assert np.array_equal(middle[:4, 32 * k + 8 :: k][:, :4], np.full((4, 4, 3), 255, np.uint8))  # the diff is white there
     page = (report / "index.html").read_text()
-    assert f"<img src='{record['triptych']}'" in page and "precedence" in page
+    assert f"<img src='{record['artifacts']['triptych']}'" in page and "precedence" in page
     junit = (report / "junit.xml").read_text()
     assert 'name="vid_2ranks"' in junit and "<failure" in junit
 

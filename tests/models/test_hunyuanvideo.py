@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from harness.contracts.model_parity import HUNYUAN_TINY, hunyuan_sp_parity_worker
-from harness.launcher import RankPool
+from harness.targets.reference.models import HUNYUAN_TINY, hunyuan_sp_parity_worker
+from harness.ranks import RankPool
 from reference_impl import set_forward_context
 from reference_impl.models.hunyuanvideo import (
     HunyuanVideoBlockConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.contracts.vae_checks import EXPECTED_DISPATCH, audio_fp32_restored, video_dispatch
+from harness.targets.reference.vae import EXPECTED_DISPATCH, audio_fp32_restored, video_dispatch
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
 from reference_impl.models.layers import ModelConfigError, save_safetensors

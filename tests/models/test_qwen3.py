@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from harness.contracts.encoder_checks import check_masked_causal_lengths
+from harness.targets.reference.encoder import check_masked_causal_lengths
 from reference_impl.attention.backends import AttentionBackendEnum
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from harness.contracts.model_parity import ZIMAGE_TINY, zimage_sp_parity_worker
-from harness.launcher import RankPool
+from harness.targets.reference.models import ZIMAGE_TINY, zimage_sp_parity_worker
+from harness.ranks import RankPool
 from reference_impl import set_forward_context
 from reference_impl.models.layers import ModelConfigError, WeightLoadError, save_safetensors
 from reference_impl.models.zimage import ZImageAttention, ZImageConfig, ZImageDiT, zimage_rope

@@ -4,7 +4,6 @@ baseline fails the gate (exit 1), a generous one passes."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,11 @@ import pytest
 from harness.baselines.perf import PERF_BASE_FILE, perf_overlay_path
 from harness.baselines.platforms import platform_name
 from harness.cli import main
-from harness.commands.gate import GateContext
-from harness.runner import PoolSet
-from harness.console import make_console
-from harness.contracts.verdict import FAILED, PASSED
-from harness.stages.perf import PerfStage
+from harness.gate import GateContext, GateOptions, PerfOptions
+from harness.gate.perf import PerfStage
+from harness.ranks import PoolSet
+from harness.report.console import make_console
+from harness.results import FAILED, PASSED, counts
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -101,13 +100,13 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     assert records["perf_a"]["status"] == FAILED and records["perf_b"]["status"] == PASSED
     assert records["perf_a"]["reason"].startswith("expected_e2e_ms ")
     assert "> 1.001 (0.001 ms + 1 ms floor)" in records["perf_a"]["reason"]  # max(0.001 * 1.25, 0.001 + 1 ms)
-    e2e_check = next(c for c in records["perf_a"]["checks"] if c["metric"] == "expected_e2e_ms")
+    e2e_check = next(c for c in records["perf_a"]["figures"]["values"] if c["metric"] == "expected_e2e_ms")
     assert e2e_check["limit"] == pytest.approx(1.001) and not e2e_check["passed"]
     junit = (tmp_path / "r3" / "junit.xml").read_text()
     assert 'name="perf_a"' in junit and "expected_e2e_ms" in junit
     assert doc["stages"]["perf"]["baseline_files"][-1] == str(overlay)
     # --no-perf turns it off even where a baseline exists
-    assert PerfStage().skip_reason(_context(cases, baselines, perf=False)) == "--no-perf"
+    assert PerfStage().skip_reason(_context(cases, baselines, enabled=False)) == "--no-perf"
 
 
 def _scaled(scenario: dict[str, Any], factor: float) -> dict[str, Any]:
@@ -118,9 +117,8 @@ def _scaled(scenario: dict[str, Any], factor: float) -> dict[str, Any]:
 
 
 def _context(cases: Path, baselines: Path, pools: PoolSet | None = None, **perf: Any) -> GateContext:
-    options = {"perf": None, "perf_runs": 1, "perf_warmup": 0, "perf_profile": "pr_test", **perf}
-    args = argparse.Namespace(device="cpu", timeout=None, **options)
-    return GateContext(args, cases, baselines, None, make_console(), make_console(stderr=True), pools or PoolSet("cpu"))
+    options = GateOptions(cases, baselines, perf=PerfOptions(**{"runs": 1, "warmup": 0, **perf}))
+    return GateContext(options, make_console(), make_console(stderr=True), pools or PoolSet("cpu"))
 
 
 def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Path], tmp_path: Path, monkeypatch) -> None:
@@ -142,14 +140,14 @@ def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Pa
         ctx = _context(cases, baselines, pools)
         assert stage.skip_reason(ctx) is None  # a baseline for this hardware: on by default
         result = stage.run(ctx)
-    assert (result.passed, result.failed) == (2, 0)
+    assert (counts(result.results)[PASSED], result.failed) == (2, 0)
     assert result.extra["tolerances"]["e2e"] == 100000.0
     assert set(result.top_level["perf"]) == {"perf_a", "perf_b"}
 
 
 def test_failed_check_lines_name_the_slack_that_set_the_limit() -> None:
     from harness.baselines.perf import PerfCheck
-    from harness.stages.perf import failed_checks
+    from harness.gate.perf import failed_checks
 
     checks = [PerfCheck("e2e", 25.0, 35.2, 0.2, False, 30.0), PerfCheck("step", 0.5, 3.0, 0.25, False, 1.5),
               PerfCheck("gone", 10.0, None, 0.3, False, 13.0), PerfCheck("fine", 10.0, 9.0, 0.3, True, 13.0)]

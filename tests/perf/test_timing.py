@@ -8,17 +8,19 @@ from pathlib import Path
 import pytest
 
 from harness.baselines.perf import Tolerances, check_perf, validate_scenario
-from harness.image_cases import load_image_case_file
-from harness.runner import PoolSet
-from harness.timing import _peak_memory_bytes, _reset_peak_memory, median_scenario, time_image_case
-from reference_impl.pipeline import StageTimings
+from harness.cases.image import load_image_case_file
+from harness.gate.pipeline_runs import _peak_memory_bytes, _reset_peak_memory, median_scenario, time_case
+from harness.ranks import PoolSet
+from harness.targets import Timings
+from harness.targets.reference import pipeline_factory
 
 ZERO = Tolerances(e2e=0.0, denoise_stage=0.0, non_denoise_stage=0.0, denoise_step=0.0, denoise_agg=0.0)
 
 
-def _t(text: float, steps: tuple[float, ...], decode: float) -> StageTimings:
+def _t(text: float, steps: tuple[float, ...], decode: float) -> Timings:
     denoise = sum(steps)
-    return StageTimings(text, denoise, steps, decode, text + denoise + decode, "perf_counter")
+    stages = {"TextEncodingStage": text, "DenoisingStage": denoise, "DecodingStage": decode}
+    return Timings(text + denoise + decode, stages, list(steps), "perf_counter")
 
 
 def test_median_of_each_value_by_hand() -> None:
@@ -74,20 +76,20 @@ num_frames = 2
 def test_cases_are_timed_on_their_ranks(tmp_path: Path) -> None:
     path = tmp_path / "tiny.toml"
     path.write_text(CASES)
-    sp_case, video_case = load_image_case_file(path)
+    sp_case, video_case = load_image_case_file(path, pipeline_factory())
     with PoolSet("cpu") as pools:
-        sp = time_image_case(sp_case, pools, runs=2, warmup=1)
-        video = time_image_case(video_case, pools, runs=1, warmup=0)
+        sp = time_case(sp_case, pools, runs=2, warmup=1)
+        video = time_case(video_case, pools, runs=1, warmup=0)
         with pytest.raises(ValueError, match="runs >= 1"):
-            time_image_case(video_case, pools, runs=0)
+            time_case(video_case, pools, runs=0)
     assert len(sp.timings) == 2 and len(sp.peak_memory_bytes) == 2  # rank 0's clock, both ranks' memory
     assert len(video.timings) == 1 and len(video.peak_memory_bytes) == 1
     for timing in (sp, video):
         for run in timing.timings:
             assert len(run.denoise_step_ms) == 3 and run.clock == "perf_counter"
             # the three stages partition the run: they add up to the end-to-end time
-            assert run.text_encoding_ms + run.denoising_ms + run.decoding_ms == pytest.approx(run.e2e_ms, rel=1e-6)
-            assert run.denoising_ms == pytest.approx(sum(run.denoise_step_ms), rel=1e-6)
+            assert sum(run.stages_ms.values()) == pytest.approx(run.e2e_ms, rel=1e-6)
+            assert run.stages_ms["DenoisingStage"] == pytest.approx(sum(run.denoise_step_ms), rel=1e-6)
         assert all(b > 50 << 20 for b in timing.peak_memory_bytes)  # a rank with torch loaded holds > 50 MB
     measured = sp.measured()
     assert validate_scenario(measured, "<measured>", "perf") is measured  # sglang's scenario shape

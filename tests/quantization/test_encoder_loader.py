@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.contracts.encoder_checks import (
+from harness.targets.reference.encoder import (
     TINY_QWEN3,
     check_fp8_parity,
     check_packed_qkv_scale,

@@ -12,6 +12,7 @@ import pytest
 from harness.baselines.perf import PerfBaselines, Tolerances
 from harness.baselines.thresholds import ThresholdSet
 from harness.errors import ConfigError
+from harness.results import load_results, parse_results
 from harness.recalibrate import (
     DEFAULT_POLICY,
     LooseningRefused,
@@ -19,9 +20,7 @@ from harness.recalibrate import (
     apply_perf_proposals,
     apply_proposals,
     load_policy,
-    load_results,
     merge_into_overlay,
-    parse_results,
     perf_proposal_rows,
     proposal_rows,
     propose_perf,

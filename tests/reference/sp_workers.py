@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.launcher import rank_device
+from harness.ranks import rank_device
 from reference_impl import USPAttention, set_forward_context
 from reference_impl.attention.backends import TorchSDPABackend
 from reference_impl.parallel import destroy_sequence_parallel, init_sequence_parallel

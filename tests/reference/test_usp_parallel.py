@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.contracts.verdict import PASSED
+from harness.results import PASSED
 from tests.reference import sp_workers as w
 
 pytestmark = pytest.mark.timeout(240)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from harness.targets.base import AttentionSpec
+from harness.targets.base import AttentionSpec, Unsupported
 from harness.targets.reference import ReferenceAttention, ReferenceTarget
 
 
@@ -38,12 +38,12 @@ class _NanUnderSP(_PerturbedUnderSP):
 
 
 class _SwallowsGuard(_Wrapped):
-    """Hides the masked+replicated NotImplementedError by dropping the replicated count."""
+    """Hides the masked+replicated refusal by dropping the replicated count."""
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         try:
             return self.inner(q, k, v, **kwargs)
-        except NotImplementedError:
+        except Unsupported:
             for key in ("num_replicated_prefix", "num_replicated_suffix", "num_replicated_kv_prefix"):
                 kwargs.pop(key, None)
             return self.inner(q, k, v, **kwargs)

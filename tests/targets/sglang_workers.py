@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from harness.contracts.bounds import attention_ref64
+from harness.contracts.oracles import attention_ref64
 from harness.targets.base import AttentionSpec, Target, Unsupported
 from harness.targets.loader import load_target
 

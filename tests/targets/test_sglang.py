@@ -6,19 +6,18 @@ scripts/install-sglang-cpu.sh); the version, argument and case-file tests need n
 
 from __future__ import annotations
 
-import fnmatch
-import tomllib
 from pathlib import Path
 
 import pytest
-from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from harness.cases import Case, load_cases
-from harness.contracts import get_contract
+from harness.cases import load_cases
+from harness.cases.overlays import apply_target_overlay
+from harness.contracts.case import Case
+from harness.contracts.runner import RunOptions, run_cases
 from harness.errors import ConfigError
 from harness.paths import default_cases_dir
-from harness.runner import run_cases
+from harness.results import CaseResult
 from harness.targets import CAPABILITIES, load_target
 from harness.targets.base import REFUSALS
 from harness.targets import sglang as sglang_target
@@ -43,9 +42,9 @@ def cases() -> dict[str, Case]:
     return {case.id: case for case in load_cases(default_cases_dir())}
 
 
-def _run(cases: dict[str, Case], ids: list[str], rank_pool, target_args=()) -> dict[str, object]:
-    verdicts = run_cases([cases[i] for i in ids], "sglang", pools=rank_pool, target_args=target_args)
-    return {v.case_id: v for v in verdicts}
+def _run(cases: dict[str, Case], ids: list[str], rank_pools, target_args=()) -> dict[str, CaseResult]:
+    results = run_cases([cases[i] for i in ids], RunOptions("sglang", target_args), rank_pools)
+    return {r.case_id: r for r in results}
 
 
 # ------------------------------------------------------------------ no sglang needed
@@ -105,34 +104,40 @@ def test_unknown_target_argument():
         load_target("sglang", (("flavour", "x"),))
 
 
-def test_overlay_file_names_real_cases_and_parameters(cases):
-    """Every glob of cases/contracts/targets/sglang.toml matches a case; every table says why; overrides are parameters."""
-    data = tomllib.loads(OVERLAY.read_text())
-    assert data["target"] == {"distribution": "sglang"} and set(data) == {"target", "overrides", "expected_failures"}
-    for section in ("overrides", "expected_failures"):
-        for pattern, table in data[section].items():
-            hits = [c for i, c in cases.items() if fnmatch.fnmatchcase(i, pattern.replace("[", "[[]"))]
-            assert hits, f"{section}.{pattern} matches no case"
-            assert table["because"].strip(), f"{section}.{pattern} has no reason"
-            SpecifierSet(table.get("versions", ""))  # raises on a malformed specifier
-            for case in hits if section == "overrides" else ():
-                params = {k: v for k, v in table.items() if k not in ("because", "versions")}
-                get_contract(case.contract_id).resolve({**case.raw, **params})
+def _overlaid(cases: dict[str, Case], version: str) -> dict[str, Case]:
+    return {c.id: c for c in apply_target_overlay(list(cases.values()), OVERLAY, Version(version))}
+
+
+def test_overlay_carries_the_version_facts(cases):
+    """cases/contracts/targets/sglang.toml, read by parity's own loader, at three installed versions."""
+    guard = "masked_rejects_replicated[world_size=2]"
+    divergences = ("masked_gqa", "masked_causal", "masked_causal_gqa[mask=dense,dtype=bf16]")
+    now = _overlaid(cases, "0.5.23")
+    assert now[guard].params["refused"] == ["suffix", "kv_prefix"]  # PR #36735
+    assert all("sglang 0.5.23" in now[i].expected_failure for i in divergences)
+    assert now["sglang_suffix_w2"].expected_failure is None and now["masked_rejects_replicated_legal_prefix"].expected_failure is None
+    old = _overlaid(cases, "0.5.17")
+    assert old[guard].params["refused"] == ["prefix", "suffix", "kv_prefix"]
+    assert "PR #33923" in old["sglang_suffix_w2"].expected_failure and "PR #33923" in old["suffix[world_size=4,causal=true]"].expected_failure
+    assert old["suffix[world_size=1,causal=false]"].expected_failure is None  # one rank: nothing to rotate
+    assert "PR #36735" in old["masked_rejects_replicated_legal_prefix"].expected_failure
+    later = _overlaid(cases, "0.5.24")  # unknown yet: judged as any case, so a fix or a regression shows
+    assert all(later[i].expected_failure is None for i in divergences)
 
 
 # ------------------------------------------------------------------ sglang on 2 gloo ranks
 
 
-def test_parity_case_passes(sglang_ready, cases, rank_pool):
-    verdicts = _run(cases, ["sglang_suffix_w2", "sglang_prefix_w2"], rank_pool)
+def test_parity_case_passes(sglang_ready, cases, rank_pools):
+    verdicts = _run(cases, ["sglang_suffix_w2", "sglang_prefix_w2"], rank_pools)
     suffix, prefix = verdicts["sglang_suffix_w2"], verdicts["sglang_prefix_w2"]
     assert suffix.passed and suffix.figures["bitwise"] and suffix.figures["elements"] == 537_600, suffix.reason
     assert suffix.kernel.startswith(f"sglang {sglang_target.installed_version()} USPAttention: TORCH_SDPA")
     assert prefix.passed and 0 < prefix.figures["max_abs"] <= 1e-2, prefix.reason
 
 
-def test_rotated_suffix_layer_fails_suffix_bitwise_not_prefix_drift(sglang_ready, cases, rank_pool):
-    verdicts = _run(cases, ["sglang_suffix_w2", "sglang_prefix_w2"], rank_pool, ROTATED)
+def test_rotated_suffix_layer_fails_suffix_bitwise_not_prefix_drift(sglang_ready, cases, rank_pools):
+    verdicts = _run(cases, ["sglang_suffix_w2", "sglang_prefix_w2"], rank_pools, ROTATED)
     suffix, prefix = verdicts["sglang_suffix_w2"], verdicts["sglang_prefix_w2"]
     assert suffix.status == "failed" and "RotatedSuffixUSPAttention" in suffix.kernel
     assert 0 < suffix.figures["mismatched"] < suffix.figures["elements"] == 537_600
@@ -155,25 +160,25 @@ def test_refusals_carry_sglangs_text_and_a_kind(sglang_ready, rank_pool):
     assert found["sdpa_kernel"][0] == "backend_unavailable"
 
 
-def test_refusals_become_skips_and_checked_refusals(sglang_ready, cases, rank_pool):
+def test_refusals_become_skips_and_checked_refusals(sglang_ready, cases, rank_pools):
     ring, dense, stock, legal, masked_prefix = "ring[dtype=bf16,causal=false]", "masked[world_size=2,mask=dense]", \
         "masked_rejects_replicated[world_size=2]", "masked_rejects_replicated_legal_prefix", "masked_prefix[world_size=2]"
-    verdicts = _run(cases, [ring, dense, stock, legal, masked_prefix], rank_pool)
+    verdicts = _run(cases, [ring, dense, stock, legal, masked_prefix], rank_pools)
     assert verdicts[ring].status == "skipped" and "Ring Attention requires a backend" in verdicts[ring].reason
     assert verdicts[dense].status == "skipped" and "expects a [B, S_local] key mask" in verdicts[dense].reason
     # the stock guard expects the prefix refused too: out of date for sglang >= 0.5.20 (targets/sglang.toml overrides it)
     assert verdicts[stock].status == "failed"
-    assert verdicts[stock].reason == "every rank: attn_mask with num_replicated_prefix=4 ran instead of raising NotImplementedError"
+    assert verdicts[stock].reason == "every rank: attn_mask with num_replicated_prefix=4 ran instead of being refused"
     assert verdicts[legal].passed and verdicts[legal].figures["failed_checks"] == 0, verdicts[legal].reason
     assert verdicts[masked_prefix].passed and verdicts[masked_prefix].figures["bitwise"], verdicts[masked_prefix].reason
 
 
-def test_masked_gqa_is_a_bug_not_a_refusal(sglang_ready, cases, rank_pool):
-    verdicts = _run(cases, ["masked_gqa", "masked_causal_gqa[mask=key_padding,dtype=bf16]"], rank_pool)
+def test_masked_gqa_is_a_bug_not_a_refusal(sglang_ready, cases, rank_pools):
+    verdicts = _run(cases, ["masked_gqa", "masked_causal_gqa[mask=key_padding,dtype=bf16]"], rank_pools)
     for verdict in verdicts.values():
         assert verdict.status == "failed"
         assert verdict.reason == "rank 0 raised: RuntimeError: The size of tensor a (8) must match the size of tensor b (2) at non-singleton dimension 1"
-        assert "scaled_dot_product_attention" in verdict.figures["traceback"]
+        assert "scaled_dot_product_attention" in verdict.traceback
 
 
 def test_causal_with_any_mask_is_not_causal(sglang_ready, rank_pool):

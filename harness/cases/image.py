@@ -1,0 +1,130 @@
+"""Image cases (TOML): one seeded pipeline run at a world size, compared with its single-rank reference.
+
+Files live in ``<cases root>/images/*.toml``. A file holds optional ``[defaults]`` (pipeline
+fields shared by its cases) and one table per case, keyed by its id::
+
+    [defaults]
+    prompt = "a red fox in fresh snow"
+    height = 32
+    width = 32
+    steps = 4
+
+    [cases.zimage_t2i_2ranks]
+    description = "SP=2 must reproduce the 1-rank image"   # optional
+    world_size = 2          # ranks (default 1)
+    ulysses_degree = 2      # default world_size / ring_degree
+    ring_degree = 1         # default 1
+    kind = "image"          # optional: "image" or "video", checked against what the fields make
+    seed = 0                # every other key is a field of the pipeline target
+
+    [cases.hunyuan_t2v_2ranks]
+    world_size = 2
+    num_frames = 3          # frames make a video case (HunyuanVideo style DiT)
+
+The reference of every case is the output of the same fields on ONE rank (blessed by ``parity
+bless``): a 1-rank case is then a regression check, an N-rank case a parity check. ``device`` is
+not a case key: the runner sets it per rank (``--device``). Which keys are fields, and whether
+their values can run, is the pipeline target's to say (:meth:`PipelineTarget.check_case`).
+
+Every problem (TOML syntax, a field the pipeline does not have, a wrong type, a token count the
+world size does not divide, a ring degree the pipeline cannot run) is a ConfigError naming the
+file, the case and the key (``cases.<id>.<key>``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.baselines.images import check_case_id
+from harness.cases.files import load_case_directory, read_case_tables
+from harness.contracts.case import CaseOrigin
+from harness.errors import ConfigError, ParamError
+from harness.targets.base import PipelineTarget
+
+KINDS = ("image", "video")
+_META = ("description", "world_size", "ulysses_degree", "ring_degree", "kind")
+
+
+@dataclass(frozen=True)
+class ImageCase(CaseOrigin):
+    """One image or video case; ``fields`` are the pipeline target's (device excluded)."""
+
+    kind: str
+    world_size: int
+    ulysses_degree: int
+    ring_degree: int
+    fields: dict[str, Any]
+
+    def reference_case(self) -> ImageCase:
+        """The same fields on one rank: what ``parity bless`` stores as this case's reference."""
+        return dataclasses.replace(self, world_size=1, ulysses_degree=1, ring_degree=1)
+
+
+def load_image_case_file(path: str | Path, pipeline: PipelineTarget) -> list[ImageCase]:
+    path = Path(path)
+    defaults, table = read_case_tables(path, "an image case")
+    for key in defaults:
+        if key in _META:
+            raise ConfigError("not a pipeline field: set it per case", path=path, key=f"defaults.{key}")
+    return [_make_case(path, case_id, body, defaults, pipeline) for case_id, body in table.items()]
+
+
+def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any], pipeline: PipelineTarget) -> ImageCase:
+    where = f"cases.{case_id}"
+    if not isinstance(body, dict):
+        raise ConfigError(f"case '{case_id}' must be a table", path=path, key=where)
+    try:
+        check_case_id(case_id)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).split(": ", 1)[-1], path=path, key=where) from None
+
+    def meta_int(key: str, default: int) -> int:
+        value = body.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"case '{case_id}': must be a positive integer, got {value!r}", path=path, key=f"{where}.{key}")
+        return value
+
+    world = meta_int("world_size", 1)
+    ring = meta_int("ring_degree", 1)
+    ulysses = meta_int("ulysses_degree", world // ring if world % ring == 0 else world)
+    if ulysses * ring != world:
+        raise ConfigError(f"case '{case_id}': ulysses_degree ({ulysses}) × ring_degree ({ring}) must equal world_size ({world})",
+                          path=path, key=f"{where}.ulysses_degree")
+    if ring != 1:
+        raise ConfigError(f"case '{case_id}': the pipeline's DiTs shard image tokens over Ulysses only (ring_degree must be 1)",
+                          path=path, key=f"{where}.ring_degree")
+    description = body.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
+    fields = {**defaults, **{k: v for k, v in body.items() if k not in _META}}
+    try:
+        kind = pipeline.check_case(fields, world)
+    except ParamError as exc:
+        note = " (value from [defaults])" if exc.key in defaults and exc.key not in body else ""
+        raise ConfigError(f"case '{case_id}': {exc}{note}", path=path, key=f"{where}.{exc.key}" if exc.key else where) from None
+    declared = body.get("kind", kind)
+    if declared not in KINDS or declared != kind:
+        raise ConfigError(f"case '{case_id}': kind {declared!r} but the case makes it {kind!r}", path=path, key=f"{where}.kind")
+    return ImageCase(case_id, kind, world, ulysses, ring, fields, source=str(path), description=description)
+
+
+def image_case_dir(cases_root: str | Path) -> Path:
+    return Path(cases_root) / "images"
+
+
+def load_image_cases(cases_root: str | Path, pipeline: PipelineTarget) -> list[ImageCase]:
+    """Every case of every ``<cases_root>/images/*.toml``; ids must be unique across files."""
+    return load_case_directory(image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline), "image case")
+
+
+def select_image_cases(cases: Sequence[ImageCase], ids: Sequence[str]) -> list[ImageCase]:
+    """The cases named by ``ids`` (all when empty); an unknown id is a ConfigError listing the known ones."""
+    known = {c.id: c for c in cases}
+    for case_id in ids:
+        if case_id not in known:
+            raise ConfigError(f"no image case {case_id!r}; known: {', '.join(known)}", key="CASE")
+    return [c for c in cases if not ids or c.id in ids]

@@ -1,0 +1,151 @@
+"""Overlays on the contract cases: per platform (what a platform's hardware can promise) and per target
+(what an upstream stack's released versions do), each entry carrying the fact that justifies it.
+
+A platform overlay ``contracts/platforms/<platform>.toml`` (``cpu``, ``cuda``, ``rocm``, ``mps``)
+replaces parameters of the cases whose id matches a glob, on that platform only::
+
+    [overrides."zimage_sp[*dtype=fp32*]"]
+    bound = "fa:2"
+
+A target overlay ``contracts/targets/<target name>.toml`` applies only when that target runs,
+and only to the installed versions its entries name::
+
+    [target]
+    distribution = "sglang"            # the installed distribution whose version `versions` tests
+
+    [overrides."masked_rejects_replicated[*"]
+    because = "sglang PR #36735 (first in 0.5.20) made a mask with a replicated prefix legal"
+    versions = ">=0.5.20"              # optional PEP 440 specifier set
+    refused = ["suffix", "kv_prefix"]  # contract parameters, re-validated
+
+    [expected_failures."masked_gqa"]
+    because = "sglang 0.5.23 calls SDPA without enable_gqa on its masked paths (layer.py:1293)"
+    versions = "<=0.5.23"
+
+An expected failure is strict: the case is reported ``xfailed`` when it fails, and *failed* when
+it passes (upstream fixed it: narrow ``versions``), so the day a fix lands the run says so while
+a new divergence still fails. Globs: ``*`` and ``?``, brackets literal (matrix case ids contain
+them); each must match at least one case. Every problem is a ConfigError naming file and key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from harness.contracts.case import Case, make_case
+from harness.errors import ConfigError
+from harness.files.tomlio import read_toml
+
+_META = ("because", "versions")
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    """``*`` and ``?`` as wildcards; brackets stay literal, since matrix case ids contain them."""
+    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
+
+
+def _tables(data: Mapping[str, Any], section: str, path: Path) -> dict[str, dict[str, Any]]:
+    tables = data.get(section, {})
+    if not isinstance(tables, dict) or not all(isinstance(v, dict) for v in tables.values()):
+        raise ConfigError("must be a table of tables", path=path, key=section)
+    return tables
+
+
+def _hits(cases: list[Case], pattern: str, path: Path, key: str) -> list[int]:
+    hits = [i for i, c in enumerate(cases) if _glob(pattern).fullmatch(c.id)]
+    if not hits:
+        raise ConfigError("matches no case", path=path, key=key)
+    return hits
+
+
+def _override(cases: list[Case], hits: list[int], values: Mapping[str, Any], path: Path) -> None:
+    for i in hits:
+        case = cases[i]
+        cases[i] = dataclasses.replace(
+            make_case(case.contract_id, {**case.raw, **values}, case_id=case.id, source=f"{case.source} + {path}",
+                      description=case.description),
+            expected_failure=case.expected_failure,
+        )
+
+
+def apply_platform_overlay(cases: list[Case], path: Path) -> list[Case]:
+    """Replace the parameters that ``path``'s ``[overrides."<glob>"]`` tables name, re-validated."""
+    data = read_toml(path)
+    unknown = set(data) - {"overrides"}
+    if unknown:
+        raise ConfigError('a platform overlay holds only [overrides."<case glob>"] tables', path=path, key=sorted(unknown)[0])
+    cases = list(cases)
+    for pattern, values in _tables(data, "overrides", path).items():
+        if not values:
+            raise ConfigError("must be a non-empty table of parameters", path=path, key=f"overrides.{pattern}")
+        _override(cases, _hits(cases, pattern, path, f"overrides.{pattern}"), values, path)
+    return cases
+
+
+def installed_version(distribution: str) -> Version | None:
+    try:
+        return Version(importlib.metadata.version(distribution))
+    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+        return None
+
+
+def _applies(entry: Mapping[str, Any], version: Version | None, path: Path, key: str) -> bool:
+    because = entry.get("because")
+    if not isinstance(because, str) or not because.strip():
+        raise ConfigError("every entry needs 'because': the upstream fact that justifies it", path=path, key=f"{key}.because")
+    versions = entry.get("versions")
+    if versions is None:
+        return True
+    try:
+        spec = SpecifierSet(versions) if isinstance(versions, str) else None
+    except InvalidSpecifier:
+        spec = None
+    if spec is None:
+        raise ConfigError(f"{versions!r} is not a PEP 440 version specifier (e.g. '>=0.5.20')", path=path, key=f"{key}.versions")
+    return version is not None and spec.contains(version, prereleases=True)
+
+
+def apply_target_overlay(cases: list[Case], path: Path, version: Version | None = None) -> list[Case]:
+    """The cases as ``path`` says they run on its target at the installed ``version`` (default: looked up).
+
+    An entry whose ``versions`` excludes the installed version (or any entry when the
+    distribution is not installed: the target is then unavailable and its cases skip) is
+    validated but not applied.
+    """
+    data = read_toml(path)
+    unknown = set(data) - {"target", "overrides", "expected_failures"}
+    if unknown:
+        raise ConfigError("a target overlay holds [target], [overrides.*] and [expected_failures.*]", path=path,
+                          key=sorted(unknown)[0])
+    target = data.get("target")
+    if not isinstance(target, dict) or not isinstance(target.get("distribution"), str):
+        raise ConfigError("needs [target] distribution = \"<installed distribution>\"", path=path, key="target.distribution")
+    version = version if version is not None else installed_version(target["distribution"])
+    cases = list(cases)
+    for pattern, entry in _tables(data, "overrides", path).items():
+        key = f"overrides.{pattern}"
+        hits = _hits(cases, pattern, path, key)
+        values = {k: v for k, v in entry.items() if k not in _META}
+        if not values:
+            raise ConfigError("names no parameter to override", path=path, key=key)
+        if _applies(entry, version, path, key):
+            _override(cases, hits, values, path)
+    for pattern, entry in _tables(data, "expected_failures", path).items():
+        key = f"expected_failures.{pattern}"
+        hits = _hits(cases, pattern, path, key)
+        extra = sorted(set(entry) - set(_META))
+        if extra:
+            raise ConfigError(f"unknown key; an expected failure has only {', '.join(_META)}", path=path, key=f"{key}.{extra[0]}")
+        if _applies(entry, version, path, key):
+            for i in hits:
+                because = f"{entry['because']} ({target['distribution']} {version}; {path.name}: {key})"
+                cases[i] = dataclasses.replace(cases[i], expected_failure=because)
+    return cases

@@ -1,0 +1,85 @@
+"""A contract case: one contract instantiated with validated parameters.
+
+Case files (:mod:`harness.cases`), the CLI and ``assert_contract`` all build cases here, so a
+parameter is checked the same way whoever wrote it; a problem is a ConfigError naming the
+source, the case and the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.contracts.params import Params
+from harness.contracts.registry import Contract, get_contract
+from harness.errors import ConfigError, ParamError
+
+
+@dataclass(frozen=True)
+class CaseOrigin:
+    """What every case has, contract or image: its id, the file (or caller) it came from, a description."""
+
+    id: str
+    source: str = field(kw_only=True)
+    description: str = field(default="", kw_only=True)
+
+
+@dataclass(frozen=True)
+class Case(CaseOrigin):
+    """One contract instantiated with parameters; ``raw`` keeps what was written (for overrides)."""
+
+    contract_id: str
+    params: Params
+    raw: Mapping[str, Any]
+    # A known upstream divergence (from a target overlay): why this case is expected to fail.
+    expected_failure: str | None = field(default=None, kw_only=True)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.params.get("world_size", 1))
+
+
+def make_case(
+    contract_id: str,
+    raw: Mapping[str, Any],
+    *,
+    case_id: str,
+    source: str,
+    description: str = "",
+    inherited: Iterable[str] = (),
+) -> Case:
+    """Validate ``raw`` against the contract; a ConfigError names ``source``, the case and the key.
+
+    ``inherited`` are the keys whose value came from the file's ``[defaults]`` (the error says so).
+    """
+    contract = contract_of(Path(source), case_id, contract_id)
+    try:
+        params = contract.resolve(raw)
+    except ParamError as exc:
+        note = " (value from [defaults])" if exc.key in set(inherited) else ""
+        raise ConfigError(f"case '{case_id}': {exc}{note}", path=source, key=f"cases.{case_id}.{exc.key}") from None
+    return Case(case_id, contract_id, params, dict(raw), source=source, description=description)
+
+
+def with_overrides(cases: Iterable[Case], **overrides: Any) -> list[Case]:
+    """The cases with ``overrides`` applied where the contract has that parameter (re-validated)."""
+    result = []
+    for case in cases:
+        declared = {p.name for p in get_contract(case.contract_id).params}
+        applied = {k: v for k, v in overrides.items() if v is not None and k in declared}
+        if applied:
+            case = make_case(
+                case.contract_id, {**case.raw, **applied}, case_id=case.id, source=case.source, description=case.description
+            )
+        result.append(case)
+    return result
+
+
+def contract_of(path: Path, case_id: str, contract_id: str) -> Contract:
+    """The registered contract a case names; a ConfigError naming the case otherwise."""
+    try:
+        return get_contract(contract_id)
+    except KeyError as exc:
+        raise ConfigError(f"case '{case_id}': {exc.args[0]}", path=path, key=f"cases.{case_id}.contract") from None

@@ -1,0 +1,94 @@
+"""How an attention contract judges what a target returned: shape and dtype first, then two comparisons.
+
+1. Against the target's own single-rank output, by the case's bound (``bitwise`` where the
+   reduction order is unchanged): the parity contract.
+2. Against an independent float64 oracle of the same attention (softmax scale, causal, mask,
+   GQA, the replicated/varlen layout), by the case's ``oracle`` bound (the FlashAttention rule):
+   the single-rank output and this rank's sharded output both. Self-comparison alone lets a
+   consistently wrong target pass: zeros, an ignored ``causal`` or mask, a wrong scale or an
+   upcast output are the same on one rank and on N. This comparison catches them, and when it
+   fails, :func:`harness.contracts.oracles.diagnose` says which of those the output looks like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from harness.contracts.bounds import FlashAttentionRule, judge, parse_bound
+from harness.contracts.oracles import attention_ref64, diagnose, naive_attention
+from harness.contracts.params import Param, Params
+from harness.contracts.stats import RankOutcome, Stats, compare
+
+Tensor = torch.Tensor
+
+ORACLE = Param("oracle", "str", "fa:2", "bound of the comparison with float64 attention: fa[:K[:FLOOR]]")
+
+
+def oracle_rule(p: Params) -> FlashAttentionRule:
+    rule = parse_bound(p.oracle, p.dtype)
+    if not isinstance(rule, FlashAttentionRule):
+        raise ValueError(f"oracle {p.oracle!r}: the oracle comparison is the FlashAttention rule, fa[:K[:FLOOR]]")
+    return rule
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the attention was asked to compute, on the whole sequence in single-rank order: the oracle's inputs."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    causal: bool = False
+    mask: Tensor | None = None
+    scale: float | None = None
+
+    def oracles(self) -> tuple[Tensor, Tensor]:
+        """(float64 attention, the naive low precision attention) of these inputs."""
+        args = (self.q, self.k, self.v, self.causal, self.scale, self.mask)
+        return attention_ref64(*args), naive_attention(*args)
+
+
+def _like(out: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> list[str]:
+    problems = []
+    if out.dtype != dtype:
+        problems.append(f"{what} output dtype is {out.dtype}, the input's is {dtype}")
+    if tuple(out.shape) != shape:
+        problems.append(f"{what} output shape is {tuple(out.shape)}, expected {shape}")
+    return problems
+
+
+def judge_output(
+    p: Params, asked: Asked, out: Tensor, single: Tensor, pick: Callable[[Tensor], Tensor], kernel: str,
+    *, report_single: bool,
+) -> RankOutcome:
+    """This rank's sharded ``out`` against ``pick(single)`` (the case's bound) and both against the oracle.
+
+    ``single`` is the target's single-rank output of ``asked``; ``pick`` maps a whole-sequence
+    tensor to what this rank holds (its shard, its replicated tokens, zero rows for padding).
+    ``report_single``: this rank speaks for the single-rank output (every rank computed the same one).
+    """
+    expected = pick(single)
+    problems = _like(single, asked.q.dtype, tuple(asked.q.shape[:3]) + (asked.v.shape[3],), "single-rank")
+    problems += _like(out, asked.q.dtype, tuple(expected.shape), "sharded")
+    if any("shape" in problem for problem in problems):
+        return RankOutcome(problems=problems, checks=1, kernel=kernel)
+    ref64, naive = asked.oracles()
+    bound = parse_bound(p.get("bound", "bitwise"), p.dtype)  # a contract without the parameter is bitwise
+    stats = compare(out, expected, pick(ref64), pick(naive)) if bound.needs_ref64 else compare(out, expected)
+    rule = oracle_rule(p)
+    oracle: dict[str, Stats] = {"sharded": compare(out, pick(ref64), pick(ref64), pick(naive))}
+    outputs = {"sharded": (out, pick)}
+    if report_single:
+        oracle["single-rank"] = compare(single, ref64, ref64, naive)
+        outputs["single-rank"] = (single, lambda t: t)
+    hints = {}
+    for name, figures in oracle.items():
+        if judge(rule, figures):
+            output, chooser = outputs[name]
+            hint = diagnose(output, asked.q, asked.k, asked.v, asked.causal, asked.scale, asked.mask, chooser, rule)
+            if hint:
+                hints[name] = hint
+    return RankOutcome(stats=stats, oracle=oracle, hints=hints, problems=problems, kernel=kernel)

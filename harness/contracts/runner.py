@@ -1,0 +1,139 @@
+"""Run contract cases on a target: a live rank group per world size, one :class:`CaseResult` per case.
+
+Cases the target cannot express (a missing capability, the target unavailable on this device)
+are skipped in the parent without starting a rank; parameters the target refuses outright
+(:meth:`Target.check_case`) are a configuration error before anything runs. The others run in
+the groups of a :class:`~harness.ranks.PoolSet`.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from harness.contracts.case import Case
+from harness.contracts.params import Params
+from harness.contracts.registry import RankContext, get_contract
+from harness.contracts.stats import RankOutcome
+from harness.errors import ConfigError, ParamError
+from harness.ranks import PoolSet, RankFailure, rank_device
+from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
+from harness.targets.base import CAPABILITIES, Target, Unsupported
+from harness.targets.loader import TargetArgs, load_target
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Which implementation runs the cases, where, and how long a case may take."""
+
+    target: str = "reference"
+    target_args: TargetArgs = ()
+    device: str = "cpu"
+    timeout: float | None = None  # per case; None: the contract's own
+
+    def load(self) -> Target:
+        return load_target(self.target, self.target_args)
+
+
+def run_case_in_rank(contract_id: str, params: dict, target_spec: str, target_args: TargetArgs) -> RankOutcome:
+    """The function every rank runs for one case (module level: the pool pickles a reference to it)."""
+    import torch.distributed as dist
+
+    target = load_target(target_spec, target_args)
+    contract = get_contract(contract_id)
+    ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device())
+    try:
+        return contract.body(ctx, Params(params))  # validated in the parent
+    except Unsupported as exc:
+        return RankOutcome(skip=exc.reason)
+    except Exception:  # noqa: BLE001 - reported in the result with its traceback
+        return RankOutcome(error=traceback.format_exc())
+    finally:
+        target.destroy_parallel()
+
+
+def precheck(case: Case, target: Target, options: RunOptions) -> str | None:
+    """Why ``case`` is skipped before any rank starts, or None."""
+    reason = target.unavailable_reason(options.device)
+    if reason:
+        return f"target {options.target}: {reason}"
+    missing = sorted(get_contract(case.contract_id).requirements(case.params) - target.capabilities())
+    if missing:
+        what = "; ".join(f"{m}: {CAPABILITIES[m]}" for m in missing)
+        return f"target {options.target} does not support {', '.join(missing)} ({what})"
+    return None
+
+
+def validate_for_target(cases: Sequence[Case], target: Target) -> None:
+    """Every case's parameters as the target judges them; a ConfigError (exit 2) names the file and key."""
+    for case in cases:
+        try:
+            target.check_case(case.contract_id, case.params)
+        except ParamError as exc:
+            raise ConfigError(f"case '{case.id}': {exc}", path=case.source, key=f"cases.{case.id}.{exc.key}") from None
+
+
+def run_cases(
+    cases: Sequence[Case],
+    options: RunOptions,
+    pools: PoolSet,
+    *,
+    release_pools: bool = False,
+    on_result: Callable[[CaseResult], None] | None = None,
+) -> list[CaseResult]:
+    """Results in the order of ``cases``, run in ``pools`` (every group they need started at once).
+
+    ``release_pools`` closes each world size's group after its last case (a one-shot run); a
+    caller that shares the pools across stages or tests leaves them running and closes them itself.
+    """
+    target = options.load()
+    validate_for_target(cases, target)
+    results: dict[int, CaseResult] = {}
+    runnable: list[tuple[int, Case]] = []
+    for index, case in enumerate(cases):
+        reason = precheck(case, target, options)
+        if reason:
+            results[index] = get_contract(case.contract_id).result(case.id, case.params, SKIPPED, reason, options.target)
+            if on_result:
+                on_result(results[index])
+        else:
+            runnable.append((index, case))
+    runnable.sort(key=lambda item: item[1].world_size)  # stable: file order within a world size
+    pools.prestart(c.world_size for _, c in runnable)
+    for position, (index, case) in enumerate(runnable):
+        results[index] = expectation_applied(case, _run_one(case, pools, options))
+        if on_result:
+            on_result(results[index])
+        last_of_world = position + 1 == len(runnable) or runnable[position + 1][1].world_size != case.world_size
+        if release_pools and last_of_world:
+            pools.release(case.world_size)
+    return [results[i] for i in range(len(cases))]
+
+
+def expectation_applied(case: Case, result: CaseResult) -> CaseResult:
+    """A known divergence (``case.expected_failure``) that failed is ``xfailed``; one that passed fails (strict)."""
+    if case.expected_failure is None:
+        return result
+    if result.status == FAILED:
+        result.status, result.reason = XFAILED, f"expected failure: {case.expected_failure}. It failed: {result.reason}"
+    elif result.status == PASSED:
+        result.status = FAILED
+        result.reason = (f"expected to fail, but passed: {case.expected_failure}. If upstream fixed it, narrow or drop "
+                         "that entry's `versions`")
+    return result
+
+
+def _run_one(case: Case, pools: PoolSet, options: RunOptions) -> CaseResult:
+    contract = get_contract(case.contract_id)
+    start = time.perf_counter()
+    try:
+        pool = pools.get(case.world_size)
+        start = time.perf_counter()  # a case's cost excludes starting its group
+        outcomes = pool.run(run_case_in_rank, case.contract_id, dict(case.params), options.target, options.target_args,
+                            timeout=options.timeout or contract.timeout_s)
+    except RankFailure as exc:
+        return contract.result(case.id, case.params, FAILED, str(exc).splitlines()[0], options.target,
+                               duration_s=time.perf_counter() - start, traceback=exc.traceback)
+    return contract.judge(case.id, case.params, outcomes, time.perf_counter() - start, options.target)

@@ -1,0 +1,68 @@
+"""The gate's contract stage: every contract case on the chosen target (also all that ``parity check`` runs)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from harness.cases.contract import load_cases, platform_of_device
+from harness.contracts.case import Case
+from harness.contracts.runner import RunOptions, run_cases
+from harness.gate.stage import GateContext
+from harness.ranks import PoolSet
+from harness.report.console import CONTRACT_COLUMNS, progress, result_table
+from harness.results import StageResult, summary_line
+
+
+def load_contract_cases(cases_root: Path, options: RunOptions) -> list[Case]:
+    """The contract cases as they run for ``options``: with this platform's and this target's overlays."""
+    target = options.load()
+    return load_cases(cases_root, platform_of_device(options.device), target.overlay or target.name)
+
+
+def run_contract_cases(cases: Sequence[Case], options: RunOptions, pools: PoolSet, err: Console,
+                       name: str = "contracts", release_pools: bool = False) -> StageResult:
+    """Run ``cases`` with a progress bar on ``err``; the stage's results with its timing in ``extra``."""
+    check_device(options.device)
+    start = time.perf_counter()
+    with progress(err, len(cases), name) as advance:
+        results = run_cases(cases, options, pools, release_pools=release_pools, on_result=advance)
+    wall = time.perf_counter() - start
+    timing = {"cases_s": sum(r.duration_s for r in results),
+              "pool_startup_s": {str(w): s for w, s in sorted(pools.startup_s.items())}}
+    return StageResult(name, results, wall, extra=timing)
+
+
+def check_device(device: str) -> None:
+    from harness.errors import ConfigError
+
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda but torch sees no CUDA device", key="--device")
+
+
+class ContractStage:
+    """Every contract case under ``<cases>/contracts`` on the chosen target."""
+
+    name = "contracts"
+
+    def __init__(self) -> None:
+        self._cases: list[Case] | None = None
+
+    def skip_reason(self, ctx: GateContext) -> str | None:
+        return None  # no contract cases is a configuration error, raised by the loader
+
+    def preflight(self, ctx: GateContext) -> None:
+        self._cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
+
+    def run(self, ctx: GateContext) -> StageResult:
+        cases, self._cases = self._cases or load_contract_cases(ctx.options.cases_root, ctx.options.run), None
+        stage = run_contract_cases(cases, ctx.options.run, ctx.pools, ctx.err, self.name)
+        ctx.out.print(result_table(stage.results, "gate: contracts", CONTRACT_COLUMNS))
+        ctx.out.print(f"contracts: {summary_line(stage.results, stage.wall_s)}")
+        return stage

@@ -1,0 +1,185 @@
+"""The gate's image stage: run every image case, compare with its blessed single-rank reference, judge by thresholds.
+
+Per case: the pipeline target runs on ``world_size`` ranks of the gate's pools; rank 0's output is
+compared with the hash-verified reference (``<baselines>/images``) by PSNR, SSIM, mean abs diff
+and, when a CLIP model is configured, CLIP cosine. clip, ssim and psnr pass at ``value >=
+threshold``, mean_abs_diff at ``value <= threshold``. A metric that is not computed (CLIP without a
+model) is ``null`` with its reason, never passed silently; the case is judged on the metrics
+that were computed.
+
+Thresholds: ``<baselines>/consistency_threshold.json`` with the overlay
+``<baselines>/platforms/<platform>.json`` of this hardware merged over it when one exists
+(:meth:`ThresholdSet.for_platform`). Everything that can be wrong in the configuration (case
+files, thresholds, references and their hashes, the CLIP directory) is checked in
+:meth:`ImageStage.preflight`, before any rank starts, and is a ConfigError (exit 2).
+
+The stage also fills the results document's top-level ``cases`` map (recalibration input,
+:func:`harness.results.image_entry`) and ``platform``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from harness.baselines.images import REFERENCES_DIR, load_reference
+from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet
+from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.gate.pipeline_runs import generate
+from harness.gate.stage import GateContext, case_params, run_each_case
+from harness.report.console import Column, figure_column, result_table
+from harness.results import FAILED, PASSED, CaseResult, StageResult, image_entry, summary_line
+from harness.targets.loader import load_pipeline_target
+
+if TYPE_CHECKING:  # metrics (scipy, transformers) load only when the stage runs
+    from harness.metrics import ClipScorer
+
+DEFAULT_CASE_TIMEOUT_S = 300.0
+IMAGE_COLUMNS: tuple[Column, ...] = (
+    ("kind", lambda r: str(r.params.get("kind", ""))),
+    *(figure_column(name, metric) for name, metric in zip(("clip", "ssim", "psnr", "mad"), METRICS)),
+)
+
+
+def measure(ref: np.ndarray, cand: np.ndarray, kind: str, scorer: ClipScorer | None) -> dict[str, float | None]:
+    """The four metrics of a candidate against its reference (clip None without a scorer)."""
+    from harness.metrics import mean_abs_diff, psnr, ssim
+
+    clip: float | None = None
+    if scorer is not None:
+        clip = scorer.similarity([ref], [cand])[0] if kind == "image" else scorer.video_similarity(ref, cand)
+    return {"clip": clip, "ssim": ssim(ref, cand), "psnr": psnr(ref, cand), "mean_abs_diff": mean_abs_diff(ref, cand)}
+
+
+def describe_bounds(t: Thresholds) -> str:
+    return f"clip ≥ {t.clip:g}, ssim ≥ {t.ssim:g}, psnr ≥ {t.psnr:g}, mean_abs_diff ≤ {t.mean_abs_diff:g}"
+
+
+def violations(metrics: dict[str, float | None], thresholds: Thresholds) -> list[str]:
+    """One line per metric outside its bound, naming the bound's file and key."""
+    out = []
+    for metric in METRICS:
+        value = metrics[metric]
+        if value is None:
+            continue
+        bound = thresholds.get(metric)
+        ok = value >= bound if metric in HIGHER_IS_BETTER else value <= bound
+        if not ok:
+            op = "<" if metric in HIGHER_IS_BETTER else ">"
+            out.append(f"{metric} {value:.6g} {op} {bound:g} ({thresholds.source.get(metric, '?')})")
+    return out
+
+
+def judge_case(case: ImageCase, ref: np.ndarray, cand: np.ndarray, thresholds: Thresholds,
+               scorer: ClipScorer | None, clip_skip: str | None, target: str = "reference") -> CaseResult:
+    """The case's result: the metrics of ``cand`` against ``ref``, judged by ``thresholds``."""
+    figures: dict[str, object] = {"thresholds": {m: thresholds.get(m) for m in METRICS},
+                                  "threshold_source": dict(thresholds.source)}
+    result = CaseResult(case.id, f"images.{case.kind}", PASSED, bound=describe_bounds(thresholds), params=case_params(case),
+                        target=target, figures=figures)
+    if ref.shape != cand.shape:
+        result.status = FAILED
+        result.reason = f"candidate shape {cand.shape} differs from the reference's {ref.shape} (re-bless if the case changed)"
+        figures.update(dict.fromkeys(METRICS))
+        return result
+    metrics = measure(ref, cand, case.kind, scorer)
+    figures.update(metrics)
+    if metrics["clip"] is None and clip_skip:
+        figures["skipped_metrics"] = {"clip": clip_skip}
+    problems = violations(metrics, thresholds)
+    if problems:
+        result.status, result.reason = FAILED, "; ".join(problems)
+    return result
+
+
+@dataclass
+class _Inputs:
+    """Everything a run reads besides the pipeline's output, loaded and validated up front."""
+
+    platform: str
+    cases: list[ImageCase]
+    thresholds: ThresholdSet
+    bounds: dict[str, Thresholds]
+    references: dict[str, np.ndarray]
+    scorer: ClipScorer | None
+    clip_skip: str | None
+
+
+def load_inputs(ctx: GateContext) -> _Inputs:
+    """Cases, thresholds (every case's bounds resolved), hash-verified references and the CLIP scorer."""
+    from harness.baselines.platforms import platform_name
+    from harness.metrics import load_clip_scorer
+
+    options = ctx.options
+    platform = platform_name(ctx.device)
+    pipeline = load_pipeline_target(options.pipeline)
+    cases = sorted(load_image_cases(options.cases_root, pipeline), key=lambda c: c.world_size)  # stable: file order per world
+    thresholds = ThresholdSet.for_platform(options.baselines_dir, platform)
+    bounds = {c.id: thresholds.for_case(c.id, c.kind) for c in cases}
+    references = {c.id: load_reference(options.baselines_dir / REFERENCES_DIR, c.id) for c in cases}
+    scorer, clip_skip = load_clip_scorer(options.clip_model)
+    return _Inputs(platform, cases, thresholds, bounds, references, scorer, clip_skip)
+
+
+class ImageStage:
+    """Every image case under ``<cases>/images`` against ``<baselines>``."""
+
+    name = "images"
+
+    def __init__(self) -> None:
+        self._inputs: _Inputs | None = None
+
+    def skip_reason(self, ctx: GateContext) -> str | None:
+        directory = image_case_dir(ctx.options.cases_root)
+        return None if directory.is_dir() else f"no image cases ({directory} does not exist)"
+
+    def preflight(self, ctx: GateContext) -> None:
+        self._inputs = load_inputs(ctx)
+
+    def run(self, ctx: GateContext) -> StageResult:
+        inputs, self._inputs = self._inputs or load_inputs(ctx), None
+        if inputs.clip_skip:
+            ctx.out.print(f"images: clip skipped: {inputs.clip_skip}")
+        options = ctx.options
+        timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
+
+        def judge(case: ImageCase) -> CaseResult:
+            produced = generate(case, ctx.pools, options.pipeline, timeout)
+            ref = inputs.references[case.id]
+            result = judge_case(case, ref, produced.output, inputs.bounds[case.id], inputs.scorer, inputs.clip_skip,
+                                options.pipeline)
+            result.figures.update(e2e_ms=produced.timings.e2e_ms, backends=produced.backends)
+            result.kernel = ", ".join(f"{k}: {v}" for k, v in produced.backends.items()) or None
+            if result.status == FAILED and options.report_dir is not None:
+                _write_triptych(options.report_dir, result, ref, produced.output)
+            return result
+
+        results, wall = run_each_case(ctx, self.name, inputs.cases, "images", judge)
+        ctx.out.print(result_table(results, "gate: images", IMAGE_COLUMNS))
+        ctx.out.print(f"images: {summary_line(results, wall)}")
+        return StageResult(
+            self.name, results, wall,
+            extra={
+                "platform": inputs.platform,
+                "thresholds_files": inputs.thresholds.paths,
+                "clip_skipped": inputs.clip_skip,
+                "cases_s": sum(r.duration_s for r in results),
+                "pool_startup_s": {str(w): s for w, s in sorted(ctx.pools.startup_s.items())},
+            },
+            top_level={"platform": inputs.platform, "cases": {r.case_id: image_entry(r) for r in results}},
+        )
+
+
+def _write_triptych(report_dir: Path, result: CaseResult, ref: np.ndarray, cand: np.ndarray) -> None:
+    from harness.report.html import triptych, write_png
+
+    if ref.shape != cand.shape:
+        return  # nothing to put side by side; the reason says why
+    picture, scale = triptych(ref, cand)
+    relative = f"{REFERENCES_DIR}/{result.case_id}.png"
+    write_png(report_dir / relative, picture)
+    result.artifacts["triptych"] = relative
+    result.figures["diff_scale"] = scale

@@ -1,0 +1,148 @@
+"""The gate's perf stage: time every image case and check it against this machine's perf baseline.
+
+Per case (:func:`harness.gate.pipeline_runs.time_case`): warm-up runs, then ``--perf-runs`` timed
+ones, the median of each value; the check is sglang's, ``actual <= expected * (1 + tol)`` per
+value (e2e, each stage, each step, average/median step) with the tolerances of
+the chosen profile (env ``PARITY_PERF_TOL_*`` overrides them; see :mod:`harness.baselines.perf`).
+The baseline is :meth:`PerfBaselines.for_platform` of this hardware: the perf overlay
+``<baselines>/platforms/perf/<platform>.json`` (or base scenarios that name this platform).
+
+On by default only where such a baseline exists: timings are a property of one machine, and
+gating a CPU runner against numbers from another machine (or from itself on a noisy day) would
+fail CI on noise. Where none exists the gate says so and how to make one. ``--perf`` forces
+the stage: every case is measured and, without a baseline, reported skipped with that reason;
+its results.json then carries the measurements (top-level ``perf``) that
+``parity recalibrate perf`` turns into a new overlay. ``--no-perf`` turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from harness.baselines.perf import PERF_BASE_FILE, PerfBaselines, PerfCheck, Tolerances, check_perf
+from harness.baselines.platforms import hardware_name, platform_name
+from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.gate.pipeline_runs import time_case
+from harness.gate.stage import GateContext, case_params, run_each_case
+from harness.report.console import Column, figure_column, result_table
+from harness.results import FAILED, PASSED, SKIPPED, CaseResult, StageResult, summary_line
+from harness.targets.loader import load_pipeline_target
+
+DEFAULT_CASE_TIMEOUT_S = 600.0
+PERF_COLUMNS: tuple[Column, ...] = (
+    figure_column("e2e ms", "e2e_ms"), figure_column("expected", "expected_e2e_ms"), figure_column("denoise ms", "denoise_ms"),
+    figure_column("step ms", "median_step_ms"), figure_column("peak MB", "peak_memory_mb"),
+)
+
+
+def how_to_create(platform: str) -> str:
+    """The commands that give a machine its perf baseline."""
+    return (f"to create one, run `parity gate --perf --report DIR` 3 times on this machine, then "
+            f"`parity recalibrate perf --results DIR*/results.json --write` (writes platforms/perf/{platform}.json)")
+
+
+def machine_baseline(ctx: GateContext, platform: str) -> PerfBaselines | None:
+    """This machine's perf baselines, or None when the base file is absent."""
+    if not (ctx.options.baselines_dir / PERF_BASE_FILE).is_file():
+        return None
+    return PerfBaselines.for_platform(ctx.options.baselines_dir, platform)
+
+
+def failed_checks(checks: list[PerfCheck]) -> list[str]:
+    """One line per value over its limit: ``stages_ms.DenoisingStage 35.2 > 30 (25 ms +20%)``, or
+    ``(0.5 ms + 1 ms floor)`` where the absolute floor set the limit."""
+    lines = []
+    for c in checks:
+        if c.passed:
+            continue
+        actual = "not measured" if c.actual is None else f"{c.actual:.4g}"
+        relative = c.expected * (1.0 + c.tol)
+        slack = f"+{c.tol:.0%}" if c.limit <= relative * (1 + 1e-9) else f"+ {c.limit - c.expected:.3g} ms floor"
+        lines.append(f"{c.metric} {actual} > {c.limit:.4g} ({c.expected:.4g} ms {slack})")
+    return lines
+
+
+class PerfStage:
+    """Timings of every image case under ``<cases>/images`` against this machine's perf baseline."""
+
+    name = "perf"
+
+    def skip_reason(self, ctx: GateContext) -> str | None:
+        choice = ctx.options.perf.enabled
+        if choice is False:
+            return "--no-perf"
+        directory = image_case_dir(ctx.options.cases_root)
+        if not directory.is_dir():
+            return f"no image cases to time ({directory} does not exist)"
+        if choice:
+            return None
+        platform = platform_name(ctx.device)
+        baseline = machine_baseline(ctx, platform)
+        if baseline is None:
+            return f"no {PERF_BASE_FILE} in {ctx.options.baselines_dir}"
+        if not baseline.scenario_ids:
+            return f"no perf baseline for hardware '{platform}'; {how_to_create(platform)}"
+        return None
+
+    def preflight(self, ctx: GateContext) -> None:
+        """The baseline files (and the env tolerances) are read before any stage runs: a bad one exits 2 at once."""
+        baseline = machine_baseline(ctx, platform_name(ctx.device))
+        if baseline is not None:
+            baseline.tolerances(ctx.options.perf.profile)
+
+    def run(self, ctx: GateContext) -> StageResult:
+        options, perf = ctx.options, ctx.options.perf
+        platform = platform_name(ctx.device)
+        baseline = machine_baseline(ctx, platform)
+        tolerances = baseline.tolerances(perf.profile) if baseline is not None else None  # env overrides apply
+        cases = sorted(load_image_cases(options.cases_root, load_pipeline_target(options.pipeline)), key=lambda c: c.world_size)
+        timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
+        measured_all: dict[str, dict[str, Any]] = {}
+
+        def judge(case: ImageCase) -> CaseResult:
+            measured = time_case(case, ctx.pools, options.pipeline, runs=perf.runs, warmup=perf.warmup, timeout=timeout).measured()
+            measured_all[case.id] = measured
+            expected = baseline.scenario(case.id) if baseline is not None else None
+            return _judge(case, measured, expected, tolerances, platform, options.pipeline)
+
+        results, wall = run_each_case(ctx, self.name, cases, "perf", judge)
+        ctx.out.print(result_table(results, f"gate: perf ({platform}, median of {perf.runs} after {perf.warmup} warm-up)",
+                                   PERF_COLUMNS))
+        ctx.out.print(f"perf: {summary_line(results, wall)}")
+        return StageResult(
+            self.name, results, wall,
+            extra={
+                "platform": platform,
+                "baseline_files": baseline.paths if baseline is not None else [],
+                "profile": perf.profile,
+                "tolerances": dataclasses.asdict(tolerances) if tolerances is not None else None,
+                "pool_startup_s": {str(w): s for w, s in sorted(ctx.pools.startup_s.items())},
+            },
+            top_level={"platform": platform, "device_name": hardware_name(ctx.device), "perf": measured_all},
+        )
+
+
+def _judge(case: ImageCase, measured: dict[str, Any], expected: dict[str, Any] | None, tolerances: Tolerances | None,
+           platform: str, target: str) -> CaseResult:
+    """One result: the figures, and the verdict against the baseline scenario (if any)."""
+    figures: dict[str, Any] = {
+        "e2e_ms": measured["expected_e2e_ms"],
+        "denoise_ms": measured["stages_ms"].get("DenoisingStage"),
+        "median_step_ms": measured.get("expected_median_denoise_ms"),
+        "peak_memory_mb": measured["peak_memory_mb"],
+        "peak_memory_kind": measured["peak_memory_kind"],
+        "clock": measured["clock"],
+        "measured": measured,
+    }
+    result = CaseResult(case.id, f"perf.{case.kind}", SKIPPED, params=case_params(case), target=target, figures=figures)
+    if expected is None or tolerances is None:
+        result.reason = f"no perf baseline for scenario '{case.id}' on '{platform}'"
+        return result
+    checks = check_perf(expected, measured, tolerances, abs_floor_ms=tolerances.abs_floor_ms)
+    problems = failed_checks(checks)
+    figures["expected_e2e_ms"] = expected["expected_e2e_ms"]
+    figures["values"] = [dataclasses.asdict(c) for c in checks]
+    result.status, result.reason = (FAILED, "; ".join(problems)) if problems else (PASSED, None)
+    result.bound = f"{len(checks)} values within their tolerance"
+    return result

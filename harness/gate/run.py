@@ -1,0 +1,71 @@
+"""The gate: run every stage in one set of rank pools, write results JSON, JUnit XML and the HTML report.
+
+A new stage is one more entry in :data:`STAGES` (see :mod:`harness.gate.stage` for the protocol).
+Each stage's preflight runs before any stage does, so a configuration error (exit 2) in a
+later stage does not wait for the earlier stages' cases.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from harness.gate.contracts import ContractStage, check_device
+from harness.gate.images import ImageStage
+from harness.gate.perf import PerfStage
+from harness.gate.stage import GateContext, GateOptions, Stage
+from harness.ranks import PoolSet
+from harness.report.console import make_console
+from harness.results import StageResult, environment, results_document, write_results
+
+
+def stages() -> list[Stage]:
+    """The gate's stages, in the order they run."""
+    return [ContractStage(), ImageStage(), PerfStage()]
+
+
+def run_gate(options: GateOptions) -> dict[str, Any]:
+    """Run the gate; returns the results document (``passed`` says whether anything regressed)."""
+    from harness.errors import ConfigError
+
+    if not options.baselines_dir.is_dir():
+        raise ConfigError("no such baselines directory", path=options.baselines_dir, key="--baselines")
+    check_device(options.run.device)
+    start = time.perf_counter()
+    outcome: dict[str, StageResult | str] = {}
+    out = make_console()
+    with PoolSet(options.run.device) as pools:
+        ctx = GateContext(options, out, make_console(stderr=True), pools)
+        plan = [(stage, stage.skip_reason(ctx)) for stage in stages()]
+        for stage, reason in plan:
+            if not reason:
+                stage.preflight(ctx)
+        for stage, reason in plan:
+            if reason:
+                outcome[stage.name] = reason
+                out.print(f"{stage.name}: skipped ({reason})")
+            else:
+                outcome[stage.name] = stage.run(ctx)
+    document = results_document("gate", environment(options.run.target, options.run.device), outcome,
+                                time.perf_counter() - start)
+    write_reports(options, document, {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)})
+    failed = sum(s.failed for s in outcome.values() if isinstance(s, StageResult))
+    out.print(f"gate: {'PASSED' if failed == 0 else f'FAILED ({failed} failing cases)'}")
+    return document
+
+
+def write_reports(options: GateOptions, document: dict[str, Any], results: dict[str, Any]) -> None:
+    """results.json / junit.xml where asked, and with ``report_dir`` also index.html."""
+    from harness.report.junit import write_junit
+
+    report = options.report_dir
+    for path in (options.json_path, report / "results.json" if report else None):
+        if path:
+            write_results(path, document)
+    for path in (options.junit_path, report / "junit.xml" if report else None):
+        if path:
+            write_junit(path, results, name="parity gate")
+    if report:
+        from harness.report.html import write_index
+
+        write_index(report / "index.html", document)

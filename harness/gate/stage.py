@@ -1,0 +1,104 @@
+"""What every gate stage shares: the options of a gate run, the context a stage runs in, the stage protocol,
+and the per-case loop of the stages that run a pipeline.
+
+A stage has a ``name``, ``skip_reason(ctx) -> str | None`` (e.g. its cases directory is absent),
+``preflight(ctx)`` (load and validate its inputs: called for every stage before any stage runs,
+so a configuration error in a later stage exits 2 at once) and ``run(ctx) -> StageResult``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from rich.console import Console
+
+from harness.cases.image import ImageCase
+from harness.contracts.runner import RunOptions
+from harness.ranks import PoolSet, RankFailure
+from harness.report.console import progress
+from harness.results import FAILED, CaseResult, StageResult
+
+PERF_PROFILES = ("pr_test", "long_term")
+
+
+@dataclass(frozen=True)
+class PerfOptions:
+    """``enabled`` None: the perf stage runs only where this machine has a perf baseline."""
+
+    enabled: bool | None = None
+    runs: int = 3
+    warmup: int = 1
+    profile: str = "pr_test"
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """Everything a gate run needs; built by ``parity gate`` (or any caller), never an argparse namespace."""
+
+    cases_root: Path
+    baselines_dir: Path
+    run: RunOptions = field(default_factory=RunOptions)
+    pipeline: str = "reference"  # the pipeline target of the image and perf stages
+    report_dir: Path | None = None
+    json_path: Path | None = None
+    junit_path: Path | None = None
+    clip_model: str | None = None
+    perf: PerfOptions = field(default_factory=PerfOptions)
+
+
+@dataclass
+class GateContext:
+    options: GateOptions
+    out: Console
+    err: Console
+    pools: PoolSet  # one rank group per world size for the whole gate: stages share them
+
+    @property
+    def device(self) -> str:
+        return self.options.run.device
+
+
+class Stage(Protocol):
+    name: str
+
+    def skip_reason(self, ctx: GateContext) -> str | None: ...
+
+    def preflight(self, ctx: GateContext) -> None: ...
+
+    def run(self, ctx: GateContext) -> StageResult: ...
+
+
+def run_each_case(ctx: GateContext, label: str, cases: Sequence[ImageCase], check: str,
+                  judge: Callable[[ImageCase], CaseResult]) -> tuple[list[CaseResult], float]:
+    """``judge(case)`` for every case in the gate's pools, with a progress bar; the results and the wall time.
+
+    A case's duration excludes starting its group. A rank that fails (raises, dies, hangs) fails
+    that case with the rank's traceback; the stage goes on with the next case.
+    """
+    start = time.perf_counter()
+    results: list[CaseResult] = []
+    with progress(ctx.err, len(cases), label) as advance:
+        ctx.pools.prestart(c.world_size for c in cases)
+        for case in cases:
+            t0 = time.perf_counter()
+            try:
+                ctx.pools.get(case.world_size)
+                t0 = time.perf_counter()
+                result = judge(case)
+            except RankFailure as exc:
+                result = CaseResult(case.id, f"{check}.{case.kind}", FAILED, str(exc).splitlines()[0],
+                                    params=case_params(case), target=ctx.options.pipeline, traceback=exc.traceback)
+            result.duration_s = time.perf_counter() - t0
+            results.append(result)
+            advance(result)
+    return results, time.perf_counter() - start
+
+
+def case_params(case: ImageCase) -> dict[str, object]:
+    """An image case as a result's ``params``: its degrees, kind and pipeline fields."""
+    return {"world_size": case.world_size, "ulysses_degree": case.ulysses_degree, "ring_degree": case.ring_degree,
+            "kind": case.kind, **case.fields}

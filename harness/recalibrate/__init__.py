@@ -1,0 +1,19 @@
+"""Recalibration: new thresholds and perf baselines proposed from N gate results, shown as a diff, written on request."""
+
+from harness.recalibrate.perf import PERF_PROPOSAL_HEADER, PerfProposal, apply_perf_proposals, perf_proposal_rows, propose_perf
+from harness.recalibrate.policy import DEFAULT_POLICY, Policy, Rule, load_policy
+from harness.recalibrate.proposals import LooseningRefused
+from harness.recalibrate.thresholds import (
+    PROPOSAL_HEADER,
+    Proposal,
+    apply_proposals,
+    merge_into_overlay,
+    proposal_rows,
+    propose_thresholds,
+)
+
+__all__ = [
+    "DEFAULT_POLICY", "PERF_PROPOSAL_HEADER", "PROPOSAL_HEADER", "LooseningRefused", "PerfProposal", "Policy", "Proposal",
+    "Rule", "apply_perf_proposals", "apply_proposals", "load_policy", "merge_into_overlay", "perf_proposal_rows",
+    "proposal_rows", "propose_perf", "propose_thresholds",
+]

@@ -1,0 +1,109 @@
+"""Perf proposals: a new baseline value per measured value from N gate runs.
+
+The median of the N measurements of each value; a value changes only when
+``|median - old| / old > tolerance / 3`` (the tolerance of that value's family, see
+:mod:`harness.baselines.perf`), so noise well inside the gate's own slack does not churn the
+baseline; a changed value is rounded to 4 significant figures. A higher expected time is a
+loosening: refused unless allowed (:mod:`.proposals`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.baselines.perf import PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
+from harness.recalibrate.proposals import change_word, fmt, refuse_loosening
+
+_PERF_SIGNIFICANT = 4
+
+@dataclass(frozen=True)
+class PerfProposal:
+    """A proposed baseline value (label as in :func:`harness.baselines.perf.scenario_values`).
+
+    ``old`` is None for a value the baseline lacks (a new scenario or stage); adding it is a
+    change but not a loosening.
+    """
+
+    scenario_id: str
+    metric: str
+    old: float | None
+    median: float
+    new: float
+    changed: bool
+    loosens: bool
+
+    def describe(self) -> str:
+        """One line for messages: ``flux_image_t2i.expected_e2e_ms: 6693 -> 7400 (median 7400.2)``."""
+        return f"{self.scenario_id}.{self.metric}: {fmt(self.old)} -> {fmt(self.new)} (median {fmt(self.median)})"
+
+
+def _round_significant(value: float, digits: int = _PERF_SIGNIFICANT) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def _measurements(results_list: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by_scenario: dict[str, list[dict[str, Any]]] = {}
+    for doc in results_list:
+        for scenario_id, measured in doc.get("perf", {}).items():
+            by_scenario.setdefault(scenario_id, []).append(measured)
+    return by_scenario
+
+
+def propose_perf(
+    baseline: PerfBaselines, results_list: Sequence[dict[str, Any]], tolerances: Tolerances
+) -> list[PerfProposal]:
+    """Per measured value: median of the runs that have it, changed only beyond tolerance/3.
+
+    Baseline values that no run measured are left as they are (removing a stage is a manual,
+    reviewed edit, not something a missing measurement should do).
+    """
+    proposals = []
+    for scenario_id, runs in _measurements(results_list).items():
+        old_values = scenario_values(baseline.scenario(scenario_id) or {})
+        samples: dict[str, list[float]] = {}
+        for run in runs:
+            for label, value in scenario_values(run).items():
+                samples.setdefault(label, []).append(value)
+        for label, values in samples.items():
+            median = float(statistics.median(values))
+            old = old_values.get(label)
+            margin = tolerances.get(tolerance_category(label)) / 3.0
+            if old is None:
+                new = _round_significant(median)
+                proposals.append(PerfProposal(scenario_id, label, None, median, new, changed=True, loosens=False))
+                continue
+            moved = median != 0.0 if old == 0.0 else abs(median - old) / old > margin
+            new = _round_significant(median) if moved else old
+            proposals.append(PerfProposal(scenario_id, label, old, median, new, moved, moved and new > old))
+    return proposals
+
+
+def apply_perf_proposals(
+    baseline: PerfBaselines, proposals: Sequence[PerfProposal], allow_loosen: bool = False
+) -> PerfBaselines:
+    """``baseline`` with the changed values written; :class:`LooseningRefused` if any would
+    raise an expected time without ``allow_loosen`` (a slowdown must be accepted explicitly)."""
+    refuse_loosening(proposals, allow_loosen)
+    updates: dict[str, dict[str, float]] = {}
+    for p in proposals:
+        if p.changed:
+            updates.setdefault(p.scenario_id, {})[p.metric] = p.new
+    for scenario_id, values in updates.items():
+        scenario = set_scenario_values(baseline.scenario(scenario_id) or {}, values)
+        baseline = baseline.with_scenario(scenario_id, scenario)
+    return baseline
+
+
+PERF_PROPOSAL_HEADER: tuple[str, ...] = ("scenario", "value", "old", "median", "new", "change")
+
+
+def perf_proposal_rows(proposals: Iterable[PerfProposal]) -> list[tuple[str, ...]]:
+    """Table rows (strings) matching :data:`PERF_PROPOSAL_HEADER`."""
+    return [
+        (p.scenario_id, p.metric, fmt(p.old), fmt(p.median), fmt(p.new),
+         "added" if p.old is None else change_word(p.changed, p.loosens))
+        for p in proposals
+    ]

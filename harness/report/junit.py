@@ -1,0 +1,48 @@
+"""JUnit XML for CI systems: one testsuite per stage, one testcase per case result.
+
+An expected failure (a known upstream divergence that failed as recorded) is reported as
+skipped with its reason, as pytest reports an xfail.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from harness.results import FAILED, SKIPPED, XFAILED, CaseResult, json_safe
+
+
+def _details(result: CaseResult) -> str:
+    text = f"bound: {result.bound}\nkernel: {result.kernel}\nfigures: {json.dumps(json_safe(result.figures), sort_keys=True)}"
+    return text + (f"\n{result.traceback}" if result.traceback else "")
+
+
+def junit_xml(stages: Mapping[str, Sequence[CaseResult]], name: str = "parity") -> bytes:
+    root = ET.Element("testsuites", name=name)
+    for suite, results in stages.items():
+        element = ET.SubElement(
+            root, "testsuite", name=suite, tests=str(len(results)),
+            failures=str(sum(r.status == FAILED for r in results)),
+            skipped=str(sum(r.status in (SKIPPED, XFAILED) for r in results)),
+            errors="0", time=f"{sum(r.duration_s for r in results):.3f}",
+        )
+        for r in results:
+            case = ET.SubElement(element, "testcase", classname=r.check, name=r.case_id, time=f"{r.duration_s:.3f}")
+            details = _details(r)
+            if r.status == FAILED:
+                ET.SubElement(case, "failure", message=r.reason or "failed").text = details
+            elif r.status in (SKIPPED, XFAILED):
+                prefix = "expected failure: " if r.status == XFAILED else ""
+                ET.SubElement(case, "skipped", message=prefix + (r.reason or "skipped"))
+            if r.status != FAILED:
+                ET.SubElement(case, "system-out").text = details
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def write_junit(path: str | Path, stages: Mapping[str, Sequence[CaseResult]], name: str = "parity") -> None:
+    from harness.files.atomic import write_bytes_atomic
+
+    write_bytes_atomic(path, junit_xml(stages, name))

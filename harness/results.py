@@ -1,0 +1,244 @@
+"""What a run concluded: one result type for every case of every stage, and the results.json that records it.
+
+A contract case, an image case and a perf scenario all end as a :class:`CaseResult`: a status,
+the figures that were measured, the bound they were judged by (as text), the reason when it
+failed or was skipped, the kernel that ran and how long it took. Every summary, table, JUnit
+row and HTML section is computed from these, so the stages never count or format on their own.
+
+This module is the one owner of the results document (``parity gate --json`` / ``--report``)::
+
+    {"command": "gate", "target": ..., "device": ..., "platform": ..., "torch": ..., "wall_s": ...,
+     "passed": true,
+     "stages": {"<stage>": {"summary": {"passed": n, ...}, "wall_s": ..., "records": [<CaseResult>...], ...}
+                           | {"skipped": "<why>"}},
+     "platform": "cpu_x86_64",                                   # the hardware the numbers belong to
+     "cases": {"<image case id>": {"kind", "passed", "metrics", "thresholds", ...}},   # recalibration input
+     "perf":  {"<scenario id>": <measured scenario>}}                                 # recalibration input
+
+:func:`parse_results` validates what :mod:`harness.recalibrate` reads back (``cases``, ``perf``,
+``platform``); unknown top-level keys are kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from harness.files.jsonio import expect_object, expect_str, join_key, read_json
+from harness.errors import ConfigError
+
+
+class Status(StrEnum):
+    """A case's outcome. ``XFAILED``: a known upstream divergence failed as recorded (not a regression)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+
+
+PASSED, FAILED, SKIPPED, XFAILED = Status.PASSED, Status.FAILED, Status.SKIPPED, Status.XFAILED
+
+
+@dataclass
+class CaseResult:
+    """One case's conclusion. ``check`` names what judged it: a contract id, ``images.<kind>`` or ``perf.<kind>``.
+
+    ``figures`` are JSON-safe once :meth:`to_dict` has run (non-finite floats become strings);
+    ``artifacts`` are files written for it, relative to the report directory (a triptych PNG).
+    """
+
+    case_id: str
+    check: str
+    status: Status
+    reason: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    bound: str = ""
+    kernel: str | None = None
+    duration_s: float = 0.0
+    params: dict[str, Any] = field(default_factory=dict)
+    target: str = "reference"
+    traceback: str | None = None
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    @property
+    def world_size(self) -> int:
+        return int(self.params.get("world_size", 1))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case_id": self.case_id,
+            "check": self.check,
+            "status": str(self.status),
+            "reason": self.reason,
+            "figures": json_safe(self.figures),
+            "bound": self.bound,
+            "kernel": self.kernel,
+            "duration_s": self.duration_s,
+            "params": json_safe(self.params),
+            "target": self.target,
+            "traceback": self.traceback,
+            "artifacts": dict(self.artifacts),
+        }
+
+
+def json_safe(value: Any) -> Any:
+    """Non-finite floats as strings ("nan", "inf"), at any depth: strict JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def counts(results: Iterable[CaseResult]) -> dict[str, int]:
+    """``{status: how many}`` over every status (zeros included), in :class:`Status` order."""
+    tally = dict.fromkeys((str(s) for s in Status), 0)
+    for result in results:
+        tally[str(result.status)] += 1
+    return tally
+
+
+def summary_line(results: Iterable[CaseResult], wall_s: float | None = None) -> str:
+    """``3 passed, 1 failed, 0 skipped`` (+ ``, 2 xfailed`` when any) ``in 4.2 s``."""
+    tally = counts(results)
+    parts = [f"{tally[s]} {s}" for s in (PASSED, FAILED, SKIPPED)]
+    if tally[XFAILED]:
+        parts.append(f"{tally[XFAILED]} {XFAILED} (known upstream divergences)")
+    return ", ".join(parts) + (f" in {wall_s:.1f} s" if wall_s is not None else "")
+
+
+def any_failed(results: Iterable[CaseResult]) -> bool:
+    return any(r.status == FAILED for r in results)
+
+
+# ----------------------------------------------------------------------------- the document
+
+
+@dataclass
+class StageResult:
+    """One gate stage's results; ``extra`` goes into its section, ``top_level`` into the document root."""
+
+    name: str
+    results: list[CaseResult]
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    top_level: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        return counts(self.results)[FAILED]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": counts(self.results), "wall_s": self.wall_s,
+                "records": [r.to_dict() for r in self.results], **json_safe(self.extra)}
+
+
+def environment(target: str, device: str) -> dict[str, Any]:
+    """Where a run happened: what every results document records next to its results."""
+    import platform
+
+    import torch
+
+    from reference_impl.platform import current_platform
+
+    return {"target": target, "device": device, "platform": current_platform.label(), "torch": torch.__version__,
+            "python": platform.python_version(), "host": platform.node()}
+
+
+def results_document(command: str, environment: Mapping[str, Any], stages: Mapping[str, StageResult | str],
+                     wall_s: float, **extra: Any) -> dict[str, Any]:
+    """The results document of a run: ``stages`` maps a stage name to its result or to why it was skipped."""
+    sections: dict[str, Any] = {}
+    top_level: dict[str, Any] = {}
+    failed = 0
+    for name, stage in stages.items():
+        if isinstance(stage, str):
+            sections[name] = {"skipped": stage}
+            continue
+        sections[name] = stage.to_dict()
+        top_level.update(json_safe(stage.top_level))
+        failed += stage.failed
+    return {"command": command, **environment, "wall_s": wall_s, "passed": failed == 0, "stages": sections,
+            **json_safe(extra), **top_level}
+
+
+def image_entry(result: CaseResult) -> dict[str, Any]:
+    """An image case's entry in the document's ``cases`` map (what recalibration reads); null metrics were not measured."""
+    from harness.baselines.thresholds import METRICS
+
+    f = result.figures
+    return {
+        "kind": result.params.get("kind", "image"),
+        "passed": result.status == PASSED,
+        "metrics": {m: json_safe(f.get(m)) for m in METRICS},
+        "thresholds": f.get("thresholds", {}),
+        "threshold_source": f.get("threshold_source", {}),
+        "skipped_metrics": f.get("skipped_metrics", {}),
+        "world_size": result.world_size,
+    }
+
+
+def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
+    """Validate a results document and decode its image metrics (``"inf"`` -> ``float('inf')``).
+
+    Checked: ``platform`` (optional string), ``cases`` (required: the image stage's map, every
+    metric present, null when skipped) and ``perf`` (optional: measured scenarios). Idempotent:
+    a parsed document parses to itself.
+    """
+    from harness.baselines.perf import validate_scenario
+    from harness.baselines.thresholds import KINDS, METRICS
+    from harness.metrics import metric_from_json
+
+    doc = expect_object(doc, path, "")
+    out = dict(doc)
+    if "platform" in doc:
+        expect_str(doc["platform"], path, "platform")
+    if "cases" not in doc:
+        raise ConfigError("missing required key 'cases'", path=path)
+    cases = {}
+    for case_id, case in expect_object(doc["cases"], path, "cases").items():
+        case_path = join_key("cases", case_id)
+        case = expect_object(case, path, case_path)
+        for key in ("kind", "passed", "metrics"):
+            if key not in case:
+                raise ConfigError(f"missing required key '{key}'", path=path, key=case_path)
+        if case["kind"] not in KINDS:
+            raise ConfigError(f"kind must be one of {list(KINDS)}", path=path, key=join_key(case_path, "kind"))
+        if not isinstance(case["passed"], bool):
+            raise ConfigError("passed must be true or false", path=path, key=join_key(case_path, "passed"))
+        raw_metrics = expect_object(case["metrics"], path, join_key(case_path, "metrics"))
+        metrics = {}
+        for metric in METRICS:
+            key = join_key(join_key(case_path, "metrics"), metric)
+            if metric not in raw_metrics:
+                raise ConfigError("missing metric (write null when it was skipped)", path=path, key=key)
+            metrics[metric] = metric_from_json(raw_metrics[metric], path, key)
+        cases[case_id] = {**case, "metrics": metrics}
+    out["cases"] = cases
+    if "perf" in doc:
+        for scenario_id, measured in expect_object(doc["perf"], path, "perf").items():
+            validate_scenario(measured, path, join_key("perf", scenario_id))
+    return out
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """Read and validate a results file; any problem is a ConfigError naming the file."""
+    return parse_results(read_json(path), path)
+
+
+def write_results(path: str | Path, document: Mapping[str, Any]) -> None:
+    """Write a results document atomically."""
+    from harness.files.atomic import write_json_atomic
+
+    write_json_atomic(path, document)

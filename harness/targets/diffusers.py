@@ -1,0 +1,258 @@
+"""Adapter for diffusers' context parallelism: ``dispatch_attention_fn`` under ``ContextParallelConfig``.
+
+The config is set up as ``ModelMixin._resolve_parallel_config`` does inside diffusers
+(``init_device_mesh(device_type, (ring, ulysses), mesh_dim_names=("ring", "ulysses"))``, then
+``ParallelConfig.setup``), on the live default group the launcher started. ``enable_parallelism``
+itself is not used: on the CPU it computes ``rank % torch.accelerator.device_count()`` with no
+device, and the attention under test is the dispatch, not a model's split/gather hooks.
+
+What runs is diffusers' own code: the Ulysses/ring/unified templates in
+``diffusers/models/attention_dispatch.py``, with the backend named by ``backend=`` (default:
+diffusers' active backend, ``DIFFUSERS_ATTN_BACKEND`` or ``native``). The adapter only maps the
+contract's calling convention onto it: ``seq_lens`` becomes unpadded shards under the
+``ulysses_anything`` config (padding rows come back as zeros); everything else is passed as is, so
+a divergence is diffusers', never the adapter's. Refusals carry diffusers' own words where
+diffusers has them: causal and GQA under CP raise from its templated CP entry, before any
+collective, and become skips with that text; causal and GQA stay declared because diffusers does
+them rank-locally and a release that lifts the guard needs no change here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.errors import ConfigError
+from harness.targets.base import AttentionSpec, Target, Unsupported
+
+MIN_VERSION = "0.36"  # ContextParallelConfig and the templated CP attention first ship in 0.36.0
+NOT_INSTALLED = "diffusers is not installed (pip install 'parity[diffusers]')"
+
+_ALWAYS = frozenset({"ulysses", "ring", "gqa", "causal", "backend_choice"})
+# Capabilities that arrived after MIN_VERSION: (capability, first release, the upstream fact),
+# read from the 0.36.0-0.42.1 sources of models/attention_dispatch.py and _modeling_parallel.py.
+VERSIONED: tuple[tuple[str, str, str], ...] = (
+    ("varlen", "0.37", "ContextParallelConfig(ulysses_anything=True): uneven per-rank lengths under Ulysses"),
+    ("mask", "0.39", "TemplatedUlyssesAttention all-gathers a key-padding mask [B, S_local]; "
+                     "0.36 refuses any mask under CP, 0.37-0.38 pass a local mask on ungathered"),
+    ("ring_mask", "0.39", "TemplatedRingAttention takes a mask and hands it to every rotated K/V block"),
+)
+HYBRID_SINCE = "0.37"  # 0.36 takes the ring branch when both degrees are > 1 and silently drops Ulysses
+
+# Context-parallel backends whose ring forward op cannot return the LSE, and that op's name
+# (0.42.1: attention_dispatch.py:876 native, :2082 NPU). The op itself is asked, rank-locally, so
+# the refusal carries diffusers' current words, and a release that adds the LSE is admitted.
+_RING_FORWARD_OPS = {"native": "_native_attention_forward_op", "_native_npu": "_npu_attention_forward_op"}
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("diffusers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _at_least(version: str, floor: str) -> bool:
+    from packaging.version import Version  # a dependency of diffusers itself
+
+    return Version(version) >= Version(floor)
+
+
+def capabilities_for(version: str) -> frozenset[str]:
+    """What this adapter can drive on diffusers ``version`` (see :data:`VERSIONED`)."""
+    return _ALWAYS | {cap for cap, since, _ in VERSIONED if _at_least(version, since)}
+
+
+def backend_names() -> list[str]:
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return [member.value for member in AttentionBackendName]
+
+
+def check_backend_name(name: str, key: str) -> str:
+    """``name`` if it is a diffusers ``AttentionBackendName``, else a ConfigError listing the valid ones."""
+    valid = backend_names()
+    if name not in valid:
+        raise ConfigError(f"{name!r} is not a diffusers {installed_version()} AttentionBackendName; valid: {', '.join(valid)}", key=key)
+    return name
+
+
+class DiffusersAttention:
+    """One attention layer: diffusers' dispatch with this spec's backend, causality and scale."""
+
+    def __init__(self, spec: AttentionSpec, backend: str, parallel: _Parallel | None) -> None:
+        self.spec = spec
+        self.backend = backend
+        self._parallel = parallel
+        self.kernel = self._describe(anything=False)
+
+    def _describe(self, anything: bool) -> str:
+        """What diffusers dispatches to, named after its own template (the branch its config selects)."""
+        p = self._parallel
+        if p is None:
+            path = "rank-local"
+        elif p.ring > 1 and p.ulysses > 1:
+            path = f"_templated_unified_attention U={p.ulysses} x R={p.ring}"
+        elif p.ring > 1:
+            path = f"TemplatedRingAttention R={p.ring}"
+        else:
+            path = f"TemplatedUlysses{'Anything' if anything else ''}Attention U={p.ulysses}"
+        return f"diffusers {installed_version()} {self.backend}: {path}"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        attn_mask = kwargs.pop("attn_mask", None)
+        seq_lens = kwargs.pop("seq_lens", None)
+        if kwargs:
+            raise Unsupported(f"diffusers' dispatch_attention_fn takes no {', '.join(sorted(kwargs))}")
+        if seq_lens is None:
+            return self._dispatch(q, k, v, attn_mask, self._parallel.plain if self._parallel else None)
+        if attn_mask is not None:
+            raise Unsupported("seq_lens with an attn_mask: this adapter unpads q/k/v only (no contract sends both)")
+        return self._varlen(q, k, v, list(seq_lens))
+
+    def _varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """Unpadded shards through ulysses_anything (diffusers gathers the sizes); zero rows back in."""
+        p = self._parallel
+        if p is not None and p.anything is None:
+            raise Unsupported(f"diffusers takes uneven per-rank lengths through ulysses_anything, which needs ring_degree 1 (got {p.ring})")
+        position = dist.get_rank() if dist.is_initialized() else 0
+        if len(seq_lens) <= position:
+            raise ValueError(f"seq_lens {seq_lens} has no length for rank {position}")
+        n = seq_lens[position]
+        self.kernel = self._describe(anything=p is not None)
+        out = self._dispatch(q[:, :n], k[:, :n], v[:, :n], None, p.anything if p else None)
+        return torch.cat([out, out.new_zeros(out.shape[0], q.shape[1] - n, *out.shape[2:])], dim=1)
+
+    def _dispatch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, config: Any) -> torch.Tensor:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        gqa = k.shape[2] != q.shape[2]
+        try:
+            return dispatch_attention_fn(
+                q, k, v, attn_mask=attn_mask, is_causal=self.spec.causal, scale=self.spec.softmax_scale,
+                enable_gqa=gqa, backend=self.backend, parallel_config=config,
+            )
+        except ValueError as exc:
+            if config is None or not (self.spec.causal or gqa):
+                raise
+            # _templated_context_parallel_attention opens with `if is_causal: raise ValueError(...)`
+            # and `if enable_gqa: raise ValueError(...)` (:2924-2927), before any collective.
+            raise Unsupported(f"diffusers {installed_version()} under context parallelism: {exc}") from exc
+
+
+class _Parallel:
+    """This rank's diffusers ParallelConfig(s) on one device mesh: plain, and ulysses_anything for varlen."""
+
+    def __init__(self, ulysses: int, ring: int, version: str) -> None:
+        from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.ulysses, self.ring = ulysses, ring
+        # nccl drives CUDA tensors; gloo is the CPU group (diffusers gathers sizes over it as "cpu").
+        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+        mesh = init_device_mesh(device_type, (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
+
+        def config(**options: bool) -> Any:
+            parallel = ParallelConfig(context_parallel_config=ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses, **options))
+            parallel.setup(dist.get_rank(), dist.get_world_size(), device, mesh=mesh)
+            return parallel
+
+        self.plain = config()
+        # Built on every rank alike (setup flattens the mesh): a rank's call must never be the first to.
+        self.anything = config(ulysses_anything=True) if ring == 1 and "varlen" in capabilities_for(version) else None
+
+
+class DiffusersTarget(Target):
+    """``backend=NAME`` (a diffusers AttentionBackendName) picks the kernel family; default: diffusers' active one."""
+
+    name = "diffusers"
+    overlay = "diffusers"  # variants (another backend, a test kernel) keep diffusers' version facts
+
+    def __init__(self, backend: str | None = None) -> None:
+        self.backend = backend
+        self._version = installed_version()
+        if backend is not None and self._version is not None:
+            check_backend_name(backend, "--target-arg backend")
+        self._parallel: _Parallel | None = None
+
+    def capabilities(self) -> frozenset[str]:
+        return capabilities_for(self._version) if self._version else _ALWAYS
+
+    def unavailable_reason(self, device: str) -> str | None:
+        if self._version is None:
+            return NOT_INSTALLED
+        if not _at_least(self._version, MIN_VERSION):
+            return f"diffusers {self._version} has no ContextParallelConfig (it arrived in {MIN_VERSION}; pip install 'parity[diffusers]')"
+        return None
+
+    def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
+        self._parallel = None
+        if ulysses_degree * ring_degree == 1:
+            return  # diffusers refuses a CP config of degree 1; one rank is plain dispatch, as without CP
+        assert self._version is not None
+        if ring_degree > 1 and ulysses_degree > 1 and not _at_least(self._version, HYBRID_SINCE):
+            raise Unsupported(f"diffusers {self._version} has no unified Ulysses x ring attention (it arrived in {HYBRID_SINCE})")
+        self._parallel = _Parallel(ulysses_degree, ring_degree, self._version)
+
+    def destroy_parallel(self) -> None:
+        # The mesh's gloo sub-groups are forgotten, not destroyed: destroying them made a later
+        # new_group fail now and then (see reference_impl.parallel.state).
+        self._parallel = None
+
+    def make_attention(self, spec: AttentionSpec) -> DiffusersAttention:
+        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+        if spec.sdpa_kernel is not None:
+            raise Unsupported(f"diffusers pins no SDPA kernel ({spec.sdpa_kernel}); pick a backend (_native_math, _native_flash, ...)")
+        if spec.backend is not None and spec.backend not in backend_names():
+            raise Unsupported(f"backend {spec.backend!r} is not a diffusers AttentionBackendName; valid: {', '.join(backend_names())}",
+                              kind="backend_unavailable")
+        name = spec.backend or self.backend or _AttentionBackendRegistry.get_active_backend()[0].value
+        enum = AttentionBackendName(name)
+        _refuse_unavailable(enum)
+        parallel = None if spec.skip_sequence_parallel else self._parallel
+        if parallel is not None:
+            if not _AttentionBackendRegistry._is_context_parallel_available(enum):
+                raise Unsupported(
+                    f"diffusers backend '{name}' does not support context parallelism (dispatch would ignore the config "
+                    f"and attend rank-locally); compatible: {sorted(_AttentionBackendRegistry._supports_context_parallel)}",
+                    kind="backend_unavailable",
+                )
+            if parallel.ring > 1:
+                _refuse_ring_without_lse(name, spec)
+        return DiffusersAttention(spec, name, parallel)
+
+
+def _refuse_unavailable(enum: Any) -> None:
+    """diffusers' own availability check (missing flash-attn, sageattention, kernels, ...), as a skip."""
+    from diffusers.models.attention_dispatch import _check_attention_backend_requirements
+
+    try:
+        _check_attention_backend_requirements(enum)
+    except RuntimeError as exc:
+        raise Unsupported(str(exc), kind="backend_unavailable") from exc
+
+
+def _refuse_ring_without_lse(name: str, spec: AttentionSpec) -> None:
+    """Ask the backend's ring forward op for the LSE on a one-token tensor (rank-local, no collective)."""
+    from diffusers.models import attention_dispatch
+
+    op = getattr(attention_dispatch, _RING_FORWARD_OPS.get(name, ""), None)
+    if op is None:
+        return
+    probe = torch.zeros(1, 1, 1, spec.head_dim, dtype=spec.dtype)
+    try:
+        op(None, probe, probe, probe, return_lse=True, _save_ctx=False)
+    except ValueError as exc:
+        raise Unsupported(
+            f"diffusers {installed_version()} backend '{name}' cannot run ring attention, which merges partial "
+            f"outputs by their log-sum-exp: {exc}", kind="ring_needs_lse",
+        ) from exc
+
+
+def factory(backend: str | None = None) -> DiffusersTarget:
+    return DiffusersTarget(backend)

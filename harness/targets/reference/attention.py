@@ -1,0 +1,165 @@
+"""The default target: ``reference_impl``'s USPAttention, the implementation the contracts describe.
+
+Its own refusals are typed exceptions of ``reference_impl``; this module is where they become the
+target-neutral :class:`~harness.targets.base.Unsupported` kinds the contracts understand.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+
+from harness.targets.base import AttentionSpec, Target, Unsupported
+from reference_impl.attention.backends import BACKENDS, SDPA_KERNELS, AttentionBackend, PinnedKernelRefused, backend_class
+from reference_impl.attention.layer import MaskWithReplicatedError, RingAdmissionError, USPAttention
+from reference_impl.attention.selector import BackendRefused, attention_backend_config, attention_component
+from reference_impl.forward_context import set_forward_context
+from reference_impl.parallel.state import destroy_sequence_parallel, init_sequence_parallel
+
+# Model checks behind the model-level contracts: name -> (module under harness.targets.reference, function).
+MODEL_CHECKS: dict[str, tuple[str, str]] = {
+    "model.zimage_sp_parity": ("models", "zimage_sp_parity_worker"),
+    "model.hunyuan_sp_parity": ("models", "hunyuan_sp_parity_worker"),
+    "encoder.masked_causal_lengths": ("encoder", "check_masked_causal_lengths"),
+    "encoder.quantized_admission": ("encoder", "check_quantized_admission"),
+    "encoder.packed_qkv_scale": ("encoder", "check_packed_qkv_scale"),
+    "encoder.fp8_parity": ("encoder", "check_fp8_parity"),
+    "vae.audio_fp32_restored": ("vae", "audio_fp32_restored"),
+    "vae.video_dispatch": ("vae", "video_dispatch"),
+    "pipeline.turbo_drift": ("pipeline", "turbo_drift"),
+}
+
+
+@contextmanager
+def refusals_as_unsupported(forced_backend_refused: bool = False) -> Iterator[None]:
+    """The reference's typed refusals as target-neutral kinds (raised identically on every rank, before any collective).
+
+    ``forced_backend_refused``: a strictly chosen backend that cannot serve a layer (BackendRefused)
+    is a refusal too. Not for a layer built from an AttentionSpec: there it is the selector's
+    behaviour that ``backend.selection_precedence`` checks (a ValueError, not a silent fallback).
+    """
+    try:
+        yield
+    except RingAdmissionError as exc:
+        raise Unsupported(str(exc), kind="ring_needs_lse") from exc
+    except MaskWithReplicatedError as exc:
+        raise Unsupported(str(exc), kind="mask_with_replicated") from exc
+    except PinnedKernelRefused as exc:
+        raise Unsupported(str(exc), kind="backend_unavailable") from exc
+    except BackendRefused as exc:
+        if not forced_backend_refused:
+            raise
+        raise Unsupported(str(exc), kind="backend_unavailable") from exc
+
+
+class ReferenceAttention:
+    """USPAttention called inside a forward context (the contracts know nothing of that context)."""
+
+    def __init__(self, layer: USPAttention, sdpa_kernel: str | None) -> None:
+        self.layer = layer
+        self.sdpa_kernel = sdpa_kernel
+        self.backend = layer.backend.value
+        pinned = f"[{sdpa_kernel}]" if sdpa_kernel else ""
+        self.kernel = f"{self.backend}{pinned} ({layer.selection.level})"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        with refusals_as_unsupported(), set_forward_context():
+            return self.layer(q, k, v, **kwargs)
+
+
+class ReferenceTarget(Target):
+    name = "reference"
+
+    def capabilities(self) -> frozenset[str]:
+        return frozenset(
+            {
+                "ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix",
+                "replicated_kv_prefix", "varlen", "mask", "backend_choice", "backend_selection", "reference_models",
+            }
+        )
+
+    def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
+        init_sequence_parallel(ulysses_degree, ring_degree)
+
+    def destroy_parallel(self) -> None:
+        destroy_sequence_parallel()
+
+    def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
+        if spec.backend is not None:
+            # An unknown name raises ValueError listing the valid ones; a backend that cannot serve
+            # this case here (missing package, head size, dtype) skips it.
+            reason = _cannot_serve(backend_class(spec.backend), spec)
+            if reason:
+                raise Unsupported(f"backend {spec.backend} cannot run this case here: {reason}", kind="backend_unavailable")
+        with refusals_as_unsupported(), attention_backend_config(spec.backend_config):
+            with attention_component(spec.component) if spec.component else nullcontext():
+                layer = USPAttention(
+                    spec.num_heads,
+                    spec.head_dim,
+                    num_kv_heads=spec.num_kv_heads,
+                    causal=spec.causal,
+                    softmax_scale=spec.softmax_scale,
+                    supported_attention_backends=spec.supported_backends,
+                    default_attention_backend=spec.default_backend,
+                    skip_sequence_parallel=spec.skip_sequence_parallel,
+                    backend=spec.backend,
+                    sdpa_kernel=spec.sdpa_kernel,
+                    dtype=spec.dtype,
+                )
+        return ReferenceAttention(layer, spec.sdpa_kernel)
+
+    def backend_columns(self, device: str) -> list[str]:
+        """Every backend; on CUDA also every pinned SDPA kernel (the kernel decides bitwise parity)."""
+        columns = [e.value for e in BACKENDS]
+        if device == "cuda":
+            columns += [f"torch_sdpa:{k}" for k in SDPA_KERNELS]
+        return columns
+
+    def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
+        if contract_id == "pipeline.turbo_drift":
+            from harness.targets.reference.pipeline import check_drift_case
+
+            check_drift_case(params)
+
+    def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
+        if name not in MODEL_CHECKS:
+            raise Unsupported(f"the reference target has no model check {name!r}; it has: {', '.join(MODEL_CHECKS)}")
+        module, function = MODEL_CHECKS[name]
+        check: Callable[..., dict[str, Any]] = getattr(importlib.import_module(f"harness.targets.reference.{module}"), function)
+
+        def run(**kwargs: Any) -> dict[str, Any]:
+            with refusals_as_unsupported(forced_backend_refused=True):
+                return check(**kwargs)
+
+        return run
+
+
+def _cannot_serve(cls: type[AttentionBackend], spec: AttentionSpec) -> str | None:
+    reason = cls.unavailable_reason()
+    if reason is None and not cls.supports_head_size(spec.head_dim):
+        reason = f"head size {spec.head_dim} is not supported"
+    if reason is None and not cls.supports_dtype(spec.dtype):
+        reason = f"it does not compute in {spec.dtype}"
+    return reason
+
+
+def factory() -> ReferenceTarget:
+    return ReferenceTarget()
+
+
+def backend_report() -> list[dict[str, Any]]:
+    """Every reference backend: available here or why not, whether it returns the LSE, its dtypes (``parity doctor``)."""
+    return [
+        {
+            "name": enum.value,
+            "available": cls.unavailable_reason() is None,
+            "reason": cls.unavailable_reason(),
+            "returns_lse": cls.supports_ring_rotation(),
+            "dtypes": sorted(str(d).replace("torch.", "") for d in cls.supported_dtypes),
+        }
+        for enum, cls in BACKENDS.items()
+    ]

@@ -1,0 +1,118 @@
+"""The harness's layout as the README draws it: folders in layers, imports that flow one way, no cycle.
+
+Every import of every module (function-local ones included) is read from the source, so a lazy
+import cannot hide a dependency the wrong way.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parents[2] / "harness"
+
+# Lower layers never import higher ones; a layer may import itself (without a cycle) and below.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors", "paths", "files"}),
+    frozenset({"ranks", "targets"}),
+    frozenset({"contracts", "cases", "baselines", "results", "metrics", "report"}),
+    frozenset({"gate", "sweep", "recalibrate"}),
+    frozenset({"commands", "cli", "pytest_plugin"}),
+)
+MAX_TOP_LEVEL_MODULES = 8
+MAX_LINES = 400
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(HARNESS.rglob("*.py")):
+        parts = path.relative_to(HARNESS.parent).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _unit(module: str) -> str:
+    """The folder (or top-level module) a harness module belongs to: ``harness.gate.perf`` -> ``gate``."""
+    return module.split(".")[1] if module.count(".") >= 1 else module
+
+
+def _layer(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def _graph() -> dict[str, set[str]]:
+    """unit -> the other units it imports."""
+    graph: dict[str, set[str]] = {}
+    for module, path in _modules():
+        if module == "harness":
+            continue
+        unit = _unit(module)
+        deps = {_unit(m) for m in _imports(path) if m.startswith("harness.")}
+        graph.setdefault(unit, set()).update(deps - {unit})
+    return graph
+
+
+def test_every_folder_has_a_layer() -> None:
+    units = set(_graph())
+    assert units <= set().union(*LAYERS), f"not in any layer: {sorted(units - set().union(*LAYERS))}"
+
+
+def test_imports_flow_down_the_layers() -> None:
+    wrong = sorted((u, d) for u, deps in _graph().items() for d in deps if _layer(d) > _layer(u))
+    assert not wrong, f"imports that go up a layer: {wrong}"
+
+
+def test_no_import_cycle_between_folders() -> None:
+    graph = _graph()
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in graph.get(start, ()):
+            if nxt == goal or (nxt not in seen and (seen.add(nxt) or reaches(nxt, goal, seen))):
+                return True
+        return False
+
+    cycles = sorted(u for u in graph if reaches(u, u, set()))
+    assert not cycles, f"folders on an import cycle: {cycles}"
+
+
+def test_only_the_reference_target_knows_reference_impl() -> None:
+    """``reference_impl.platform`` (the platform detector) is the one shared exception."""
+    offenders = []
+    for module, path in _modules():
+        uses = {m for m in _imports(path) if m == "reference_impl" or m.startswith("reference_impl.")}
+        uses = {m for m in uses if not m.startswith("reference_impl.platform")}
+        if uses and not module.startswith("harness.targets.reference"):
+            offenders.append((module, sorted(uses)))
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("folder", ["contracts"])
+def test_contracts_import_no_implementation(folder: str) -> None:
+    for module, path in _modules():
+        if module.startswith(f"harness.{folder}"):
+            assert not any(m.startswith("reference_impl") for m in _imports(path)), module
+
+
+def test_reference_impl_never_imports_the_harness() -> None:
+    root = HARNESS.parent / "reference_impl"
+    offenders = [str(p) for p in root.rglob("*.py") if any(m.startswith("harness") for m in _imports(p))]
+    assert not offenders, offenders
+
+
+def test_few_top_level_modules_and_no_long_files() -> None:
+    top = sorted(p.name for p in HARNESS.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    long = sorted((str(p.relative_to(HARNESS)), n) for p in HARNESS.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES)
+    assert not long, f"files over {MAX_LINES} lines: {long}"

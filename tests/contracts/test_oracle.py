@@ -1,0 +1,79 @@
+"""The float64 oracle in every attention contract catches what self-comparison cannot: a bug that the
+one-rank and the N-rank path share (real 2-rank gloo groups, a from-scratch Ulysses target)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.contracts.bounds import FlashAttentionRule
+from harness.contracts.case import make_case
+from harness.contracts.oracles import attention_ref64, diagnose
+from harness.contracts.runner import RunOptions, run_cases
+from harness.ranks import PoolSet
+from harness.results import FAILED, PASSED, CaseResult
+
+pytestmark = pytest.mark.timeout(300)
+NAIVE = "tests.targets.naive_ulysses"
+
+
+def _ulysses(pools: PoolSet, target: str, **params) -> CaseResult:
+    case = make_case("usp.ulysses_parity", {"world_size": 2, **params}, case_id="u", source="test")
+    [result] = run_cases([case], RunOptions(f"{NAIVE}:{target}"), pools)
+    return result
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_correct_naive_ulysses_passes(rank_pools: PoolSet, dtype: str, causal: bool) -> None:
+    result = _ulysses(rank_pools, "correct", dtype=dtype, causal=causal)
+    assert result.status == PASSED, result.reason
+    assert result.figures["bitwise"] is True
+    oracle = result.figures["oracle"]
+    for name in ("sharded", "single-rank"):
+        assert 0 < oracle[name]["err_ref64"] <= oracle[name]["allowed"]  # measured, within the rule
+
+
+@pytest.mark.parametrize(("target", "params", "words"), [
+    ("zeros", {}, "the output is all zeros"),
+    ("ignores_causal", {"causal": True}, "it ignores causal"),
+    ("scales", {}, "it is 1.5 times the attention"),
+    ("scales", {"dtype": "bf16", "causal": True}, "it is 1.5 times the attention"),
+])
+def test_a_consistently_wrong_target_fails_and_says_how(rank_pools: PoolSet, target: str, params: dict, words: str) -> None:
+    result = _ulysses(rank_pools, target, **params)
+    assert result.status == FAILED
+    assert result.figures["bitwise"] is True  # one rank and two agree: only the oracle sees the bug
+    assert "sharded output vs float64 attention" in result.reason and "single-rank output vs float64" in result.reason
+    assert words in result.reason
+
+
+def test_ignoring_causal_is_invisible_without_causal(rank_pools: PoolSet) -> None:
+    assert _ulysses(rank_pools, "ignores_causal", causal=False).status == PASSED
+
+
+def test_an_upcast_output_fails_on_its_dtype(rank_pools: PoolSet) -> None:
+    result = _ulysses(rank_pools, "upcasts", dtype="bf16")
+    assert result.status == FAILED
+    assert "sharded output dtype is torch.float64, the input's is torch.bfloat16" in result.reason
+    assert "single-rank output dtype is torch.float64" in result.reason
+
+
+def test_the_reference_reports_its_distance_to_the_oracle(assert_contract) -> None:
+    result = assert_contract("usp.replicated_suffix_bitwise", world_size=2, heads=4, replicated=3, dtype="bf16")
+    oracle = result.figures["oracle"]
+    assert oracle["bound"].startswith("max|out − ref64| ≤ 2·max|naive_bf16 − ref64|")
+    assert oracle["sharded"]["err_ref64"] <= oracle["sharded"]["allowed"]
+
+
+def test_diagnose_names_an_ignored_mask_and_nothing_for_noise() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 12, 2, 8, generator=gen) for _ in range(3))
+    mask = torch.rand(1, 12, generator=gen) > 0.5
+    mask[:, 0] = True
+    rule = FlashAttentionRule(2.0, 1e-6, "fp32")
+    unmasked = attention_ref64(q, k, v).float()
+    same = lambda t: t  # noqa: E731
+    assert diagnose(unmasked, q, k, v, False, None, mask, same, rule) == "it ignores the attention mask: it matches unmasked attention"
+    noise = torch.randn(1, 12, 2, 8, generator=gen)
+    assert diagnose(noise, q, k, v, False, None, mask, same, rule) is None

@@ -1,0 +1,317 @@
+"""harness.launcher on real gloo groups: results, failures of every kind, cleanup, concurrency, torchrun."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.ranks import RankFailure, RankPool, choose_backend, rank_device, run_on_ranks
+
+from .rank_fns import (
+    add_rank,
+    collectives,
+    cuda_probe,
+    group_tagged_sum,
+    raise_on_rank_1_while_rank_0_waits,
+    rank_1_sleeps_rank_2_waits_for_it,
+    sigkill_rank_1_while_rank_0_waits,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(180)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _live_children() -> set[int]:
+    """Pids of this process's children, read from /proc (the spawn resource tracker excepted)."""
+    me, found = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+        if int(fields[1]) == me and b"resource_tracker" not in cmdline:
+            found.add(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """True while the pid exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _rendezvous_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("parity-rendezvous-*"))
+
+
+def _assert_all_ended(pids: list[int], children_before: set[int]) -> None:
+    assert pids, "the test should have recorded the ranks' pids"
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()], "a rank process remains (or was not reaped)"
+    assert _live_children() <= children_before, "a child process remains"
+
+
+# ---------------------------------------------------------------- results
+
+
+def test_choose_backend() -> None:
+    assert choose_backend("cpu", 3) == ("gloo", ["cpu", "cpu", "cpu"])
+    with pytest.raises(ValueError, match="world_size"):
+        choose_backend("cpu", 0)
+    if torch.cuda.device_count() == 0:
+        with pytest.raises(ValueError, match="no CUDA device"):
+            choose_backend("cuda", 2)
+    else:
+        n = torch.cuda.device_count()
+        assert choose_backend("cuda", n) == ("nccl", [f"cuda:{i}" for i in range(n)])
+        assert choose_backend("cuda", n + 1) == ("gloo", ["cuda:0"] * (n + 1))
+
+
+def _check_collectives(results: list[dict], world_size: int, seq: int) -> None:
+    assert [r["rank"] for r in results] == list(range(world_size))  # later ranks answered first
+    expected_sum = float(sum(range(1, world_size + 1)))
+    for rank, r in enumerate(results):
+        torch.testing.assert_close(r["sum"], torch.full((3,), expected_sum), rtol=0, atol=0)
+        # Rank `rank` receives chunk `rank` of every source s: 100*s + rank*seq + j.
+        expected = torch.cat([torch.arange(seq, dtype=torch.float32) + 100 * s + rank * seq for s in range(world_size)])
+        torch.testing.assert_close(r["a2a"], expected, rtol=0, atol=0)
+        assert r["device"] == "cpu"
+        if "OMP_NUM_THREADS" not in os.environ:
+            assert r["threads"] == 1
+
+
+def test_run_on_ranks_collectives_on_4_ranks() -> None:
+    before = _live_children()
+    _check_collectives(run_on_ranks(collectives, 3, world_size=4), 4, 3)
+    assert _live_children() <= before
+
+
+@pytest.mark.gpu
+def test_cuda_ranks_get_their_device_and_backend() -> None:
+    n = torch.cuda.device_count()
+    shared = run_on_ranks(cuda_probe, world_size=n + 1, device="cuda")  # more ranks than GPUs
+    total = float(sum(range(1, n + 2)))
+    assert shared == [("gloo", "cuda:0", 0, total)] * (n + 1)
+    own = run_on_ranks(cuda_probe, world_size=n, device="cuda")  # one GPU per rank
+    assert own == [("nccl", f"cuda:{i}", i, float(sum(range(1, n + 1)))) for i in range(n)]
+
+
+def test_rank_device_outside_a_rank_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="outside a rank"):
+        rank_device()
+
+
+def test_rank_failure_pickles_with_its_fields() -> None:
+    err = pickle.loads(pickle.dumps(RankFailure("rank 3 raised", 3, "Traceback ...")))
+    assert (str(err), err.rank, err.traceback) == ("rank 3 raised", 3, "Traceback ...")
+
+
+# ---------------------------------------------------------------- failures end every rank
+
+
+def test_pool_lifecycle_many_calls_raise_restart_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the rendezvous files go
+    before = _live_children()
+    pool = RankPool(2, timeout=60)
+    assert len(_rendezvous_files(tmp_path)) == 1
+    first_pids = pool.pids
+    _check_collectives(pool.run(collectives, 5), 2, 5)
+    for i in range(50):
+        assert pool.run(add_rank, i) == [2 * i + 1] * 2
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        pool.run(lambda: 0)  # refused in the caller; the group is untouched
+    assert pool.pids == first_pids
+
+    # A rank raises while its peer is blocked in a collective: both end, well before the timeout.
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        pool.run(raise_on_rank_1_while_rank_0_waits)
+    assert time.monotonic() - start < 10  # the call timeout is 60 s
+    assert info.value.rank == 1 and "raise_on_rank_1_while_rank_0_waits" in info.value.traceback
+    assert "ValueError: rank 1 refuses" in str(info.value)
+    assert pool.pids == [] and _rendezvous_files(tmp_path) == []
+    _assert_all_ended(first_pids, before)
+
+    assert pool.run(add_rank, 10) == [21, 21]  # a fresh group, started by run()
+    second_pids = pool.pids
+    assert second_pids and not set(second_pids) & set(first_pids)
+    pool.close()
+    _assert_all_ended(second_pids, before)
+    assert _rendezvous_files(tmp_path) == []
+    with pytest.raises(RuntimeError, match="after close"):
+        pool.run(add_rank, 0)
+
+
+@pytest.mark.parametrize("who", ["self", "outside"])
+def test_sigkilled_rank_names_rank_and_signal(who: str) -> None:
+    before = _live_children()
+    with RankPool(2, timeout=60) as pool:
+        pids = pool.pids
+        start = time.monotonic()
+        with pytest.raises(RankFailure) as info:
+            if who == "self":
+                pool.run(sigkill_rank_1_while_rank_0_waits)
+            else:
+                killer = threading.Timer(0.5, os.kill, (pids[1], signal.SIGKILL))
+                killer.start()
+                pool.run(time.sleep, 30)
+        assert time.monotonic() - start < 10  # the call timeout is 60 s
+    assert info.value.rank == 1
+    assert "SIGKILL" in str(info.value) and "SIGKILL" in info.value.traceback
+    _assert_all_ended(pids, before)
+
+
+def test_timeout_ends_every_rank_and_names_the_silent_ones() -> None:
+    before = _live_children()
+    with RankPool(3, timeout=60) as pool:
+        pids = pool.pids
+        start = time.monotonic()
+        with pytest.raises(RankFailure, match="timeout") as info:
+            pool.run(rank_1_sleeps_rank_2_waits_for_it, 60, timeout=3)
+        assert time.monotonic() - start < 3 + 4
+    assert info.value.rank is None
+    assert "rank(s) [1, 2] had not answered" in str(info.value)  # rank 0 had answered
+    _assert_all_ended(pids, before)
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def test_two_groups_started_at_once_do_not_collide() -> None:
+    before = _live_children()
+    results: dict[float, list] = {}
+    errors: list[BaseException] = []
+
+    def one_group(tag: float) -> None:
+        try:
+            results[tag] = run_on_ranks(group_tagged_sum, tag, 20, world_size=2, timeout=60)
+        except BaseException as exc:  # surfaced below; a thread cannot fail the test itself
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one_group, args=(tag,)) for tag in (1.0, 1000.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert results == {1.0: [[2.0] * 20] * 2, 1000.0: [[2000.0] * 20] * 2}
+    assert _live_children() <= before
+
+
+# ---------------------------------------------------------------- parent death, torchrun
+
+
+def test_ranks_exit_when_the_parent_dies(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import time
+            from harness.ranks import RankPool
+
+            if __name__ == "__main__":
+                pool = RankPool(2)
+                print(*pool.pids, flush=True)
+                pool.run(time.sleep, 3600)  # the ranks are busy in fn, not reading their pipe
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(tmp_path)}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(0.5)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a rank outlived its parent"
+        assert _rendezvous_files(tmp_path) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+
+
+TORCHRUN_SCRIPT = r"""
+import os
+import torch
+import torch.distributed as dist
+from harness.ranks import RankFailure, RankPool, rank_device, run_on_ranks
+
+
+def add_rank(x):
+    t = torch.tensor([x + dist.get_rank()])
+    dist.all_reduce(t)
+    return (dist.get_rank(), int(t.item()), str(rank_device()))
+
+
+def fail_on_rank_1():
+    if dist.get_rank() == 1:
+        raise ValueError("no")
+    return 0
+
+
+def say(text):
+    os.write(1, f"rank{os.environ['RANK']} {text}\n".encode())  # one write: the ranks share stdout
+
+
+if __name__ == "__main__":
+    say(f"run_on_ranks {run_on_ranks(add_rank, 10, world_size=2)}")
+    with RankPool(2) as pool:
+        say(f"pool {pool.run(add_rank, 20)}")
+        try:
+            pool.run(fail_on_rank_1)
+        except RankFailure as exc:
+            say(f"failure rank={exc.rank} {'fail_on_rank_1' in exc.traceback}")
+    try:
+        run_on_ranks(add_rank, 0, world_size=3)
+    except ValueError as exc:
+        say(f"ValueError {'WORLD_SIZE=2' in str(exc)}")
+"""
+
+
+def test_torchrun_path_runs_locally_and_gathers_every_rank(tmp_path: Path) -> None:
+    script = tmp_path / "under_torchrun.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[:6000]
+    lines = set(proc.stdout.splitlines())
+    for rank in (0, 1):
+        assert f"rank{rank} run_on_ranks [(0, 21, 'cpu'), (1, 21, 'cpu')]" in lines
+        assert f"rank{rank} pool [(0, 41, 'cpu'), (1, 41, 'cpu')]" in lines
+        assert f"rank{rank} failure rank=1 True" in lines
+        assert f"rank{rank} ValueError True" in lines
+
+
+def test_world_size_must_match_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="WORLD_SIZE=2"):
+        run_on_ranks(add_rank, 0, world_size=4)
+    with pytest.raises(ValueError, match="WORLD_SIZE=2"):
+        RankPool(4)
