@@ -181,6 +181,16 @@ def test_masked_gqa_is_a_bug_not_a_refusal(sglang_ready, cases, rank_pools):
         assert "scaled_dot_product_attention" in verdict.traceback
 
 
+def test_causal_with_a_mask_passes_self_comparison_and_fails_the_oracle(sglang_ready, cases, rank_pools):
+    result = _run(cases, ["masked_causal"], rank_pools)["masked_causal"]
+    assert result.status == "failed" and result.figures["bitwise"]  # one rank and SP agree: both non-causal
+    for output in ("sharded", "single-rank"):
+        oracle = result.figures["oracle"][output]
+        assert oracle["err_ref64"] > 10 * oracle["allowed"], oracle
+        assert f"{output} output vs float64 attention" in result.reason
+    assert "(it ignores causal: it matches non-causal attention)" in result.reason
+
+
 def test_causal_with_any_mask_is_not_causal(sglang_ready, rank_pool):
     """sglang's causal layer ignores causality once a mask is given, even an all-true one, on one rank and under SP."""
     for figures in rank_pool(2).run(sglang_workers.causal_with_mask):
