@@ -144,7 +144,7 @@ class StageResult:
                 "records": [r.to_dict() for r in self.results], **json_safe(self.extra)}
 
 
-def environment(target: str, device: str) -> dict[str, Any]:
+def environment(target: str, device: str, target_version: str | None = None) -> dict[str, Any]:
     """Where a run happened: what every results document records next to its results."""
     import platform
 
@@ -152,8 +152,8 @@ def environment(target: str, device: str) -> dict[str, Any]:
 
     from reference_impl.platform import current_platform
 
-    return {"target": target, "device": device, "platform": current_platform.label(), "torch": torch.__version__,
-            "python": platform.python_version(), "host": platform.node()}
+    return {"target": target, "target_version": target_version, "device": device, "platform": current_platform.label(),
+            "torch": torch.__version__, "python": platform.python_version(), "host": platform.node()}
 
 
 def results_document(command: str, environment: Mapping[str, Any], stages: Mapping[str, StageResult | str],

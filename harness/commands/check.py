@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         if r.traceback and r.status == "failed":
             print(f"\n--- {r.case_id}: {r.reason}\n{r.traceback}", file=sys.stderr)
     if args.json:
-        write_results(args.json, results_document("check", environment(options.target, options.device),
+        write_results(args.json, results_document("check", environment(options.target, options.device, options.load().version()),
                                                   {"contracts": stage}, stage.wall_s))
     if args.junit:
         write_junit(args.junit, {"contracts": results})

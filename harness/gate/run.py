@@ -46,7 +46,7 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
                 out.print(f"{stage.name}: skipped ({reason})")
             else:
                 outcome[stage.name] = stage.run(ctx)
-    document = results_document("gate", environment(options.run.target, options.run.device), outcome,
+    document = results_document("gate", environment(options.run.target, options.run.device, options.run.load().version()), outcome,
                                 time.perf_counter() - start)
     write_reports(options, document, {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)})
     failed = sum(s.failed for s in outcome.values() if isinstance(s, StageResult))

@@ -129,6 +129,10 @@ class Target(ABC):
         """None when the target can run on ``device`` ("cpu", "cuda"), else a sentence saying why not."""
         return None
 
+    def version(self) -> str | None:
+        """The installed version of the implementation (results and the cross-stack matrix name it)."""
+        return None
+
     @abstractmethod
     def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
         """Set up sequence parallelism on the live default process group (every rank calls it)."""

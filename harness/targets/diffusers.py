@@ -172,6 +172,9 @@ class DiffusersTarget(Target):
     name = "diffusers"
     overlay = "diffusers"  # variants (another backend, a test kernel) keep diffusers' version facts
 
+    def version(self) -> str | None:
+        return installed_version()
+
     def __init__(self, backend: str | None = None) -> None:
         self.backend = backend
         self._version = installed_version()

@@ -54,6 +54,14 @@ class YunchangTarget(Target):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"ulysses", "causal", "ring"} if self.layer == "long_context" else {"ulysses", "causal"})
 
+    def version(self) -> str | None:
+        import importlib.metadata
+
+        try:
+            return importlib.metadata.version("yunchang")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
     def unavailable_reason(self, device: str) -> str | None:
         if importlib.util.find_spec("yunchang") is None:
             return NOT_INSTALLED

@@ -265,6 +265,11 @@ class TorchSDPABackend(AttentionBackend):
                 qt, kt, vt, 0.0, causal, scale=softmax_scale
             )
         elif self.kernel == "cudnn":
+            if q.dtype == torch.float32:
+                # Measured on an H200 (torch 2.11, cu130): the cudnn op accepts fp32 and returns a NaN
+                # log-sum-exp, which the ring would merge into every output. Refused before computing.
+                raise PinnedKernelRefused(f"torch SDPA kernel cudnn cannot return the log-sum-exp for {q.dtype} "
+                                          "(it computes in fp16/bf16; for fp32 it returned NaN)")
             out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
                 qt, kt, vt, None, True, 0.0, causal, scale=softmax_scale
             )[:2]

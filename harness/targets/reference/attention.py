@@ -74,6 +74,14 @@ class ReferenceAttention:
 class ReferenceTarget(Target):
     name = "reference"
 
+    def version(self) -> str | None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"parity {version('parity')}"
+        except PackageNotFoundError:
+            return None
+
     def capabilities(self) -> frozenset[str]:
         return frozenset(
             {
