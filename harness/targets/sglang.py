@@ -163,6 +163,12 @@ class SglangTarget(Target):
         version = installed_version()
         return capabilities_for(version) if version is not None else frozenset()
 
+    def version(self) -> str | None:
+        version = installed_version()
+        if version is None:
+            return None
+        return str(version) if self._layer_cls is None else f"{version}, layer {self._layer_cls.__module__}:{self._layer_cls.__qualname__}"
+
     def unavailable_reason(self, device: str) -> str | None:
         version = installed_version()
         if version is None:

@@ -61,6 +61,7 @@ def test_capabilities_follow_the_installed_version(monkeypatch, version, has_var
     assert ("varlen" in caps) is has_varlen
     assert ("masked_replicated_prefix" in caps) is has_0_5_20 and ("backend_choice" in caps) is has_0_5_20
     assert {"ulysses", "ring", "gqa", "causal", "mask", "replicated_suffix"} <= caps
+    assert sglang_target.SglangTarget().version() == version
 
 
 def test_unavailable_reasons(monkeypatch):
@@ -144,6 +145,8 @@ def test_rotated_suffix_layer_fails_suffix_bitwise_not_prefix_drift(sglang_ready
     assert 0 < suffix.figures["max_abs"] <= 1e-2  # a reordered reduction, not a wrong result
     assert suffix.reason.startswith(f"not bitwise: {suffix.figures['mismatched']} of 537600 elements differ")
     assert prefix.passed, prefix.reason
+    version = load_target("sglang", ROTATED).version()
+    assert version == f"{sglang_target.installed_version()}, layer {ROTATED[0][1]}"  # results name the layer that ran
 
 
 def test_refusals_carry_sglangs_text_and_a_kind(sglang_ready, rank_pool):
