@@ -26,7 +26,13 @@ the median of several measurements can be written back as a baseline without ren
     measured = {"expected_e2e_ms": 6801.2, "stages_ms": {...}, "denoise_step_ms": {"0": 31.0, ...},
                 "expected_avg_denoise_ms": 130.1, "expected_median_denoise_ms": 131.0}
 
-The check (:func:`check_perf`): ``actual <= expected * (1 + tol)`` for the end-to-end latency
+A scenario may also hold ``calibration`` (parity's addition; sglang's readers ignore the key): the
+probes of :mod:`harness.gate.calibration` measured on the machine the timings came from. With it,
+a run on another machine is gated *normalised*: every expected value is scaled by that run's
+machine factor (the largest probe ratio new/old) and checked with the ``normalised`` tolerance
+profile (tighter: the machine's speed is factored out). Without it the check is the absolute one.
+
+The check (:func:`check_perf`): ``actual <= expected * factor * (1 + tol)`` for the end-to-end latency
 (``e2e``), each stage (``denoise_stage`` for a stage whose name contains "denois", e.g.
 ``DenoisingStage`` or ``Ideogram4DenoisingStage``; ``non_denoise_stage`` otherwise), each step
 (``denoise_step``) and the average/median step (``denoise_agg``). A baseline value the
@@ -78,25 +84,6 @@ from harness.baselines.named import NamedValues
 from harness.baselines.platforms import find_overlay
 from harness.errors import ConfigError
 
-__all__ = [
-    "TOLERANCE_KEYS",
-    "PROFILES",
-    "ENV_PREFIX",
-    "Tolerances",
-    "PerfCheck",
-    "PerfBaselines",
-    "validate_scenario",
-    "scenario_values",
-    "set_scenario_values",
-    "tolerance_category",
-    "is_denoise_stage",
-    "check_perf",
-    "PERF_BASE_FILE",
-    "PERF_OVERLAY_DIR",
-    "perf_overlay_path",
-    "platform_matches",
-]
-
 TOLERANCE_KEYS: tuple[str, ...] = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
 PROFILES: tuple[str, ...] = ("pr_test", "long_term")
 ENV_PREFIX = "PARITY_PERF_TOL_"
@@ -107,6 +94,8 @@ MEDIAN = "expected_median_denoise_ms"
 STAGES = "stages_ms"
 STEPS = "denoise_step_ms"
 ABS_FLOOR = "abs_floor_ms"
+CALIBRATION = "calibration"
+NORMALISED_PROFILE = "normalised"
 
 PERF_BASE_FILE = "perf_baselines.json"
 PERF_OVERLAY_DIR = Path("platforms") / "perf"
@@ -182,6 +171,8 @@ def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, An
                     f"step keys are string indices like \"0\", got {name!r}", path=path, key=join_key(key, group)
                 )
             expect_number(ms, path, join_key(join_key(key, group), name), lo=0.0)
+    for probe, value in expect_object(scenario.get(CALIBRATION, {}), path, join_key(key, CALIBRATION)).items():
+        expect_number(value, path, join_key(join_key(key, CALIBRATION), probe), lo=0.0)
     return scenario
 
 
@@ -227,19 +218,22 @@ def check_perf(
     tolerances: Tolerances,
     *,
     abs_floor_ms: float = 0.0,
+    factor: float = 1.0,
 ) -> list[PerfCheck]:
     """Compare a measurement with its baseline scenario (rules in the module docstring).
 
     ``abs_floor_ms`` widens every limit to at least ``expected + abs_floor_ms``; sglang's CI pads
     by 20 ms (120 ms for stages) so sub-millisecond stages do not flake. The default 0 is the
-    plain relative rule.
+    plain relative rule. ``factor`` scales every expected value first (a calibrated run on a
+    machine ``factor`` times slower than the baseline's); 1 is the absolute check.
     """
     expected_values = scenario_values(scenario_expected)
     actual_values = scenario_values(measured)
     checks = []
-    for label, expected in expected_values.items():
-        if _is_untracked_aggregate(label, expected, scenario_expected):
+    for label, baseline in expected_values.items():
+        if _is_untracked_aggregate(label, baseline, scenario_expected):
             continue
+        expected = baseline * factor
         tol = tolerances.get(tolerance_category(label))
         limit = max(expected * (1.0 + tol), expected + abs_floor_ms)
         actual = actual_values.get(label)

@@ -47,14 +47,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help=f"timed runs per case; their median is checked (default {defaults.runs})")
     group.add_argument("--perf-warmup", type=_count(0), default=defaults.warmup, metavar="N",
                        help=f"untimed warm-up runs per case (default {defaults.warmup})")
-    group.add_argument("--perf-profile", default=defaults.profile, choices=PERF_PROFILES, help="tolerance profile (default pr_test)")
+    group.add_argument("--perf-profile", default=defaults.profile, choices=PERF_PROFILES,
+                       help="tolerance profile (default: normalised where the baseline has a calibration, else pr_test)")
     add_outputs(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.errors import ConfigError
-    from harness.gate import GateOptions, PerfOptions, run_gate
+    from harness.gate.run import run_gate
+    from harness.gate.stage import GateOptions, PerfOptions
 
     baselines = baselines_dir(args)
     if args.baselines is not None and not baselines.is_dir():

@@ -1,6 +1,5 @@
-"""The CI gate: stages (contracts, images, perf) run in shared rank pools, judged into one results document."""
+"""The CI gate: stages (contracts, images, perf) run in shared rank pools, judged into one results document.
 
-from harness.gate.run import run_gate, stages
-from harness.gate.stage import GateContext, GateOptions, PerfOptions, Stage
-
-__all__ = ["GateContext", "GateOptions", "PerfOptions", "Stage", "run_gate", "stages"]
+``run.run_gate(GateOptions)`` runs it; ``stage`` holds the options and the stage protocol. Nothing
+is imported here: rank processes import ``pipeline_runs`` and must not pay for the rest.
+"""

@@ -20,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from harness.baselines.perf import PERF_BASE_FILE, PerfBaselines, PerfCheck, Tolerances, check_perf
+from harness.baselines.perf import CALIBRATION, NORMALISED_PROFILE, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
 from harness.baselines.platforms import hardware_name, platform_name
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.gate.calibration import machine_factor
 from harness.gate.pipeline_runs import time_case
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
@@ -30,6 +31,7 @@ from harness.results import FAILED, PASSED, SKIPPED, CaseResult, StageResult, su
 from harness.targets.loader import load_pipeline_target
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
+ABSOLUTE_PROFILE = "pr_test"
 PERF_COLUMNS: tuple[Column, ...] = (
     figure_column("e2e ms", "e2e_ms"), figure_column("expected", "expected_e2e_ms"), figure_column("denoise ms", "denoise_ms"),
     figure_column("step ms", "median_step_ms"), figure_column("peak MB", "peak_memory_mb"),
@@ -89,13 +91,13 @@ class PerfStage:
         """The baseline files (and the env tolerances) are read before any stage runs: a bad one exits 2 at once."""
         baseline = machine_baseline(ctx, platform_name(ctx.device))
         if baseline is not None:
-            baseline.tolerances(ctx.options.perf.profile)
+            for profile in {ctx.options.perf.profile or ABSOLUTE_PROFILE, ctx.options.perf.profile or NORMALISED_PROFILE}:
+                baseline.tolerances(profile)
 
     def run(self, ctx: GateContext) -> StageResult:
         options, perf = ctx.options, ctx.options.perf
         platform = platform_name(ctx.device)
         baseline = machine_baseline(ctx, platform)
-        tolerances = baseline.tolerances(perf.profile) if baseline is not None else None  # env overrides apply
         cases = sorted(load_image_cases(options.cases_root, load_pipeline_target(options.pipeline)), key=lambda c: c.world_size)
         timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
         measured_all: dict[str, dict[str, Any]] = {}
@@ -104,7 +106,12 @@ class PerfStage:
             measured = time_case(case, ctx.pools, options.pipeline, runs=perf.runs, warmup=perf.warmup, timeout=timeout).measured()
             measured_all[case.id] = measured
             expected = baseline.scenario(case.id) if baseline is not None else None
-            return _judge(case, measured, expected, tolerances, platform, options.pipeline)
+            result = CaseResult(case.id, f"perf.{case.kind}", SKIPPED, params=case_params(case), target=options.pipeline,
+                                figures=_figures(measured))
+            if baseline is None or expected is None:
+                result.reason = f"no perf baseline for scenario '{case.id}' on '{platform}'"
+                return result
+            return _judge(result, measured, expected, baseline, perf.profile)
 
         results, wall = run_each_case(ctx, self.name, cases, "perf", judge)
         ctx.out.print(result_table(results, f"gate: perf ({platform}, median of {perf.runs} after {perf.warmup} warm-up)",
@@ -115,18 +122,15 @@ class PerfStage:
             extra={
                 "platform": platform,
                 "baseline_files": baseline.paths if baseline is not None else [],
-                "profile": perf.profile,
-                "tolerances": dataclasses.asdict(tolerances) if tolerances is not None else None,
+                "profile": perf.profile or f"{NORMALISED_PROFILE} where calibrated, else {ABSOLUTE_PROFILE}",
                 "pool_startup_s": {str(w): s for w, s in sorted(ctx.pools.startup_s.items())},
             },
             top_level={"platform": platform, "device_name": hardware_name(ctx.device), "perf": measured_all},
         )
 
 
-def _judge(case: ImageCase, measured: dict[str, Any], expected: dict[str, Any] | None, tolerances: Tolerances | None,
-           platform: str, target: str) -> CaseResult:
-    """One result: the figures, and the verdict against the baseline scenario (if any)."""
-    figures: dict[str, Any] = {
+def _figures(measured: dict[str, Any]) -> dict[str, Any]:
+    return {
         "e2e_ms": measured["expected_e2e_ms"],
         "denoise_ms": measured["stages_ms"].get("DenoisingStage"),
         "median_step_ms": measured.get("expected_median_denoise_ms"),
@@ -135,14 +139,30 @@ def _judge(case: ImageCase, measured: dict[str, Any], expected: dict[str, Any] |
         "clock": measured["clock"],
         "measured": measured,
     }
-    result = CaseResult(case.id, f"perf.{case.kind}", SKIPPED, params=case_params(case), target=target, figures=figures)
-    if expected is None or tolerances is None:
-        result.reason = f"no perf baseline for scenario '{case.id}' on '{platform}'"
-        return result
-    checks = check_perf(expected, measured, tolerances, abs_floor_ms=tolerances.abs_floor_ms)
+
+
+def _judge(result: CaseResult, measured: dict[str, Any], expected: dict[str, Any], baseline: PerfBaselines,
+           profile: str | None) -> CaseResult:
+    """The verdict against the baseline scenario: normalised by the machine factor where both sides carry a
+    calibration, else absolute; the figures say which gated and why."""
+    figures = result.figures
+    calibrated = CALIBRATION in expected and CALIBRATION in measured
+    if calibrated:
+        factor, probe = machine_factor(measured[CALIBRATION], expected[CALIBRATION])
+        tolerances = baseline.tolerances(profile or NORMALISED_PROFILE)
+        figures.update(gated="normalised", machine_factor=factor, factor_from=probe,
+                       calibration_baseline=expected[CALIBRATION])
+        how = f"normalised: expected × {factor:.3g} (this machine's {probe} over the baseline's)"
+    else:
+        factor, tolerances = 1.0, baseline.tolerances(profile or ABSOLUTE_PROFILE)
+        missing = "the baseline has no calibration" if CALIBRATION not in expected else "this run has no calibration"
+        figures.update(gated="absolute", why_absolute=missing)
+        how = f"absolute ({missing}: re-record it with `parity recalibrate perf`)"
+    checks = check_perf(expected, measured, tolerances, abs_floor_ms=tolerances.abs_floor_ms, factor=factor)
     problems = failed_checks(checks)
-    figures["expected_e2e_ms"] = expected["expected_e2e_ms"]
+    figures["expected_e2e_ms"] = expected["expected_e2e_ms"] * factor
+    figures["tolerances"] = dataclasses.asdict(tolerances)
     figures["values"] = [dataclasses.asdict(c) for c in checks]
-    result.status, result.reason = (FAILED, "; ".join(problems)) if problems else (PASSED, None)
-    result.bound = f"{len(checks)} values within their tolerance"
+    result.status, result.reason = (FAILED, "; ".join(problems) + f" [{how}]") if problems else (PASSED, None)
+    result.bound = f"{len(checks)} values within their tolerance, {how}"
     return result

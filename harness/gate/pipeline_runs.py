@@ -11,9 +11,14 @@ so it is checked against a baseline as it is and can become one through ``parity
      "stages_ms": {"TextEncodingStage": 3.1, "DenoisingStage": 30.0, "DecodingStage": 8.1},
      "denoise_step_ms": {"0": 7.6, "1": 7.4, ...},
      "expected_avg_denoise_ms": 7.5, "expected_median_denoise_ms": 7.5,
+     "calibration": {"launch_us": 4.1, "gemm_ms": 0.09, "sdpa_ms": 0.21},
      # extras (kept in results, never written into a baseline):
      "peak_memory_mb": 512.3, "peak_memory_kind": "rss_peak", "clock": "perf_counter",
      "runs": 3, "warmup": 1, "world_size": 2}
+
+``calibration`` is :mod:`harness.gate.calibration`'s probes, measured by rank 0 (the others
+waiting) right before and right after the timed runs, the minimum of the two kept; a baseline
+keeps it so a run on another machine can be gated normalised.
 
 Every value is the median over the N timed runs of that value (the average and median step of
 each run first, then their median over runs). Peak memory is the largest over the ranks, over
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cases.image import ImageCase
+from harness.gate import calibration  # noqa: F401 - a module
 from harness.ranks import PoolSet, rank_device
 from harness.targets.base import PipelineOutput, Timings
 from harness.targets.loader import load_pipeline_target
@@ -81,6 +87,7 @@ class RankTiming:
     timings: list[Timings] | None
     peak_memory_bytes: int
     peak_memory_kind: str
+    calibration: dict[str, float] | None = None
 
 
 def _reset_peak_memory(device: str) -> str:
@@ -124,12 +131,27 @@ def time_on_rank(pipeline: str, fields: Mapping[str, Any], warmup: int, runs: in
     try:
         for _ in range(warmup):
             prepared.run()
+        before = _calibrate(device)
         kind = _reset_peak_memory(device)
         results = [prepared.run() for _ in range(runs)]
         peak = _peak_memory_bytes(device, kind)
+        after = _calibrate(device)
     finally:
         prepared.close()
-    return RankTiming([r.timings for r in results] if dist.get_rank() == 0 else None, peak, kind)
+    if dist.get_rank() != 0:
+        return RankTiming(None, peak, kind)
+    assert before is not None and after is not None
+    return RankTiming([r.timings for r in results], peak, kind, calibration.combine([before, after]))
+
+
+def _calibrate(device: str) -> dict[str, float] | None:
+    """Rank 0 measures the calibration probes while the other ranks wait (they would disturb it)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    probes = calibration.measure(device) if dist.get_rank() == 0 else None
+    dist.barrier()
+    return probes
 
 
 def median_scenario(timings: Sequence[Timings]) -> dict[str, Any]:
@@ -165,11 +187,13 @@ class CaseTiming:
     timings: list[Timings]
     peak_memory_bytes: list[int]
     peak_memory_kind: str
+    calibration: dict[str, float] | None = None
 
     def measured(self) -> dict[str, Any]:
         """The perf-scenario-shaped measurement (module docstring), extras included."""
         return {
             **median_scenario(self.timings),
+            **({"calibration": self.calibration} if self.calibration else {}),
             "peak_memory_mb": round(max(self.peak_memory_bytes) / 2**20, 1),
             "peak_memory_kind": self.peak_memory_kind,
             "clock": self.timings[0].clock,
@@ -190,4 +214,4 @@ def time_case(case: ImageCase, pools: PoolSet, pipeline: str = "reference", *, r
     if not timings:
         raise RuntimeError(f"{case.id}: rank 0 returned no timings")
     return CaseTiming(case.id, case.world_size, warmup, timings, [r.peak_memory_bytes for r in per_rank],
-                      per_rank[0].peak_memory_kind)
+                      per_rank[0].peak_memory_kind, per_rank[0].calibration)

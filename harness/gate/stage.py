@@ -22,17 +22,20 @@ from harness.ranks import PoolSet, RankFailure
 from harness.report.console import progress
 from harness.results import FAILED, CaseResult, StageResult
 
-PERF_PROFILES = ("pr_test", "long_term")
+PERF_PROFILES = ("pr_test", "long_term", "normalised")
 
 
 @dataclass(frozen=True)
 class PerfOptions:
-    """``enabled`` None: the perf stage runs only where this machine has a perf baseline."""
+    """``enabled`` None: the perf stage runs only where this machine has a perf baseline.
+
+    ``profile`` None: ``normalised`` for a scenario whose baseline has a calibration, ``pr_test`` otherwise.
+    """
 
     enabled: bool | None = None
     runs: int = 3
     warmup: int = 1
-    profile: str = "pr_test"
+    profile: str | None = None
 
 
 @dataclass(frozen=True)

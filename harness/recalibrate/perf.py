@@ -5,6 +5,11 @@ The median of the N measurements of each value; a value changes only when
 :mod:`harness.baselines.perf`), so noise well inside the gate's own slack does not churn the
 baseline; a changed value is rounded to 4 significant figures. A higher expected time is a
 loosening: refused unless allowed (:mod:`.proposals`).
+
+A scenario's ``calibration`` (the machine's probes, :mod:`harness.gate.calibration`) must belong
+to the same measurement as its timings: it is proposed as ``calibration.<probe>`` values, the
+median of the runs, written whenever any timing of the scenario changes or the baseline has no
+calibration yet, and never a loosening in itself.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.baselines.perf import PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
+from harness.baselines.perf import CALIBRATION, PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
 from harness.recalibrate.proposals import change_word, fmt, refuse_loosening
 
 _PERF_SIGNIFICANT = 4
@@ -62,22 +67,48 @@ def propose_perf(
     """
     proposals = []
     for scenario_id, runs in _measurements(results_list).items():
-        old_values = scenario_values(baseline.scenario(scenario_id) or {})
-        samples: dict[str, list[float]] = {}
-        for run in runs:
-            for label, value in scenario_values(run).items():
-                samples.setdefault(label, []).append(value)
-        for label, values in samples.items():
-            median = float(statistics.median(values))
-            old = old_values.get(label)
-            margin = tolerances.get(tolerance_category(label)) / 3.0
-            if old is None:
-                new = _round_significant(median)
-                proposals.append(PerfProposal(scenario_id, label, None, median, new, changed=True, loosens=False))
-                continue
-            moved = median != 0.0 if old == 0.0 else abs(median - old) / old > margin
-            new = _round_significant(median) if moved else old
-            proposals.append(PerfProposal(scenario_id, label, old, median, new, moved, moved and new > old))
+        timings = _timing_proposals(baseline, scenario_id, runs, tolerances)
+        proposals += timings + _calibration_proposals(baseline, scenario_id, runs, any(p.changed for p in timings))
+    return proposals
+
+
+def _calibration_proposals(baseline: PerfBaselines, scenario_id: str, runs: Sequence[dict[str, Any]],
+                           timings_changed: bool) -> list[PerfProposal]:
+    old = (baseline.scenario(scenario_id) or {}).get(CALIBRATION, {})
+    samples: dict[str, list[float]] = {}
+    for run in runs:
+        for probe, value in run.get(CALIBRATION, {}).items():
+            samples.setdefault(probe, []).append(float(value))
+    write = timings_changed or not old
+    proposals = []
+    for probe, values in samples.items():
+        median = float(statistics.median(values))
+        previous = old.get(probe)
+        new = _round_significant(median) if write or previous is None else float(previous)
+        proposals.append(PerfProposal(scenario_id, f"{CALIBRATION}.{probe}", previous, median, new,
+                                      changed=new != previous, loosens=False))
+    return proposals
+
+
+def _timing_proposals(baseline: PerfBaselines, scenario_id: str, runs: Sequence[dict[str, Any]],
+                      tolerances: Tolerances) -> list[PerfProposal]:
+    proposals = []
+    old_values = scenario_values(baseline.scenario(scenario_id) or {})
+    samples: dict[str, list[float]] = {}
+    for run in runs:
+        for label, value in scenario_values(run).items():
+            samples.setdefault(label, []).append(value)
+    for label, values in samples.items():
+        median = float(statistics.median(values))
+        old = old_values.get(label)
+        margin = tolerances.get(tolerance_category(label)) / 3.0
+        if old is None:
+            new = _round_significant(median)
+            proposals.append(PerfProposal(scenario_id, label, None, median, new, changed=True, loosens=False))
+            continue
+        moved = median != 0.0 if old == 0.0 else abs(median - old) / old > margin
+        new = _round_significant(median) if moved else old
+        proposals.append(PerfProposal(scenario_id, label, old, median, new, moved, moved and new > old))
     return proposals
 
 
@@ -91,8 +122,13 @@ def apply_perf_proposals(
     for p in proposals:
         if p.changed:
             updates.setdefault(p.scenario_id, {})[p.metric] = p.new
+    prefix = f"{CALIBRATION}."
     for scenario_id, values in updates.items():
-        scenario = set_scenario_values(baseline.scenario(scenario_id) or {}, values)
+        timings = {k: v for k, v in values.items() if not k.startswith(prefix)}
+        scenario = set_scenario_values(baseline.scenario(scenario_id) or {}, timings)
+        probes = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+        if probes:
+            scenario[CALIBRATION] = {**scenario.get(CALIBRATION, {}), **probes}
         baseline = baseline.with_scenario(scenario_id, scenario)
     return baseline
 

@@ -13,7 +13,7 @@ import pytest
 from harness.baselines.perf import PERF_BASE_FILE, perf_overlay_path
 from harness.baselines.platforms import platform_name
 from harness.cli import main
-from harness.gate import GateContext, GateOptions, PerfOptions
+from harness.gate.stage import GateContext, GateOptions, PerfOptions
 from harness.gate.perf import PerfStage
 from harness.ranks import PoolSet
 from harness.report.console import make_console
@@ -98,10 +98,16 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     assert code == 1 and doc["passed"] is False
     records = {r["case_id"]: r for r in doc["stages"]["perf"]["records"]}
     assert records["perf_a"]["status"] == FAILED and records["perf_b"]["status"] == PASSED
-    assert records["perf_a"]["reason"].startswith("expected_e2e_ms ")
-    assert "> 1.001 (0.001 ms + 1 ms floor)" in records["perf_a"]["reason"]  # max(0.001 * 1.25, 0.001 + 1 ms)
-    e2e_check = next(c for c in records["perf_a"]["figures"]["values"] if c["metric"] == "expected_e2e_ms")
-    assert e2e_check["limit"] == pytest.approx(1.001) and not e2e_check["passed"]
+    perf_a = records["perf_a"]
+    # recalibrate wrote this machine's calibration with the timings: the run is gated normalised
+    assert perf_a["figures"]["gated"] == "normalised" and 0.5 < perf_a["figures"]["machine_factor"] < 2.0
+    assert scenario["calibration"].keys() == {"launch_us", "gemm_ms", "sdpa_ms"}
+    factor = perf_a["figures"]["machine_factor"]
+    assert perf_a["reason"].startswith("expected_e2e_ms ") and "ms floor)" in perf_a["reason"]
+    assert f"[normalised: expected × {factor:.3g}" in perf_a["reason"]
+    e2e_check = next(c for c in perf_a["figures"]["values"] if c["metric"] == "expected_e2e_ms")
+    # max(0.001·f·1.12, 0.001·f + 0.2 ms): the normalised profile's floor
+    assert e2e_check["limit"] == pytest.approx(0.001 * factor + 0.2) and not e2e_check["passed"]
     junit = (tmp_path / "r3" / "junit.xml").read_text()
     assert 'name="perf_a"' in junit and "expected_e2e_ms" in junit
     assert doc["stages"]["perf"]["baseline_files"][-1] == str(overlay)
@@ -141,7 +147,9 @@ def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Pa
         assert stage.skip_reason(ctx) is None  # a baseline for this hardware: on by default
         result = stage.run(ctx)
     assert (counts(result.results)[PASSED], result.failed) == (2, 0)
-    assert result.extra["tolerances"]["e2e"] == 100000.0
+    for r in result.results:  # the hand-written baselines carry no calibration: gated absolute, saying why
+        assert r.figures["tolerances"]["e2e"] == 100000.0 and r.figures["gated"] == "absolute"
+        assert r.figures["why_absolute"] == "the baseline has no calibration" and "absolute" in r.bound
     assert set(result.top_level["perf"]) == {"perf_a", "perf_b"}
 
 
