@@ -38,6 +38,7 @@ CAPABILITIES: dict[str, str] = {
     "varlen": "forward(..., seq_lens=[one valid length per rank])",
     "mask": "forward(..., attn_mask=bool mask [B, S_k] or [B, 1|H, S_q, S_k])",
     "ring_mask": "attn_mask under ring attention (each rank holds the mask of its own K/V shard)",
+    "masked_replicated_prefix": "forward(..., attn_mask=[B, n + S_k] key mask, num_replicated_prefix=n) under SP",
     "backend_choice": "AttentionSpec.backend names the kernel family to run",
     "backend_selection": "AttentionSpec.backend_config / default_backend / component / supported_backends",
     "reference_models": "the target is reference_impl itself: model-level checks (model.*, encoder.*, vae.*) run its models",

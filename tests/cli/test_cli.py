@@ -62,7 +62,7 @@ def test_unknown_ids_targets_and_world_sizes_exit_2(capsys, sglang_cases):
     assert main(["check", "--cases", str(sglang_cases), "--target", "nosuchmodule:factory"]) == 2
     assert "cannot import module 'nosuchmodule'" in capsys.readouterr().err
     assert main(["check", "--cases", str(sglang_cases), "--target", "yunchang2"]) == 2
-    assert "built-in targets: reference, yunchang, yunchang-ulysses" in capsys.readouterr().err
+    assert "built-in targets: reference, sglang, yunchang, yunchang-ulysses" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_doctor_json_names_every_backend_and_why():
     assert not backends["fa"]["available"] and "flash-attn" in backends["fa"]["reason"]
     assert not backends["sage_attn"]["available"] and "sageattention" in backends["sage_attn"]["reason"]
     assert backends["sage_attn"]["returns_lse"] is False and backends["math"]["returns_lse"] is True
-    assert {t["name"] for t in data["targets"]} == {"reference", "yunchang", "yunchang-ulysses", "diffusers"}
+    assert {t["name"] for t in data["targets"]} == {"reference", "yunchang", "yunchang-ulysses", "diffusers", "sglang"}
 
 
 def test_doctor_reports_a_forced_platform(capsys, monkeypatch):
