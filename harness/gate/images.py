@@ -54,6 +54,10 @@ def measure(ref: np.ndarray, cand: np.ndarray, kind: str, scorer: ClipScorer | N
     return {"clip": clip, "ssim": ssim(ref, cand), "psnr": psnr(ref, cand), "mean_abs_diff": mean_abs_diff(ref, cand)}
 
 
+def nonfinite_reason(count: int) -> str:
+    return f"the pipeline produced {count} NaN/Inf values (latents or decoded pixels) before the uint8 conversion"
+
+
 def describe_bounds(t: Thresholds) -> str:
     return f"clip ≥ {t.clip:g}, ssim ≥ {t.ssim:g}, psnr ≥ {t.psnr:g}, mean_abs_diff ≤ {t.mean_abs_diff:g}"
 
@@ -151,6 +155,9 @@ class ImageStage:
             ref = inputs.references[case.id]
             result = judge_case(case, ref, produced.output, inputs.bounds[case.id], inputs.scorer, inputs.clip_skip,
                                 options.pipeline)
+            if produced.nonfinite:  # its uint8 pixels hide NaN as 0: whatever the metrics say, the run is broken
+                result.status, result.reason = FAILED, nonfinite_reason(produced.nonfinite)
+                result.figures["nonfinite"] = produced.nonfinite
             result.figures.update(e2e_ms=produced.timings.e2e_ms, backends=produced.backends)
             result.kernel = ", ".join(f"{k}: {v}" for k, v in produced.backends.items()) or None
             if result.status == FAILED and options.report_dir is not None:

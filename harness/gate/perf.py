@@ -23,6 +23,7 @@ from typing import Any
 from harness.baselines.perf import PERF_BASE_FILE, PerfBaselines, PerfCheck, Tolerances, check_perf
 from harness.baselines.platforms import hardware_name, platform_name
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.files.reading import is_present
 from harness.gate.pipeline_runs import time_case
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
@@ -43,8 +44,8 @@ def how_to_create(platform: str) -> str:
 
 
 def machine_baseline(ctx: GateContext, platform: str) -> PerfBaselines | None:
-    """This machine's perf baselines, or None when the base file is absent."""
-    if not (ctx.options.baselines_dir / PERF_BASE_FILE).is_file():
+    """This machine's perf baselines, or None when the base file is absent (anything else there is an error)."""
+    if not is_present(ctx.options.baselines_dir / PERF_BASE_FILE):
         return None
     return PerfBaselines.for_platform(ctx.options.baselines_dir, platform)
 
@@ -86,7 +87,8 @@ class PerfStage:
         return None
 
     def preflight(self, ctx: GateContext) -> None:
-        """The baseline files (and the env tolerances) are read before any stage runs: a bad one exits 2 at once."""
+        """The baseline files and the env tolerances are read before any stage runs (``skip_reason`` has read
+        the files already, :func:`run_gate` the environment): a bad one exits 2 before any case."""
         baseline = machine_baseline(ctx, platform_name(ctx.device))
         if baseline is not None:
             baseline.tolerances(ctx.options.perf.profile)
