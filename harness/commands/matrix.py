@@ -17,9 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.files.atomic import write_bytes_atomic
+    from harness.files.atomic import check_writable, write_bytes_atomic
     from harness.sweep.matrix import load_sweep, render_html, render_markdown
 
+    if args.output:
+        check_writable(args.output, "--output")
     sweeps = [load_sweep(f) for f in args.files]
     text = render_html(sweeps) if args.format == "html" else render_markdown(sweeps)
     if args.output:
