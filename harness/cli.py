@@ -55,7 +55,7 @@ def check_platform_env() -> None:
     try:
         parse_platform_spec(os.environ[PLATFORM_ENV])
     except PlatformSpecError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(exc.reason, key=PLATFORM_ENV) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -206,7 +206,8 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     if "platform" in doc:
         expect_str(doc["platform"], path, "platform")
     if "cases" not in doc:
-        raise ConfigError("missing required key 'cases'", path=path)
+        raise ConfigError("missing required key (the image stage's map; {} when there were no image cases)", path=path,
+                          key="cases")
     cases = {}
     for case_id, case in expect_object(doc["cases"], path, "cases").items():
         case_path = join_key("cases", case_id)

@@ -183,7 +183,7 @@ class ThresholdSet:
                 raise ConfigError(
                     f"no {metric} threshold for {kind} case {case_id!r}: add "
                     f"cases.{case_id}.{case_key(metric)} or {default_key(metric, kind)}",
-                    path=" + ".join(self.paths),
+                    path=" + ".join(self.paths), key=f"cases.{case_id}.{case_key(metric)}",
                 )
             values[metric], source[metric] = found
         return Thresholds(**values, source=source)

@@ -19,6 +19,7 @@ from harness.files.reading import MAX_BYTES, read_text
 __all__ = ["read_toml"]
 
 _LONG_DIGITS = re.compile(r"\d{4000,}")
+_HEADER = re.compile(r"^[ \t]*\[+([^\]\n]+)\]+", re.MULTILINE)
 
 
 def read_toml(path: str | Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
@@ -36,8 +37,16 @@ def read_toml(path: str | Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
         if found is None:
             raise ConfigError("invalid TOML: a value Python cannot convert", path=p) from None
         start = text.rfind("\n", 0, found.start()) + 1
-        key = text[start:found.start()].partition("=")[0].strip() or None
         raise ConfigError(f"invalid TOML: line {text.count(chr(10), 0, start) + 1}: an integer of "
-                          f"{len(found.group())} digits is out of range", path=p, key=key) from None
+                          f"{len(found.group())} digits is out of range", path=p,
+                          key=_key_at(text, start, text[start:found.start()].partition("=")[0])) from None
     check_document(data, p)
     return data
+
+
+def _key_at(text: str, line_start: int, local: str) -> str | None:
+    """The dotted key of ``local = ...`` on the line at ``line_start``: its table header's key, then its own."""
+    headers = [m for m in _HEADER.finditer(text, 0, line_start)]
+    table = headers[-1].group(1) if headers else ""
+    parts = [part.strip().strip("\"'") for part in (table.split(".") if table else []) + local.split(".")]
+    return ".".join(part for part in parts if part) or None

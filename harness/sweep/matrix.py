@@ -98,12 +98,12 @@ def load_sweep(path: str | Path) -> Sweep:
     if not isinstance(data.get("cells"), list):
         raise ConfigError("must be an array", path=path, key="cells")
     for i, cell in enumerate(data["cells"]):
-        _check_cell(cell, path, f"cells[{i}]")
+        _check_cell(cell, path, f"cells.{i}")
     kernels = data.get("kernels", [])
     if not isinstance(kernels, list):
         raise ConfigError("must be an array", path=path, key="kernels")
     for i, row in enumerate(kernels):
-        _check_kernel(row, path, f"kernels[{i}]")
+        _check_kernel(row, path, f"kernels.{i}")
     extras = {k: v for k, v in data.items() if k not in ("schema", "platform", "cells", "kernels")}
     return Sweep(str(path), platform, data["cells"], kernels, extras)
 
