@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from harness.errors import ParamError
-from harness.files.documents import INT_MAX, INT_MIN
+from harness.files.documents import INT_MAX, INT_MIN, out_of_range
 
 REQUIRED: Any = object()
 
@@ -77,7 +77,7 @@ def _check_kind(param: Param, value: Any) -> Any:
     kind = param.kind
     if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
         if not INT_MIN <= value <= INT_MAX:
-            raise ParamError(param.name, f"an integer of {len(str(abs(value)))} digits is out of range")
+            raise ParamError(param.name, out_of_range(value))
         return value
     if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(float(value)):

@@ -17,7 +17,8 @@ from typing import Any
 
 from harness.errors import ConfigError
 
-__all__ = ["MAX_DEPTH", "INT_MIN", "INT_MAX", "Refused", "JSON_HOOKS", "toml_float", "check_document", "join_key"]
+__all__ = ["MAX_DEPTH", "INT_MIN", "INT_MAX", "Refused", "JSON_HOOKS", "toml_float", "check_document", "join_key",
+           "out_of_range"]
 
 #: Nesting levels a document may have (parity's deepest, a results file, has 7).
 MAX_DEPTH = 64
@@ -28,6 +29,12 @@ _MAX_INT_DIGITS = 20  # longer than any int64: refused without converting (int()
 
 class Refused(str):
     """A value a parser hook refused; the message travels in the document until the walk can name its key."""
+
+
+def out_of_range(value: int) -> str:
+    """Why an integer outside 64 bits is refused, without printing it (``str()`` of 5000 digits raises)."""
+    shown = str(value) if abs(value) < 10**24 else f"of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return f"the integer {shown} is out of range [{INT_MIN}, {INT_MAX}]"
 
 
 def join_key(parent: str, key: str | int) -> str:
@@ -77,8 +84,7 @@ def check_document(value: Any, path: str | Path, key: str = "", depth: int = 0) 
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{value} is not a finite number", path=path, key=key or None)
     if isinstance(value, int) and not isinstance(value, bool) and not INT_MIN <= value <= INT_MAX:
-        shown = value if abs(value) < 10**24 else f"of {len(str(abs(value)))} digits"
-        raise ConfigError(f"the integer {shown} is out of range [{INT_MIN}, {INT_MAX}]", path=path, key=key or None)
+        raise ConfigError(out_of_range(value), path=path, key=key or None)
     if isinstance(value, dict):
         for k, v in value.items():
             check_document(v, path, join_key(key, k), depth + 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
-from harness.files.documents import INT_MAX, INT_MIN, JSON_HOOKS, check_document, join_key
+from harness.files.documents import INT_MAX, INT_MIN, JSON_HOOKS, check_document, join_key, out_of_range
 from harness.files.reading import MAX_BYTES, read_text
 
 __all__ = ["read_json", "join_key", "expect_object", "expect_number", "expect_int", "expect_str", "expect_id",
@@ -57,7 +57,7 @@ def expect_number(
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"expected a number, got {_type_name(value)} {value!r}", path=path, key=key)
     if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:  # an in-memory document skipped the reader
-        raise ConfigError(f"an integer of {len(str(abs(value)))} digits is out of range", path=path, key=key)
+        raise ConfigError(out_of_range(value), path=path, key=key)
     number = float(value)
     if not math.isfinite(number):
         raise ConfigError(f"{number} is not a finite number", path=path, key=key)
@@ -80,7 +80,7 @@ def expect_int(value: Any, path: str | Path, key: str, *, lo: int | None = None,
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"expected an integer, got {_type_name(value)} {value!r}", path=path, key=key)
     if not INT_MIN <= value <= INT_MAX:
-        raise ConfigError(f"an integer of {len(str(abs(value)))} digits is out of range", path=path, key=key)
+        raise ConfigError(out_of_range(value), path=path, key=key)
     if lo is not None and value < lo:
         raise ConfigError(f"{value} is below the minimum {lo}", path=path, key=key)
     if hi is not None and value > hi:

@@ -87,8 +87,7 @@ class PerfStage:
         return None
 
     def preflight(self, ctx: GateContext) -> None:
-        """The baseline files and the env tolerances are read before any stage runs (``skip_reason`` has read
-        the files already, :func:`run_gate` the environment): a bad one exits 2 before any case."""
+        """The baseline files and the env tolerances, read here before any stage runs: a bad one exits 2 before any case."""
         baseline = machine_baseline(ctx, platform_name(ctx.device))
         if baseline is not None:
             baseline.tolerances(ctx.options.perf.profile)

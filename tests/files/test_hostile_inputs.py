@@ -368,6 +368,7 @@ def test_cli_exits_2_naming_file_and_key(name: str, setup, args: list[str], file
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert str(project.root / file.format(**fields)) in done.stderr, done.stderr
+    assert "contracts:" not in done.stdout  # refused before the first stage ran a case
     if key:
         assert f"key '{key}'" in done.stderr, done.stderr
 
