@@ -20,7 +20,8 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 
-__all__ = ["MAX_BYTES", "describe_non_regular", "is_present", "read_regular_bytes", "read_text"]
+__all__ = ["MAX_BYTES", "describe_non_regular", "is_present", "is_directory_present", "read_regular_bytes",
+           "read_text"]
 
 #: The largest file parity reads (results and sweep files of big runs are a few MB).
 MAX_BYTES = 32 * 2**20
@@ -58,6 +59,17 @@ def is_present(path: str | Path) -> bool:
     if kind is not None:
         raise ConfigError(f"exists but is {kind}, not a regular file", path=path)
     return True
+
+
+def is_directory_present(path: str | Path) -> bool:
+    """True for a directory, False when nothing is at ``path``; a ConfigError for anything else (a file,
+    a FIFO or a dangling symlink where a directory of cases belongs must not mean "no cases")."""
+    kind = describe_non_regular(path)
+    if kind == "a directory":
+        return True
+    if kind == "nothing":
+        return False
+    raise ConfigError(f"exists but is {kind or 'a regular file'}, not a directory", path=path)
 
 
 def read_regular_bytes(path: str | Path, max_bytes: int = MAX_BYTES) -> bytes:

@@ -28,6 +28,7 @@ import numpy as np
 from harness.baselines.images import REFERENCES_DIR, load_reference
 from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.files.reading import is_directory_present
 from harness.gate.pipeline_runs import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
@@ -138,7 +139,7 @@ class ImageStage:
 
     def skip_reason(self, ctx: GateContext) -> str | None:
         directory = image_case_dir(ctx.options.cases_root)
-        return None if directory.is_dir() else f"no image cases ({directory} does not exist)"
+        return None if is_directory_present(directory) else f"no image cases ({directory} does not exist)"
 
     def preflight(self, ctx: GateContext) -> None:
         self._inputs = load_inputs(ctx)

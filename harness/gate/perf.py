@@ -23,7 +23,7 @@ from typing import Any
 from harness.baselines.perf import PERF_BASE_FILE, PerfBaselines, PerfCheck, Tolerances, check_perf
 from harness.baselines.platforms import hardware_name, platform_name
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
-from harness.files.reading import is_present
+from harness.files.reading import is_directory_present, is_present
 from harness.gate.pipeline_runs import time_case
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
@@ -74,7 +74,7 @@ class PerfStage:
         if choice is False:
             return "--no-perf"
         directory = image_case_dir(ctx.options.cases_root)
-        if not directory.is_dir():
+        if not is_directory_present(directory):
             return f"no image cases to time ({directory} does not exist)"
         if choice:
             return None

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import traceback
@@ -377,6 +378,19 @@ def test_platform_env_is_refused_by_the_cli_before_any_verb(tmp_path: Path) -> N
     done = _cli(["doctor"], tmp_path, {"PARITY_PLATFORM": "tpu"})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "key 'PARITY_PLATFORM': unknown platform 'tpu'" in done.stderr and "valid: cuda, rocm, mps, cpu" in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_an_image_case_directory_that_is_a_fifo_is_an_error_not_no_cases(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli import main
+
+    project = build_project(tmp_path)
+    images = project.cases / "images"
+    shutil.rmtree(images)
+    os.mkfifo(images)  # was: "images: skipped (no image cases)", and the gate passed without them
+    assert main(["gate", "--cases", str(project.cases), "--baselines", str(project.baselines)]) == 2
+    assert f"{images}: exists but is a FIFO (named pipe), not a directory" in capsys.readouterr().err
 
 
 def test_thresholds_absent_overlay_means_base_alone(tmp_path: Path) -> None:
