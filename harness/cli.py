@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -43,6 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_platform_env() -> None:
+    """A PARITY_PLATFORM that names no platform is a configuration error before any verb runs (every
+    platform branch reads it, in this process and in every rank)."""
+    if not os.environ.get("PARITY_PLATFORM", "").strip():
+        return  # unset: nothing to check, and no need to import torch through reference_impl.platform
+    from harness.errors import ConfigError
+    from reference_impl.platform import PLATFORM_ENV, PlatformSpecError, parse_platform_spec
+
+    try:
+        parse_platform_spec(os.environ[PLATFORM_ENV])
+    except PlatformSpecError as exc:
+        raise ConfigError(exc.reason, key=PLATFORM_ENV) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from harness.errors import ConfigError
 
@@ -52,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help exits 0, a usage error exits 2
         return int(exc.code or 0)
     try:
+        check_platform_env()
         return int(args.run(args))
     except ConfigError as exc:
         print(f"parity {args.verb}: error: {exc}", file=sys.stderr)

@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from harness.files.jsonio import expect_object, expect_str, join_key, read_json
+from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
 from harness.errors import ConfigError
 
 
@@ -193,11 +193,12 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     """Validate a results document and decode its image metrics (``"inf"`` -> ``float('inf')``).
 
     Checked: ``platform`` (optional string), ``cases`` (required: the image stage's map, every
-    metric present, null when skipped) and ``perf`` (optional: measured scenarios). Idempotent:
-    a parsed document parses to itself.
+    metric present, null when skipped, within the values it can take: psnr -5 or ssim 5 is a
+    corrupt file, not a measurement) and ``perf`` (optional: measured scenarios, finite times).
+    Idempotent: a parsed document parses to itself.
     """
     from harness.baselines.perf import validate_scenario
-    from harness.baselines.thresholds import KINDS, METRICS
+    from harness.baselines.thresholds import KINDS, METRICS, check_metric
     from harness.metrics import metric_from_json
 
     doc = expect_object(doc, path, "")
@@ -205,10 +206,12 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     if "platform" in doc:
         expect_str(doc["platform"], path, "platform")
     if "cases" not in doc:
-        raise ConfigError("missing required key 'cases'", path=path)
+        raise ConfigError("missing required key (the image stage's map; {} when there were no image cases)", path=path,
+                          key="cases")
     cases = {}
     for case_id, case in expect_object(doc["cases"], path, "cases").items():
         case_path = join_key("cases", case_id)
+        expect_id(case_id, path, case_path)
         case = expect_object(case, path, case_path)
         for key in ("kind", "passed", "metrics"):
             if key not in case:
@@ -223,11 +226,12 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
             key = join_key(join_key(case_path, "metrics"), metric)
             if metric not in raw_metrics:
                 raise ConfigError("missing metric (write null when it was skipped)", path=path, key=key)
-            metrics[metric] = metric_from_json(raw_metrics[metric], path, key)
+            metrics[metric] = check_metric(metric, metric_from_json(raw_metrics[metric], path, key), path, key)
         cases[case_id] = {**case, "metrics": metrics}
     out["cases"] = cases
     if "perf" in doc:
         for scenario_id, measured in expect_object(doc["perf"], path, "perf").items():
+            expect_id(scenario_id, path, join_key("perf", scenario_id), "scenario id")
             validate_scenario(measured, path, join_key("perf", scenario_id))
     return out
 

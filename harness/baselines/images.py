@@ -27,22 +27,18 @@ from typing import Any
 import numpy as np
 
 from harness.files.atomic import write_bytes_atomic, write_json_atomic
-from harness.files.jsonio import expect_object, expect_str, read_json
+from harness.files.jsonio import expect_id, expect_object, expect_str, read_json
+from harness.files.reading import is_present, read_regular_bytes
 from harness.errors import ConfigError
 
-__all__ = ["MANIFEST", "REFERENCES_DIR", "load_reference", "bless", "read_manifest", "check_case_id"]
+__all__ = ["MANIFEST", "REFERENCES_DIR", "MAX_PIXELS", "load_reference", "bless", "read_manifest"]
 
 MANIFEST = "manifest.json"
 REFERENCES_DIR = "images"  # <baselines>/images: reference PNGs and their manifest
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+#: Pixels a reference PNG may declare (8192 x 8192): checked in its header, before decoding allocates them.
+MAX_PIXELS = 2**26
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def check_case_id(case_id: str) -> str:
-    """Case ids become file names: refuse anything that could escape the directory."""
-    if not isinstance(case_id, str) or not _SAFE_ID.match(case_id) or ".." in case_id:
-        raise ConfigError(f"case id {case_id!r} is not usable as a file name (letters, digits, _ . -)", key="case_id")
-    return case_id
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _frame_name(case_id: str, index: int) -> str:
@@ -52,7 +48,7 @@ def _frame_name(case_id: str, index: int) -> str:
 def read_manifest(directory: str | Path) -> dict[str, str]:
     """The ``{file: sha256}`` manifest (empty when the directory has none yet)."""
     path = Path(directory) / MANIFEST
-    if not path.exists():
+    if not is_present(path):
         return {}
     manifest = expect_object(read_json(path), path, "")
     for name, digest in manifest.items():
@@ -73,6 +69,11 @@ def _case_files(manifest: dict[str, str], case_id: str) -> list[str]:
 def _decode_png(data: bytes, path: Path) -> np.ndarray:
     import imageio.v3 as iio
 
+    if data[:8] != _PNG_SIGNATURE or data[12:16] != b"IHDR":
+        raise ConfigError("not a PNG file (no PNG signature and IHDR header)", path=path)
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if width * height > MAX_PIXELS:
+        raise ConfigError(f"declares {width}x{height} pixels; the limit is {MAX_PIXELS}", path=path)
     try:
         array = np.asarray(iio.imread(data, extension=".png"))
     except Exception as exc:  # imageio raises plugin-specific errors for corrupt data
@@ -90,10 +91,9 @@ def _encode_png(array: np.ndarray) -> bytes:
 
 def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
     path = directory / name
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"listed in {MANIFEST} but the file is missing", path=path) from None
+    if not is_present(path):
+        raise ConfigError(f"listed in {MANIFEST} but the file is missing", path=path)
+    data = read_regular_bytes(path)
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
         raise ConfigError(
@@ -106,7 +106,7 @@ def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
 def load_reference(directory: str | Path, case_id: str) -> np.ndarray:
     """The verified reference for ``case_id``: ``HxWx3`` uint8 for an image, ``TxHxWx3`` for a video."""
     directory = Path(directory)
-    check_case_id(case_id)
+    expect_id(case_id, None, "case_id")
     manifest = read_manifest(directory)
     names = _case_files(manifest, case_id)
     if not names:
@@ -136,7 +136,7 @@ def bless(directory: str | Path, case_id: str, array: Any) -> list[str]:
     Files of the case's previous reference that the new one does not reuse are removed.
     """
     directory = Path(directory)
-    check_case_id(case_id)
+    expect_id(case_id, None, "case_id")
     array = np.asarray(array)
     if array.dtype != np.uint8 or array.ndim not in (3, 4) or array.shape[-1] != 3 or 0 in array.shape:
         raise ValueError(f"bless needs uint8 HxWx3 or TxHxWx3, got dtype {array.dtype} shape {array.shape}")

@@ -3,11 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from harness.contracts.params import MAX_WORLD_SIZE
 from harness.contracts.runner import RunOptions
+from harness.errors import ConfigError, ParamError
 from harness.paths import default_baselines_dir, default_cases_dir
 from harness.targets.loader import BUILTIN_TARGETS, parse_target_args
+
+
+def seconds(text: str) -> float:
+    """argparse type of a timeout: a finite number of seconds > 0 (argparse exits 2 naming the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def world_size(text: str) -> int:
+    """argparse type of a world size: an integer in [1, MAX_WORLD_SIZE]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= MAX_WORLD_SIZE:
+        raise argparse.ArgumentTypeError(f"must be in [1, {MAX_WORLD_SIZE}], got {value}")
+    return value
+
+
+def check_backends(options: RunOptions, backends: Sequence[tuple[str | None, str | None]], flags: Mapping[str, str]) -> None:
+    """Backend names (with a pinned SDPA kernel) from the command line, judged by the target before
+    any work; ``flags`` names the option of each ParamError key (``backend`` -> ``--backend``)."""
+    target = options.load()
+    for backend, kernel in backends:
+        try:
+            target.check_backend(backend, kernel)
+        except ParamError as exc:
+            raise ConfigError(str(exc), key=flags[exc.key]) from None
 
 
 def add_cases(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +76,7 @@ def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for the target's factory (repeatable), e.g. layer=pkg.mod:Class")
     add_device(parser)
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-case timeout (default: the contract's)")
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="S", help="per-case timeout in seconds, > 0 (default: the contract's)")
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from harness.commands._options import add_baselines, add_cases, add_device, baselines_dir, cases_root
+from harness.commands._options import add_baselines, add_cases, add_device, baselines_dir, cases_root, seconds
 
 HELP = "re-run image cases on one rank and rewrite their reference images and manifest (only when asked)"
 DESCRIPTION = ("Re-run image cases on one rank and rewrite their reference images and the SHA-256 manifest: the only "
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_baselines(parser)
     add_device(parser)
     parser.add_argument("--pipeline-target", default="reference", metavar="P", help="pipeline to bless from (default: reference)")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="S", help="per-case timeout (default: 300)")
+    parser.add_argument("--timeout", type=seconds, default=300.0, metavar="S", help="per-case timeout in seconds (default: 300)")
     parser.set_defaults(run=run)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.commands._options import add_cases, add_outputs, add_target, cases_root, run_options
+from harness.commands._options import add_cases, add_outputs, add_target, cases_root, check_backends, run_options, world_size
 
 HELP = "run contract cases on a target and print the results"
 EPILOG = """\
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("ids", nargs="*", metavar="ID", help="contracts or cases to run (default: every case)")
     add_cases(parser)
     add_target(parser)
-    parser.add_argument("--world-size", type=int, default=None, metavar="N", help="only the cases at this world size")
+    parser.add_argument("--world-size", type=world_size, default=None, metavar="N", help="only the cases at this world size")
     parser.add_argument("--backend", default=None, metavar="B", help="override the backend of every case")
     parser.add_argument("--dtype", type=_dtype, default=None, metavar="D", help="override the dtype of every case (fp32, bf16, fp16)")
     parser.add_argument("--sdpa-kernel", default=None, choices=SDPA_KERNELS, help="pin torch SDPA to one kernel in every case")
@@ -42,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.cases.contract import CaseSelection, select_cases
+    from harness.files.atomic import check_writable
     from harness.gate.contracts import load_contract_cases, run_contract_cases
     from harness.ranks import PoolSet
     from harness.report.console import CONTRACT_COLUMNS, make_console, result_table
@@ -49,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from harness.results import any_failed, environment, results_document, summary_line, write_results
 
     options = run_options(args)
+    check_backends(options, [(args.backend, args.sdpa_kernel)], {"backend": "--backend", "sdpa_kernel": "--sdpa-kernel"})
+    for path, flag in ((args.json, "--json"), (args.junit, "--junit")):
+        if path is not None:
+            check_writable(path, flag)
     selection = CaseSelection(tuple(args.ids), args.world_size, args.backend, args.dtype, args.sdpa_kernel)
     cases = select_cases(load_contract_cases(cases_root(args), options), selection)
     out, err = make_console(), make_console(stderr=True)

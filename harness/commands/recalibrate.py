@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.errors import ConfigError
+from harness.files.reading import is_present
 from harness.paths import default_baselines_dir
 from harness.report.console import make_console
 
@@ -186,7 +187,7 @@ def run_thresholds(args: argparse.Namespace) -> int:
     plans = []
     for group in groups:
         target = base if group.platform is None else directory / OVERLAYS_DIR / f"{group.platform}.json"
-        chain = ThresholdSet.load(base, [target] if target != base and target.exists() else [])
+        chain = ThresholdSet.load(base, [target] if target != base and is_present(target) else [])
         proposals = propose_thresholds(chain, group.docs, policy)
         title = f"thresholds -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
         _report(title, PROPOSAL_HEADER, proposal_rows(proposals), proposals)
@@ -235,7 +236,7 @@ def _write_perf_overlay(path: Path, plan: tuple[Any, Group], proposals: Sequence
     from harness.recalibrate import apply_perf_proposals
 
     chain, group = plan
-    if path.exists():
+    if is_present(path):
         overlay = PerfBaselines.load(path)
     else:
         hardware = sorted({str(doc["device_name"]) for doc in group.docs if "device_name" in doc})

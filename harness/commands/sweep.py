@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.commands._options import add_cases, add_target, cases_root, run_options
+from harness.commands._options import add_cases, add_target, cases_root, check_backends, run_options, world_size
 from harness.errors import ConfigError
 
 HELP = "run contracts over a backend × dtype × world-size matrix on this machine and write a sweep JSON"
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_target(parser)
     parser.add_argument("--backends", nargs="+", default=None, metavar="B", help="backend columns (default: all)")
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16", "fp16"], metavar="D", help="dtypes (default: fp32 bf16 fp16)")
-    parser.add_argument("--world-sizes", nargs="+", type=int, default=None, metavar="N", help="only cases at these world sizes")
+    parser.add_argument("--world-sizes", nargs="+", type=world_size, default=None, metavar="N", help="only cases at these world sizes")
     parser.add_argument("--contracts", nargs="+", default=None, metavar="ID", help="only these contracts (default: every contract with a backend and a dtype)")
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel timings")
     parser.add_argument("--json", type=Path, required=True, metavar="FILE", help="the sweep file to write")
@@ -32,13 +32,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.contracts.params import canonical_dtype
-    from harness.files.atomic import write_json_atomic
+    from harness.files.atomic import check_writable, write_json_atomic
     from harness.gate.contracts import check_device, load_contract_cases
     from harness.report.console import make_console, progress
     from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
 
     run = run_options(args)
     check_device(run.device)
+    check_writable(args.json, "--json")
     cases = load_contract_cases(cases_root(args), run)
     if args.contracts:
         unknown = sorted(set(args.contracts) - {c.contract_id for c in cases})
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc), key="--dtypes") from None
     backends = tuple(BackendColumn.parse(b) for b in args.backends or ())
+    check_backends(run, [(b.backend, b.kernel) for b in backends], {"backend": "--backends", "sdpa_kernel": "--backends"})
     options = SweepOptions(run, backends, dtypes, tuple(args.world_sizes or ()), not args.no_kernels)
     total = len(expand_matrix(cases, options.columns(), dtypes, options.world_sizes))
     if total == 0:

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from harness.cases.contract import load_cases, platform_of_device
 from harness.contracts.case import Case
-from harness.contracts.runner import RunOptions, run_cases
+from harness.contracts.runner import RunOptions, run_cases, validate_for_target
 from harness.gate.stage import GateContext
 from harness.ranks import PoolSet
 from harness.report.console import CONTRACT_COLUMNS, progress, result_table
@@ -59,6 +59,7 @@ class ContractStage:
 
     def preflight(self, ctx: GateContext) -> None:
         self._cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
+        validate_for_target(self._cases, ctx.options.run.load())
 
     def run(self, ctx: GateContext) -> StageResult:
         cases, self._cases = self._cases or load_contract_cases(ctx.options.cases_root, ctx.options.run), None

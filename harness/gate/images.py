@@ -28,6 +28,7 @@ import numpy as np
 from harness.baselines.images import REFERENCES_DIR, load_reference
 from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.files.reading import is_directory_present
 from harness.gate.pipeline_runs import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
@@ -52,6 +53,10 @@ def measure(ref: np.ndarray, cand: np.ndarray, kind: str, scorer: ClipScorer | N
     if scorer is not None:
         clip = scorer.similarity([ref], [cand])[0] if kind == "image" else scorer.video_similarity(ref, cand)
     return {"clip": clip, "ssim": ssim(ref, cand), "psnr": psnr(ref, cand), "mean_abs_diff": mean_abs_diff(ref, cand)}
+
+
+def nonfinite_reason(count: int) -> str:
+    return f"the pipeline produced {count} NaN/Inf values (latents or decoded pixels) before the uint8 conversion"
 
 
 def describe_bounds(t: Thresholds) -> str:
@@ -134,7 +139,7 @@ class ImageStage:
 
     def skip_reason(self, ctx: GateContext) -> str | None:
         directory = image_case_dir(ctx.options.cases_root)
-        return None if directory.is_dir() else f"no image cases ({directory} does not exist)"
+        return None if is_directory_present(directory) else f"no image cases ({directory} does not exist)"
 
     def preflight(self, ctx: GateContext) -> None:
         self._inputs = load_inputs(ctx)
@@ -151,6 +156,9 @@ class ImageStage:
             ref = inputs.references[case.id]
             result = judge_case(case, ref, produced.output, inputs.bounds[case.id], inputs.scorer, inputs.clip_skip,
                                 options.pipeline)
+            if produced.nonfinite:  # its uint8 pixels hide NaN as 0: whatever the metrics say, the run is broken
+                result.status, result.reason = FAILED, nonfinite_reason(produced.nonfinite)
+                result.figures["nonfinite"] = produced.nonfinite
             result.figures.update(e2e_ms=produced.timings.e2e_ms, backends=produced.backends)
             result.kernel = ", ".join(f"{k}: {v}" for k, v in produced.backends.items()) or None
             if result.status == FAILED and options.report_dir is not None:

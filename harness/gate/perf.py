@@ -27,6 +27,7 @@ from harness.cases.image import ImageCase, image_case_dir, load_image_cases
 from harness.contracts.case import Case
 from harness.gate.contracts import run_contract_cases
 from harness.gate.calibration import machine_factor
+from harness.files.reading import is_directory_present, is_present
 from harness.gate.pipeline_runs import time_case
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
@@ -49,8 +50,8 @@ def how_to_create(platform: str) -> str:
 
 
 def machine_baseline(ctx: GateContext, platform: str) -> PerfBaselines | None:
-    """This machine's perf baselines, or None when the base file is absent."""
-    if not (ctx.options.baselines_dir / PERF_BASE_FILE).is_file():
+    """This machine's perf baselines, or None when the base file is absent (anything else there is an error)."""
+    if not is_present(ctx.options.baselines_dir / PERF_BASE_FILE):
         return None
     return PerfBaselines.for_platform(ctx.options.baselines_dir, platform)
 
@@ -80,7 +81,7 @@ class PerfStage:
         if choice is False:
             return "--no-perf"
         directory = image_case_dir(ctx.options.cases_root)
-        if not directory.is_dir():
+        if not is_directory_present(directory):
             return f"no image cases to time ({directory} does not exist)"
         if choice:
             return None

@@ -26,11 +26,19 @@ def stages() -> list[Stage]:
 
 def run_gate(options: GateOptions) -> dict[str, Any]:
     """Run the gate; returns the results document (``passed`` says whether anything regressed)."""
+    from harness.baselines.tolerances import check_env_tolerances
     from harness.errors import ConfigError
+    from harness.files.atomic import check_writable
 
     if not options.baselines_dir.is_dir():
         raise ConfigError("no such baselines directory", path=options.baselines_dir, key="--baselines")
     check_device(options.run.device)
+    check_env_tolerances()  # even when perf is skipped: a lane's bad override is a configuration error
+    for path, key in ((options.json_path, "--json"), (options.junit_path, "--junit")):
+        if path is not None:
+            check_writable(path, key)
+    if options.report_dir is not None:
+        check_writable(options.report_dir, "--report", directory=True)
     start = time.perf_counter()
     outcome: dict[str, StageResult | str] = {}
     out = make_console()

@@ -154,6 +154,11 @@ class Target(ABC):
         """Refuse parameters this target can never run, before any rank starts (raise
         ``harness.contracts.params.ParamError`` naming the key: the run exits 2). Default: accept."""
 
+    def check_backend(self, backend: str | None, sdpa_kernel: str | None) -> None:
+        """Refuse a backend name (or a pinned SDPA kernel with it) this target does not have, with a
+        ``ParamError`` keyed ``backend`` or ``sdpa_kernel`` that lists the valid names; for case
+        parameters and for ``--backend``/``--backends`` alike. Default: accept any name."""
+
     def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
         """For targets declaring ``reference_models``: the measuring function behind ``model.*``,
         ``encoder.*``, ``vae.*`` and ``pipeline.*`` contracts, called in the rank with keyword
@@ -177,11 +182,17 @@ class Timings:
 
 @dataclass
 class PipelineOutput:
-    """What one run generated: uint8 ``[H, W, 3]`` (image) or ``[T, H, W, 3]`` (video), and how long it took."""
+    """What one run generated: uint8 ``[H, W, 3]`` (image) or ``[T, H, W, 3]`` (video), and how long it took.
+
+    ``nonfinite``: NaN/Inf values the run produced before its uint8 conversion (latents, decoded
+    pixels). uint8 cannot hold NaN (it becomes 0), so a NaN run looks like a black image and would
+    match a black reference; a target that can count them must, and a non-zero count fails the run.
+    """
 
     output: np.ndarray
     timings: Timings
     backends: dict[str, str] = field(default_factory=dict)
+    nonfinite: int = 0
 
 
 class PreparedPipeline(Protocol):
