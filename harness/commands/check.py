@@ -1,4 +1,4 @@
-"""``parity check``: run contract cases on a target; a progress bar, then a result table with figures."""
+"""parity check: run contract cases on a target; a progress bar, then a result table with figures."""
 
 from __future__ import annotations
 
@@ -44,14 +44,15 @@ def run(args: argparse.Namespace) -> int:
     from harness.cases.contract import CaseSelection, load_cases, platform_of_device, select_cases
     from harness.gate.contracts import run_contract_cases
     from harness.ranks import PoolSet
-    from harness.report.console import CONTRACT_COLUMNS, make_console, result_table
+    from harness.report.console import CONTRACT_COLUMNS, make_console, print_verdict, result_table
     from harness.report.junit import write_junit
-    from harness.results import any_failed, environment, results_document, summary_line, write_results
+    from harness.report.output import emit_json, human_console
+    from harness.results import any_failed, environment, results_document, summary_line
 
     options = run_options(args)
     selection = CaseSelection(tuple(args.ids), args.world_size, args.backend, args.dtype, args.sdpa_kernel)
     cases = select_cases(load_cases(cases_root(args), platform_of_device(options.device)), selection)
-    out, err = make_console(), make_console(stderr=True)
+    out, err = human_console(args.json), make_console(stderr=True)
     with PoolSet(options.device) as pools:
         stage = run_contract_cases(cases, options, pools, err, release_pools=True)
     results = stage.results
@@ -62,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         if r.traceback and r.status == "failed":
             print(f"\n--- {r.case_id}: {r.reason}\n{r.traceback}", file=sys.stderr)
-    if args.json:
-        write_results(args.json, results_document("check", environment(options.target, options.device),
-                                                  {"contracts": stage}, stage.wall_s))
+    if args.json is not None:
+        emit_json(args.json, results_document("check", environment(options.target, options.device),
+                                              {"contracts": stage}, stage.wall_s))
     if args.junit:
         write_junit(args.junit, {"contracts": results})
+    print_verdict(out, "check", {"contracts": results})
     return 1 if any_failed(results) else 0

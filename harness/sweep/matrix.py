@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.errors import ConfigError
 
@@ -41,6 +42,11 @@ def load_sweep(path: str | Path) -> Sweep:
         raise ConfigError("sweep file not found", path=path) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not valid JSON (line {exc.lineno}): {exc.msg}", path=path) from None
+    return parse_sweep(data, path)
+
+
+def parse_sweep(data: Any, path: str | Path = "<this run>") -> Sweep:
+    """Validate a sweep document (read from a file, or just made by ``parity sweep``)."""
     if not isinstance(data, dict) or data.get("schema") != SWEEP_SCHEMA:
         raise ConfigError(f"not a parity sweep file (expected schema {SWEEP_SCHEMA!r})", path=path, key="schema")
     for key, kind in (("platform", dict), ("cells", list)):
