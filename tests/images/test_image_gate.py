@@ -178,3 +178,58 @@ def test_tampered_reference_exits_2_naming_the_file(
     assert _gate(project, baselines=copy) == 2
     err = capsys.readouterr().err
     assert str(image) in err and "sha256 mismatch" in err
+
+
+def test_bless_names_cases_and_dry_run_writes_nothing(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["--cases", str(project.cases), "--baselines", str(project.baselines)]
+    manifest = project.baselines / "images" / "manifest.json"
+    before = manifest.read_bytes()
+    assert main(["bless", *where]) == 2  # never every case by default
+    assert "name the image cases to bless, or pass --all" in capsys.readouterr().err
+    assert main(["bless", "img_1rank", "--dry-run", "--json", "-", *where]) == 0
+    captured = capsys.readouterr()
+    (change,) = json.loads(captured.out)["changes"]
+    assert change["case_id"] == "img_1rank" and change["change"] == "unchanged" and change["psnr_old_vs_new"] == "inf"
+    assert change["old_sha256"] == change["new_sha256"] and "dry run: nothing written" in captured.err
+    assert manifest.read_bytes() == before
+
+
+def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gate_run(
+    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The --force-regen workflow: the gate fails naming the bless, bless promotes what that run made, the gate passes."""
+    cases = tmp_path / "cases"
+    shutil.copytree(project.cases, cases)
+    text = IMAGE_CASES.replace("[cases.img_1rank]\nworld_size = 1\n", "[cases.img_1rank]\nworld_size = 1\nseed = 5\n")
+    (cases / "images" / "tiny.toml").write_text(text + "\n[cases.img_new]\nseed = 7\n")
+    copy = project.copy_baselines(tmp_path)
+    where = ["--cases", str(cases), "--baselines", str(copy)]
+    report = tmp_path / "report"
+    assert main(["gate", *where, "--report", str(report), "--keep-outputs"]) == 1
+    out = capsys.readouterr().out
+    records = {r["case_id"]: r for r in load_results(report / "results.json")["stages"]["images"]["records"]}
+    stale, new = records["img_1rank"], records["img_new"]
+    assert stale["reason"] == "case changed since it was blessed (seed 5 added): run `parity bless img_1rank`"
+    assert new["reason"] == "no reference yet: run `parity bless img_new`" and new["next_step"] == "parity bless img_new"
+    assert stale["figures"]["reference"] == "changed" and stale["figures"]["psnr"] is None  # not judged on pixels
+    assert records["vid_2ranks"]["status"] == "passed" and records["vid_2ranks"]["artifacts"]["candidate"]
+    lines = out.strip().splitlines()
+    assert lines[-1] == "gate: FAILED (2 failing cases: img_1rank, img_new)"
+    assert "    -> parity bless img_1rank" in lines and f"report: {report / 'index.html'}" in lines
+
+    assert main(["bless", "--from-results", str(report), *where]) == 2
+    assert f"parity bless --from-results {report} img_1rank img_new" in capsys.readouterr().err
+    assert main(["bless", "--from-results", str(report), "vid_2ranks", *where]) == 2  # an SP=2 output is no reference
+    assert "ran on 2 ranks and a reference is a one-rank output" in capsys.readouterr().err
+    manifest = (copy / "images" / "manifest.json").read_bytes()
+    assert main(["bless", "--from-results", str(report), "img_1rank", "img_new", "--dry-run", "--json", "-", *where]) == 0
+    changes = {c["case_id"]: c for c in json.loads(capsys.readouterr().out)["changes"]}
+    assert changes["img_1rank"]["change"] == "changed" and changes["img_1rank"]["fields_changed"] == ["seed 5 added"]
+    assert 0 < changes["img_1rank"]["psnr_old_vs_new"] < 60 and changes["img_new"]["change"] == "new"
+    assert (copy / "images" / "manifest.json").read_bytes() == manifest  # a dry run writes nothing
+    assert main(["bless", "--from-results", str(report), "img_1rank", "img_new", *where]) == 0
+    capsys.readouterr()
+    entries = read_manifest(copy / "images")
+    promoted = load_reference(report / "candidates", "img_1rank")
+    assert entries["img_1rank"].fields["seed"] == 5 and np.array_equal(load_reference(copy / "images", "img_1rank"), promoted)
+    assert _gate(Project(cases, copy)) == 0
