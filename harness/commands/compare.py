@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.commands._options import add_json
 
-HELP = "compare two results files: per case and figure old, new and % change; --fail-on METRIC:PCT exits 1 past it"
+HELP = "compare two results files: per case and figure old, new and percent change; --fail-on METRIC:PCT exits 1 past it"
 DESCRIPTION = """\
 Compare two results files of `parity gate` or `parity check` (BASE first): for every case and
 every numeric figure the old value, the new one and the % change, (new - old) / |old|. clip, ssim

@@ -225,13 +225,12 @@ def run_perf(args: argparse.Namespace) -> int:
 
     directory = _baselines_dir(args)
     docs = _load(args)
+    groups = _group(args.results, docs, args.platform, per_platform=True)
     if not any(doc.get("perf") for doc in docs):
         from harness.gate.perf import how_to_create
 
-        where = sorted({str(doc.get("platform", "<platform>")) for doc in docs})
-        raise ConfigError(f"the results hold no timings (the perf stage did not run); {how_to_create(where[0])}",
+        raise ConfigError(f"the results hold no timings (the perf stage did not run); {how_to_create(str(groups[0].platform))}",
                           key="--results")
-    groups = _group(args.results, docs, args.platform, per_platform=True)
     plans = []
     for group in groups:
         assert group.platform is not None  # per_platform grouping always names one
