@@ -81,6 +81,15 @@ def test_list_shows_contract_cases_image_cases_and_perf_scenarios(capsys: pytest
     assert f"contract cases ({len(data['cases'])})" in out and "image cases (" in out and "perf scenarios (" in out
 
 
+def test_readme_case_count_is_the_number_of_default_cases() -> None:
+    from harness.cases.contract import load_cases
+    from harness.paths import default_cases_dir
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    counts = re.findall(r"(\d+) default cases", readme)
+    assert counts and set(counts) == {str(len(load_cases(default_cases_dir())))}
+
+
 def test_case_ids_never_wrap_at_120_columns() -> None:
     from harness.cases.contract import load_cases
     from harness.paths import default_cases_dir
