@@ -171,7 +171,7 @@ class ImageStage:
             if result.status == FAILED and ref is not None and result.next_step is None:
                 if report is not None:
                     _write_triptych(report, result, ref.array, produced.output)
-                result.next_step = _regression_step(case.id, report)
+                result.next_step = _regression_step(case, report)
             return result
 
         results, wall = run_each_case(ctx, self.name, inputs.cases, "images", judge)
@@ -206,13 +206,15 @@ def unjudged(case: ImageCase, ref: Reference | None, bounds: Thresholds, target:
                       params=case_params(case), target=target, next_step=f"parity bless {case.id}")
 
 
-def _regression_step(case_id: str, report: Path | None) -> str:
+def _regression_step(case: ImageCase, report: Path | None) -> str:
+    """Where to look, and how to bless if the change is intended (a saved candidate only serves a one-rank case)."""
+    bless = (f"parity bless --from-results {report} {case.id}" if report is not None and case.world_size == 1
+             else f"parity bless {case.id}")
     if report is None:
-        return f"parity gate --report DIR  (writes the triptych of {case_id}); if the change is intended: parity bless {case_id}"
+        return f"parity gate --report DIR  (writes the triptych of {case.id}); if the change is intended: {bless}"
     from harness.report.html import anchor
 
-    return (f"see {report / 'index.html'}#{anchor('images', case_id)}; if the change is intended: "
-            f"parity bless --from-results {report} {case_id}")
+    return f"see {report / 'index.html'}#{anchor('images', case.id)}; if the change is intended: {bless}"
 
 
 def save_candidate(report: Path, case: ImageCase, result: CaseResult, output: np.ndarray, pipeline: str) -> None:

@@ -40,6 +40,7 @@ th, td { border: 1px solid #d0d7de; padding: 0.2em 0.5em; text-align: left; vert
 th { background: #f6f8fa; }
 td.num { font-family: ui-monospace, monospace; text-align: right; }
 code { font-size: 0.9em; }
+td.text { overflow-wrap: anywhere; } td.id { white-space: nowrap; }
 .status { font-weight: bold; }
 .fail { color: #cf222e; font-weight: bold; } .ok { color: #1a7f37; }
 article { border-top: 2px solid #cf222e; margin-top: 1em; padding-top: 0.3em; }
@@ -120,7 +121,7 @@ def _case_section(stage: str, record: Mapping[str, Any]) -> str:
     case_id = str(record.get("case_id", "?"))
     figures: Mapping[str, Any] = record.get("figures") or {}
     is_image = "thresholds" in figures
-    parts = [f"<article id='{anchor(stage, case_id)}'><h3>{_e(case_id)} <small>({_e(stage)}: {_e(record.get('check', ''))})</small></h3>",
+    parts = [f"<article id='{anchor(stage, case_id)}' style='overflow-wrap: anywhere'><h3>{_e(case_id)} <small>({_e(stage)}: {_e(record.get('check', ''))})</small></h3>",
              f"<p><span class='fail'>failed</span>: {_e(record.get('reason') or '')}</p>"]
     if record.get("next_step"):
         parts.append(f"<p>next: <code>{_e(record['next_step'])}</code></p>")
@@ -186,17 +187,18 @@ def _failure_tables(document: Mapping[str, Any]) -> str:
     parts = []
     if failed:
         rows = ["<tr><th>stage</th><th>case</th><th>check</th><th>reason</th><th>next step</th></tr>"]
-        rows += [f"<tr><td>{_e(s)}</td><td><a href='#{anchor(s, str(r.get('case_id')))}'>{_e(r.get('case_id'))}</a></td>"
-                 f"<td>{_e(r.get('check', ''))}</td><td>{_e(_first_line(r.get('reason')))}</td>"
-                 f"<td>{'<code>' + _e(r['next_step']) + '</code>' if r.get('next_step') else ''}</td></tr>" for s, r in failed]
+        rows += [f"<tr><td class='id'>{_e(s)}</td><td class='id'><a href='#{anchor(s, str(r.get('case_id')))}'>{_e(r.get('case_id'))}</a></td>"
+                 f"<td class='id'>{_e(r.get('check', ''))}</td><td class='text'>{_e(_first_line(r.get('reason')))}</td>"
+                 f"<td class='text'>{'<code>' + _e(r['next_step']) + '</code>' if r.get('next_step') else ''}</td></tr>" for s, r in failed]
         parts.append(f"<h2>Failures ({len(failed)})</h2><table id='failures'>{''.join(rows)}</table>")
     skipped = _records(document, "skipped") + _records(document, "xfailed")
     stage_skips = [(n, s["skipped"]) for n, s in (document.get("stages") or {}).items() if "skipped" in s]
     if skipped or stage_skips:
         rows = ["<tr><th>stage</th><th>case</th><th>status</th><th>reason</th></tr>"]
-        rows += [f"<tr><td>{_e(n)}</td><td>(whole stage)</td><td>skipped</td><td>{_e(reason)}</td></tr>" for n, reason in stage_skips]
-        rows += [f"<tr><td>{_e(s)}</td><td>{_e(r.get('case_id'))}</td><td>{_e(r.get('status'))}</td>"
-                 f"<td>{_e(_first_line(r.get('reason')))}</td></tr>" for s, r in skipped]
+        rows += [f"<tr><td class='id'>{_e(n)}</td><td class='id'>(whole stage)</td><td class='id'>skipped</td>"
+                 f"<td class='text'>{_e(reason)}</td></tr>" for n, reason in stage_skips]
+        rows += [f"<tr><td class='id'>{_e(s)}</td><td class='id'>{_e(r.get('case_id'))}</td><td class='id'>{_e(r.get('status'))}</td>"
+                 f"<td class='text'>{_e(_first_line(r.get('reason')))}</td></tr>" for s, r in skipped]
         parts.append(f"<h2>Skipped ({len(skipped) + len(stage_skips)})</h2><table id='skips'>{''.join(rows)}</table>")
     return "".join(parts)
 
