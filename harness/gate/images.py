@@ -25,6 +25,7 @@ The stage also fills the results document's top-level ``cases`` map (recalibrati
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -154,6 +155,8 @@ class ImageStage:
             ctx.out.print(f"images: clip skipped: {inputs.clip_skip}")
         options = ctx.options
         timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
+        if options.report_dir is not None:  # only this run's candidates: bless --from-results must not promote an older one
+            shutil.rmtree(options.report_dir / CANDIDATES_DIR, ignore_errors=True)
 
         def judge(case: ImageCase) -> CaseResult:
             produced = generate(case, ctx.pools, options.pipeline, timeout)

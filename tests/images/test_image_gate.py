@@ -205,7 +205,10 @@ def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gat
     copy = project.copy_baselines(tmp_path)
     where = ["--cases", str(cases), "--baselines", str(copy)]
     report = tmp_path / "report"
+    (report / "candidates").mkdir(parents=True)
+    (report / "candidates" / "from_an_older_run.png").write_bytes(b"old")
     assert main(["gate", *where, "--report", str(report), "--keep-outputs"]) == 1
+    assert not (report / "candidates" / "from_an_older_run.png").exists()  # only this run's candidates
     out = capsys.readouterr().out
     records = {r["case_id"]: r for r in load_results(report / "results.json")["stages"]["images"]["records"]}
     stale, new = records["img_1rank"], records["img_new"]
