@@ -13,21 +13,25 @@ import os
 import sys
 from collections.abc import Sequence
 
-VERBS = ("list", "check", "gate", "sweep", "matrix", "recalibrate", "bless", "doctor")
+from harness.paths import parity_version
+
+VERBS = ("list", "check", "gate", "sweep", "matrix", "compare", "recalibrate", "bless", "doctor")
 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.
 
 verbs:
-  list     the contracts, the contract cases and the targets (--json for machines)
+  list     the contracts, the contract cases, the image cases, the perf scenarios and the targets
   check    run contract cases on a target and print a verdict table with figures
   gate     the CI gate: contract cases, image quality vs references, timings vs perf baselines
-  sweep    run contracts over backend × dtype × world size on this machine into a sweep JSON
+  sweep    run contracts over backend × dtype × world size on this machine (--json FILE keeps the cells)
   matrix   merge sweep files from several machines into one markdown/HTML table
+  compare  two results files side by side: old, new, % change per case and figure; --fail-on METRIC:PCT
   recalibrate  new thresholds / perf baselines from N gate results: a diff table, --write to write
-  bless    re-run image cases on one rank, rewrite their reference images and hash manifest
+  bless    new reference images for named image cases: old -> new table, --dry-run, --from-results DIR
   doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
 
+--json FILE writes a verb's machine output to FILE; --json - writes it to stdout (tables go to stderr).
 exit codes: 0 all passed, 1 any failure, 2 usage or configuration error.
 data: cases/ and baselines/ are read from $PARITY_HOME, else from the checkout the package
 is installed from (pip install -e .); --cases / --baselines override.
@@ -38,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="parity", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"parity {parity_version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb in VERBS:
         importlib.import_module(f"harness.commands.{verb}").register(sub)

@@ -59,8 +59,24 @@ def add_baselines(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baselines", type=Path, default=None, metavar="DIR", help=f"baselines directory (default: {default_baselines_dir()})")
 
 
+def json_target(text: str) -> Path | str:
+    """``--json FILE``: ``-`` (stdout) or a name ending in .json, so a case id after ``--json`` is not taken for a file."""
+    if text == "-":
+        return text
+    if not text.endswith(".json"):
+        raise argparse.ArgumentTypeError(
+            f"expected FILE.json, or - for stdout; got {text!r} (to select cases, name them before the options)")
+    return Path(text)
+
+
+def add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    """The one ``--json FILE`` of every verb."""
+    parser.add_argument("--json", type=json_target, default=None, metavar="FILE",
+                        help=f"write {what} as JSON to FILE (- for stdout; tables then go to stderr)")
+
+
 def add_outputs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results (every figure) as JSON")
+    add_json(parser, "the results (every figure)")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write JUnit XML for CI")
 
 
@@ -90,3 +106,13 @@ def cases_root(args: argparse.Namespace) -> Path:
 
 def baselines_dir(args: argparse.Namespace) -> Path:
     return args.baselines or default_baselines_dir()
+
+
+def check_outputs(*outputs: tuple[object, str]) -> None:
+    """Refuse, before any work, each given output (``(path, flag)``) that cannot be written; ``-`` is stdout."""
+    from harness.files.atomic import check_writable
+    from harness.report.output import to_stdout
+
+    for path, flag in outputs:
+        if path is not None and not to_stdout(path):  # type: ignore[arg-type]
+            check_writable(path, flag)  # type: ignore[arg-type]

@@ -47,10 +47,11 @@ class GateOptions:
     run: RunOptions = field(default_factory=RunOptions)
     pipeline: str = "reference"  # the pipeline target of the image and perf stages
     report_dir: Path | None = None
-    json_path: Path | None = None
+    json_path: Path | str | None = None  # "-": stdout (the tables then go to stderr)
     junit_path: Path | None = None
     clip_model: str | None = None
     perf: PerfOptions = field(default_factory=PerfOptions)
+    keep_outputs: bool = False  # save the candidates of passing image cases too (failing ones always are)
 
 
 @dataclass

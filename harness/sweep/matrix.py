@@ -88,7 +88,12 @@ def _check_kernel(row: Any, path: str | Path, key: str) -> None:
 
 def load_sweep(path: str | Path) -> Sweep:
     """Read and validate a sweep file, every value a matrix renders included; errors name the file and the key."""
-    data = expect_object(read_json(path), path, "")
+    return parse_sweep(read_json(path), path)
+
+
+def parse_sweep(data: Any, path: str | Path = "<this run>") -> Sweep:
+    """Validate a sweep document (read from a file, or just made by ``parity sweep``)."""
+    data = expect_object(data, path, "")
     if data.get("schema") != SWEEP_SCHEMA:
         raise ConfigError(f"not a parity sweep file (expected schema {SWEEP_SCHEMA!r})", path=path, key="schema")
     platform = expect_object(data.get("platform"), path, "platform")

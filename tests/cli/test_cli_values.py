@@ -39,7 +39,7 @@ def cases(tmp_path: Path) -> Path:
         (["check", "--timeout", "soon"], "argument --timeout: not a number of seconds: 'soon'"),
         (["bless", "--timeout", "0"], "argument --timeout: must be a finite number of seconds > 0, got '0'"),
         (["check", "--world-size", "4096"], "argument --world-size: must be in [1, 1024], got 4096"),
-        (["check", "--json", "{tmp}"], "key '--json': is a directory; give a file name"),
+        (["check", "--json", "{tmp}/dir.json"], "key '--json': is a directory; give a file name"),
         (["check", "--junit", "/proc/nope/j.xml"], "key '--junit': cannot write here"),
         (["gate", "--report", "/proc/forbidden"], "/proc/forbidden: key '--report': cannot write here"),
         (["gate", "--json", "/proc/nope/r.json"], "key '--json': cannot write here"),
@@ -49,6 +49,7 @@ def cases(tmp_path: Path) -> Path:
 def test_bad_argument_exits_2_before_any_work(argv: list[str], message: str, cases: Path, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     argv = [a.format(tmp=tmp_path) for a in argv]
+    (tmp_path / "dir.json").mkdir()  # a directory where a file is asked for
     if argv[0] in ("check", "sweep", "gate"):
         argv += ["--cases", str(cases)]
     start = time.perf_counter()
@@ -83,4 +84,4 @@ def test_platform_env_is_checked_for_every_verb(monkeypatch: pytest.MonkeyPatch,
     assert main(["doctor"]) == 2
     assert "key 'PARITY_PLATFORM': 'rocm:sm90': 'sm90' is not a gcn arch" in capsys.readouterr().err
     monkeypatch.setenv("PARITY_PLATFORM", "rocm:gfx950")
-    assert main(["list", "--json"]) == 0
+    assert main(["list", "--json", "-"]) == 0

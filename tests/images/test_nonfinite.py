@@ -55,7 +55,7 @@ def project(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_bless_refuses_a_nan_run_and_writes_nothing(project: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     cases, baselines = project
-    assert main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", NAN]) == 2
+    assert main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", NAN, "--all"]) == 2
     err = capsys.readouterr().err
     assert str(cases / "images" / "tiny.toml") in err and "key 'cases.black'" in err
     assert "refusing to bless: the pipeline produced 768 NaN/Inf values" in err
@@ -64,7 +64,7 @@ def test_bless_refuses_a_nan_run_and_writes_nothing(project: tuple[Path, Path], 
 
 def test_gate_fails_a_nan_run_that_matches_its_black_reference(project: tuple[Path, Path], tmp_path: Path) -> None:
     cases, baselines = project
-    assert main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", CLEAN]) == 0
+    assert main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", CLEAN, "--all"]) == 0
     gate = ["gate", "--cases", str(cases), "--baselines", str(baselines), "--no-perf"]
     assert main([*gate, "--pipeline-target", CLEAN]) == 0  # the control: black matches black
     out = tmp_path / "results.json"
