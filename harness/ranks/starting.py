@@ -1,0 +1,66 @@
+"""How rank processes start: forked from a preloaded server where the platform has one, spawned otherwise.
+
+A spawned rank is a fresh interpreter that imports torch (seconds per rank on a loaded 2-core
+box) and then the target's stack (sglang's import is ~11 s of CPU), once per rank of every group.
+multiprocessing's *forkserver* is a fresh interpreter too (never this process: it may run threads
+or have initialised CUDA, and a process that initialised CUDA must never fork) that imports the
+modules named here once, then forks each rank from that state in milliseconds.
+
+The server starts with the first preloaded group and lives until this process ends, so the
+modules it preloads are those :func:`preload` had been told of by then; a module named later is
+imported by each rank itself, as under spawn. ``PARITY_START_METHOD=spawn`` (or a group's own
+``start_method``) falls back to spawning, e.g. if a target's module initialises CUDA at import: a
+CUDA rank forked from such a server refuses to start and says so.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterable
+from multiprocessing.context import BaseContext
+
+PRELOADED, SPAWN = "forkserver", "spawn"
+START_METHODS = (PRELOADED, SPAWN)
+START_METHOD_ENV = "PARITY_START_METHOD"
+BASE_PRELOAD = ("torch", "torch.distributed", "harness.ranks.worker")
+
+_lock = threading.Lock()
+_preload: list[str] = list(BASE_PRELOAD)
+
+
+def preload(modules: Iterable[str]) -> None:
+    """Add modules for the preloaded server to import before it forks its first rank.
+
+    Call it before the first group starts (the contract runner does, with the target's
+    :meth:`~harness.targets.base.Target.preload_modules`). A module that fails to import there is
+    skipped silently by the server; the rank that needs it then raises the real error.
+    """
+    with _lock:
+        _preload.extend(m for m in modules if m not in _preload)
+
+
+def preloaded_modules() -> tuple[str, ...]:
+    with _lock:
+        return tuple(_preload)
+
+
+def start_method(requested: str | None = None) -> str:
+    """``requested``, else ``$PARITY_START_METHOD``, else preloaded where the platform can fork a server."""
+    method = requested or os.environ.get(START_METHOD_ENV) or PRELOADED
+    if method not in START_METHODS:
+        source = "start_method" if requested else START_METHOD_ENV
+        raise ValueError(f"{source}={method!r}: valid start methods are {', '.join(START_METHODS)}")
+    if method == PRELOADED and PRELOADED not in multiprocessing.get_all_start_methods():
+        return SPAWN  # e.g. Windows
+    return method
+
+
+def context(method: str) -> BaseContext:
+    """The multiprocessing context that starts ranks by ``method`` (the server's preload list kept current)."""
+    ctx = multiprocessing.get_context(method)
+    if method == PRELOADED:
+        with _lock:  # read when the server starts, i.e. at the first rank it forks
+            ctx.set_forkserver_preload(list(_preload))
+    return ctx
