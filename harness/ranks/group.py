@@ -87,7 +87,7 @@ class Group:
                     name=f"parity-rank-{rank}",
                     daemon=True,
                 )
-                proc.start()
+                starting.start(proc, method)
                 self._procs.append(proc)
                 self._conns.append(parent_conn)
                 self._stacks.append(stack_r)

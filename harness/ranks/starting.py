@@ -19,7 +19,9 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 
 PRELOADED, SPAWN = "forkserver", "spawn"
 START_METHODS = (PRELOADED, SPAWN)
@@ -28,6 +30,10 @@ BASE_PRELOAD = ("torch", "torch.distributed", "harness.ranks.worker")
 
 _lock = threading.Lock()
 _preload: list[str] = list(BASE_PRELOAD)
+# A rank's PR_SET_PDEATHSIG fires when the *thread* that started it exits, so spawned ranks are
+# started from this one thread, which lives as long as the process (a pool's background start
+# thread would take its ranks with it). Forked ranks are the server's children, whatever thread asked.
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-rank-spawner")
 
 
 def preload(modules: Iterable[str]) -> None:
@@ -55,6 +61,14 @@ def start_method(requested: str | None = None) -> str:
     if method == PRELOADED and PRELOADED not in multiprocessing.get_all_start_methods():
         return SPAWN  # e.g. Windows
     return method
+
+
+def start(proc: BaseProcess, method: str) -> None:
+    """Start a rank process made by :func:`context` (``method``)."""
+    if method == SPAWN:
+        _spawner.submit(proc.start).result()
+    else:
+        proc.start()
 
 
 def context(method: str) -> BaseContext:

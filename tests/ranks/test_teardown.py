@@ -16,7 +16,7 @@ from harness.ranks import PoolSet, RankFailure, RankPool
 from harness.ranks.starting import START_METHOD_ENV
 
 from .procs import alive, assert_all_ended, descendants, live_children, parity_files, wait_until_gone
-from .rank_fns import how_i_started, rank_0_holds_the_gil_in_c_rank_1_waits, start_a_child
+from .rank_fns import add_rank, how_i_started, rank_0_holds_the_gil_in_c_rank_1_waits, start_a_child
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
@@ -130,3 +130,14 @@ def test_a_pool_set_left_by_an_exception_ends_every_group_at_once() -> None:
     while descendants(os.getpid()) - before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in descendants(os.getpid()) - before if alive(p)], "a rank of the starting group survived"
+
+
+def test_spawned_ranks_outlive_the_background_thread_that_started_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PR_SET_PDEATHSIG follows the starting *thread*: a pool started in the background must survive that thread."""
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    with PoolSet() as pools:
+        pools.prestart([2])
+        pool = pools.get(2)
+        time.sleep(0.5)  # the start thread has finished by now
+        assert pool.run(how_i_started, "PATH")[0][0] == os.getpid()
+        assert pool.run(add_rank, 1) == [3, 3]
