@@ -84,7 +84,7 @@ class RankPool:
     costs milliseconds. After any failure (:class:`RankFailure`) the group is torn down and
     the next :meth:`run` starts a fresh group transparently. Calls are serialised.
     ``start_method`` ("forkserver": forked from the preloaded server, or "spawn"; default
-    ``$PARITY_START_METHOD``, else preloaded where the platform allows) is how ranks start.
+    ``$PARITY_START_METHOD``, else :func:`harness.ranks.starting.start_method`'s) is how ranks start.
 
     Under torchrun (``RANK`` and ``WORLD_SIZE`` set) nothing is spawned: :meth:`run` joins
     the env:// group once, runs ``fn`` in this process and returns every rank's result
@@ -96,7 +96,7 @@ class RankPool:
     def __init__(self, world_size: int, device: str = "cpu", timeout: float = 120.0, *,
                  start_method: str | None = None) -> None:
         choose_backend(device, world_size)  # refuse a bad world size or device before starting anything
-        self.start_method = starting.start_method(start_method)
+        self.start_method = starting.start_method(device, start_method)
         torchrun_world = _torchrun_world_size()
         if torchrun_world is not None:
             _check_torchrun_world_size(world_size, torchrun_world)

@@ -8,9 +8,11 @@ modules named here once, then forks each rank from that state in milliseconds.
 
 The server starts with the first preloaded group and lives until this process ends, so the
 modules it preloads are those :func:`preload` had been told of by then; a module named later is
-imported by each rank itself, as under spawn. ``PARITY_START_METHOD=spawn`` (or a group's own
-``start_method``) falls back to spawning, e.g. if a target's module initialises CUDA at import: a
-CUDA rank forked from such a server refuses to start and says so.
+imported by each rank itself, as under spawn. ``PARITY_START_METHOD`` (or a group's own
+``start_method``) chooses; by default CPU ranks are forked from the server and CUDA ranks are
+spawned: forking CUDA ranks from a server that never touched CUDA is what torch documents as
+supported, but it has not been run on a GPU with this harness yet. A CUDA rank forked from a
+server that did initialise CUDA (a preloaded module did so at import) refuses to start and says so.
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ def preloaded_modules() -> tuple[str, ...]:
         return tuple(_preload)
 
 
-def start_method(requested: str | None = None) -> str:
-    """``requested``, else ``$PARITY_START_METHOD``, else preloaded where the platform can fork a server."""
-    method = requested or os.environ.get(START_METHOD_ENV) or PRELOADED
+def start_method(device: str, requested: str | None = None) -> str:
+    """``requested``, else ``$PARITY_START_METHOD``, else preloaded for CPU ranks and spawn for CUDA ranks;
+    spawn where the platform cannot fork a server."""
+    default = SPAWN if device.startswith("cuda") else PRELOADED
+    method = requested or os.environ.get(START_METHOD_ENV) or default
     if method not in START_METHODS:
         source = "start_method" if requested else START_METHOD_ENV
         raise ValueError(f"{source}={method!r}: valid start methods are {', '.join(START_METHODS)}")

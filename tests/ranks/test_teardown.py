@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.ranks import PoolSet, RankFailure, RankPool
-from harness.ranks.starting import START_METHOD_ENV
+from harness.ranks.starting import START_METHOD_ENV, start_method
 
 from .procs import alive, assert_all_ended, descendants, live_children, parity_files, wait_until_gone
 from .rank_fns import add_rank, how_i_started, rank_0_holds_the_gil_in_c_rank_1_waits, start_a_child
@@ -107,7 +107,12 @@ def test_ranks_fork_from_the_preloaded_server_or_are_spawned(monkeypatch: pytest
         assert group != os.getpgid(0)  # a process group of its own: teardown kills it whole
 
 
-def test_an_unknown_start_method_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_start_method_cpu_ranks_forked_cuda_ranks_spawned_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    assert (start_method("cpu"), start_method("cuda"), start_method("cuda:1")) == ("forkserver", "spawn", "spawn")
+    assert start_method("cuda", "forkserver") == "forkserver" and start_method("cpu", "spawn") == "spawn"
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    assert start_method("cpu") == "spawn" and start_method("cpu", "forkserver") == "forkserver"
     with pytest.raises(ValueError, match="start_method='fork'"):
         RankPool(1, start_method="fork")
     monkeypatch.setenv(START_METHOD_ENV, "thread")
