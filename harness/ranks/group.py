@@ -67,7 +67,6 @@ class Group:
         world_size = len(devices)
         store = dist.TCPStore(LOCALHOST, 0, world_size, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=startup_timeout))
-        self.method = method
         self._procs: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._stacks: list[Connection] = []  # raw text: faulthandler's dumps

@@ -138,7 +138,7 @@ num_frames = 3
 """
 
 
-def test_an_image_case_whose_rank_raises_fails_and_the_report_is_written(tmp_path: Path) -> None:
+def test_an_image_and_perf_case_whose_rank_raises_fails_and_the_report_is_written(tmp_path: Path) -> None:
     cases, baselines, report = tmp_path / "cases", tmp_path / "baselines", tmp_path / "report"
     (cases / "contracts").mkdir(parents=True)
     (cases / "images").mkdir()
@@ -149,12 +149,13 @@ def test_an_image_case_whose_rank_raises_fails_and_the_report_is_written(tmp_pat
     assert main(["bless", "--cases", str(cases), "--baselines", str(baselines)]) == 0
     start = time.monotonic()
     code = main(["gate", "--cases", str(cases), "--baselines", str(baselines), "--report", str(report), "--timeout", "90",
-                 "--pipeline-target", "tests.targets.broken:pipeline_raises_on_rank_1", "--no-perf"])
+                 "--pipeline-target", "tests.targets.broken:pipeline_raises_on_rank_1", "--perf", "--perf-runs", "1"])
     assert code == 1
-    assert time.monotonic() - start < 60  # not the 90 s timeout
+    assert time.monotonic() - start < 60  # not two 90 s timeouts
     doc = json.loads((report / "results.json").read_text())
-    [record] = doc["stages"]["images"]["records"]
-    assert record["status"] == "failed" and record["reason"] == f"rank 1 raised: RuntimeError: {ONE_SIDED_MESSAGE}"
-    assert "in prepare" in record["traceback"]
+    for stage in ("images", "perf"):
+        [record] = doc["stages"][stage]["records"]
+        assert record["status"] == "failed" and record["reason"] == f"rank 1 raised: RuntimeError: {ONE_SIDED_MESSAGE}"
+        assert "in prepare" in record["traceback"]
     assert doc["stages"]["contracts"]["records"][0]["status"] == "passed"
     assert (report / "index.html").is_file() and 'name="vid_2ranks"' in (report / "junit.xml").read_text()
