@@ -2,7 +2,9 @@
 
 Each verb module exposes ``register(subparsers)`` (adds its parser) and ``run(args) -> int``;
 adding a verb is adding a module and one name to :data:`VERBS`. Exit codes: 0 all passed,
-1 a failure or regression, 2 a usage or configuration error (argparse errors included).
+1 a failure or regression, 2 a usage or configuration error (argparse errors included), 130 on
+SIGINT and 143 on SIGTERM: the signal unwinds the run like an exception, so every rank group is
+ended on the way out, and the run says so in one line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 
 from harness.paths import parity_version
 
@@ -63,6 +69,38 @@ def check_platform_env() -> None:
         raise ConfigError(exc.reason, key=PLATFORM_ENV) from None
 
 
+_UNWINDING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt, so no ``except Exception``
+    on the way swallows it while every ``with`` that holds rank groups ends them."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    for sig in _UNWINDING_SIGNALS:  # one unwinding, however many signals arrive during the cleanup
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals_unwind() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` for the block (signals reach the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _UNWINDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from harness.errors import ConfigError
 
@@ -73,10 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         check_platform_env()
-        return int(args.run(args))
+        with _signals_unwind():
+            return int(args.run(args))
     except ConfigError as exc:
         print(f"parity {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"parity {args.verb}: stopped by {signal.Signals(exc.signum).name}; every rank was ended", file=sys.stderr)
+        return 128 + exc.signum
 
 
 if __name__ == "__main__":

@@ -145,6 +145,13 @@ class Target(ABC):
     def make_attention(self, spec: AttentionSpec) -> Attention:
         """Build the attention under test; raise :class:`Unsupported` for what it cannot express."""
 
+    def preload_modules(self) -> tuple[str, ...]:
+        """Modules to import once per run, in the preloaded process ranks are forked from, instead of
+        once per rank. Default: the module defining this class. Name a stack imported lazily
+        (e.g. ``("sglang.multimodal_gen.runtime.layers.attention",)``); never one that initialises
+        CUDA at import (a CUDA rank forked from it refuses to start)."""
+        return (type(self).__module__,)
+
     def backend_columns(self, device: str) -> list[str]:
         """Backend names ``parity sweep`` runs as columns on ``device`` (``name`` or ``name:kernel``).
         Default: none besides the target's own choice (``AttentionSpec.backend=None``)."""
