@@ -2,31 +2,42 @@
 
 Each verb module exposes ``register(subparsers)`` (adds its parser) and ``run(args) -> int``;
 adding a verb is adding a module and one name to :data:`VERBS`. Exit codes: 0 all passed,
-1 a failure or regression, 2 a usage or configuration error (argparse errors included).
+1 a failure or regression, 2 a usage or configuration error (argparse errors included), 130 on
+SIGINT and 143 on SIGTERM: the signal unwinds the run like an exception, so every rank group is
+ended on the way out, and the run says so in one line instead of a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 
-VERBS = ("list", "check", "gate", "sweep", "matrix", "recalibrate", "bless", "doctor")
+from harness.paths import parity_version
+
+VERBS = ("list", "check", "gate", "sweep", "matrix", "compare", "recalibrate", "bless", "doctor")
 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.
 
 verbs:
-  list     the contracts, the contract cases and the targets (--json for machines)
+  list     the contracts, the contract cases, the image cases, the perf scenarios and the targets
   check    run contract cases on a target and print a verdict table with figures
   gate     the CI gate: contract cases, image quality vs references, timings vs perf baselines
-  sweep    run contracts over backend × dtype × world size on this machine into a sweep JSON
+  sweep    run contracts over backend × dtype × world size on this machine (--json FILE keeps the cells)
   matrix   merge sweep files from several machines into one markdown/HTML table
+  compare  two results files side by side: old, new, % change per case and figure; --fail-on METRIC:PCT
   recalibrate  new thresholds / perf baselines from N gate results: a diff table, --write to write
-  bless    re-run image cases on one rank, rewrite their reference images and hash manifest
+  bless    new reference images for named image cases: old -> new table, --dry-run, --from-results DIR
   doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
 
+--json FILE writes a verb's machine output to FILE; --json - writes it to stdout (tables go to stderr).
 exit codes: 0 all passed, 1 any failure, 2 usage or configuration error.
 data: cases/ and baselines/ are read from $PARITY_HOME, else from the checkout the package
 is installed from (pip install -e .); --cases / --baselines override.
@@ -37,10 +48,57 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="parity", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"parity {parity_version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb in VERBS:
         importlib.import_module(f"harness.commands.{verb}").register(sub)
     return parser
+
+
+def check_platform_env() -> None:
+    """A PARITY_PLATFORM that names no platform is a configuration error before any verb runs (every
+    platform branch reads it, in this process and in every rank)."""
+    if not os.environ.get("PARITY_PLATFORM", "").strip():
+        return  # unset: nothing to check, and no need to import torch through reference_impl.platform
+    from harness.errors import ConfigError
+    from reference_impl.platform import PLATFORM_ENV, PlatformSpecError, parse_platform_spec
+
+    try:
+        parse_platform_spec(os.environ[PLATFORM_ENV])
+    except PlatformSpecError as exc:
+        raise ConfigError(exc.reason, key=PLATFORM_ENV) from None
+
+
+_UNWINDING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt, so no ``except Exception``
+    on the way swallows it while every ``with`` that holds rank groups ends them."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    for sig in _UNWINDING_SIGNALS:  # one unwinding, however many signals arrive during the cleanup
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals_unwind() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` for the block (signals reach the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _UNWINDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,10 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help exits 0, a usage error exits 2
         return int(exc.code or 0)
     try:
-        return int(args.run(args))
+        check_platform_env()
+        with _signals_unwind():
+            return int(args.run(args))
     except ConfigError as exc:
         print(f"parity {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"parity {args.verb}: stopped by {signal.Signals(exc.signum).name}; every rank was ended", file=sys.stderr)
+        return 128 + exc.signum
 
 
 if __name__ == "__main__":

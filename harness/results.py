@@ -8,6 +8,7 @@ row and HTML section is computed from these, so the stages never count or format
 This module is the one owner of the results document (``parity gate --json`` / ``--report``)::
 
     {"command": "gate", "target": ..., "device": ..., "platform": ..., "torch": ..., "wall_s": ...,
+     "parity_version": "0.1.0", "git": {"commit": "<sha>" | null, "dirty": false | null},
      "passed": true,
      "stages": {"<stage>": {"summary": {"passed": n, ...}, "wall_s": ..., "records": [<CaseResult>...], ...}
                            | {"skipped": "<why>"}},
@@ -28,7 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from harness.files.jsonio import expect_object, expect_str, join_key, read_json
+from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
 from harness.errors import ConfigError
 
 
@@ -49,7 +50,8 @@ class CaseResult:
     """One case's conclusion. ``check`` names what judged it: a contract id, ``images.<kind>`` or ``perf.<kind>``.
 
     ``figures`` are JSON-safe once :meth:`to_dict` has run (non-finite floats become strings);
-    ``artifacts`` are files written for it, relative to the report directory (a triptych PNG).
+    ``artifacts`` are files written for it, relative to the report directory (a triptych PNG);
+    ``next_step`` is the command that shows (or, for a stale reference, fixes) a failing case.
     """
 
     case_id: str
@@ -64,6 +66,7 @@ class CaseResult:
     target: str = "reference"
     traceback: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
+    next_step: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -87,6 +90,7 @@ class CaseResult:
             "target": self.target,
             "traceback": self.traceback,
             "artifacts": dict(self.artifacts),
+            "next_step": self.next_step,
         }
 
 
@@ -144,16 +148,37 @@ class StageResult:
                 "records": [r.to_dict() for r in self.results], **json_safe(self.extra)}
 
 
+def git_state(directory: str | Path) -> dict[str, Any]:
+    """The commit checked out in ``directory`` and whether tracked files differ from it (both None outside a
+    git checkout): the history key of a results file, as asv keys its history by commit."""
+    import subprocess
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=30)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+
+
 def environment(target: str, device: str, target_version: str | None = None) -> dict[str, Any]:
-    """Where a run happened: what every results document records next to its results."""
+    """Where and on what a run happened: what every results document records next to its results
+    (``git``: the checkout of the working directory, which is the tree under test)."""
     import platform
 
     import torch
 
+    from harness.paths import parity_version
     from reference_impl.platform import current_platform
 
     return {"target": target, "target_version": target_version, "device": device, "platform": current_platform.label(),
-            "torch": torch.__version__, "python": platform.python_version(), "host": platform.node()}
+            "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
+            "parity_version": parity_version(), "git": git_state(Path.cwd())}
 
 
 def results_document(command: str, environment: Mapping[str, Any], stages: Mapping[str, StageResult | str],
@@ -193,11 +218,12 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     """Validate a results document and decode its image metrics (``"inf"`` -> ``float('inf')``).
 
     Checked: ``platform`` (optional string), ``cases`` (required: the image stage's map, every
-    metric present, null when skipped) and ``perf`` (optional: measured scenarios). Idempotent:
-    a parsed document parses to itself.
+    metric present, null when skipped, within the values it can take: psnr -5 or ssim 5 is a
+    corrupt file, not a measurement) and ``perf`` (optional: measured scenarios, finite times).
+    Idempotent: a parsed document parses to itself.
     """
     from harness.baselines.perf import validate_scenario
-    from harness.baselines.thresholds import KINDS, METRICS
+    from harness.baselines.thresholds import KINDS, METRICS, check_metric
     from harness.metrics import metric_from_json
 
     doc = expect_object(doc, path, "")
@@ -205,10 +231,12 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     if "platform" in doc:
         expect_str(doc["platform"], path, "platform")
     if "cases" not in doc:
-        raise ConfigError("missing required key 'cases'", path=path)
+        raise ConfigError("missing required key (the image stage's map; {} when there were no image cases)", path=path,
+                          key="cases")
     cases = {}
     for case_id, case in expect_object(doc["cases"], path, "cases").items():
         case_path = join_key("cases", case_id)
+        expect_id(case_id, path, case_path)
         case = expect_object(case, path, case_path)
         for key in ("kind", "passed", "metrics"):
             if key not in case:
@@ -223,12 +251,37 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
             key = join_key(join_key(case_path, "metrics"), metric)
             if metric not in raw_metrics:
                 raise ConfigError("missing metric (write null when it was skipped)", path=path, key=key)
-            metrics[metric] = metric_from_json(raw_metrics[metric], path, key)
+            metrics[metric] = check_metric(metric, metric_from_json(raw_metrics[metric], path, key), path, key)
         cases[case_id] = {**case, "metrics": metrics}
     out["cases"] = cases
     if "perf" in doc:
         for scenario_id, measured in expect_object(doc["perf"], path, "perf").items():
+            expect_id(scenario_id, path, join_key("perf", scenario_id), "scenario id")
             validate_scenario(measured, path, join_key("perf", scenario_id))
+    return out
+
+
+def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, str], dict[str, Any]]:
+    """``{(stage, case id): record}`` of a results document (``parity gate`` or ``parity check``), checked enough
+    to compare: ``stages`` an object, each run stage's ``records`` a list of objects with a ``case_id``,
+    a ``status`` and ``figures``."""
+    doc = expect_object(doc, path, "")
+    if "stages" not in doc:
+        raise ConfigError("missing required key 'stages' (not a results file of parity gate or parity check)", path=path)
+    out = {}
+    for name, stage in expect_object(doc["stages"], path, "stages").items():
+        stage = expect_object(stage, path, join_key("stages", name))
+        records = stage.get("records", [])
+        if not isinstance(records, list):
+            raise ConfigError("must be a list", path=path, key=join_key(join_key("stages", name), "records"))
+        for i, record in enumerate(records):
+            key = f"{join_key(join_key('stages', name), 'records')}[{i}]"
+            record = expect_object(record, path, key)
+            case_id = expect_str(record.get("case_id"), path, join_key(key, "case_id"))
+            if record.get("status") not in tuple(str(s) for s in Status):
+                raise ConfigError(f"status must be one of {[str(s) for s in Status]}", path=path, key=join_key(key, "status"))
+            expect_object(record.get("figures", {}), path, join_key(key, "figures"))
+            out[(name, case_id)] = record
     return out
 
 

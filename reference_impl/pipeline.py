@@ -123,6 +123,8 @@ class PipelineResult:
     """``output``: uint8 RGB, ``[H, W, 3]`` for an image or ``[T, H, W, 3]`` for frames (host memory).
 
     ``latents``: the final fp32 latents the VAE decoded, for parity finer than 8-bit pixels.
+    ``nonfinite``: how many NaN/Inf values the latents and the decoded frames held before the uint8
+    conversion, which turns NaN into 0: a NaN run would otherwise look like a black image.
     """
 
     output: np.ndarray
@@ -132,6 +134,7 @@ class PipelineResult:
     sp_world_size: int
     sp_rank: int
     backends: dict[str, str] = field(default_factory=dict)
+    nonfinite: int = 0
 
 
 # ---------------------------------------------------------------------------- sglang's old caption layout
@@ -336,7 +339,9 @@ def run_pipeline(config: PipelineConfig, models: PipelineModels | None = None) -
     )
     backends = _backends(models)
     backends["vae"] = ",".join(sorted({d or "" for d in models.vae.attention_dispatches()}))
-    return PipelineResult(output[0] if frames is None else output, latents.cpu().numpy(), timings, config, get_sp_world_size(), get_sp_rank(), backends)
+    nonfinite = int((~torch.isfinite(latents)).sum()) + int((~torch.isfinite(decoded)).sum())  # after the clock: not timed
+    return PipelineResult(output[0] if frames is None else output, latents.cpu().numpy(), timings, config, get_sp_world_size(),
+                          get_sp_rank(), backends, nonfinite)
 
 
 def run_pipeline_sequence_parallel(config: PipelineConfig) -> PipelineResult:

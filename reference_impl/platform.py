@@ -9,12 +9,23 @@ platform is *simulated*: the branch logic follows it, tensors stay where they ar
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
 
 PLATFORM_ENV = "PARITY_PLATFORM"
 _KINDS = ("cuda", "rocm", "mps", "cpu")
+_GCN_ARCH = re.compile(r"gfx[0-9a-f]{2,5}")
+
+
+class PlatformSpecError(ValueError):
+    """PARITY_PLATFORM holds something that is not ``cuda``, ``mps``, ``cpu``, ``rocm`` or ``rocm:gfxNNN``;
+    ``reason`` says why without naming the variable (a caller that names it itself uses that)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{PLATFORM_ENV}: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -86,12 +97,15 @@ def _detect_real() -> _RealPlatform:
 
 
 def parse_platform_spec(spec: str) -> tuple[str, str | None]:
-    """Parse ``kind[:gcn_arch]``; an unknown kind is a ValueError listing the valid ones."""
-    kind, _, arch = spec.strip().lower().partition(":")
+    """Parse ``kind[:gcn_arch]``; anything else is a PlatformSpecError naming the variable and the valid values."""
+    kind, colon, arch = spec.strip().lower().partition(":")
     if kind not in _KINDS:
-        raise ValueError(f"{PLATFORM_ENV}={spec!r}: unknown platform {kind!r}; valid: {', '.join(_KINDS)}")
-    if arch and kind != "rocm":
-        raise ValueError(f"{PLATFORM_ENV}={spec!r}: only rocm takes an arch (e.g. rocm:gfx950)")
+        raise PlatformSpecError(f"unknown platform {kind!r} in {spec!r}; valid: {', '.join(_KINDS)} "
+                                "(rocm optionally with its arch, e.g. rocm:gfx950)")
+    if colon and kind != "rocm":
+        raise PlatformSpecError(f"{spec!r}: only rocm takes an arch (e.g. rocm:gfx950)")
+    if colon and not _GCN_ARCH.fullmatch(arch):
+        raise PlatformSpecError(f"{spec!r}: {arch!r} is not a gcn arch (gfx followed by hex digits, e.g. gfx942)")
     return kind, (arch or None)
 
 

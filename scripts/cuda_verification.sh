@@ -17,7 +17,7 @@ pack() { tar czf "$OUT/cuda.tgz" -C "$W" . ; }
 step() { local name=$1; shift; local t=$SECONDS; "$@" >"$W/$name.log" 2>&1; echo "$name rc=$? $((SECONDS - t))s" | tee -a "$W/steps.txt"; pack; }
 
 cp -r baselines "$W/baselines"      # recalibration writes the overlays here
-$P doctor --json >"$W/doctor.json" 2>&1
+$P doctor --json "$W/doctor.json" 2>&1
 nvidia-smi >"$W/nvidia-smi.txt" 2>&1
 for i in 1 2 3; do
   step "gate$i" $P gate --device cuda --perf --baselines "$W/baselines" --report "$W/gate$i"

@@ -1,12 +1,26 @@
-"""Reference images and videos, pinned by a manifest of SHA-256 hashes.
+"""Reference images and videos: a set of cases pinned by one manifest of SHA-256 hashes and case fingerprints.
 
 Layout of a reference directory::
 
-    refs/
-      manifest.json                  {"<relative file>": "<sha256 hex>", ...}
+    images/
+      manifest.json                  what every case's reference is (below)
       flux_image_t2i.png             an image case: one RGB PNG
       wan_t2v/frame_0000.png         a video case: one RGB PNG per frame, frame_<index>.png
       wan_t2v/frame_0001.png
+
+``manifest.json`` (format 2)::
+
+    {"format": 2,
+     "cases": {"flux_image_t2i": {"fingerprint": "<sha256 of the case's fields>",
+                                  "fields": {"prompt": "...", "seed": 0, ...},
+                                  "world_size": 1, "pipeline": "reference", "shape": [32, 32, 3],
+                                  "files": {"flux_image_t2i.png": "<sha256 of the file>"}}}}
+
+The fields and their fingerprint are what the reference was generated from, so a case whose
+fields changed since (a new seed) is told apart from a regression: :func:`changed_fields` says
+what changed, and the gate asks for ``parity bless CASE`` instead of failing on pixels. Format 1
+(a flat ``{"<file>": "<sha256>"}`` map, written before fingerprints) is still read; its cases
+have no fingerprint until they are blessed again.
 
 Per-frame PNGs (rather than one strip) because each frame is then hashed on its own, a diff of
 a re-blessed video shows which frames moved, and the frame count needs no extra metadata.
@@ -15,64 +29,181 @@ A reference is only trusted if its bytes hash to the manifest entry: a mismatch,
 from the manifest, or a manifest entry whose file is missing is a ConfigError naming the file. A
 gate must never compare against a reference nobody blessed. Hash and decode read the same bytes,
 so what is verified is exactly what is compared.
+
+Writing is :mod:`harness.baselines.image_writes`: a new set is staged beside the old one and
+committed by one rename into :data:`PENDING`, then moved into place. A reader here also reads a
+set whose move was interrupted by a kill: while ``PENDING`` holds the new manifest, that is the
+set, each file taken from ``PENDING`` where it has not been moved yet.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.files.atomic import write_bytes_atomic, write_json_atomic
-from harness.files.jsonio import expect_object, expect_str, read_json
 from harness.errors import ConfigError
+from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
+from harness.files.reading import is_present, read_regular_bytes
 
-__all__ = ["MANIFEST", "REFERENCES_DIR", "load_reference", "bless", "read_manifest", "check_case_id"]
+__all__ = ["MANIFEST", "MAX_PIXELS", "PENDING", "REFERENCES_DIR", "Entry", "Reference", "changed_fields", "check_case_id",
+           "find_reference", "fingerprint", "load_reference", "read_manifest", "reference_files"]
 
 MANIFEST = "manifest.json"
 REFERENCES_DIR = "images"  # <baselines>/images: reference PNGs and their manifest
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+PENDING = ".bless-pending"  # a committed set whose files are still being moved into place
+FORMAT = 2
+#: Pixels a reference PNG may declare (8192 x 8192): checked in its header, before decoding allocates them.
+MAX_PIXELS = 2**26
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def check_case_id(case_id: str) -> str:
-    """Case ids become file names: refuse anything that could escape the directory."""
-    if not isinstance(case_id, str) or not _SAFE_ID.match(case_id) or ".." in case_id:
-        raise ConfigError(f"case id {case_id!r} is not usable as a file name (letters, digits, _ . -)", key="case_id")
-    return case_id
+    """Case ids become file names: the safe id rule of :func:`harness.files.jsonio.expect_id`."""
+    return expect_id(case_id, None, "case_id")
 
 
-def _frame_name(case_id: str, index: int) -> str:
-    return f"{case_id}/frame_{index:04d}.png"
+def fingerprint(fields: Mapping[str, Any]) -> str:
+    """The SHA-256 of a case's fields as canonical JSON: equal fields, equal fingerprint, whatever their order."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-def read_manifest(directory: str | Path) -> dict[str, str]:
-    """The ``{file: sha256}`` manifest (empty when the directory has none yet)."""
-    path = Path(directory) / MANIFEST
-    if not path.exists():
-        return {}
-    manifest = expect_object(read_json(path), path, "")
-    for name, digest in manifest.items():
-        if not _SHA256.match(expect_str(digest, path, name)):
-            raise ConfigError(f"not a lowercase sha256 hex digest: {digest!r}", path=path, key=name)
-    return manifest
+def changed_fields(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
+    """What differs between the fields a reference was blessed from and the case's fields now: ``["seed 0 → 1"]``."""
+    if old is None:
+        return ["blessed before fields were recorded"]
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if key not in new:
+            out.append(f"{key} {old[key]!r} removed")
+        elif key not in old:
+            out.append(f"{key} {new[key]!r} added")
+        elif old[key] != new[key]:
+            out.append(f"{key} {old[key]!r} → {new[key]!r}")
+    return out
 
 
-def _case_files(manifest: dict[str, str], case_id: str) -> list[str]:
-    """Manifest entries of a case: ``<id>.png`` or the ``<id>/frame_*.png`` sequence, in order."""
-    if f"{case_id}.png" in manifest:
+def reference_files(case_id: str, shape: tuple[int, ...]) -> list[str]:
+    """The files a reference of ``shape`` is stored in: ``<id>.png``, or ``<id>/frame_<i>.png`` per video frame."""
+    check_case_id(case_id)
+    if len(shape) == 3:
         return [f"{case_id}.png"]
-    pattern = re.compile(rf"{re.escape(case_id)}/frame_(\d+)\.png")
-    frames = {int(m.group(1)): name for name in manifest if (m := pattern.fullmatch(name))}
-    return [frames[i] for i in sorted(frames)]  # numeric order: frame_10000 after frame_9999
+    return [f"{case_id}/frame_{i:04d}.png" for i in range(shape[0])]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One case of a manifest: its files (in frame order) with their hashes, and what it was generated from."""
+
+    case_id: str
+    files: dict[str, str]
+    fingerprint: str | None = None
+    fields: dict[str, Any] | None = None
+    world_size: int = 1
+    pipeline: str | None = None
+    shape: tuple[int, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "fields": self.fields, "world_size": self.world_size,
+                "pipeline": self.pipeline, "shape": list(self.shape) if self.shape else None, "files": dict(self.files)}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A hash-verified reference: its manifest entry and its pixels (``HxWx3`` or ``TxHxWx3`` uint8)."""
+
+    entry: Entry
+    array: np.ndarray = field(repr=False)
+
+
+def manifest_path(directory: Path) -> Path:
+    """The manifest in force: the pending one while an interrupted switch-over holds it, else ``manifest.json``."""
+    pending = directory / PENDING / MANIFEST
+    return pending if pending.is_file() else directory / MANIFEST
+
+
+def file_path(directory: Path, name: str) -> Path:
+    """Where a file of the set in force is: still in :data:`PENDING` if it has not been moved yet."""
+    pending = directory / PENDING / name
+    return pending if (directory / PENDING / MANIFEST).is_file() and pending.is_file() else directory / name
+
+
+def _ordered_files(case_id: str, files: dict[str, Any], path: Path, key: str) -> dict[str, str]:
+    """A case's files checked (hex digests; one ``<id>.png`` or frames numbered 0..T-1) and in frame order."""
+    for name, digest in files.items():
+        if not _SHA256.match(expect_str(digest, path, join_key(key, name))):
+            raise ConfigError(f"not a lowercase sha256 hex digest: {digest!r}", path=path, key=join_key(key, name))
+    if list(files) == [f"{case_id}.png"]:
+        return dict(files)
+    expected = [f"{case_id}/frame_{i:04d}.png" for i in range(len(files))]
+    for name in expected:
+        if name not in files:
+            raise ConfigError(f"video frames must be numbered 0..T-1; {name} is not listed", path=path, key=key or case_id)
+    return {name: files[name] for name in expected}
+
+
+def _legacy_entries(doc: dict[str, Any], path: Path) -> dict[str, Entry]:
+    """Format 1: ``{file: sha256}``; the case of a file is its name without ``.png`` or its folder."""
+    by_case: dict[str, dict[str, str]] = {}
+    for name in doc:
+        by_case.setdefault(name.split("/")[0].removesuffix(".png"), {})[name] = doc[name]
+    return {case_id: Entry(check_case_id(case_id), _ordered_files(case_id, files, path, ""))  # format 1 keys are file names
+            for case_id, files in by_case.items()}
+
+
+def _entry(case_id: str, raw: Any, path: Path) -> Entry:
+    key = join_key("cases", case_id)
+    raw = expect_object(raw, path, key)
+    files = expect_object(raw.get("files"), path, join_key(key, "files"))
+    if not files:
+        raise ConfigError("a case needs at least one file", path=path, key=join_key(key, "files"))
+    files = _ordered_files(case_id, files, path, join_key(key, "files"))
+    digest = raw.get("fingerprint")
+    if digest is not None and not _SHA256.match(expect_str(digest, path, join_key(key, "fingerprint"))):
+        raise ConfigError("not a sha256 hex digest", path=path, key=join_key(key, "fingerprint"))
+    fields = raw.get("fields")
+    world = raw.get("world_size", 1)
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ConfigError(f"must be a positive integer, got {world!r}", path=path, key=join_key(key, "world_size"))
+    shape = raw.get("shape")
+    return Entry(case_id, files, digest, None if fields is None else expect_object(fields, path, join_key(key, "fields")),
+                 world, raw.get("pipeline"), tuple(shape) if isinstance(shape, list) else None)
+
+
+def read_manifest(directory: str | Path) -> dict[str, Entry]:
+    """``{case id: Entry}`` of the set in force (empty when the directory has none yet)."""
+    path = manifest_path(Path(directory))
+    if not is_present(path):
+        return {}
+    doc = expect_object(read_json(path), path, "")
+    if "format" not in doc:
+        return _legacy_entries(doc, path)
+    if doc["format"] != FORMAT:
+        raise ConfigError(f"unknown manifest format {doc['format']!r} (this parity reads 1 and {FORMAT})", path=path, key="format")
+    cases = expect_object(doc.get("cases", {}), path, "cases")
+    return {check_case_id(case_id): _entry(case_id, raw, path) for case_id, raw in cases.items()}
+
+
+def manifest_json(entries: Mapping[str, Entry]) -> dict[str, Any]:
+    """The manifest document of ``entries`` (cases sorted, so a re-bless diffs only what moved)."""
+    return {"format": FORMAT, "cases": {case_id: entries[case_id].to_json() for case_id in sorted(entries)}}
 
 
 def _decode_png(data: bytes, path: Path) -> np.ndarray:
     import imageio.v3 as iio
 
+    if data[:8] != _PNG_SIGNATURE or data[12:16] != b"IHDR":
+        raise ConfigError("not a PNG file (no PNG signature and IHDR header)", path=path)
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if width * height > MAX_PIXELS:
+        raise ConfigError(f"declares {width}x{height} pixels; the limit is {MAX_PIXELS}", path=path)
     try:
         array = np.asarray(iio.imread(data, extension=".png"))
     except Exception as exc:  # imageio raises plugin-specific errors for corrupt data
@@ -82,18 +213,11 @@ def _decode_png(data: bytes, path: Path) -> np.ndarray:
     return array
 
 
-def _encode_png(array: np.ndarray) -> bytes:
-    import imageio.v3 as iio
-
-    return bytes(iio.imwrite("<bytes>", array, extension=".png"))
-
-
 def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
-    path = directory / name
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"listed in {MANIFEST} but the file is missing", path=path) from None
+    path = file_path(directory, name)
+    if not is_present(path):
+        raise ConfigError(f"listed in {MANIFEST} but the file is missing", path=directory / name)
+    data = read_regular_bytes(path)
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
         raise ConfigError(
@@ -103,56 +227,30 @@ def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
     return data
 
 
-def load_reference(directory: str | Path, case_id: str) -> np.ndarray:
-    """The verified reference for ``case_id``: ``HxWx3`` uint8 for an image, ``TxHxWx3`` for a video."""
+def find_reference(directory: str | Path, case_id: str) -> Reference | None:
+    """The verified reference of ``case_id``, or None when the manifest has none (a file on disk that it
+    does not list is a ConfigError: it was never blessed)."""
     directory = Path(directory)
     check_case_id(case_id)
-    manifest = read_manifest(directory)
-    names = _case_files(manifest, case_id)
-    if not names:
+    entry = read_manifest(directory).get(case_id)
+    if entry is None:
         on_disk = [directory / f"{case_id}.png", *sorted((directory / case_id).glob("frame_*.png"))]
         stray = next((p for p in on_disk if p.is_file()), None)
         if stray is not None:
             raise ConfigError(f"file is not in {MANIFEST}: it was never blessed", path=stray)
-        raise ConfigError(f"no reference for case {case_id!r} in {MANIFEST}", path=directory / MANIFEST)
-    for index, name in enumerate(names):
-        expected = _frame_name(case_id, index)
-        if name != f"{case_id}.png" and name != expected:
-            raise ConfigError(f"video frames must be numbered 0..T-1; {expected} is not listed", path=directory / MANIFEST)
-    arrays = [_decode_png(_verified_bytes(directory, n, manifest[n]), directory / n) for n in names]
-    if len(names) == 1 and names[0] == f"{case_id}.png":
-        return arrays[0]
+        return None
+    arrays = [_decode_png(_verified_bytes(directory, n, d), directory / n) for n, d in entry.files.items()]
+    if list(entry.files) == [f"{case_id}.png"]:
+        return Reference(entry, arrays[0])
     if len({a.shape for a in arrays}) != 1:
         raise ConfigError(f"frames of video {case_id!r} differ in shape", path=directory / case_id)
-    return np.stack(arrays)
+    return Reference(entry, np.stack(arrays))
 
 
-def bless(directory: str | Path, case_id: str, array: Any) -> list[str]:
-    """Store ``array`` (``HxWx3`` image or ``TxHxWx3`` video, uint8) as the reference for
-    ``case_id`` and record its hashes; returns the files written (relative to ``directory``).
-
-    PNGs are written first and the manifest last, each atomically: a crash in between leaves a
-    PNG whose hash does not match, which fails loudly on load instead of passing silently.
-    Files of the case's previous reference that the new one does not reuse are removed.
-    """
-    directory = Path(directory)
-    check_case_id(case_id)
-    array = np.asarray(array)
-    if array.dtype != np.uint8 or array.ndim not in (3, 4) or array.shape[-1] != 3 or 0 in array.shape:
-        raise ValueError(f"bless needs uint8 HxWx3 or TxHxWx3, got dtype {array.dtype} shape {array.shape}")
-    manifest = read_manifest(directory)
-    old = set(_case_files(manifest, case_id))
-    if array.ndim == 3:
-        items = {f"{case_id}.png": array}
-    else:
-        items = {_frame_name(case_id, i): frame for i, frame in enumerate(array)}
-    for name, image in items.items():
-        data = _encode_png(np.ascontiguousarray(image))
-        write_bytes_atomic(directory / name, data)
-        manifest[name] = hashlib.sha256(data).hexdigest()
-    for name in old - set(items):
-        del manifest[name]
-    write_json_atomic(directory / MANIFEST, dict(sorted(manifest.items())))
-    for name in old - set(items):
-        (directory / name).unlink(missing_ok=True)
-    return list(items)
+def load_reference(directory: str | Path, case_id: str) -> np.ndarray:
+    """The verified reference for ``case_id``: ``HxWx3`` uint8 for an image, ``TxHxWx3`` for a video."""
+    found = find_reference(directory, case_id)
+    if found is None:
+        raise ConfigError(f"no reference for case {case_id!r} in {MANIFEST}: run `parity bless {case_id}`",
+                          path=Path(directory) / MANIFEST)
+    return found.array

@@ -59,41 +59,45 @@ merge key by key; a scenario in an overlay replaces the base scenario *whole*, b
 numbers of one scenario are one coherent measurement on one machine: mixing an H100 step time
 with an MI300 stage time would gate against a machine that does not exist.
 
-Tolerances can be overridden from the environment (CI lanes on noisy shared runners), one
-variable per key: ``PARITY_PERF_TOL_E2E``, ``PARITY_PERF_TOL_DENOISE_STAGE``,
-``PARITY_PERF_TOL_NON_DENOISE_STAGE``, ``PARITY_PERF_TOL_DENOISE_STEP``,
-``PARITY_PERF_TOL_DENOISE_AGG`` (fractions: ``0.2`` = 20 %). A profile may also hold
-``abs_floor_ms`` (optional, default 0; env ``PARITY_PERF_TOL_ABS_FLOOR_MS``): the absolute
-slack of :func:`check_perf`, for millisecond-scale steps whose jitter is large relative to
-their length.
+Tolerances can be overridden from the environment, one ``PARITY_PERF_TOL_<KEY>`` variable per
+key (:mod:`harness.baselines.tolerances`). A profile may also hold ``abs_floor_ms`` (optional,
+default 0): the absolute slack of :func:`check_perf`, for millisecond-scale steps whose jitter
+is large relative to their length. Every time is a finite number in [0, ``MAX_MS``], every
+tolerance in [0, ``MAX_TOLERANCE``], so no limit overflows into one that passes everything.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.files.atomic import write_json_atomic
-from harness.files.jsonio import expect_number, expect_object, expect_str, join_key, read_json
-from harness.baselines.named import NamedValues
 from harness.baselines.platforms import find_overlay
+from harness.baselines.tolerances import (
+    ABS_FLOOR,
+    ENV_PREFIX,
+    MAX_MS,
+    MAX_TOLERANCE,
+    TOLERANCE_KEYS,
+    Tolerances,
+    check_env_tolerances,
+    env_tolerance,
+)
 from harness.errors import ConfigError
+from harness.files.atomic import write_json_atomic
+from harness.files.jsonio import expect_id, expect_number, expect_object, expect_str, join_key, read_json
 
-TOLERANCE_KEYS: tuple[str, ...] = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
 PROFILES: tuple[str, ...] = ("pr_test", "long_term")
-ENV_PREFIX = "PARITY_PERF_TOL_"
+_MAX_STEP_DIGITS = 6  # step keys are indices "0", "1", ...: a million steps is already absurd
 
 E2E = "expected_e2e_ms"
 AVG = "expected_avg_denoise_ms"
 MEDIAN = "expected_median_denoise_ms"
 STAGES = "stages_ms"
 STEPS = "denoise_step_ms"
-ABS_FLOOR = "abs_floor_ms"
 CALIBRATION = "calibration"
 NORMALISED_PROFILE = "normalised"
 
@@ -110,18 +114,6 @@ def platform_matches(name: str, platform: str) -> bool:
     """Whether ``name`` is a token prefix of ``platform``: ``h100`` matches ``h100_80gb_hbm3``."""
     tokens, want = platform.split("_"), name.split("_")
     return bool(name) and tokens[: len(want)] == want
-
-
-@dataclass(frozen=True)
-class Tolerances(NamedValues, names=TOLERANCE_KEYS, what="tolerance"):
-    """Relative slack per metric family (0.2 = the value may be 20 % above its baseline); ``get`` by family."""
-
-    e2e: float
-    denoise_stage: float
-    non_denoise_stage: float
-    denoise_step: float
-    denoise_agg: float
-    abs_floor_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -162,17 +154,17 @@ def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, An
         raise ConfigError(f"missing required key '{E2E}'", path=path, key=key)
     for name in (E2E, AVG, MEDIAN):
         if name in scenario:
-            expect_number(scenario[name], path, join_key(key, name), lo=0.0)
+            expect_number(scenario[name], path, join_key(key, name), lo=0.0, hi=MAX_MS)
     for group in (STAGES, STEPS):
         values = expect_object(scenario.get(group, {}), path, join_key(key, group))
         for name, ms in values.items():
-            if group == STEPS and not (name.isascii() and name.isdigit()):
+            if group == STEPS and not (name.isascii() and name.isdigit() and len(name) <= _MAX_STEP_DIGITS):
                 raise ConfigError(
-                    f"step keys are string indices like \"0\", got {name!r}", path=path, key=join_key(key, group)
+                    f"step keys are string indices like \"0\", got {name[:40]!r}", path=path, key=join_key(key, group)
                 )
-            expect_number(ms, path, join_key(join_key(key, group), name), lo=0.0)
+            expect_number(ms, path, join_key(join_key(key, group), name), lo=0.0, hi=MAX_MS)
     for probe, value in expect_object(scenario.get(CALIBRATION, {}), path, join_key(key, CALIBRATION)).items():
-        expect_number(value, path, join_key(join_key(key, CALIBRATION), probe), lo=0.0)
+        expect_number(value, path, join_key(join_key(key, CALIBRATION), probe), lo=0.0, hi=MAX_MS)
     return scenario
 
 
@@ -254,11 +246,13 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
         values = expect_object(values, path, profile_key)
         for name in (*TOLERANCE_KEYS, ABS_FLOOR):
             if name in values:
-                expect_number(values[name], path, join_key(profile_key, name), lo=0.0)
+                expect_number(values[name], path, join_key(profile_key, name), lo=0.0,
+                              hi=MAX_MS if name == ABS_FLOOR else MAX_TOLERANCE)
     if "platform" in metadata:
         expect_str(metadata["platform"], path, "metadata.platform")
     scenarios = expect_object(doc.get("scenarios", {}), path, "scenarios")
     for scenario_id, scenario in scenarios.items():
+        expect_id(scenario_id, path, join_key("scenarios", scenario_id), "scenario id")
         validate_scenario(scenario, path, join_key("scenarios", scenario_id))
     return doc
 
@@ -275,21 +269,6 @@ def _merge_overlay(merged: dict[str, Any], overlay: dict[str, Any]) -> None:
             merged.setdefault("scenarios", {}).update(value)
         else:
             merged[key] = value
-
-
-def _env_tolerance(name: str, env: Mapping[str, str]) -> float | None:
-    raw = env.get(ENV_PREFIX + name.upper())
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0.0):
-        raise ConfigError(
-            f"environment variable must be a finite number >= 0, got {raw!r}", key=ENV_PREFIX + name.upper()
-        )
-    return value
 
 
 class PerfBaselines:
@@ -344,8 +323,8 @@ class PerfBaselines:
         return copy.deepcopy(found) if found is not None else None
 
     def tolerances(self, profile: str = "pr_test", env: Mapping[str, str] | None = None) -> Tolerances:
-        """The profile's tolerances, each overridable by ``PARITY_PERF_TOL_<KEY>``."""
-        env = os.environ if env is None else env
+        """The profile's tolerances, each overridable by ``PARITY_PERF_TOL_<KEY>`` (all of which are checked)."""
+        check_env_tolerances(env)
         where = " + ".join(self.paths)
         profiles = self._doc.get("tolerances", {})
         if profile not in profiles:
@@ -354,14 +333,14 @@ class PerfBaselines:
             )
         values = {}
         for name in TOLERANCE_KEYS:
-            override = _env_tolerance(name, env)
+            override = env_tolerance(name, env)
             if override is not None:
                 values[name] = override
             elif name in profiles[profile]:
                 values[name] = float(profiles[profile][name])
             else:
                 raise ConfigError("missing tolerance", path=where, key=f"tolerances.{profile}.{name}")
-        floor = _env_tolerance(ABS_FLOOR, env)
+        floor = env_tolerance(ABS_FLOOR, env)
         values[ABS_FLOOR] = float(profiles[profile].get(ABS_FLOOR, 0.0)) if floor is None else floor
         return Tolerances(**values)
 

@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from harness.files.reading import is_present
+
 __all__ = ["normalize_device_name", "find_overlay", "platform_name", "hardware_name", "machine_record"]
 
 _VENDOR_WORDS = frozenset({"nvidia", "amd", "intel", "instinct", "radeon", "geforce", "tesla", "apple", "corporation"})
@@ -31,6 +33,8 @@ def find_overlay(directory: str | Path, device_name: str) -> Path | None:
 
     None means "no platform file": callers use the base file alone, which is the right behaviour
     for a new platform until someone measures it (see the gfx1250 overlay's comment in sglang).
+    A candidate that exists but is not a regular file (a directory, a FIFO, a dangling symlink)
+    is a ConfigError: silently gating without the overlay would pass what it should fail.
     """
     normalized = normalize_device_name(device_name)
     if not normalized:
@@ -39,7 +43,7 @@ def find_overlay(directory: str | Path, device_name: str) -> Path | None:
     base = Path(directory)
     for n in range(len(tokens), 0, -1):
         candidate = base / ("_".join(tokens[:n]) + ".json")
-        if candidate.is_file():
+        if is_present(candidate):
             return candidate
     return None
 

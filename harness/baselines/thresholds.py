@@ -25,6 +25,7 @@ Chains work: sglang's gfx1250.json is an overlay on h100.json (``load(h100, [gfx
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 
 from harness.baselines.named import NamedValues
 from harness.files.atomic import write_json_atomic
-from harness.files.jsonio import expect_number, expect_object, join_key, read_json
+from harness.files.jsonio import expect_id, expect_number, expect_object, join_key, read_json
 from harness.errors import ConfigError
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "default_key",
     "THRESHOLDS_FILE",
     "OVERLAYS_DIR",
+    "METRIC_RANGES",
+    "check_metric",
 ]
 
 THRESHOLDS_FILE = "consistency_threshold.json"
@@ -54,8 +57,23 @@ METRICS: tuple[str, ...] = ("clip", "ssim", "psnr", "mean_abs_diff")
 KINDS: tuple[str, ...] = ("image", "video")
 #: metrics whose threshold is a lower bound; mean_abs_diff is the one upper bound.
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"clip", "ssim", "psnr"})
-#: clip cosine and SSIM live in [0, 1] (SSIM can be negative, but never as a useful bound).
-_UNIT_INTERVAL = frozenset({"clip", "ssim"})
+#: The values a measured metric can take: a cosine and SSIM in [-1, 1]; PSNR in dB from 0 (the
+#: worst an 8-bit image can be) upwards, ``inf`` for identical images, finite values far below
+#: 1000 dB (one level off in a 10^90-pixel image); mean abs diff in 0..255 pixel levels.
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "clip": (-1.0, 1.0), "ssim": (-1.0, 1.0), "psnr": (0.0, 1000.0), "mean_abs_diff": (0.0, 255.0),
+}
+
+
+def check_metric(metric: str, value: float | None, path: str | Path, key: str) -> float | None:
+    """A measured value (None: not measured) within its possible range, else a ConfigError naming file and key."""
+    lo, hi = METRIC_RANGES[metric]
+    if value is None or (metric == "psnr" and value == math.inf):
+        return value
+    if not lo <= value <= hi:
+        raise ConfigError(f"{value!r} is impossible for {metric} (its values lie in [{lo:g}, {hi:g}]"
+                          + (', or "inf"' if metric == "psnr" else "") + ")", path=path, key=key)
+    return value
 
 
 def case_key(metric: str) -> str:
@@ -79,8 +97,8 @@ _DEFAULT_KEYS = {default_key(m, k): m for m in METRICS for k in KINDS}
 
 
 def _validate_value(metric: str, value: Any, path: str, key: str) -> float:
-    hi = 1.0 if metric in _UNIT_INTERVAL else None
-    return expect_number(value, path, key, lo=0.0, hi=hi)
+    """A bound within its metric's range; clip and SSIM bounds also >= 0 (a negative one bounds nothing)."""
+    return expect_number(value, path, key, lo=0.0, hi=METRIC_RANGES[metric][1])
 
 
 def _validate_document(doc: Any, path: str) -> dict[str, Any]:
@@ -92,6 +110,7 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
     cases = expect_object(doc.get("cases", {}), path, "cases")
     for case_id, case in cases.items():
         case_path = join_key("cases", case_id)
+        expect_id(case_id, path, case_path)
         expect_object(case, path, case_path)
         for metric in METRICS:
             if case_key(metric) in case:
@@ -164,7 +183,7 @@ class ThresholdSet:
                 raise ConfigError(
                     f"no {metric} threshold for {kind} case {case_id!r}: add "
                     f"cases.{case_id}.{case_key(metric)} or {default_key(metric, kind)}",
-                    path=" + ".join(self.paths),
+                    path=" + ".join(self.paths), key=f"cases.{case_id}.{case_key(metric)}",
                 )
             values[metric], source[metric] = found
         return Thresholds(**values, source=source)

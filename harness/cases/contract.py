@@ -20,7 +20,10 @@ case, keyed by its id::
     world_size = 2
     matrix = { dtype = ["fp32", "bf16"], causal = [false, true] }   # one case per combination
 
-A matrix case expands to ids like ``ulysses[dtype=fp32,causal=false]``.
+A matrix case expands to ids like ``ulysses[dtype=fp32,causal=false]``, at most
+:data:`MAX_MATRIX_CASES` of them per table and :data:`MAX_FILE_CASES` per file (a 1.6 KB file
+must not expand to 10^10 cases).
+A case id is a safe name (:func:`harness.files.jsonio.expect_id`).
 
 Platform and target overlays (``contracts/platforms/*.toml``, ``contracts/targets/*.toml``)
 adjust the cases for one platform or one upstream stack: :mod:`harness.cases.overlays`.
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +46,14 @@ from typing import Any
 
 from harness.cases.files import load_case_directory, read_case_tables
 from harness.cases.overlays import apply_platform_overlay, apply_target_overlay
+from harness.files.jsonio import expect_id
+from harness.files.reading import is_present
 from harness.contracts.case import Case, contract_of, make_case, with_overrides
 from harness.errors import ConfigError
 
 _CASE_META = ("contract", "description", "matrix")
+MAX_MATRIX_CASES = 1024
+MAX_FILE_CASES = 4096
 
 
 def load_case_file(path: str | Path) -> list[Case]:
@@ -54,6 +62,8 @@ def load_case_file(path: str | Path) -> list[Case]:
     cases: list[Case] = []
     for case_id, body in cases_table.items():
         cases.extend(_expand(path, case_id, body, defaults))
+        if len(cases) > MAX_FILE_CASES:
+            raise ConfigError(f"the file expands to more than {MAX_FILE_CASES} cases", path=path, key=f"cases.{case_id}")
     used = {key for case in cases for key in case.raw}
     for key in defaults:
         if key not in used:
@@ -63,6 +73,7 @@ def load_case_file(path: str | Path) -> list[Case]:
 
 def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) -> list[Case]:
     where = f"cases.{case_id}"
+    expect_id(case_id, path, where)
     if not isinstance(body, dict):
         raise ConfigError(f"case '{case_id}' must be a table", path=path, key=where)
     contract_id = body.get("contract")
@@ -79,6 +90,10 @@ def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) ->
             raise ConfigError(f"case '{case_id}': matrix values must be a non-empty list", path=path, key=f"{where}.matrix.{key}")
         if key in body:
             raise ConfigError(f"case '{case_id}': '{key}' is both a parameter and a matrix axis", path=path, key=f"{where}.{key}")
+    size = math.prod(len(values) for values in matrix.values())
+    if size > MAX_MATRIX_CASES:
+        raise ConfigError(f"case '{case_id}': the matrix expands to {size} cases; at most {MAX_MATRIX_CASES} per case table",
+                          path=path, key=f"{where}.matrix")
     contract = contract_of(path, case_id, contract_id)
     # A default applies where the contract has that parameter (a file may mix contracts).
     declared = {p.name for p in contract.params}
@@ -120,10 +135,10 @@ def load_cases(root: str | Path, platform: str | None = None, target: str | None
     directory = contract_case_dir(root)
     cases = load_case_directory(directory, load_case_file, "contract case")
     overlay = directory / "platforms" / f"{platform}.toml"
-    if platform and overlay.is_file():
+    if platform and is_present(overlay):
         cases = apply_platform_overlay(cases, overlay)
     overlay = directory / "targets" / f"{target}.toml"
-    if target and overlay.is_file():
+    if target and is_present(overlay):
         cases = apply_target_overlay(cases, overlay)
     return cases
 

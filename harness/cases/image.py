@@ -44,10 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.images import check_case_id
 from harness.cases.files import load_case_directory, read_case_tables
 from harness.contracts.case import CaseOrigin
+from harness.contracts.params import MAX_WORLD_SIZE
 from harness.errors import ConfigError, ParamError
+from harness.files.jsonio import expect_id
 from harness.targets.base import PipelineTarget
 from harness.targets.loader import TargetArgs, load_pipeline_target
 
@@ -119,15 +120,13 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
     where = f"cases.{case_id}"
     if not isinstance(body, dict):
         raise ConfigError(f"case '{case_id}' must be a table", path=path, key=where)
-    try:
-        check_case_id(case_id)
-    except ConfigError as exc:
-        raise ConfigError(str(exc).split(": ", 1)[-1], path=path, key=where) from None
+    expect_id(case_id, path, where)
 
     def meta_int(key: str, default: int) -> int:
         value = body.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"case '{case_id}': must be a positive integer, got {value!r}", path=path, key=f"{where}.{key}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORLD_SIZE:
+            raise ConfigError(f"case '{case_id}': must be a positive integer <= {MAX_WORLD_SIZE}, got {value!r}", path=path,
+                              key=f"{where}.{key}")
         return value
 
     world = meta_int("world_size", 1)

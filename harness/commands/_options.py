@@ -3,11 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from harness.contracts.params import MAX_WORLD_SIZE
 from harness.contracts.runner import RunOptions
+from harness.errors import ConfigError, ParamError
 from harness.paths import default_baselines_dir, default_cases_dir
 from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, TargetArgs, parse_target_args
+
+
+def seconds(text: str) -> float:
+    """argparse type of a timeout: a finite number of seconds > 0 (argparse exits 2 naming the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def world_size(text: str) -> int:
+    """argparse type of a world size: an integer in [1, MAX_WORLD_SIZE]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= MAX_WORLD_SIZE:
+        raise argparse.ArgumentTypeError(f"must be in [1, {MAX_WORLD_SIZE}], got {value}")
+    return value
+
+
+def check_backends(options: RunOptions, backends: Sequence[tuple[str | None, str | None]], flags: Mapping[str, str]) -> None:
+    """Backend names (with a pinned SDPA kernel) from the command line, judged by the target before
+    any work; ``flags`` names the option of each ParamError key (``backend`` -> ``--backend``)."""
+    target = options.load()
+    for backend, kernel in backends:
+        try:
+            target.check_backend(backend, kernel)
+        except ParamError as exc:
+            raise ConfigError(str(exc), key=flags[exc.key]) from None
 
 
 def add_cases(parser: argparse.ArgumentParser) -> None:
@@ -22,8 +59,24 @@ def add_baselines(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baselines", type=Path, default=None, metavar="DIR", help=f"baselines directory (default: {default_baselines_dir()})")
 
 
+def json_target(text: str) -> Path | str:
+    """``--json FILE``: ``-`` (stdout) or a name ending in .json, so a case id after ``--json`` is not taken for a file."""
+    if text == "-":
+        return text
+    if not text.endswith(".json"):
+        raise argparse.ArgumentTypeError(
+            f"expected FILE.json, or - for stdout; got {text!r} (to select cases, name them before the options)")
+    return Path(text)
+
+
+def add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    """The one ``--json FILE`` of every verb."""
+    parser.add_argument("--json", type=json_target, default=None, metavar="FILE",
+                        help=f"write {what} as JSON to FILE (- for stdout; tables then go to stderr)")
+
+
 def add_outputs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results (every figure) as JSON")
+    add_json(parser, "the results (every figure)")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write JUnit XML for CI")
 
 
@@ -39,7 +92,7 @@ def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for the target's factory (repeatable), e.g. layer=pkg.mod:Class")
     add_device(parser)
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-case timeout (default: the contract's)")
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="S", help="per-case timeout in seconds, > 0 (default: the contract's)")
 
 
 def add_pipeline_target(parser: argparse.ArgumentParser, what: str) -> None:
@@ -68,3 +121,13 @@ def cases_root(args: argparse.Namespace) -> Path:
 
 def baselines_dir(args: argparse.Namespace) -> Path:
     return args.baselines or default_baselines_dir()
+
+
+def check_outputs(*outputs: tuple[object, str]) -> None:
+    """Refuse, before any work, each given output (``(path, flag)``) that cannot be written; ``-`` is stdout."""
+    from harness.files.atomic import check_writable
+    from harness.report.output import to_stdout
+
+    for path, flag in outputs:
+        if path is not None and not to_stdout(path):  # type: ignore[arg-type]
+            check_writable(path, flag)  # type: ignore[arg-type]

@@ -1,54 +1,123 @@
-"""``parity bless``: re-run image cases on one rank and rewrite their reference images and the manifest."""
+"""parity bless: new reference images for named image cases, shown old -> new, written as one set."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from pathlib import Path
 
-from harness.commands._options import add_baselines, add_cases, add_device, add_pipeline_target, baselines_dir, cases_root, pipeline_args
+from harness.commands._options import (
+    add_baselines, add_cases, add_device, add_json, add_pipeline_target, baselines_dir, cases_root, pipeline_args, seconds,
+)
+from harness.errors import ConfigError
 
-HELP = "re-run image cases on one rank and rewrite their reference images and manifest (only when asked)"
-DESCRIPTION = ("Re-run image cases on one rank and rewrite their reference images and the SHA-256 manifest: the only "
-               "writer of references. All cases run before anything is written.")
+HELP = "write new reference images for named image cases (old -> new table; --dry-run; --from-results DIR)"
+DESCRIPTION = """\
+Write new reference images for the named image cases (or every case with --all): each case's
+fields run on one rank, or, with --from-results DIR, the candidates that `parity gate --report
+DIR` saved (failing cases always, every case with --keep-outputs). A table shows old -> new for
+every case (hash, PSNR between old and new, which fields changed) before anything is written;
+--dry-run stops there. All references and the manifest switch over as one set: a kill at any
+moment leaves the old set or the new one."""
+EPILOG = """\
+examples:
+  parity bless zimage_t2i_1rank --dry-run        # what would change
+  parity gate --report out; parity bless --from-results out zimage_t2i_1rank   # promote what the gate made"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bless", help=HELP, description=DESCRIPTION)
-    parser.add_argument("ids", nargs="*", metavar="CASE", help="image case ids to bless (default: every image case)")
+    parser = sub.add_parser("bless", help=HELP, description=DESCRIPTION, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ids", nargs="*", metavar="CASE", help="image case ids to bless")
+    parser.add_argument("--all", action="store_true", help="every image case (with --from-results: every saved candidate)")
+    parser.add_argument("--from-results", type=Path, default=None, metavar="DIR",
+                        help="promote the candidates a gate run saved in DIR (its --report directory) instead of running")
+    parser.add_argument("--dry-run", action="store_true", help="show the table, write nothing")
     add_cases(parser)
     add_baselines(parser)
     add_device(parser)
     add_pipeline_target(parser, "to bless from")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="S", help="per-case timeout (default: 300)")
+    parser.add_argument("--timeout", type=seconds, default=300.0, metavar="S", help="per-case timeout in seconds (default: 300)")
+    add_json(parser, "the old -> new table")
     parser.set_defaults(run=run)
 
 
+def _psnr(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "identical" if math.isinf(value) else f"{value:.2f} dB"
+
+
+def _ids(args: argparse.Namespace) -> list[str]:
+    """The cases asked for; never every case by default."""
+    from harness.gate.bless import failed_cases, saved_candidates
+
+    if args.ids and args.all:
+        raise ConfigError("name cases or pass --all, not both", key="--all")
+    if args.from_results is not None:
+        saved = saved_candidates(args.from_results)
+        if args.all:
+            return saved
+        if not args.ids:
+            failed = [c for c in failed_cases(args.from_results) if c in saved]
+            example = f"parity bless --from-results {args.from_results} {' '.join(failed or saved)}"
+            raise ConfigError(f"name the cases to bless (`{example}`) or pass --all; nothing was written", key="CASE")
+    elif not args.ids and not args.all:
+        raise ConfigError("name the image cases to bless, or pass --all to bless every one; nothing was written", key="CASE")
+    return list(args.ids)
+
+
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from harness.baselines.image_writes import write_set
     from harness.baselines.images import MANIFEST, REFERENCES_DIR
     from harness.cases.image import load_image_cases, select_image_cases
-    from harness.errors import ConfigError
-    from harness.gate.bless import bless_cases
+    from harness.gate.bless import blessings_from_results, changes, generate_blessings
     from harness.gate.contracts import check_device
     from harness.ranks import PoolSet
     from harness.report.console import make_console
+    from harness.report.output import emit_json, human_console
     from harness.targets.base import PipelineFailed
 
     baselines = baselines_dir(args)
     if not baselines.is_dir():
         raise ConfigError("no such baselines directory", path=baselines, key="--baselines")
-    check_device(args.device)
-    cases = select_image_cases(load_image_cases(cases_root(args), args.pipeline_target, pipeline_args(args)), args.ids)
-    out = make_console()
+    ids = _ids(args)
+    cases = select_image_cases(load_image_cases(cases_root(args), args.pipeline_target, pipeline_args(args)), ids)
+    out = human_console(args.json)
     start = time.perf_counter()
     directory = baselines / REFERENCES_DIR
-    with PoolSet(args.device) as pools:
-        try:
-            written = bless_cases(cases, directory, pools, args.timeout)
-        except PipelineFailed as exc:  # an external command failed: nothing was written
-            make_console(stderr=True).print(f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False)
-            return 1
-    for case_id, (shape, files) in written.items():
-        out.print(f"blessed {case_id} ({'x'.join(map(str, shape))}): {', '.join(str(directory / f) for f in files)}")
-    out.print(f"{len(cases)} reference(s) written with their hashes to {directory / MANIFEST} "
-              f"in {time.perf_counter() - start:.1f} s")
+    if args.from_results is not None:
+        blessings = blessings_from_results(cases, args.from_results)
+    else:
+        check_device(args.device)
+        with PoolSet(args.device) as pools:
+            try:
+                blessings = generate_blessings(cases, pools, args.timeout)
+            except PipelineFailed as exc:  # an external command failed: nothing was written
+                make_console(stderr=True).print(f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False)
+                return 1
+    rows = changes(directory, blessings)
+    table = Table(title=f"bless -> {directory}")
+    for column in ("case", "change", "shape", "old sha256", "new sha256", "psnr old vs new", "fields changed"):
+        table.add_column(column, no_wrap=column in ("case", "old sha256", "new sha256"), overflow="fold")
+    for c in rows:
+        table.add_row(escape(c.case_id), c.kind, c.shape, (c.old_digest or "-")[:12], c.new_digest[:12], _psnr(c.psnr),
+                      escape("; ".join(c.fields) or "-"))
+    out.print(table)
+    if args.json is not None:
+        emit_json(args.json, {"dry_run": args.dry_run, "directory": str(directory), "changes": [
+            {"case_id": c.case_id, "change": c.kind, "shape": c.shape, "old_sha256": c.old_digest, "new_sha256": c.new_digest,
+             "psnr_old_vs_new": None if c.psnr is None else ("inf" if math.isinf(c.psnr) else c.psnr),
+             "fields_changed": c.fields} for c in rows]})
+    if args.dry_run:
+        out.print(f"dry run: nothing written ({len(rows)} case(s) would be blessed)")
+        return 0
+    write_set(directory, blessings)
+    counts = {k: sum(c.kind == k for c in rows) for k in ("new", "changed", "unchanged")}
+    out.print(f"{len(rows)} reference(s) written as one set with {directory / MANIFEST} ({counts['new']} new, "
+              f"{counts['changed']} changed, {counts['unchanged']} unchanged) in {time.perf_counter() - start:.1f} s")
     return 0

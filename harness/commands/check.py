@@ -1,11 +1,13 @@
-"""``parity check``: run contract cases on a target; a progress bar, then a result table with figures."""
+"""parity check: run contract cases on a target; a progress bar, then a result table with figures."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from harness.commands._options import add_cases, add_outputs, add_target, cases_root, run_options
+from harness.commands._options import (
+    add_cases, add_outputs, add_target, cases_root, check_backends, check_outputs, run_options, world_size,
+)
 
 HELP = "run contract cases on a target and print the results"
 EPILOG = """\
@@ -32,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("ids", nargs="*", metavar="ID", help="contracts or cases to run (default: every case)")
     add_cases(parser)
     add_target(parser)
-    parser.add_argument("--world-size", type=int, default=None, metavar="N", help="only the cases at this world size")
+    parser.add_argument("--world-size", type=world_size, default=None, metavar="N", help="only the cases at this world size")
     parser.add_argument("--backend", default=None, metavar="B", help="override the backend of every case")
     parser.add_argument("--dtype", type=_dtype, default=None, metavar="D", help="override the dtype of every case (fp32, bf16, fp16)")
     parser.add_argument("--sdpa-kernel", default=None, choices=SDPA_KERNELS, help="pin torch SDPA to one kernel in every case")
@@ -44,14 +46,17 @@ def run(args: argparse.Namespace) -> int:
     from harness.cases.contract import CaseSelection, select_cases
     from harness.gate.contracts import load_contract_cases, run_contract_cases
     from harness.ranks import PoolSet
-    from harness.report.console import CONTRACT_COLUMNS, make_console, result_table
+    from harness.report.console import CONTRACT_COLUMNS, make_console, print_verdict, result_table
     from harness.report.junit import write_junit
-    from harness.results import any_failed, environment, results_document, summary_line, write_results
+    from harness.report.output import emit_json, human_console
+    from harness.results import any_failed, environment, results_document, summary_line
 
     options = run_options(args)
+    check_backends(options, [(args.backend, args.sdpa_kernel)], {"backend": "--backend", "sdpa_kernel": "--sdpa-kernel"})
+    check_outputs((args.json, "--json"), (args.junit, "--junit"))
     selection = CaseSelection(tuple(args.ids), args.world_size, args.backend, args.dtype, args.sdpa_kernel)
     cases = select_cases(load_contract_cases(cases_root(args), options), selection)
-    out, err = make_console(), make_console(stderr=True)
+    out, err = human_console(args.json), make_console(stderr=True)
     with PoolSet(options.device) as pools:
         stage = run_contract_cases(cases, options, pools, err, release_pools=True)
     results = stage.results
@@ -62,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         if r.traceback and r.status == "failed":
             print(f"\n--- {r.case_id}: {r.reason}\n{r.traceback}", file=sys.stderr)
-    if args.json:
-        write_results(args.json, results_document("check", environment(options.target, options.device, options.load().version()),
-                                                  {"contracts": stage}, stage.wall_s))
+    if args.json is not None:
+        emit_json(args.json, results_document("check", environment(options.target, options.device, options.load().version()),
+                                              {"contracts": stage}, stage.wall_s))
     if args.junit:
         write_junit(args.junit, {"contracts": results})
+    print_verdict(out, "check", {"contracts": results})
     return 1 if any_failed(results) else 0

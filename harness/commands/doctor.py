@@ -1,10 +1,9 @@
-"""``parity doctor``: what this machine can run, and why not where it cannot."""
+"""parity doctor: what this machine can run, and why not where it cannot."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
 import platform
 from typing import Any
@@ -12,7 +11,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from harness.commands._options import add_json
 from harness.report.console import make_console
+from harness.report.output import emit_json
 
 HELP = "show Python/torch versions, the platform, devices, every attention backend and target, and why one is unavailable"
 _PACKAGES = ("torch", "flash-attn", "sageattention", "yunchang", "transformers", "scikit-image", "rich")
@@ -20,7 +21,7 @@ _PACKAGES = ("torch", "flash-attn", "sageattention", "yunchang", "transformers",
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("doctor", help=HELP, description=HELP)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_json(parser, "the diagnosis (instead of the tables)")
     parser.set_defaults(run=run)
 
 
@@ -71,8 +72,8 @@ def diagnose() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     data = diagnose()
-    if args.json:
-        print(json.dumps(data, indent=2))
+    if args.json is not None:
+        emit_json(args.json, data)
         return 0
     console = make_console()
     p = data["platform"]

@@ -1,4 +1,4 @@
-"""``parity gate``: the CI gate. Runs every stage, writes results JSON, JUnit XML and an HTML report, exits 1 on any regression."""
+"""parity gate: the CI gate. Runs every stage, writes results JSON, JUnit XML and an HTML report, exits 1 on any regression."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cases(parser)
     add_baselines(parser)
     parser.add_argument("--report", type=Path, default=None, metavar="DIR",
-                        help="write results.json, junit.xml, index.html and a triptych PNG per failing image case here")
+                        help="write results.json, junit.xml, index.html, a triptych PNG and the candidate of every failing image case here")
     add_target(parser)
     add_pipeline_target(parser, "of the image and perf stages")
     parser.add_argument("--clip-model", default=None, metavar="DIR",
@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help=f"untimed warm-up runs per case (default {defaults.warmup})")
     group.add_argument("--perf-profile", default=defaults.profile, choices=PERF_PROFILES,
                        help="tolerance profile (default: normalised where the baseline has a calibration, else pr_test)")
+    parser.add_argument("--keep-outputs", action="store_true",
+                        help="with --report: save every image case's candidate in DIR/candidates (failing ones are always "
+                        "saved), for the report and for `parity bless --from-results DIR`")
     add_outputs(parser)
     parser.set_defaults(run=run)
 
@@ -62,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
     baselines = baselines_dir(args)
     if args.baselines is not None and not baselines.is_dir():
         raise ConfigError("no such baselines directory", path=baselines, key="--baselines")
+    if args.keep_outputs and args.report is None:
+        raise ConfigError("--keep-outputs saves into the report directory: pass --report DIR too", key="--keep-outputs")
     options = GateOptions(
         cases_root(args), baselines, run_options(args), args.pipeline_target, args.report, args.json, args.junit,
-        args.clip_model, PerfOptions(args.perf, args.perf_runs, args.perf_warmup, args.perf_profile), pipeline_args(args),
+        args.clip_model, PerfOptions(args.perf, args.perf_runs, args.perf_warmup, args.perf_profile), args.keep_outputs,
+        pipeline_args(args),
     )
     return 0 if run_gate(options)["passed"] else 1

@@ -1,29 +1,47 @@
-"""``parity list``: the contracts (with parameters and requirements), the contract cases and the targets."""
+"""parity list: the contracts (with parameters and requirements), the contract cases, the image cases, the perf scenarios and the targets."""
 
 from __future__ import annotations
 
 import argparse
-import json
+from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands._options import add_cases, cases_root
-from harness.report.console import make_console
+from harness.commands._options import add_baselines, add_cases, add_json, baselines_dir, cases_root
+from harness.report.output import emit_json, human_console
 
-HELP = "list the contracts, the contract cases and the targets"
+HELP = "list the contracts, the contract cases, the image cases, the perf scenarios and the targets"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("list", help=HELP, description=HELP)
     add_cases(parser)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_baselines(parser)
+    add_json(parser, "the lists (instead of the tables)")
     parser.set_defaults(run=run)
+
+
+def perf_scenarios(baselines: Path) -> list[dict[str, Any]]:
+    """Every perf scenario of the base file and of each machine's overlay, with the platform it belongs to."""
+    from harness.baselines.perf import PERF_BASE_FILE, PERF_OVERLAY_DIR, PerfBaselines
+
+    files = [baselines / PERF_BASE_FILE] if (baselines / PERF_BASE_FILE).is_file() else []
+    files += sorted((baselines / PERF_OVERLAY_DIR).glob("*.json"))
+    out = []
+    for path in files:
+        doc = PerfBaselines.load(path).to_json()
+        platform = path.stem if path.parent.name == PERF_OVERLAY_DIR.name else doc.get("metadata", {}).get("platform")
+        for scenario_id, scenario in doc.get("scenarios", {}).items():
+            out.append({"id": scenario_id, "platform": platform, "expected_e2e_ms": scenario.get("expected_e2e_ms"),
+                        "file": str(path)})
+    return out
 
 
 def inventory(args: argparse.Namespace) -> dict[str, Any]:
     from harness.cases.contract import load_cases
+    from harness.cases.image import image_case_dir, load_image_cases
     from harness.contracts import all_contracts
     from harness.targets.loader import BUILTIN_TARGETS, load_target
 
@@ -41,6 +59,11 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
         {"id": c.id, "contract": c.contract_id, "world_size": c.world_size, "file": c.source, "params": dict(c.params)}
         for c in load_cases(cases_root(args))
     ]
+    image_cases = [
+        {"id": c.id, "kind": c.kind, "world_size": c.world_size, "file": c.source, "target": c.target, "fields": dict(c.fields)}
+        for c in (load_image_cases(cases_root(args))
+                  if image_case_dir(cases_root(args)).is_dir() else [])
+    ]
     targets = []
     for name, (_, _, description) in BUILTIN_TARGETS.items():
         target = load_target(name)
@@ -50,15 +73,16 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
             "capabilities": sorted(target.capabilities()),
             "unavailable_on_cpu": target.unavailable_reason("cpu"),
         })
-    return {"contracts": contracts, "cases": cases, "targets": targets}
+    return {"contracts": contracts, "cases": cases, "image_cases": image_cases,
+            "perf_scenarios": perf_scenarios(baselines_dir(args)), "targets": targets}
 
 
 def run(args: argparse.Namespace) -> int:
     data = inventory(args)
-    if args.json:
-        print(json.dumps(data, indent=2))
+    if args.json is not None:
+        emit_json(args.json, data)
         return 0
-    console = make_console()
+    console = human_console(None)
     table = Table(title="contracts")
     for column in ("id", "requires", "description"):
         table.add_column(column, overflow="fold")
@@ -67,9 +91,21 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     table = Table(title=f"contract cases ({len(data['cases'])})")
     for column in ("id", "contract", "W", "file"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, no_wrap=column == "id", overflow="fold")
     for c in data["cases"]:
         table.add_row(escape(c["id"]), c["contract"], str(c["world_size"]), escape(c["file"]))
+    console.print(table)
+    table = Table(title=f"image cases ({len(data['image_cases'])})")
+    for column in ("id", "kind", "W", "file"):
+        table.add_column(column, no_wrap=column == "id", overflow="fold")
+    for c in data["image_cases"]:
+        table.add_row(escape(c["id"]), c["kind"], str(c["world_size"]), escape(c["file"]))
+    console.print(table)
+    table = Table(title=f"perf scenarios ({len(data['perf_scenarios'])}; the gate times a machine's own)")
+    for column in ("id", "platform", "e2e ms", "file"):
+        table.add_column(column, no_wrap=column == "id", overflow="fold")
+    for p in data["perf_scenarios"]:
+        table.add_row(escape(p["id"]), escape(str(p["platform"])), f"{p['expected_e2e_ms']:.4g}", escape(p["file"]))
     console.print(table)
     table = Table(title="targets (or --target module:factory)")
     for column in ("name", "capabilities", "on cpu", "description"):

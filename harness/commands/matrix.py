@@ -22,10 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.errors import ConfigError
-    from harness.files.atomic import write_bytes_atomic
+    from harness.files.atomic import check_writable, write_bytes_atomic
     from harness.files.jsonio import read_json
     from harness.sweep import matrix, stacks
 
+    if args.output:
+        check_writable(args.output, "--output")
     kinds = {path: stacks.is_results_document(read_json(path)) for path in args.files}
     if len(set(kinds.values())) > 1:
         mixed = ", ".join(f"{p} ({'results' if k else 'sweep'})" for p, k in kinds.items())

@@ -27,18 +27,24 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.errors import ConfigError
+from harness.files.reading import is_present
 from harness.paths import default_baselines_dir
 from harness.report.console import make_console
 
 HELP = "propose thresholds or perf baselines from N gate results (a diff table); --write writes them"
+DESCRIPTION = """\
+Propose new thresholds or perf baselines from the results.json of several passing `parity gate
+--report DIR` runs (3 or more), show old -> new as a table, and write only with --write
+(atomically, the previous file kept as .bak). A proposal that loosens a bound is refused unless
+--allow-loosen; results of failed runs are refused unless --include-failed."""
 EPILOG = """\
 examples:
   parity recalibrate thresholds --results run1/results.json run2/results.json run3/results.json
   parity recalibrate thresholds --results run*/results.json --platform h200 --write
   parity recalibrate perf --results run*/results.json --write       # -> platforms/perf/<platform>.json
 
-exit codes: 0 proposals shown (and written with --write); 2 a bad file or argument, or a
-loosening refused (nothing is written then)."""
+exit codes: 0 proposals shown (and written with --write); 2 a bad file or argument, a failed
+run given without --include-failed, or a loosening refused (nothing is written then)."""
 
 
 @dataclass
@@ -51,7 +57,7 @@ class Group:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("recalibrate", help=HELP, description=__doc__.split("\n\n")[0], epilog=EPILOG,
+    parser = sub.add_parser("recalibrate", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
     thresholds = what.add_parser("thresholds", help="clip/ssim/psnr/mean_abs_diff thresholds from the worst run",
@@ -78,6 +84,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baselines", type=Path, default=None, metavar="DIR", help=f"baselines directory (default: {default_baselines_dir()})")
     parser.add_argument("--write", action="store_true", help="write the proposals (default: only show them)")
     parser.add_argument("--allow-loosen", action="store_true", help="allow proposals that loosen a bound")
+    parser.add_argument("--include-failed", action="store_true",
+                        help="use results of failed gate runs too (refused by default: they hold the values the gate rejected)")
 
 
 def _baselines_dir(args: argparse.Namespace) -> Path:
@@ -87,10 +95,16 @@ def _baselines_dir(args: argparse.Namespace) -> Path:
     return directory
 
 
-def _load(paths: Sequence[Path]) -> list[dict[str, Any]]:
+def _load(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The results files, refused when a run failed (unless --include-failed); warnings go to stderr."""
+    from harness.recalibrate import check_runs
     from harness.results import load_results
 
-    return [load_results(p) for p in paths]
+    docs = [load_results(p) for p in args.results]
+    err = make_console(stderr=True)
+    for warning in check_runs(docs, args.results, args.include_failed):
+        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+    return docs
 
 
 def _group(paths: Sequence[Path], docs: Sequence[dict[str, Any]], platform: str | None, per_platform: bool) -> list[Group]:
@@ -182,11 +196,11 @@ def run_thresholds(args: argparse.Namespace) -> int:
     directory = _baselines_dir(args)
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
     base = directory / THRESHOLDS_FILE
-    groups = _group(args.results, _load(args.results), args.platform, args.per_platform)
+    groups = _group(args.results, _load(args), args.platform, args.per_platform)
     plans = []
     for group in groups:
         target = base if group.platform is None else directory / OVERLAYS_DIR / f"{group.platform}.json"
-        chain = ThresholdSet.load(base, [target] if target != base and target.exists() else [])
+        chain = ThresholdSet.load(base, [target] if target != base and is_present(target) else [])
         proposals = propose_thresholds(chain, group.docs, policy)
         title = f"thresholds -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
         _report(title, PROPOSAL_HEADER, proposal_rows(proposals), proposals)
@@ -211,7 +225,13 @@ def run_perf(args: argparse.Namespace) -> int:
     from harness.recalibrate import PERF_PROPOSAL_HEADER, perf_proposal_rows, propose_perf
 
     directory = _baselines_dir(args)
-    groups = _group(args.results, _load(args.results), args.platform, per_platform=True)
+    docs = _load(args)
+    groups = _group(args.results, docs, args.platform, per_platform=True)
+    if not any(doc.get("perf") for doc in docs):
+        from harness.gate.perf import how_to_create
+
+        raise ConfigError(f"the results hold no timings (the perf stage did not run); {how_to_create(str(groups[0].platform))}",
+                          key="--results")
     plans = []
     for group in groups:
         assert group.platform is not None  # per_platform grouping always names one
@@ -235,7 +255,7 @@ def _write_perf_overlay(path: Path, plan: tuple[Any, Group], proposals: Sequence
     from harness.recalibrate import apply_perf_proposals
 
     chain, group = plan
-    if path.exists():
+    if is_present(path):
         overlay = PerfBaselines.load(path)
     else:
         hardware = sorted({str(doc["device_name"]) for doc in group.docs if "device_name" in doc})

@@ -1,11 +1,12 @@
-"""``parity sweep``: contracts over backend × dtype × world size on this machine, into one JSON file."""
+"""parity sweep: contracts over backend × dtype × world size on this machine, into one JSON file."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from harness.commands._options import add_cases, add_target, cases_root, run_options
+from harness.commands._options import (
+    add_cases, add_json, add_target, cases_root, check_backends, check_outputs, run_options, world_size,
+)
 from harness.errors import ConfigError
 
 HELP = "run contracts over a backend × dtype × world-size matrix on this machine and write a sweep JSON"
@@ -14,7 +15,8 @@ Backends are names (torch_sdpa, math, fa, sage_attn) or torch_sdpa:KERNEL (flash
 cudnn, math) to pin an SDPA kernel; the default is every backend, plus every SDPA kernel on
 CUDA. Unavailable backends become skipped cells with the reason. Set PARITY_PLATFORM (e.g.
 rocm:gfx950) to run the platform branches simulated; the file and the matrix say so.
-Merge files from several machines with `parity matrix`."""
+Without --json FILE the sweep prints its matrix and keeps nothing; merge the files of several
+machines with `parity matrix`."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,23 +24,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_target(parser)
     parser.add_argument("--backends", nargs="+", default=None, metavar="B", help="backend columns (default: all)")
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16", "fp16"], metavar="D", help="dtypes (default: fp32 bf16 fp16)")
-    parser.add_argument("--world-sizes", nargs="+", type=int, default=None, metavar="N", help="only cases at these world sizes")
+    parser.add_argument("--world-sizes", nargs="+", type=world_size, default=None, metavar="N", help="only cases at these world sizes")
     parser.add_argument("--contracts", nargs="+", default=None, metavar="ID", help="only these contracts (default: every contract with a backend and a dtype)")
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel timings")
-    parser.add_argument("--json", type=Path, required=True, metavar="FILE", help="the sweep file to write")
+    add_json(parser, "the sweep (every cell, kernel times; what `parity matrix` merges)")
     add_cases(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.contracts.params import canonical_dtype
-    from harness.files.atomic import write_json_atomic
     from harness.gate.contracts import check_device, load_contract_cases
     from harness.report.console import make_console, progress
+    from harness.report.output import emit_json, human_console
     from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
+    from harness.sweep.matrix import parse_sweep, render_markdown
 
     run = run_options(args)
     check_device(run.device)
+    check_outputs((args.json, "--json"))
     cases = load_contract_cases(cases_root(args), run)
     if args.contracts:
         unknown = sorted(set(args.contracts) - {c.contract_id for c in cases})
@@ -50,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc), key="--dtypes") from None
     backends = tuple(BackendColumn.parse(b) for b in args.backends or ())
+    check_backends(run, [(b.backend, b.kernel) for b in backends], {"backend": "--backends", "sdpa_kernel": "--backends"})
     options = SweepOptions(run, backends, dtypes, tuple(args.world_sizes or ()), not args.no_kernels)
     total = len(expand_matrix(cases, options.columns(), dtypes, options.world_sizes))
     if total == 0:
@@ -57,10 +62,15 @@ def run(args: argparse.Namespace) -> int:
     err = make_console(stderr=True)
     with progress(err, total, "sweep") as advance:
         document = run_sweep(cases, options, on_result=advance)
-    write_json_atomic(args.json, document)
+    out = human_console(args.json)
+    if args.json is None:
+        out.print(render_markdown([parse_sweep(document)]), markup=False, soft_wrap=True)
+    else:
+        emit_json(args.json, document)
     counts = {s: sum(c["status"] == s for c in document["cells"]) for s in ("passed", "failed", "skipped")}
-    make_console().print(
+    where = "" if args.json is None else f"; wrote {args.json}"
+    out.print(
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; "
-        f"platform {document['platform']['label']}; wrote {args.json}"
+        f"platform {document['platform']['label']}{where}"
     )
     return 1 if counts["failed"] else 0

@@ -8,6 +8,7 @@ starts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from harness.errors import ParamError
+from harness.files.documents import INT_MAX, INT_MIN, out_of_range
 
 REQUIRED: Any = object()
 
@@ -25,6 +27,15 @@ _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "hal
 SDPA_KERNELS = ("math", "flash", "efficient", "cudnn")
 
 KINDS = ("int", "float", "bool", "str", "int_list", "str_list", "dtype")
+
+#: The most ranks a case may ask for. A fixed number, not this host's process limit, so a case file
+#: is valid or invalid the same way on every machine; 1024 is beyond any sequence-parallel group
+#: run today (sglang's largest is 8 GPUs x a few nodes) and still spawnable in principle.
+MAX_WORLD_SIZE = 1024
+#: Largest batch, heads, kv_heads and head_dim; largest total token count. Beyond these a case is a
+#: typo that would allocate until the rank is killed, not a shape.
+MAX_DIM = 65536
+MAX_TOKENS = 2**24
 
 
 class Params(dict):
@@ -65,8 +76,12 @@ def canonical_dtype(value: str) -> str:
 def _check_kind(param: Param, value: Any) -> Any:
     kind = param.kind
     if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        if not INT_MIN <= value <= INT_MAX:
+            raise ParamError(param.name, out_of_range(value))
         return value
     if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(float(value)):
+            raise ParamError(param.name, f"must be a finite number, got {value!r}")
         return float(value)
     if kind == "bool" and isinstance(value, bool):
         return value
@@ -78,7 +93,7 @@ def _check_kind(param: Param, value: Any) -> Any:
                 raise ParamError(param.name, str(exc)) from None
         return value
     if kind == "int_list" and isinstance(value, (list, tuple)):
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if all(isinstance(v, int) and not isinstance(v, bool) and INT_MIN <= v <= INT_MAX for v in value):
             return list(value)
     if kind == "str_list" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return list(value)
@@ -151,8 +166,11 @@ def bound_param(default: str) -> Param:
 def check_common(params: Params) -> None:
     """Consistency every case gets: degrees, token counts and head counts that the world size divides."""
     world = params.get("world_size")
-    if world is not None and world < 1:
-        raise ParamError("world_size", f"must be >= 1, got {world}")
+    if world is not None and not 1 <= world <= MAX_WORLD_SIZE:
+        raise ParamError("world_size", f"must be in [1, {MAX_WORLD_SIZE}], got {world}")
+    kernel = params.get("sdpa_kernel")
+    if kernel is not None and kernel not in SDPA_KERNELS:
+        raise ParamError("sdpa_kernel", f"unknown SDPA kernel {kernel!r}; valid: {', '.join(SDPA_KERNELS)}")
     if "ring_degree" in params:
         ring, ulysses = params["ring_degree"], params["ulysses_degree"]
         if ring < 1 or ulysses < 1 or ring * ulysses != world:
@@ -172,12 +190,15 @@ def check_common(params: Params) -> None:
         params["tokens"] = params["tokens_per_rank"] * world
         if params["tokens_per_rank"] < 1:
             raise ParamError("tokens_per_rank", f"must be >= 1, got {params['tokens_per_rank']}")
+        if params["tokens"] > MAX_TOKENS:
+            key = "tokens" if tokens is not None else "tokens_per_rank"
+            raise ParamError(key, f"{params['tokens']} tokens in all; at most {MAX_TOKENS}")
+    for key in ("heads", "kv_heads", "head_dim", "batch"):
+        if isinstance(params.get(key), int) and not 1 <= params[key] <= MAX_DIM:
+            raise ParamError(key, f"must be in [1, {MAX_DIM}], got {params[key]}")
     if "kv_heads" in params:
         heads, kv_heads = params["heads"], params["kv_heads"]
         ulysses = params.get("ulysses_degree", world or 1)
-        for key in ("heads", "kv_heads", "head_dim", "batch"):
-            if key in params and params[key] < 1:
-                raise ParamError(key, f"must be >= 1, got {params[key]}")
         if heads % kv_heads:
             raise ParamError("kv_heads", f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
         if heads % ulysses:

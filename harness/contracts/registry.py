@@ -127,15 +127,10 @@ class Contract:
         bound = self.bound(params)
         kernel = next((o.kernel for o in outcomes if o.kernel), None)
 
-        def verdict(status: Status, reason: str | None, figures: dict[str, Any], traceback: str | None = None) -> CaseResult:
-            return self.result(case_id, params, status, reason, target, figures=figures, kernel=kernel,
-                               duration_s=duration_s, traceback=traceback)
+        def verdict(status: Status, reason: str | None, figures: dict[str, Any]) -> CaseResult:
+            return self.result(case_id, params, status, reason, target, figures=figures, kernel=kernel, duration_s=duration_s)
 
-        errors = [(r, o.error) for r, o in enumerate(outcomes) if o.error]
-        if errors:
-            rank, text = errors[0]
-            last = text.strip().splitlines()[-1] if text.strip() else "error"
-            return verdict(FAILED, f"rank {rank} raised: {last}", {}, text)
+        # A rank that raised never answers here: the launcher ended the group and the runner reported it.
         skips = {o.skip for o in outcomes if o.skip}
         if skips:
             if len(skips) == 1 and all(o.skip for o in outcomes):

@@ -3,13 +3,18 @@
 Cases the target cannot express (a missing capability, the target unavailable on this device)
 are skipped in the parent without starting a rank; parameters the target refuses outright
 (:meth:`Target.check_case`) are a configuration error before anything runs. The others run in
-the groups of a :class:`~harness.ranks.PoolSet`.
+the groups of a :class:`~harness.ranks.PoolSet`, whose ranks start with the harness and the
+target's :meth:`~harness.targets.base.Target.preload_modules` already imported.
+
+In a rank, an :class:`Unsupported` becomes the rank's answer (a skip when every rank says the
+same, a failure when they disagree); any other exception propagates, so the launcher ends the
+whole group at once and the case fails with that rank's traceback: a peer waiting in a
+collective for the rank that raised is ended, not waited for until the timeout.
 """
 
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +23,7 @@ from harness.contracts.params import Params
 from harness.contracts.registry import RankContext, get_contract
 from harness.contracts.stats import RankOutcome
 from harness.errors import ConfigError, ParamError
-from harness.ranks import PoolSet, RankFailure, rank_device
+from harness.ranks import PoolSet, RankFailure, preload, rank_device
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
 from harness.targets.base import CAPABILITIES, Target, Unsupported
 from harness.targets.loader import TargetArgs, load_target
@@ -48,8 +53,6 @@ def run_case_in_rank(contract_id: str, params: dict, target_spec: str, target_ar
         return contract.body(ctx, Params(params))  # validated in the parent
     except Unsupported as exc:
         return RankOutcome(skip=exc.reason)
-    except Exception:  # noqa: BLE001 - reported in the result with its traceback
-        return RankOutcome(error=traceback.format_exc())
     finally:
         target.destroy_parallel()
 
@@ -101,6 +104,7 @@ def run_cases(
         else:
             runnable.append((index, case))
     runnable.sort(key=lambda item: item[1].world_size)  # stable: file order within a world size
+    preload((__name__, *target.preload_modules()))  # before the first group starts: see harness.ranks.starting
     pools.prestart(c.world_size for _, c in runnable)
     for position, (index, case) in enumerate(runnable):
         results[index] = expectation_applied(case, _run_one(case, pools, options))

@@ -120,7 +120,6 @@ class RankOutcome:
     checks: int = 0
     kernel: str | None = None
     skip: str | None = None
-    error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     oracle: dict[str, Stats] = field(default_factory=dict)  # an output ("sharded", "single-rank") vs float64 attention
     hints: dict[str, str] = field(default_factory=dict)  # what an output that missed the oracle looks like instead

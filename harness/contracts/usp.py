@@ -281,39 +281,7 @@ _attention_contract(
 )
 
 
-# ------------------------------------------------------------------ guards
-
-_REPLICATED_KWARGS = ("num_replicated_prefix", "num_replicated_suffix", "num_replicated_kv_prefix")
-
-
-def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
-    """mask + replicated tokens under SP: refused (kind mask_with_replicated) on every rank, and the group still answers."""
-    q, k, v = _qkv(ctx, p, p.tokens_per_rank + p.replicated)
-    mask = torch.ones(p.batch, q.shape[1], dtype=torch.bool, device=ctx.device)
-    problems: list[str] = []
-    with ctx.parallel(p.world_size, 1):
-        attn = ctx.attention(p)
-        for kwarg in _REPLICATED_KWARGS:
-            try:
-                attn(q, k, v, attn_mask=mask, **{kwarg: p.replicated})
-                problems.append(f"attn_mask with {kwarg}={p.replicated} ran instead of being refused")
-            except Unsupported as exc:
-                if exc.kind != "mask_with_replicated":
-                    problems.append(f"attn_mask with {kwarg}: refused as {exc.kind}, not mask_with_replicated: {exc.reason}")
-            except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
-                problems.append(f"attn_mask with {kwarg}: {type(exc).__name__} instead of a mask_with_replicated refusal: {exc}")
-        problem = _all_ranks_alive(p.world_size)
-    return RankOutcome(problems=problems + ([problem] if problem else []), checks=len(_REPLICATED_KWARGS) + 1, kernel=attn.kernel)
-
-
-_attention_contract(
-    "usp.masked_rejects_replicated",
-    "attn_mask with replicated tokens under SP is refused (mask_with_replicated) on every rank, before any collective",
-    masked_rejects_replicated, extra=REPLICATED,
-    requires=("mask", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix"), checks=(_replicated_positive,),
-    min_world_size=2, timeout_s=60.0,
-)
-
+# ------------------------------------------------------------------ guards (a mask with replicated tokens: usp_masked_replicated.py)
 
 def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
     """ring > 1 with a backend lacking the LSE: refused at construction (kind ring_needs_lse), unless skip_sequence_parallel."""

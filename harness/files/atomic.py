@@ -5,18 +5,39 @@ baseline behind: the next run would either crash on it or, worse, gate against g
 write therefore goes to a temporary file in the target's own directory (same filesystem, so the
 final ``os.replace`` is an atomic rename), is fsynced, and only then replaces the target. A reader
 sees the old complete file or the new complete file, nothing in between.
+
+A writer killed between creating its temp file and the rename leaves ``.<name>.<12 hex>.tmp``
+behind. The next write into the same directory removes such files once they are orphaned: the
+writer holds an exclusive ``flock`` on its temp file until after the rename (the kernel drops it
+when the process dies), so an unlocked temp file older than :data:`ORPHAN_GRACE_S` (the grace
+covers the instant between creating the file and locking it) belongs to nobody. Where locks are
+not available, only temp files older than :data:`STALE_TEMP_S` are removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
+import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-__all__ = ["write_bytes_atomic", "write_json_atomic", "dump_json"]
+from harness.errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; stale temp files are then recognised by age alone
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["write_bytes_atomic", "write_json_atomic", "dump_json", "check_writable", "remove_orphaned_temps",
+           "ORPHAN_GRACE_S", "STALE_TEMP_S"]
+
+ORPHAN_GRACE_S = 30.0
+STALE_TEMP_S = 3600.0
+_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
 
 
 def dump_json(obj: Any) -> str:
@@ -43,8 +64,22 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _lock(fd: int, blocking: bool = True) -> bool | None:
+    """Take an exclusive flock: True when taken, False when another process holds it, None where
+    locks are not supported (no fcntl, or a filesystem without locks)."""
+    if fcntl is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
 def _open_temp(target: Path) -> tuple[int, Path]:
-    """Create a fresh sibling temp file with mode 0666 & ~umask, like a plain ``open(.., "w")``.
+    """Create and lock a fresh sibling temp file with mode 0666 & ~umask, like a plain ``open(.., "w")``.
 
     (mkstemp would create it 0600, and after the rename a baseline would become unreadable to the
     rest of a shared CI machine.) An existing target keeps its own mode.
@@ -55,6 +90,7 @@ def _open_temp(target: Path) -> tuple[int, Path]:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         except FileExistsError:
             continue
+        _lock(fd)
         try:
             os.chmod(tmp, target.stat().st_mode & 0o7777)
         except FileNotFoundError:
@@ -63,17 +99,75 @@ def _open_temp(target: Path) -> tuple[int, Path]:
 
 
 def _replace_from_temp(target: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write through ``write(fileobj)`` into a sibling temp file, fsync it, rename it over target."""
+    """Write through ``write(fileobj)`` into a sibling temp file, fsync it, rename it over target.
+
+    The rename happens while the temp file is still open and locked (POSIX), so a cleaner never
+    takes it for an orphan; Windows cannot rename an open file and has no flock anyway.
+    """
     fd, tmp = _open_temp(target)
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
+            if fcntl is not None:
+                os.replace(tmp, target)
+        if fcntl is None:
+            os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _is_orphan(path: Path, now: float) -> bool:
+    """Whether ``path`` is a temp file no live writer holds (see the module docstring)."""
+    try:
+        age = now - path.lstat().st_mtime
+        if age < ORPHAN_GRACE_S:
+            return False
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        taken = _lock(fd, blocking=False)
+    finally:
+        os.close(fd)  # closing drops a lock taken here; a writer that locks later has a new file anyway
+    return taken is True or (taken is None and age >= STALE_TEMP_S)
+
+
+def remove_orphaned_temps(directory: str | Path) -> list[Path]:
+    """Remove the temp files of killed writers in ``directory``; best effort, returns what was removed."""
+    removed = []
+    now = time.time()
+    try:
+        entries = [Path(e.path) for e in os.scandir(directory) if _TEMP_NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return removed
+    for path in entries:
+        if _is_orphan(path, now):
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            removed.append(path)
+    return removed
+
+
+def check_writable(path: str | Path, key: str, directory: bool = False) -> None:
+    """Refuse, before any work, an output that cannot be written: ``path`` (a file, or with
+    ``directory`` a directory to write into) must be creatable and writable. Creates missing
+    directories (the write would) and probes with a temp file that is removed at once."""
+    target = Path(path)
+    folder = target if directory else target.parent
+    if not directory and target.is_dir():
+        raise ConfigError("is a directory; give a file name", path=target, key=key)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _open_temp(folder / (".probe" if directory else target.name))
+        os.close(fd)
+        tmp.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write here: {exc.strerror or exc}", path=target, key=key) from None
 
 
 def write_bytes_atomic(path: str | Path, data: bytes, backup: bool = False) -> None:
@@ -81,6 +175,7 @@ def write_bytes_atomic(path: str | Path, data: bytes, backup: bool = False) -> N
     ``path.bak`` (itself written atomically, so a crash cannot leave a torn backup either)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_temps(target.parent)
     if backup and target.exists():
         bak = target.with_name(target.name + ".bak")
         with target.open("rb") as src:

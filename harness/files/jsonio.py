@@ -9,47 +9,35 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
+from harness.files.documents import INT_MAX, INT_MIN, JSON_HOOKS, check_document, join_key, out_of_range
+from harness.files.reading import MAX_BYTES, read_text
 
-__all__ = ["read_json", "join_key", "expect_object", "expect_number", "expect_str", "check_finite_tree"]
+__all__ = ["read_json", "join_key", "expect_object", "expect_number", "expect_int", "expect_str", "expect_id",
+           "MAX_ID_LENGTH"]
 
-
-def join_key(parent: str, key: str | int) -> str:
-    """Dotted key path as users write it: ``cases.flux_image_t2i.psnr_threshold``."""
-    return f"{parent}.{key}" if parent else str(key)
-
-
-def check_finite_tree(value: Any, path: str | Path, key: str = "") -> None:
-    """Refuse NaN/Infinity anywhere (Python's json accepts them; strict JSON and every threshold
-    comparison do not: ``x >= nan`` is always False, so a NaN bound would silently fail or pass)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{value} is not a finite number", path=path, key=key or None)
-    if isinstance(value, dict):
-        for k, v in value.items():
-            check_finite_tree(v, path, join_key(key, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            check_finite_tree(v, path, join_key(key, i))
+#: Ids become file names (``<id>.png`` plus a temp-file prefix): a safe alphabet and well under 255 bytes.
+MAX_ID_LENGTH = 128
+_SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def read_json(path: str | Path) -> Any:
-    """Parse a JSON file; a missing file, malformed JSON (with line and column) or a non-finite
-    number (with its key path) is a ConfigError naming the file."""
+def read_json(path: str | Path, max_bytes: int = MAX_BYTES) -> Any:
+    """Parse a JSON file; any problem is a ConfigError naming the file: not a regular file, too large,
+    not UTF-8, malformed (with line and column), nested too deep, a duplicate key, NaN/Infinity or
+    an integer outside 64 bits (with its key path)."""
     p = Path(path)
+    text = read_text(p, max_bytes)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("file not found", path=p) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read file: {exc}", path=p) from None
-    try:
-        data = json.loads(text)
+        data = json.loads(text, **JSON_HOOKS)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", path=p) from None
-    check_finite_tree(data, p)
+    except RecursionError:
+        raise ConfigError("malformed JSON: nested too deeply to parse", path=p) from None
+    check_document(data, p)
     return data
 
 
@@ -68,6 +56,8 @@ def expect_number(
     ``"psnr_threshold": 19``) but booleans are not (``true`` is an int to Python, not a bound)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"expected a number, got {_type_name(value)} {value!r}", path=path, key=key)
+    if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:  # an in-memory document skipped the reader
+        raise ConfigError(out_of_range(value), path=path, key=key)
     number = float(value)
     if not math.isfinite(number):
         raise ConfigError(f"{number} is not a finite number", path=path, key=key)
@@ -82,6 +72,29 @@ def expect_str(value: Any, path: str | Path, key: str) -> str:
     """A JSON string or a ConfigError naming the key."""
     if not isinstance(value, str):
         raise ConfigError(f"expected a string, got {_type_name(value)} {value!r}", path=path, key=key)
+    return value
+
+
+def expect_int(value: Any, path: str | Path, key: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    """A JSON integer within [lo, hi] (not a boolean, not a float such as 2.0)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"expected an integer, got {_type_name(value)} {value!r}", path=path, key=key)
+    if not INT_MIN <= value <= INT_MAX:
+        raise ConfigError(out_of_range(value), path=path, key=key)
+    if lo is not None and value < lo:
+        raise ConfigError(f"{value} is below the minimum {lo}", path=path, key=key)
+    if hi is not None and value > hi:
+        raise ConfigError(f"{value} is above the maximum {hi}", path=path, key=key)
+    return value
+
+
+def expect_id(value: Any, path: str | Path | None, key: str, what: str = "case id") -> str:
+    """An id that is safe as a file name: letters, digits, ``_ . -``, not starting with ``.`` or ``-``,
+    no ``..``, at most :data:`MAX_ID_LENGTH` characters."""
+    if not isinstance(value, str) or not _SAFE_ID.fullmatch(value) or ".." in value or len(value) > MAX_ID_LENGTH:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise ConfigError(f"{what} {shown} is not usable as a file name: letters, digits, '_', '.', '-' (not first), "
+                          f"no '..', at most {MAX_ID_LENGTH} characters", path=path, key=key)
     return value
 
 

@@ -1,40 +1,151 @@
-"""Blessing: run image cases on one rank and store their outputs as the references the image stage compares with.
+"""Blessing: new references for image cases, shown old → new before anything is written.
 
-The only writer of reference images. Every case is run first (the single-rank output of its
-fields on its own pipeline target, :meth:`ImageCase.reference_case`); only when all runs succeeded are the PNGs written,
-each atomically, and the manifest of SHA-256 hashes last (:func:`harness.baselines.images.bless`).
+The only writer of reference images. New references come either from running each case's
+fields on one rank of the case's own pipeline target (:func:`generate_blessings`,
+:meth:`ImageCase.reference_case`; the manifest records that target) or from the
+candidates a gate run saved (:func:`blessings_from_results`, the ``--force-regen`` workflow of
+pytest-regressions: regenerate from the run that failed, review, commit). :func:`changes` says
+what each would change (hash, PSNR between old and new, which fields moved), and
+:func:`harness.baselines.image_writes.write_set` writes them all as one set or not at all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from harness.baselines.images import bless
+from harness.baselines.image_writes import Blessing, blessing
+from harness.baselines.images import MANIFEST, changed_fields, find_reference, fingerprint, read_manifest
 from harness.cases.image import ImageCase
 from harness.errors import ConfigError
+from harness.gate.images import CANDIDATES_DIR, nonfinite_reason
 from harness.gate.pipeline_runs import generate, needs_ranks, unavailable
 from harness.ranks import PoolSet
 
 
-def bless_cases(cases: Sequence[ImageCase], directory: Path, pools: PoolSet,
-                timeout: float | None = None) -> dict[str, tuple[tuple[int, ...], list[str]]]:
-    """Run and write every case's reference; ``{case id: (output shape, files written)}``."""
+@dataclass(frozen=True)
+class Change:
+    """What blessing one case changes. ``psnr`` is between the old and the new pixels (inf: identical;
+    None: nothing to compare, a new case or a new shape)."""
+
+    case_id: str
+    kind: str  # "new", "changed", "unchanged"
+    old_digest: str | None
+    new_digest: str
+    psnr: float | None
+    fields: list[str]  # what changed in the fields since the old reference was blessed
+    shape: str
+
+
+def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: float | None = None) -> list[Blessing]:
+    """Run every case's fields on one rank of its pipeline target; cases sharing target and fields (1-rank and
+    N-rank of one prompt) share one run.
+
+    A case whose target cannot run here is refused before anything runs, and a run that produced
+    NaN/Inf is refused (ConfigError naming the case; nothing is written): its uint8 pixels would
+    store a black image that every equally broken run then matches.
+    """
     references = [case.reference_case() for case in cases]
     for reference in references:
         reason = unavailable(reference, pools.device)
         if reason:
-            raise ConfigError(f"case '{reference.id}': its pipeline target {reference.target!r} cannot run here: {reason}")
+            raise ConfigError(f"its pipeline target {reference.target!r} cannot run here: {reason}", path=reference.source,
+                              key=f"cases.{reference.id}")
     if any(needs_ranks(r) for r in references):
         pools.prestart([1])
-    outputs: dict[str, np.ndarray] = {}
-    by_fields: dict[str, np.ndarray] = {}  # cases sharing target and fields (1-rank and N-rank of one prompt) share one run
+    by_run: dict[str, np.ndarray] = {}
+    out = []
     for case, reference in zip(cases, references):
-        key = json.dumps([case.target, case.target_args, case.fields], sort_keys=True, default=str)
-        if key not in by_fields:
-            by_fields[key] = generate(reference, pools, timeout).output
-        outputs[case.id] = by_fields[key]
-    return {case.id: (tuple(outputs[case.id].shape), bless(directory, case.id, outputs[case.id])) for case in cases}
+        key = fingerprint({"target": case.target, "target_args": case.target_args, "fields": case.fields})
+        if key not in by_run:
+            produced = generate(reference, pools, timeout)
+            if produced.nonfinite:
+                raise ConfigError(f"refusing to bless: {nonfinite_reason(produced.nonfinite)}", path=case.source,
+                                  key=f"cases.{case.id}")
+            by_run[key] = produced.output
+        out.append(blessing(case.id, by_run[key], case.fields, 1, case.target))
+    return out
+
+
+def saved_candidates(results_dir: Path) -> list[str]:
+    """The case ids a gate run saved candidates for (``<results_dir>/candidates``)."""
+    directory = results_dir / CANDIDATES_DIR
+    if not (directory / MANIFEST).is_file():
+        raise ConfigError("holds no saved candidates: run `parity gate --report DIR` (failing image cases save theirs, "
+                          "--keep-outputs saves every case's)", path=results_dir, key="--from-results")
+    return sorted(read_manifest(directory))
+
+
+def failed_cases(results_dir: Path) -> list[str]:
+    """The image cases that failed in the gate run of ``results_dir`` (from its results.json), for messages."""
+    try:
+        doc = json.loads((results_dir / "results.json").read_text())
+        return sorted(r["case_id"] for r in doc["stages"]["images"]["records"] if r["status"] == "failed")
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path) -> list[Blessing]:
+    """The candidates a gate run saved, as new references of ``cases``; refused (nothing written) when one is unusable.
+
+    A reference is a one-rank output, so an N-rank case takes the candidate of a one-rank case
+    with the same fields from the same run; a candidate made from other fields than the case has
+    now (the case file changed after that run) is refused.
+    """
+    directory = results_dir / CANDIDATES_DIR
+    saved = read_manifest(directory)
+    one_rank = {e.fingerprint: e.case_id for e in saved.values() if e.world_size == 1 and e.fingerprint}
+    problems, out = [], []
+    for case in cases:
+        want = fingerprint(case.fields)
+        entry = saved.get(case.id)
+        source = case.id if entry is not None and entry.world_size == 1 else one_rank.get(want)
+        if entry is not None and entry.fingerprint != want:
+            problems.append(f"{case.id}: its fields changed after that run ({'; '.join(changed_fields(entry.fields, case.fields))})")
+        elif source is None and entry is None:
+            problems.append(f"{case.id}: that run saved no candidate for it")
+        elif source is None:
+            problems.append(f"{case.id}: its candidate ran on {entry.world_size} ranks and a reference is a one-rank "
+                            f"output; no one-rank case of that run has its fields: run `parity bless {case.id}`")
+        else:
+            found = find_reference(directory, source)
+            assert found is not None  # listed in the manifest just read
+            out.append(blessing(case.id, found.array, case.fields, 1, found.entry.pipeline))
+    if problems:
+        raise ConfigError("cannot bless from that run; nothing was written:\n  " + "\n  ".join(problems),
+                          path=directory, key="--from-results")
+    return out
+
+
+def _digest(files: dict[str, str]) -> str:
+    """One hash per case: its file's, or for a video the SHA-256 of its frames' hashes in order."""
+    if len(files) == 1:
+        return next(iter(files.values()))
+    return hashlib.sha256("".join(files.values()).encode()).hexdigest()
+
+
+def changes(directory: Path, blessings: Sequence[Blessing]) -> list[Change]:
+    """Old → new for every blessing, against the references now in ``directory``."""
+    from harness.metrics import psnr
+
+    out = []
+    for b in blessings:
+        old = find_reference(directory, b.entry.case_id)
+        new_digest = _digest(b.entry.files)
+        shape = "x".join(map(str, b.entry.shape or ()))
+        if old is None:
+            out.append(Change(b.entry.case_id, "new", None, new_digest, None, [], shape))
+            continue
+        value = psnr(old.array, b.array) if old.array.shape == b.array.shape else None
+        if old.array.shape != b.array.shape:
+            shape = f"{'x'.join(map(str, old.array.shape))} → {shape}"
+        fields = changed_fields(old.entry.fields, b.entry.fields or {}) if old.entry.fingerprint != b.entry.fingerprint else []
+        old_digest = _digest(old.entry.files)
+        kind = "unchanged" if old_digest == new_digest and old.entry.files.keys() == b.entry.files.keys() else "changed"
+        out.append(Change(b.entry.case_id, kind, old_digest, new_digest, value, fields, shape))
+    return out

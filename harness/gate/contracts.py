@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,11 +11,11 @@ from rich.console import Console
 
 from harness.cases.contract import load_cases, platform_of_device
 from harness.contracts.case import Case
-from harness.contracts.runner import RunOptions, run_cases
+from harness.contracts.runner import RunOptions, run_cases, validate_for_target
 from harness.gate.stage import GateContext
 from harness.ranks import PoolSet
 from harness.report.console import CONTRACT_COLUMNS, progress, result_table
-from harness.results import StageResult, summary_line
+from harness.results import FAILED, StageResult, summary_line
 
 
 def load_contract_cases(cases_root: Path, options: RunOptions) -> list[Case]:
@@ -34,6 +35,22 @@ def run_contract_cases(cases: Sequence[Case], options: RunOptions, pools: PoolSe
     timing = {"cases_s": sum(r.duration_s for r in results),
               "pool_startup_s": {str(w): s for w, s in sorted(pools.startup_s.items())}}
     return StageResult(name, results, wall, extra=timing)
+
+
+def check_command(case_id: str, options: RunOptions, cases_root: Path) -> str:
+    """The ``parity check`` command line that runs one case again as this run did (figures, traceback)."""
+    from harness.paths import default_cases_dir
+
+    words = ["parity", "check", case_id]
+    if options.target != "reference":
+        words += ["--target", options.target]
+    for key, value in options.target_args:
+        words += ["--target-arg", f"{key}={value}"]
+    if options.device != "cpu":
+        words += ["--device", options.device]
+    if Path(cases_root).resolve() != default_cases_dir().resolve():
+        words += ["--cases", str(cases_root)]
+    return shlex.join(words)
 
 
 def check_device(device: str) -> None:
@@ -59,10 +76,14 @@ class ContractStage:
 
     def preflight(self, ctx: GateContext) -> None:
         self._cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
+        validate_for_target(self._cases, ctx.options.run.load())
 
     def run(self, ctx: GateContext) -> StageResult:
         cases, self._cases = self._cases or load_contract_cases(ctx.options.cases_root, ctx.options.run), None
         stage = run_contract_cases(cases, ctx.options.run, ctx.pools, ctx.err, self.name)
+        for result in stage.results:
+            if result.status == FAILED:
+                result.next_step = check_command(result.case_id, ctx.options.run, ctx.options.cases_root)
         ctx.out.print(result_table(stage.results, "gate: contracts", CONTRACT_COLUMNS))
         ctx.out.print(f"contracts: {summary_line(stage.results, stage.wall_s)}")
         return stage

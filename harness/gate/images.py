@@ -13,21 +13,30 @@ Thresholds: ``<baselines>/consistency_threshold.json`` with the overlay
 files, thresholds, references and their hashes, the CLIP directory) is checked in
 :meth:`ImageStage.preflight`, before any rank starts, and is a ConfigError (exit 2).
 
+A case without a reference, or whose fields changed since its reference was blessed (the
+manifest records the fields' fingerprint), still runs but is not compared: it fails with the
+reason and ``parity bless CASE`` as its next step, not as a regression. With a report
+directory, the candidate of every failing case (of every case with ``keep_outputs``) is saved
+in ``<report>/candidates`` as a reference set, which ``parity bless --from-results`` promotes.
+
 The stage also fills the results document's top-level ``cases`` map (recalibration input,
 :func:`harness.results.image_entry`) and ``platform``.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.baselines.images import REFERENCES_DIR, load_reference
+from harness.baselines.image_writes import blessing, write_set
+from harness.baselines.images import REFERENCES_DIR, Reference, changed_fields, find_reference, fingerprint
 from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.files.reading import is_directory_present
 from harness.gate.pipeline_runs import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
@@ -37,6 +46,8 @@ if TYPE_CHECKING:  # metrics (scipy, transformers) load only when the stage runs
     from harness.metrics import ClipScorer
 
 DEFAULT_CASE_TIMEOUT_S = 300.0
+CANDIDATES_DIR = "candidates"  # <report>/candidates: the outputs a gate run saved, a reference set of their own
+TRIPTYCHS_DIR = "triptychs"
 IMAGE_COLUMNS: tuple[Column, ...] = (
     ("kind", lambda r: str(r.params.get("kind", ""))),
     *(figure_column(name, metric) for name, metric in zip(("clip", "ssim", "psnr", "mad"), METRICS)),
@@ -51,6 +62,10 @@ def measure(ref: np.ndarray, cand: np.ndarray, kind: str, scorer: ClipScorer | N
     if scorer is not None:
         clip = scorer.similarity([ref], [cand])[0] if kind == "image" else scorer.video_similarity(ref, cand)
     return {"clip": clip, "ssim": ssim(ref, cand), "psnr": psnr(ref, cand), "mean_abs_diff": mean_abs_diff(ref, cand)}
+
+
+def nonfinite_reason(count: int) -> str:
+    return f"the pipeline produced {count} NaN/Inf values (latents or decoded pixels) before the uint8 conversion"
 
 
 def describe_bounds(t: Thresholds) -> str:
@@ -102,7 +117,7 @@ class _Inputs:
     cases: list[ImageCase]
     thresholds: ThresholdSet
     bounds: dict[str, Thresholds]
-    references: dict[str, np.ndarray]
+    references: dict[str, Reference | None]
     scorer: ClipScorer | None
     clip_skip: str | None
 
@@ -118,7 +133,7 @@ def load_inputs(ctx: GateContext) -> _Inputs:
                    key=lambda c: c.world_size)  # stable: file order per world
     thresholds = ThresholdSet.for_platform(options.baselines_dir, platform)
     bounds = {c.id: thresholds.for_case(c.id, c.kind) for c in cases}
-    references = {c.id: load_reference(options.baselines_dir / REFERENCES_DIR, c.id) for c in cases}
+    references = {c.id: find_reference(options.baselines_dir / REFERENCES_DIR, c.id) for c in cases}
     scorer, clip_skip = load_clip_scorer(options.clip_model)
     return _Inputs(platform, cases, thresholds, bounds, references, scorer, clip_skip)
 
@@ -133,7 +148,7 @@ class ImageStage:
 
     def skip_reason(self, ctx: GateContext) -> str | None:
         directory = image_case_dir(ctx.options.cases_root)
-        return None if directory.is_dir() else f"no image cases ({directory} does not exist)"
+        return None if is_directory_present(directory) else f"no image cases ({directory} does not exist)"
 
     def preflight(self, ctx: GateContext) -> None:
         self._inputs = load_inputs(ctx)
@@ -144,15 +159,30 @@ class ImageStage:
             ctx.out.print(f"images: clip skipped: {inputs.clip_skip}")
         options = ctx.options
         timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
+        if options.report_dir is not None:  # only this run's candidates: bless --from-results must not promote an older one
+            shutil.rmtree(options.report_dir / CANDIDATES_DIR, ignore_errors=True)
 
         def judge(case: ImageCase) -> CaseResult:
             produced = generate(case, ctx.pools, timeout)
             ref = inputs.references[case.id]
-            result = judge_case(case, ref, produced.output, inputs.bounds[case.id], inputs.scorer, inputs.clip_skip)
+            result = unjudged(case, ref, inputs.bounds[case.id])
+            if result is None:
+                assert ref is not None  # unjudged() answers for a missing reference
+                result = judge_case(case, ref.array, produced.output, inputs.bounds[case.id], inputs.scorer,
+                                    inputs.clip_skip)
+                _name_reference_pipeline(result, ref, case)
+            if produced.nonfinite:  # its uint8 pixels hide NaN as 0: whatever the metrics say, the run is broken
+                result.status, result.reason = FAILED, nonfinite_reason(produced.nonfinite)
+                result.figures["nonfinite"] = produced.nonfinite
             result.figures.update(e2e_ms=produced.timings.e2e_ms, backends=produced.backends)
             result.kernel = ", ".join(f"{k}: {v}" for k, v in produced.backends.items()) or None
-            if result.status == FAILED and options.report_dir is not None:
-                _write_triptych(options.report_dir, result, ref, produced.output)
+            report = options.report_dir
+            if report is not None and (result.status == FAILED or options.keep_outputs):
+                save_candidate(report, case, result, produced.output)
+            if result.status == FAILED and ref is not None and result.next_step is None:
+                if report is not None:
+                    _write_triptych(report, result, ref.array, produced.output)
+                result.next_step = _regression_step(case, report)
             return result
 
         results, wall = run_each_case(ctx, self.name, inputs.cases, "images", judge)
@@ -171,13 +201,55 @@ class ImageStage:
         )
 
 
+def unjudged(case: ImageCase, ref: Reference | None, bounds: Thresholds) -> CaseResult | None:
+    """The failed result of a case that has no reference, or whose fields changed since it was blessed; None
+    when the reference is this case's (a reference blessed before fingerprints were recorded counts as this case's)."""
+    if ref is not None and ref.entry.fingerprint in (None, fingerprint(case.fields)):
+        return None
+    if ref is None:
+        reason, state = f"no reference yet: run `parity bless {case.id}`", "missing"
+    else:
+        changes = "; ".join(changed_fields(ref.entry.fields, case.fields))
+        reason, state = f"case changed since it was blessed ({changes}): run `parity bless {case.id}`", "changed"
+    figures: dict[str, object] = {"reference": state, **dict.fromkeys(METRICS),
+                                  "thresholds": {m: bounds.get(m) for m in METRICS}, "threshold_source": dict(bounds.source)}
+    return CaseResult(case.id, f"images.{case.kind}", FAILED, reason, figures, describe_bounds(bounds),
+                      params=case_params(case), target=case.target, next_step=f"parity bless {case.id}")
+
+
+def _name_reference_pipeline(result: CaseResult, ref: Reference, case: ImageCase) -> None:
+    """Which pipeline target blessed the reference; a failure says so when this run's target is another one
+    (gating a candidate stack against references blessed from another is allowed, and easy to misread)."""
+    result.figures["reference_pipeline"] = ref.entry.pipeline
+    if result.status == FAILED and ref.entry.pipeline not in (None, case.target):
+        result.reason = f"{result.reason} [reference blessed from pipeline target {ref.entry.pipeline!r}, this run: {case.target!r}]"
+
+
+def _regression_step(case: ImageCase, report: Path | None) -> str:
+    """Where to look, and how to bless if the change is intended (a saved candidate only serves a one-rank case)."""
+    bless = (f"parity bless --from-results {report} {case.id}" if report is not None and case.world_size == 1
+             else f"parity bless {case.id}")
+    if report is None:
+        return f"parity gate --report DIR  (writes the triptych of {case.id}); if the change is intended: {bless}"
+    from harness.report.html import anchor
+
+    return f"see {report / 'index.html'}#{anchor('images', case.id)}; if the change is intended: {bless}"
+
+
+def save_candidate(report: Path, case: ImageCase, result: CaseResult, output: np.ndarray) -> None:
+    """Keep ``output`` in ``<report>/candidates`` with the fields, world size and pipeline target it was made with."""
+    one = blessing(case.id, output, case.fields, case.world_size, case.target)
+    write_set(report / CANDIDATES_DIR, [one])
+    result.artifacts["candidate"] = f"{CANDIDATES_DIR}/{next(iter(one.data))}"
+
+
 def _write_triptych(report_dir: Path, result: CaseResult, ref: np.ndarray, cand: np.ndarray) -> None:
-    from harness.report.html import triptych, write_png
+    from harness.report.triptych import frame_metrics, triptych, write_png
 
     if ref.shape != cand.shape:
         return  # nothing to put side by side; the reason says why
-    picture, scale = triptych(ref, cand)
-    relative = f"{REFERENCES_DIR}/{result.case_id}.png"
-    write_png(report_dir / relative, picture)
+    relative = f"{TRIPTYCHS_DIR}/{result.case_id}.png"
+    write_png(report_dir / relative, triptych(ref, cand).picture)
     result.artifacts["triptych"] = relative
-    result.figures["diff_scale"] = scale
+    if ref.ndim == 4:
+        result.figures["frames"] = frame_metrics(ref, cand)

@@ -22,14 +22,19 @@ from typing import Any
 
 from harness.baselines.perf import CALIBRATION, NORMALISED_PROFILE, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
 from harness.baselines.platforms import hardware_name, platform_name
+from harness.cases.contract import load_cases, platform_of_device
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.contracts.case import Case
+from harness.gate.contracts import run_contract_cases
 from harness.gate.calibration import machine_factor
+from harness.files.reading import is_directory_present, is_present
 from harness.gate.pipeline_runs import time_case
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
 from harness.results import FAILED, PASSED, SKIPPED, CaseResult, StageResult, summary_line
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
+RATIO_CASES_DIR = "perf"
 ABSOLUTE_PROFILE = "pr_test"
 PERF_COLUMNS: tuple[Column, ...] = (
     figure_column("e2e ms", "e2e_ms"), figure_column("expected", "expected_e2e_ms"), figure_column("denoise ms", "denoise_ms"),
@@ -44,8 +49,8 @@ def how_to_create(platform: str) -> str:
 
 
 def machine_baseline(ctx: GateContext, platform: str) -> PerfBaselines | None:
-    """This machine's perf baselines, or None when the base file is absent."""
-    if not (ctx.options.baselines_dir / PERF_BASE_FILE).is_file():
+    """This machine's perf baselines, or None when the base file is absent (anything else there is an error)."""
+    if not is_present(ctx.options.baselines_dir / PERF_BASE_FILE):
         return None
     return PerfBaselines.for_platform(ctx.options.baselines_dir, platform)
 
@@ -65,7 +70,8 @@ def failed_checks(checks: list[PerfCheck]) -> list[str]:
 
 
 class PerfStage:
-    """Timings of every image case under ``<cases>/images`` against this machine's perf baseline."""
+    """Timings of every image case under ``<cases>/images`` against this machine's perf baseline, and the
+    perf contracts of ``<cases>/perf`` (ratios timed side by side: they need no baseline)."""
 
     name = "perf"
 
@@ -74,7 +80,7 @@ class PerfStage:
         if choice is False:
             return "--no-perf"
         directory = image_case_dir(ctx.options.cases_root)
-        if not directory.is_dir():
+        if not is_directory_present(directory):
             return f"no image cases to time ({directory} does not exist)"
         if choice:
             return None
@@ -87,11 +93,15 @@ class PerfStage:
         return None
 
     def preflight(self, ctx: GateContext) -> None:
-        """The baseline files (and the env tolerances) are read before any stage runs: a bad one exits 2 at once."""
+        """The baseline files, the env tolerances and the perf contract cases are read before any stage
+        runs: a bad one exits 2 at once."""
         baseline = machine_baseline(ctx, platform_name(ctx.device))
         if baseline is not None:
             for profile in {ctx.options.perf.profile or ABSOLUTE_PROFILE, ctx.options.perf.profile or NORMALISED_PROFILE}:
                 baseline.tolerances(profile)
+        self._ratio_cases = _ratio_cases(ctx)
+
+    _ratio_cases: list[Case] | None = None
 
     def run(self, ctx: GateContext) -> StageResult:
         options, perf = ctx.options, ctx.options.perf
@@ -113,6 +123,11 @@ class PerfStage:
             return _judge(result, measured, expected, baseline, perf.profile)
 
         results, wall = run_each_case(ctx, self.name, cases, "perf", judge)
+        ratio_cases, self._ratio_cases = self._ratio_cases if self._ratio_cases is not None else _ratio_cases(ctx), None
+        if ratio_cases:
+            ratios = run_contract_cases(ratio_cases, options.run, ctx.pools, ctx.err, "perf ratios")
+            results += ratios.results
+            wall += ratios.wall_s
         ctx.out.print(result_table(results, f"gate: perf ({platform}, median of {perf.runs} after {perf.warmup} warm-up)",
                                    PERF_COLUMNS))
         ctx.out.print(f"perf: {summary_line(results, wall)}")
@@ -126,6 +141,12 @@ class PerfStage:
             },
             top_level={"platform": platform, "device_name": hardware_name(ctx.device), "perf": measured_all},
         )
+
+
+def _ratio_cases(ctx: GateContext) -> list[Case]:
+    """The perf contract cases (``<cases>/perf/*.toml``: ratios timed side by side), with this platform's overlay."""
+    directory = ctx.options.cases_root / RATIO_CASES_DIR
+    return load_cases(directory, platform_of_device(ctx.device)) if directory.is_dir() else []
 
 
 def _figures(measured: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from harness.gate.images import ImageStage
 from harness.gate.perf import PerfStage
 from harness.gate.stage import GateContext, GateOptions, Stage
 from harness.ranks import PoolSet
-from harness.report.console import make_console
+from harness.report.console import make_console, print_verdict
+from harness.report.output import emit_json, human_console
 from harness.results import StageResult, environment, results_document, write_results
 
 
@@ -26,14 +27,22 @@ def stages() -> list[Stage]:
 
 def run_gate(options: GateOptions) -> dict[str, Any]:
     """Run the gate; returns the results document (``passed`` says whether anything regressed)."""
+    from harness.baselines.tolerances import check_env_tolerances
     from harness.errors import ConfigError
+    from harness.files.atomic import check_writable
 
     if not options.baselines_dir.is_dir():
         raise ConfigError("no such baselines directory", path=options.baselines_dir, key="--baselines")
     check_device(options.run.device)
+    check_env_tolerances()  # even when perf is skipped: a lane's bad override is a configuration error
+    for path, key in ((options.json_path, "--json"), (options.junit_path, "--junit")):
+        if path is not None:
+            check_writable(path, key)
+    if options.report_dir is not None:
+        check_writable(options.report_dir, "--report", directory=True)
     start = time.perf_counter()
     outcome: dict[str, StageResult | str] = {}
-    out = make_console()
+    out = human_console(options.json_path)
     with PoolSet(options.run.device) as pools:
         ctx = GateContext(options, out, make_console(stderr=True), pools)
         plan = [(stage, stage.skip_reason(ctx)) for stage in stages()]
@@ -49,8 +58,8 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
     document = results_document("gate", environment(options.run.target, options.run.device, options.run.load().version()), outcome,
                                 time.perf_counter() - start)
     write_reports(options, document, {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)})
-    failed = sum(s.failed for s in outcome.values() if isinstance(s, StageResult))
-    out.print(f"gate: {'PASSED' if failed == 0 else f'FAILED ({failed} failing cases)'}")
+    print_verdict(out, "gate", {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)},
+                  options.report_dir / "index.html" if options.report_dir else None)
     return document
 
 
@@ -59,9 +68,10 @@ def write_reports(options: GateOptions, document: dict[str, Any], results: dict[
     from harness.report.junit import write_junit
 
     report = options.report_dir
-    for path in (options.json_path, report / "results.json" if report else None):
-        if path:
-            write_results(path, document)
+    if options.json_path is not None:
+        emit_json(options.json_path, document)
+    if report:
+        write_results(report / "results.json", document)
     for path in (options.junit_path, report / "junit.xml" if report else None):
         if path:
             write_junit(path, results, name="parity gate")

@@ -50,11 +50,12 @@ class GateOptions:
     run: RunOptions = field(default_factory=RunOptions)
     pipeline: str = "reference"  # the pipeline target of the image and perf stages' cases that name none
     report_dir: Path | None = None
-    json_path: Path | None = None
+    json_path: Path | str | None = None  # "-": stdout (the tables then go to stderr)
     junit_path: Path | None = None
     clip_model: str | None = None
     perf: PerfOptions = field(default_factory=PerfOptions)
-    pipeline_args: TargetArgs = ()  # its factory arguments (--pipeline-target-arg)
+    keep_outputs: bool = False  # save the candidates of passing image cases too (failing ones always are)
+    pipeline_args: TargetArgs = ()  # the factory arguments of ``pipeline`` (--pipeline-target-arg)
 
 
 @dataclass

@@ -62,11 +62,20 @@ class PoolSet:
             thread.join()
         self._closers.clear()
 
+    def terminate(self) -> None:
+        """End every group now; a group still starting is ended as soon as it has started."""
+        for future in self._starting.values():
+            future.add_done_callback(_terminate_when_started)
+        self._starting.clear()
+
     def __enter__(self) -> PoolSet:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.terminate()
 
 
 def _close_when_started(future: Future[RankPool]) -> None:
@@ -75,3 +84,8 @@ def _close_when_started(future: Future[RankPool]) -> None:
     except BaseException:  # noqa: BLE001 - a pool that never started has nothing to close
         return
     pool.close()
+
+
+def _terminate_when_started(future: Future[RankPool]) -> None:
+    if future.exception() is None:  # a pool that never started has nothing to end
+        future.result().terminate()

@@ -1,15 +1,27 @@
-"""The body of one rank process started by :mod:`harness.ranks.launcher`.
+"""The body of one rank process started by :mod:`harness.ranks.group`.
 
-Kept apart from the launcher so the parent-side bookkeeping and the child-side
-loop can each be read on their own. The wire protocol is pickled tuples over a
-``multiprocessing`` pipe: the parent sends ``pickle((fn, args))`` or ``b""``
-(stop); the rank answers ``("ready", None)`` once, then ``("ok", result)`` or
-``("err", traceback_text)`` per call.
+Kept apart from the parent-side bookkeeping so each can be read on its own. The wire protocol is
+pickled tuples over a ``multiprocessing`` pipe: the parent sends ``pickle((fn, args))`` or ``b""``
+(stop); the rank answers ``("ready", None)`` once, then ``("ok", result)`` or ``("err", text)`` per
+call. A second, one-way pipe carries raw text: the Python stack of every thread, written by
+faulthandler when the parent sends ``SIGUSR1`` (a timeout) or when the rank crashes.
+
+Before anything else a rank makes sure it cannot outlive the parent (even stuck in C with the GIL
+held, where no Python thread can run) and that teardown can end whatever it starts:
+
+- its own process group, so the parent ends the rank *and its children* with one ``killpg``;
+- ``PR_SET_PDEATHSIG`` (Linux): the kernel kills it when the process that started it dies. A rank
+  forked by the preloaded server is that server's child; the server exits as soon as this parent
+  is gone, once no rank holds its "alive" pipe, so a rank closes its copy of that pipe at once.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
+import faulthandler
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
 import signal
@@ -17,6 +29,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
+from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import NoReturn
 
@@ -25,10 +39,14 @@ import torch.distributed as dist
 
 READY, OK, ERR = "ready", "ok", "err"
 STOP = b""
+STACK_SIGNAL = signal.SIGUSR1
+LOCALHOST = "127.0.0.1"
 _PARENT_POLL_S = 0.5
 _ORPHAN_EXIT_CODE = 70
+_PR_SET_PDEATHSIG = 1
 
 _device: torch.device | None = None
+_stack_pipe: Connection | None = None  # kept referenced: faulthandler writes to its fd
 
 
 def current_device() -> torch.device:
@@ -50,19 +68,41 @@ def set_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-def _exit_when_orphaned(parent_pid: int, store_path: str) -> None:
-    """Exit as soon as the parent is gone: a rank stuck in ``fn`` never reads the pipe EOF itself.
-
-    The rendezvous file is removed on the way out, since the parent that owned it cannot.
-    """
-    while True:
-        time.sleep(_PARENT_POLL_S)
-        if os.getppid() != parent_pid:
-            try:
-                os.unlink(store_path)
-            except OSError:  # a peer got there first
-                pass
+def _die_with_parent() -> None:
+    """Tie this process's life to the parent's, without needing the GIL once the parent is gone."""
+    os.setpgid(0, 0)  # teardown kills this group: the rank and every process it started
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    if libc is not None and libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+        server = multiprocessing.forkserver._forkserver  # noqa: SLF001 - the alive pipe has no public handle
+        if server._forkserver_alive_fd is not None:  # noqa: SLF001
+            os.close(server._forkserver_alive_fd)  # noqa: SLF001
+            server._forkserver_alive_fd = None  # noqa: SLF001
+        if not _parent_alive():  # it died before the death signal was armed
             os._exit(_ORPHAN_EXIT_CODE)
+        return
+    threading.Thread(target=_exit_when_orphaned, daemon=True, name="parity-orphan-watchdog").start()
+
+
+def _parent_alive() -> bool:
+    parent = multiprocessing.parent_process()
+    return parent is not None and parent.is_alive()
+
+
+def _exit_when_orphaned() -> None:
+    """Where the kernel offers no death signal: exit once the parent is gone (needs the GIL to run)."""
+    while _parent_alive():
+        time.sleep(_PARENT_POLL_S)
+    os._exit(_ORPHAN_EXIT_CODE)
+
+
+def _dump_stacks_to(stack_pipe: Connection) -> None:
+    """faulthandler writes every thread's stack into the pipe on STACK_SIGNAL and on a fatal error."""
+    global _stack_pipe
+    _stack_pipe = stack_pipe
+    fd = stack_pipe.fileno()
+    os.set_blocking(fd, False)  # a dump larger than the pipe is cut short rather than blocking the rank
+    faulthandler.enable(file=fd, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True)
 
 
 def _limit_threads() -> None:
@@ -70,6 +110,14 @@ def _limit_threads() -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+
+
+def _check_fork_is_safe(device: torch.device) -> None:
+    if device.type == "cuda" and torch.cuda._is_in_bad_fork():  # noqa: SLF001
+        raise RuntimeError(
+            "this rank was forked from a preloaded process that had initialised CUDA (a preloaded module "
+            "did so at import); set PARITY_START_METHOD=spawn, or keep that module out of preload_modules()"
+        )
 
 
 def _answer(conn: Connection, kind: str, payload: object) -> None:
@@ -81,19 +129,27 @@ def worker_main(
     world_size: int,
     backend: str,
     device: str,
-    store_path: str,
+    store_port: int,
+    startup_timeout: float,
     conn: Connection,
-    parent_pid: int,
+    stack_pipe: Connection,
+    environ: Mapping[str, str],
 ) -> None:
     """Join the group, then run every ``(fn, args)`` the parent sends until it says stop or goes away."""
+    _die_with_parent()
+    _dump_stacks_to(stack_pipe)
     # Ctrl-C reaches the whole terminal process group; the parent handles it and ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watchdog = threading.Thread(target=_exit_when_orphaned, args=(parent_pid, store_path), daemon=True)
-    watchdog.start()
+    # A preloaded server was started with the parent's environment of then: use the parent's of now.
+    os.environ.clear()
+    os.environ.update(environ)
     _limit_threads()
     try:
-        set_device(torch.device(device))
-        store = dist.FileStore(store_path, world_size)
+        dev = torch.device(device)
+        _check_fork_is_safe(dev)
+        set_device(dev)
+        store = dist.TCPStore(LOCALHOST, store_port, world_size, is_master=False,
+                              timeout=timedelta(seconds=startup_timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     except BaseException:
         _answer(conn, ERR, traceback.format_exc())
@@ -120,9 +176,9 @@ def worker_main(
 def _exit_without_teardown() -> NoReturn:
     """Exit once the group is destroyed, skipping the interpreter's teardown.
 
-    With torch loaded that teardown costs about a second per rank on a 2-core machine, a
-    third of a fresh group's cost, and frees nothing the OS does not. atexit hooks (e.g.
-    coverage's) still run; threads that ``fn`` left running are not waited for.
+    With torch loaded that teardown costs about a second per rank on a 2-core machine and frees
+    nothing the OS does not. atexit hooks (e.g. coverage's) still run; threads that ``fn`` left
+    running are not waited for.
     """
     atexit._run_exitfuncs()
     sys.stdout.flush()

@@ -2,7 +2,7 @@
 
 from harness.recalibrate.perf import PERF_PROPOSAL_HEADER, PerfProposal, apply_perf_proposals, perf_proposal_rows, propose_perf
 from harness.recalibrate.policy import DEFAULT_POLICY, Policy, Rule, load_policy
-from harness.recalibrate.proposals import LooseningRefused
+from harness.recalibrate.proposals import MIN_RUNS, FailedRunsRefused, LooseningRefused, check_runs
 from harness.recalibrate.thresholds import (
     PROPOSAL_HEADER,
     Proposal,
@@ -13,7 +13,7 @@ from harness.recalibrate.thresholds import (
 )
 
 __all__ = [
-    "DEFAULT_POLICY", "PERF_PROPOSAL_HEADER", "PROPOSAL_HEADER", "LooseningRefused", "PerfProposal", "Policy", "Proposal",
-    "Rule", "apply_perf_proposals", "apply_proposals", "load_policy", "merge_into_overlay", "perf_proposal_rows",
+    "DEFAULT_POLICY", "MIN_RUNS", "PERF_PROPOSAL_HEADER", "PROPOSAL_HEADER", "FailedRunsRefused", "LooseningRefused", "PerfProposal", "Policy", "Proposal",
+    "Rule", "apply_perf_proposals", "apply_proposals", "check_runs", "load_policy", "merge_into_overlay", "perf_proposal_rows",
     "proposal_rows", "propose_perf", "propose_thresholds",
 ]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS
+from harness.baselines.thresholds import HIGHER_IS_BETTER, METRIC_RANGES, METRICS
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_number, expect_object, join_key, read_json
 from harness.files.tomlio import read_toml
@@ -69,7 +69,8 @@ class Policy:
             # inf - margin = inf: the cap applies; below 0 a lower bound means nothing
             raw = max(min(worst - rule.margin, rule.bound), 0.0)
             return math.floor(round(raw * scale, 6)) / scale
-        raw = max(worst + rule.margin, rule.bound)
+        # above the metric's largest possible value an upper bound is already as loose as it gets
+        raw = min(max(worst + rule.margin, rule.bound), METRIC_RANGES[metric][1])
         return math.ceil(round(raw * scale, 6)) / scale
 
 
@@ -111,8 +112,8 @@ def load_policy(path: str | Path, base: Policy = DEFAULT_POLICY) -> Policy:
                 raise ConfigError(
                     f"unknown key; valid: ['margin', '{bound_name}']", path=path, key=join_key(metric, key)
                 )
-        margin = expect_number(section.get("margin", default.margin), path, join_key(metric, "margin"), lo=0.0)
-        hi = 1.0 if metric in ("clip", "ssim") else None
+        lo, hi = METRIC_RANGES[metric]  # a margin wider than the metric's range, or a bound outside it, means nothing
+        margin = expect_number(section.get("margin", default.margin), path, join_key(metric, "margin"), lo=0.0, hi=hi - lo)
         bound = expect_number(section.get(bound_name, default.bound), path, join_key(metric, bound_name), lo=0.0, hi=hi)
         rules[metric] = Rule(margin=margin, bound=bound)
     return Policy(**rules)

@@ -13,6 +13,7 @@ from typing import Any
 
 from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, ThresholdSet
 from harness.errors import ConfigError
+from harness.files.reading import is_present
 from harness.recalibrate.policy import DEFAULT_POLICY, Policy
 from harness.recalibrate.proposals import change_word, fmt, refuse_loosening
 
@@ -88,9 +89,10 @@ def merge_into_overlay(
     """
     refuse_loosening(proposals, allow_loosen)
     path = Path(overlay_path)
-    existing = ThresholdSet.load(path) if path.exists() else ThresholdSet.from_json({"cases": {}}, str(path))
+    existed = is_present(path)
+    existing = ThresholdSet.load(path) if existed else ThresholdSet.from_json({"cases": {}}, str(path))
     updated = existing.with_values({(p.case_id, p.metric): p.new for p in proposals if p.changed})
-    updated.save(path, backup=path.exists())
+    updated.save(path, backup=existed)
     return updated.to_json()
 
 

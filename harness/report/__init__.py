@@ -1,1 +1,2 @@
-"""Outputs people and CI read: the terminal (console), JUnit XML (junit), the HTML report and its triptychs (html)."""
+"""Outputs people and CI read: the terminal (console), JUnit XML (junit), the HTML report (html) and its
+triptychs (triptych), machine output (output: ``--json FILE`` or stdout), one number formatter (format)."""

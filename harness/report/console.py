@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -11,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.report.format import STATUS_STYLE, figure
-from harness.results import PASSED, CaseResult
+from harness.results import FAILED, PASSED, CaseResult
 
 _LOG_WIDTH = 180  # CI logs are not terminals: rich would fold every table to 80 columns
 
@@ -24,15 +25,22 @@ def make_console(stderr: bool = False) -> Console:
     return console if console.is_terminal else Console(stderr=stderr, width=_LOG_WIDTH)
 
 
+WAITING = "starting the rank groups…"
+
+
 @contextmanager
-def progress(console: Console, total: int, label: str) -> Iterator[Callable[[CaseResult], None]]:
-    """A bar on ``console``; yields the callback to call once per finished case."""
+def progress(console: Console, total: int, label: str, waiting: str = WAITING) -> Iterator[Callable[[CaseResult], None]]:
+    """A bar on ``console``; yields the callback to call once per finished case.
+
+    Until the first case finishes the bar says what it waits for (``waiting``: ranks start in
+    the background and take seconds), so 0/N with a running clock does not read as a hang.
+    """
     bar = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[last]}"), console=console, transient=True,
     )
     with bar:
-        task = bar.add_task(label, total=total, last="")
+        task = bar.add_task(label, total=total, last=escape(waiting))
 
         def advance(result: CaseResult) -> None:
             bar.update(task, advance=1, last=escape(f"{result.case_id}: {result.status}"))
@@ -60,7 +68,9 @@ def _detail(result: CaseResult) -> str:
 def result_table(results: Sequence[CaseResult], title: str, columns: Sequence[Column] = ()) -> Table:
     """case | W | status | the stage's columns | bound (passed) or reason | ms."""
     table = Table(title=escape(title))
-    for header in ("case", "W", "status", *(c[0] for c in columns), "bound / reason", "ms"):
+    widest = max((len(r.case_id) for r in results), default=4)
+    table.add_column("case", no_wrap=True, min_width=widest)  # an id broken over lines cannot be copied
+    for header in ("W", "status", *(c[0] for c in columns), "bound / reason", "ms"):
         table.add_column(header, overflow="fold")
     for r in results:
         table.add_row(
@@ -81,3 +91,21 @@ CONTRACT_COLUMNS: tuple[Column, ...] = (
     figure_column("max_abs", "max_abs"),
     ("kernel", lambda r: r.kernel or ""),
 )
+
+
+def print_verdict(console: Console, verb: str, stages: Mapping[str, Sequence[CaseResult]], report: Path | None = None) -> None:
+    """The last lines of a run: each failing case with its reason and the command that shows it, the report
+    page, then ``gate: FAILED (2 failing cases: a, b)`` (or ``gate: PASSED``) as the very last line."""
+    failing = [(stage, r) for stage, results in stages.items() for r in results if r.status == FAILED]
+    if failing:
+        console.print(f"failing cases ({len(failing)}):")
+    for stage, r in failing:
+        reason = (r.reason or "failed").splitlines()[0]
+        console.print(escape(f"  {stage}/{r.case_id}: {reason}"), soft_wrap=True)
+        if r.next_step:
+            console.print(escape(f"    -> {r.next_step}"), soft_wrap=True)
+    if report is not None:
+        console.print(escape(f"report: {report}"), soft_wrap=True)
+    names = ", ".join(r.case_id for _, r in failing)
+    verdict = f"FAILED ({len(failing)} failing case{'s' if len(failing) != 1 else ''}: {names})" if failing else "PASSED"
+    console.print(escape(f"{verb}: {verdict}"), soft_wrap=True)

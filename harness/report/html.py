@@ -1,151 +1,236 @@
-"""The gate's HTML report: one table per stage, and a reference | candidate | diff triptych per failing image case.
+"""The gate's HTML report: what failed first, the evidence next, everything that passed folded away.
 
-:func:`write_index` renders a gate results document (what results.json holds) with no other
-input, so any stage's records show up: a record's id (``case_id``), ``status``, ``reason`` and
-``figures`` are shown; an image record's ``artifacts.triptych`` (a PNG path relative to the report
-directory) is embedded as an ``<img>``. Nothing is fetched from the network: the page is one
-self-contained file next to its PNGs, readable as a CI artifact.
+:func:`render_index` renders a results document (what results.json holds) with no other input,
+so any stage's records show up. The page reads top to bottom as a person triages:
 
-Triptych PNGs (:func:`triptych`, :func:`write_png`): the reference, the candidate and a heat map
-of ``|reference - candidate|`` (mean over RGB, black → red → yellow → white, scaled to the
-largest difference so one-level drift is still visible; the scale is printed in the report),
-side by side, upscaled with nearest-neighbour so tiny test images stay legible. A video shows
-its first, middle and last frames as three rows.
+1. a verdict banner (passed or failed, how many cases of which stage, where it ran, the commit);
+2. the failures table: every failing case linked to its section, with its reason and the
+   command that shows it again; then the skipped cases with their reasons;
+3. one section per failing case (anchor :func:`anchor`): its bound, its figures as formatted
+   numbers in tables (nested figures as nested tables, never JSON), its image metrics against
+   their thresholds, and for an image case the triptych PNG (:mod:`harness.report.triptych`),
+   for a video the per-frame metrics;
+4. every case per stage, folded (``<details>``), with the candidate picture where the gate kept
+   it (``--keep-outputs``).
+
+Nothing is fetched from the network: the page is one self-contained file next to its PNGs,
+readable as a CI artifact.
 """
 
 from __future__ import annotations
 
 import html
-import json
-from collections.abc import Mapping, Sequence
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from harness.baselines.thresholds import HIGHER_IS_BETTER
 from harness.files.atomic import write_bytes_atomic
 from harness.report.format import STATUS_COLOUR, figure
+from harness.report.triptych import DIFF_MAX, PANEL_LABELS
 
-_MIN_PANEL_PX = 192  # upscale small frames to about this height
-_GAP_PX = 4
-
-
-def key_frames(array: np.ndarray) -> list[int]:
-    """Frame indices shown for a ``[T, H, W, 3]`` video: first, middle, last (deduplicated)."""
-    return list(dict.fromkeys([0, len(array) // 2, len(array) - 1]))
-
-
-def _abs_diff(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
-    return np.abs(ref.astype(np.float64) - cand.astype(np.float64)).mean(axis=-1)
-
-
-def heatmap(diff: np.ndarray, scale: float) -> np.ndarray:
-    """A ``[H, W]`` difference as uint8 RGB ("hot": black → red → yellow → white at ``scale``)."""
-    t = diff / scale
-    rgb = np.stack([np.clip(3 * t, 0, 1), np.clip(3 * t - 1, 0, 1), np.clip(3 * t - 2, 0, 1)], axis=-1)
-    return (rgb * 255).round().astype(np.uint8)
-
-
-def triptych(ref: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, float]:
-    """One uint8 RGB picture: reference | candidate | diff heat map (a row per key frame for a video).
-
-    Returns it with the heat map's full scale (the largest difference, at least 1 level of 255),
-    shared by every row so rows compare.
-    """
-    if ref.shape != cand.shape:
-        raise ValueError(f"reference shape {ref.shape} and candidate shape {cand.shape} differ")
-    frames = [(ref, cand)] if ref.ndim == 3 else [(ref[i], cand[i]) for i in key_frames(ref)]
-    diffs = [_abs_diff(r, c) for r, c in frames]
-    scale = max(1.0, *(float(d.max()) for d in diffs))
-    h = frames[0][0].shape[0]
-    k = max(1, _MIN_PANEL_PX // h)
-    rows = []
-    for (r, c), diff in zip(frames, diffs):
-        panels = [p.repeat(k, 0).repeat(k, 1) for p in (r, c, heatmap(diff, scale))]
-        gap = np.full((h * k, _GAP_PX, 3), 255, np.uint8)
-        rows.append(np.concatenate([panels[0], gap, panels[1], gap, panels[2]], axis=1))
-    sep = np.full((_GAP_PX, rows[0].shape[1], 3), 255, np.uint8)
-    pieces = [rows[0]]
-    for row in rows[1:]:
-        pieces += [sep, row]
-    return np.concatenate(pieces, axis=0), scale
-
-
-def write_png(path: str | Path, array: np.ndarray) -> None:
-    """Encode ``array`` (uint8 HxWx3) as PNG with imageio and write it atomically."""
-    import imageio.v3 as iio
-
-    write_bytes_atomic(path, bytes(iio.imwrite("<bytes>", np.ascontiguousarray(array), extension=".png")))
-
-
-# ------------------------------------------------------------------------------------ HTML
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #1f2328; }
-table { border-collapse: collapse; margin-bottom: 1.5em; font-size: 0.9em; }
-th, td { border: 1px solid #d0d7de; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+body { font-family: system-ui, sans-serif; margin: 1.2em 1.5em; color: #1f2328; }
+.banner { padding: 0.6em 1em; border-radius: 6px; color: white; margin: 0 0 0.8em 0; font-size: 1.5em; }
+.banner.passed { background: #1a7f37; } .banner.failed { background: #cf222e; }
+table { border-collapse: collapse; margin: 0.3em 0 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #d0d7de; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; }
-td.figures { font-family: ui-monospace, monospace; font-size: 0.85em; max-width: 60em; word-break: break-word; }
+td.num { font-family: ui-monospace, monospace; text-align: right; }
+code { font-size: 0.9em; }
+td.text { overflow-wrap: anywhere; } td.id { white-space: nowrap; }
 .status { font-weight: bold; }
-figure { margin: 0.5em 0 1.5em 0; }
-img { image-rendering: pixelated; border: 1px solid #d0d7de; }
+.fail { color: #cf222e; font-weight: bold; } .ok { color: #1a7f37; }
+article { border-top: 2px solid #cf222e; margin-top: 1em; padding-top: 0.3em; }
+summary { cursor: pointer; font-weight: bold; margin: 0.4em 0; }
+figure { margin: 0.5em 0 1em 0; }
+img { image-rendering: pixelated; border: 1px solid #d0d7de; max-width: 100%; }
+img.thumb { height: 48px; }
 """
+_STAGE_ORDER_KEYS = ("target", "device", "platform", "torch", "parity_version", "host")
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True, default=str)
-    return figure(value, 6)
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
 
 
-def _figures_cell(figures: Mapping[str, Any]) -> str:
-    return "<br>".join(f"{html.escape(k)} = {html.escape(_fmt(v))}" for k, v in figures.items())
+def anchor(stage: str, case_id: str) -> str:
+    """The id of a case's section: ``images-zimage_t2i_1rank`` (characters a URL fragment needs escaped become ``_``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{stage}-{case_id}")
 
 
-def _stage_section(name: str, stage: Mapping[str, Any]) -> str:
-    parts = [f"<h2>{html.escape(name)}</h2>"]
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _text(value: Any) -> str:
+    return figure(float(value)) if value in ("inf", "-inf", "nan") else figure(value)
+
+
+def value_html(value: Any) -> str:
+    """A figure as HTML: a formatted number or text; a list of numbers joined; a mapping or a list of
+    mappings as a table (rows: keys or items; columns: their keys), recursively."""
+    if _scalar(value):
+        cls = " class='num'" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+        return f"<span{cls}>{_e(_text(value))}</span>"
+    if isinstance(value, Mapping) and all(_scalar(v) for v in value.values()):
+        return _key_value_table(value.items())
+    rows: Sequence[tuple[str, Any]] = (list(value.items()) if isinstance(value, Mapping)
+                                       else [(str(i), v) for i, v in enumerate(value)])
+    if all(_scalar(v) for _, v in rows):
+        return _e(", ".join(_text(v) for _, v in rows)) or "-"
+    if all(isinstance(v, Mapping) for _, v in rows):
+        columns = list(dict.fromkeys(k for _, v in rows for k in v))
+        head = "<tr><th></th>" + "".join(f"<th>{_e(c)}</th>" for c in columns) + "</tr>"
+        body = "".join(f"<tr><th>{_e(k)}</th>" + "".join(f"<td>{value_html(v.get(c))}</td>" for c in columns) + "</tr>"
+                       for k, v in rows)
+        return f"<table>{head}{body}</table>"
+    return _key_value_table(rows)
+
+
+def _key_value_table(items: Iterable[tuple[Any, Any]]) -> str:
+    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{value_html(v)}</td></tr>" for k, v in items) + "</table>"
+
+
+def _metrics_table(figures: Mapping[str, Any]) -> str:
+    """Image metrics against their thresholds: value, bound, verdict (a skipped metric says why)."""
+    thresholds: Mapping[str, Any] = figures.get("thresholds") or {}
+    skipped: Mapping[str, Any] = figures.get("skipped_metrics") or {}
+    rows = ["<tr><th>metric</th><th>value</th><th>bound</th><th></th></tr>"]
+    for metric, bound in thresholds.items():
+        value = figures.get(metric)
+        op = "≥" if metric in HIGHER_IS_BETTER else "≤"
+        if value is None:
+            verdict = _e(skipped.get(metric, "not measured"))
+        else:
+            v = float(value)
+            ok = v >= bound if metric in HIGHER_IS_BETTER else v <= bound
+            verdict = "<span class='ok'>ok</span>" if ok else "<span class='fail'>outside</span>"
+        rows.append(f"<tr><th>{_e(metric)}</th><td class='num'>{_e(_text(value))}</td>"
+                    f"<td class='num'>{op} {_e(figure(bound))}</td><td>{verdict}</td></tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+_SHOWN_ELSEWHERE = ("thresholds", "threshold_source", "skipped_metrics", "frames", "clip", "ssim", "psnr", "mean_abs_diff")
+
+
+def _case_section(stage: str, record: Mapping[str, Any]) -> str:
+    """The evidence of one failing case."""
+    case_id = str(record.get("case_id", "?"))
+    figures: Mapping[str, Any] = record.get("figures") or {}
+    is_image = "thresholds" in figures
+    parts = [f"<article id='{anchor(stage, case_id)}' style='overflow-wrap: anywhere'><h3>{_e(case_id)} <small>({_e(stage)}: {_e(record.get('check', ''))})</small></h3>",
+             f"<p><span class='fail'>failed</span>: {_e(record.get('reason') or '')}</p>"]
+    if record.get("next_step"):
+        parts.append(f"<p>next: <code>{_e(record['next_step'])}</code></p>")
+    if record.get("bound"):
+        parts.append(f"<p>bound: {_e(record['bound'])}</p>")
+    if is_image:
+        parts.append(_metrics_table(figures))
+    rest = {k: v for k, v in figures.items() if not (is_image and k in _SHOWN_ELSEWHERE)}
+    if rest:
+        parts.append("<details open><summary>figures</summary>" + _key_value_table(rest.items()) + "</details>")
+    artifacts: Mapping[str, Any] = record.get("artifacts") or {}
+    if artifacts.get("triptych"):
+        caption = (f"{' | '.join(PANEL_LABELS)}: |diff| is the mean over RGB in levels of 255, black 0, white "
+                   f"{DIFF_MAX:g} or more (square-root scale, the same in every case)")
+        parts.append(f"<figure><img src='{_e(artifacts['triptych'])}' alt='{_e(case_id)}: {' | '.join(PANEL_LABELS)}'>"
+                     f"<figcaption>{_e(caption)}</figcaption></figure>")
+    if figures.get("frames"):
+        parts.append("<p>per frame:</p>" + value_html(figures["frames"]))
+    if artifacts.get("candidate"):
+        parts.append(f"<p>candidate saved: <a href='{_e(artifacts['candidate'])}'>{_e(artifacts['candidate'])}</a></p>")
+    if record.get("traceback"):
+        parts.append(f"<details><summary>traceback</summary><pre>{_e(record['traceback'])}</pre></details>")
+    return "".join(parts) + "</article>"
+
+
+def _brief_figures(figures: Mapping[str, Any], limit: int = 4) -> str:
+    shown = [(k, v) for k, v in figures.items() if _scalar(v) and k not in ("thresholds", "threshold_source")][:limit]
+    return ", ".join(f"{k} {_text(v)}" for k, v in shown)
+
+
+def _stage_details(name: str, stage: Mapping[str, Any]) -> str:
     if "skipped" in stage:
-        return parts[0] + f"<p>skipped: {html.escape(str(stage['skipped']))}</p>"
-    summary = stage.get("summary", {})
+        return f"<p><b>{_e(name)}</b>: skipped ({_e(stage['skipped'])})</p>"
+    summary = ", ".join(f"{v} {k}" for k, v in (stage.get("summary") or {}).items() if v)
     wall = stage.get("wall_s")
-    parts.append("<p>" + ", ".join(f"{html.escape(str(v))} {html.escape(k)}" for k, v in summary.items())
-                 + (f" in {wall:.1f} s" if isinstance(wall, (int, float)) else "") + "</p>")
-    records: Sequence[Mapping[str, Any]] = stage.get("records", [])
-    rows = ["<tr><th>case</th><th>status</th><th>reason / bound</th><th>figures</th></tr>"]
-    figures_html = []
-    for record in records:
-        status = str(record.get("status", ""))
-        colour = STATUS_COLOUR.get(status, "#1f2328")
-        detail = record.get("reason") or record.get("bound") or ""
-        case_id = str(record.get("case_id", record.get("id", "?")))
-        rows.append(
-            f"<tr><td>{html.escape(case_id)}</td><td class='status' style='color:{colour}'>{html.escape(status)}</td>"
-            f"<td>{html.escape(str(detail))}</td><td class='figures'>{_figures_cell(record.get('figures', {}))}</td></tr>"
-        )
-        triptych_png = (record.get("artifacts") or {}).get("triptych")
-        if triptych_png:
-            src = html.escape(str(triptych_png), quote=True)
-            scale = (record.get("figures") or {}).get("diff_scale")
-            caption = f"{html.escape(case_id)}: reference | candidate | |diff| heat map"
-            if isinstance(scale, (int, float)):
-                caption += f" (white = a difference of {scale:.3g}/255)"
-            figures_html.append(f"<figure><img src='{src}' alt='{html.escape(case_id)} triptych'>"
-                                f"<figcaption>{caption}</figcaption></figure>")
-    parts.append("<table>" + "".join(rows) + "</table>")
-    parts.extend(figures_html)
-    return "\n".join(parts)
+    rows = ["<tr><th>case</th><th>status</th><th>bound / reason</th><th>figures</th><th>ms</th><th>output</th></tr>"]
+    for r in stage.get("records", []):
+        status = str(r.get("status", ""))
+        case_id = str(r.get("case_id", "?"))
+        name_html = (f"<a href='#{anchor(name, case_id)}'>{_e(case_id)}</a>" if status == "failed" else _e(case_id))
+        candidate = (r.get("artifacts") or {}).get("candidate")
+        output = f"<a href='{_e(candidate)}'><img class='thumb' src='{_e(candidate)}' alt='{_e(case_id)} candidate'></a>" if candidate else ""
+        duration = r.get("duration_s")
+        rows.append(f"<tr><td>{name_html}</td><td class='status' style='color:{STATUS_COLOUR.get(status, '#1f2328')}'>{_e(status)}</td>"
+                    f"<td>{_e(r.get('reason') or r.get('bound') or '')}</td><td>{_e(_brief_figures(r.get('figures') or {}))}</td>"
+                    f"<td class='num'>{'' if duration is None else f'{duration * 1000:.0f}'}</td><td>{output}</td></tr>")
+    timing = f" in {wall:.1f} s" if isinstance(wall, (int, float)) else ""
+    return f"<details><summary>{_e(name)}: {_e(summary or 'no cases')}{timing}</summary><table>{''.join(rows)}</table></details>"
+
+
+def _records(document: Mapping[str, Any], status: str) -> list[tuple[str, Mapping[str, Any]]]:
+    return [(name, r) for name, stage in (document.get("stages") or {}).items() for r in stage.get("records", [])
+            if r.get("status") == status]
+
+
+def _first_line(text: str | None, limit: int = 240) -> str:
+    line = (text or "").splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _failure_tables(document: Mapping[str, Any]) -> str:
+    failed = _records(document, "failed")
+    parts = []
+    if failed:
+        rows = ["<tr><th>stage</th><th>case</th><th>check</th><th>reason</th><th>next step</th></tr>"]
+        rows += [f"<tr><td class='id'>{_e(s)}</td><td class='id'><a href='#{anchor(s, str(r.get('case_id')))}'>{_e(r.get('case_id'))}</a></td>"
+                 f"<td class='id'>{_e(r.get('check', ''))}</td><td class='text'>{_e(_first_line(r.get('reason')))}</td>"
+                 f"<td class='text'>{'<code>' + _e(r['next_step']) + '</code>' if r.get('next_step') else ''}</td></tr>" for s, r in failed]
+        parts.append(f"<h2>Failures ({len(failed)})</h2><table id='failures'>{''.join(rows)}</table>")
+    skipped = _records(document, "skipped") + _records(document, "xfailed")
+    stage_skips = [(n, s["skipped"]) for n, s in (document.get("stages") or {}).items() if "skipped" in s]
+    if skipped or stage_skips:
+        rows = ["<tr><th>stage</th><th>case</th><th>status</th><th>reason</th></tr>"]
+        rows += [f"<tr><td class='id'>{_e(n)}</td><td class='id'>(whole stage)</td><td class='id'>skipped</td>"
+                 f"<td class='text'>{_e(reason)}</td></tr>" for n, reason in stage_skips]
+        rows += [f"<tr><td class='id'>{_e(s)}</td><td class='id'>{_e(r.get('case_id'))}</td><td class='id'>{_e(r.get('status'))}</td>"
+                 f"<td class='text'>{_e(_first_line(r.get('reason')))}</td></tr>" for s, r in skipped]
+        parts.append(f"<h2>Skipped ({len(skipped) + len(stage_skips)})</h2><table id='skips'>{''.join(rows)}</table>")
+    return "".join(parts)
+
+
+def _banner(document: Mapping[str, Any]) -> str:
+    passed = bool(document.get("passed"))
+    failed = _records(document, "failed")
+    by_stage: dict[str, int] = {}
+    for stage, _ in failed:
+        by_stage[stage] = by_stage.get(stage, 0) + 1
+    detail = ", ".join(f"{n} in {s}" for s, n in by_stage.items())
+    verdict = "PASSED" if passed else f"FAILED: {len(failed)} failing case{'s' if len(failed) != 1 else ''}" + (f" ({detail})" if detail else "")
+    env = [f"{k} {document[k]}" for k in _STAGE_ORDER_KEYS if document.get(k) is not None]
+    git = document.get("git") or {}
+    if git.get("commit"):
+        env.append(f"commit {str(git['commit'])[:12]}{' (dirty)' if git.get('dirty') else ''}")
+    wall = document.get("wall_s")
+    if isinstance(wall, (int, float)) and math.isfinite(wall):
+        env.append(f"{wall:.1f} s")
+    return (f"<div id='verdict' class='banner {'passed' if passed else 'failed'}'>parity {_e(document.get('command', 'gate'))}: "
+            f"{_e(verdict)}</div><p>{_e('; '.join(env))}</p>")
 
 
 def render_index(document: Mapping[str, Any]) -> str:
-    """The report page for a gate results document."""
-    passed = document.get("passed")
-    verdict = "PASSED" if passed else "FAILED"
-    env = {k: document[k] for k in ("target", "device", "platform", "torch", "host") if k in document}
-    head = (f"<h1>parity gate: <span style='color:{STATUS_COLOUR['passed' if passed else 'failed']}'>{verdict}</span></h1>"
-            f"<p>{html.escape(', '.join(f'{k} {v}' for k, v in env.items()))}"
-            + (f"; {document['wall_s']:.1f} s" if isinstance(document.get("wall_s"), (int, float)) else "") + "</p>")
-    sections = [_stage_section(name, stage) for name, stage in document.get("stages", {}).items()]
-    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>parity gate</title>"
-            f"<style>{_CSS}</style></head><body>\n{head}\n" + "\n".join(sections) + "\n</body></html>\n")
+    """The report page for a results document."""
+    failing = "".join(_case_section(s, r) for s, r in _records(document, "failed"))
+    stages = "".join(_stage_details(n, s) for n, s in (document.get("stages") or {}).items())
+    body = (_banner(document) + _failure_tables(document)
+            + (f"<h2>Failing cases</h2>{failing}" if failing else "")
+            + f"<h2>Every case, by stage</h2>{stages}")
+    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>parity report</title>"
+            f"<style>{_CSS}</style></head><body>\n{body}\n</body></html>\n")
 
 
 def write_index(path: str | Path, document: Mapping[str, Any]) -> None:

@@ -3,19 +3,26 @@
 Rows are contract × dtype; columns are platform × backend (the SDPA kernel when pinned).
 A cell reads ``pass``/``FAIL``/``skip`` with its figure: ``=`` for bitwise, else the max abs
 error. Platforms forced through PARITY_PLATFORM are labelled *simulated*.
+
+Every value a table shows is validated when the file is read (:func:`load_sweep`), so a
+corrupt or hand-edited sweep is a ConfigError naming the file and the key, never a traceback
+halfway through rendering or a cell that reads "pass" for a NaN.
 """
 
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.errors import ConfigError
+from harness.files.jsonio import expect_int, expect_number, expect_object, expect_str, read_json
+from harness.results import Status
 
 SWEEP_SCHEMA = "parity.sweep/1"
+_NON_FINITE = ("nan", "inf", "-inf")  # how a results figure records a non-finite float (harness.results.json_safe)
 
 
 @dataclass(frozen=True)
@@ -33,25 +40,77 @@ class Sweep:
         return label if p.get("simulated") else f"{label} · {p.get('device_name') or '?'}"
 
 
+def _optional(value: Any, path: str | Path, key: str, kind: str) -> None:
+    """``value`` is null or of ``kind``: "str", "bool" or "number" (finite, >= 0)."""
+    if value is None:
+        return
+    if kind == "str":
+        expect_str(value, path, key)
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"expected true, false or null, got {value!r}", path=path, key=key)
+    else:
+        expect_number(value, path, key, lo=0.0)
+
+
+def _check_cell(cell: Any, path: str | Path, key: str) -> None:
+    cell = expect_object(cell, path, key)
+    for name in ("contract", "dtype", "backend", "status"):
+        if not isinstance(cell.get(name), str) or not cell[name]:
+            raise ConfigError("missing or not a non-empty string", path=path, key=f"{key}.{name}")
+    if cell["status"] not in {str(s) for s in Status}:
+        raise ConfigError(f"status must be one of {[str(s) for s in Status]}, got {cell['status']!r}", path=path,
+                          key=f"{key}.status")
+    _optional(cell.get("kernel"), path, f"{key}.kernel", "str")
+    if "world_size" in cell:
+        expect_int(cell["world_size"], path, f"{key}.world_size", lo=1)
+    figures = cell.get("figures")
+    if figures is None:
+        return
+    figures = expect_object(figures, path, f"{key}.figures")
+    _optional(figures.get("bitwise"), path, f"{key}.figures.bitwise", "bool")
+    max_abs = figures.get("max_abs")
+    if max_abs in _NON_FINITE:
+        if cell["status"] == "passed":
+            raise ConfigError(f"a passed cell with max_abs {max_abs!r}: NaN/Inf never pass", path=path,
+                              key=f"{key}.figures.max_abs")
+    else:
+        _optional(max_abs, path, f"{key}.figures.max_abs", "number")
+
+
+def _check_kernel(row: Any, path: str | Path, key: str) -> None:
+    row = expect_object(row, path, key)
+    for name in ("backend", "dtype", "shape"):
+        expect_str(row.get(name), path, f"{key}.{name}")
+    for name, kind in (("kernel", "str"), ("skipped", "str"), ("median_ms", "number"), ("tflops", "number")):
+        _optional(row.get(name), path, f"{key}.{name}", kind)
+
+
 def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate a sweep file; errors name the file and the key."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError("sweep file not found", path=path) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"not valid JSON (line {exc.lineno}): {exc.msg}", path=path) from None
-    if not isinstance(data, dict) or data.get("schema") != SWEEP_SCHEMA:
+    """Read and validate a sweep file, every value a matrix renders included; errors name the file and the key."""
+    return parse_sweep(read_json(path), path)
+
+
+def parse_sweep(data: Any, path: str | Path = "<this run>") -> Sweep:
+    """Validate a sweep document (read from a file, or just made by ``parity sweep``)."""
+    data = expect_object(data, path, "")
+    if data.get("schema") != SWEEP_SCHEMA:
         raise ConfigError(f"not a parity sweep file (expected schema {SWEEP_SCHEMA!r})", path=path, key="schema")
-    for key, kind in (("platform", dict), ("cells", list)):
-        if not isinstance(data.get(key), kind):
-            raise ConfigError(f"must be a {kind.__name__}", path=path, key=key)
+    platform = expect_object(data.get("platform"), path, "platform")
+    for name in ("label", "kind", "device_name"):
+        _optional(platform.get(name), path, f"platform.{name}", "str")
+    _optional(platform.get("simulated"), path, "platform.simulated", "bool")
+    if not isinstance(data.get("cells"), list):
+        raise ConfigError("must be an array", path=path, key="cells")
     for i, cell in enumerate(data["cells"]):
-        for key in ("contract", "dtype", "backend", "status"):
-            if not isinstance(cell, dict) or not isinstance(cell.get(key), str):
-                raise ConfigError("missing or not a string", path=path, key=f"cells[{i}].{key}")
+        _check_cell(cell, path, f"cells.{i}")
+    kernels = data.get("kernels", [])
+    if not isinstance(kernels, list):
+        raise ConfigError("must be an array", path=path, key="kernels")
+    for i, row in enumerate(kernels):
+        _check_kernel(row, path, f"kernels.{i}")
     extras = {k: v for k, v in data.items() if k not in ("schema", "platform", "cells", "kernels")}
-    return Sweep(str(path), data["platform"], data["cells"], data.get("kernels", []), extras)
+    return Sweep(str(path), platform, data["cells"], kernels, extras)
 
 
 def _column(sweep: Sweep, cell: dict) -> str:
@@ -67,6 +126,8 @@ def _cell_text(cell: dict) -> str:
     word = "pass" if status == "passed" else "FAIL"
     if figures.get("bitwise"):
         return f"{word} ="
+    if figures.get("max_abs") in _NON_FINITE:
+        return f"{word} {figures['max_abs']}"
     if figures.get("max_abs") is not None:
         return f"{word} {figures['max_abs']:.2e}"
     return word

@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from harness.baselines.platforms import machine_record
 from harness.contracts.case import Case, with_overrides
+from harness.contracts.params import DTYPES
 from harness.contracts.registry import get_contract
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
@@ -133,7 +132,7 @@ def run_sweep(cases: Sequence[Case], options: SweepOptions, on_result: Callable[
     if options.kernels:
         on_gpu = device == "cuda"
         run_time = 0.5 if on_gpu else 0.2
-        document["kernels"] = [t.to_dict() for dtype in (torch.bfloat16, torch.float16) for t in time_backends(
+        document["kernels"] = [t.to_dict() for dtype in (DTYPES[d] for d in options.dtypes) for t in time_backends(
             device=device, dtype=dtype, min_run_time=run_time, **({} if on_gpu else {"shape": _cpu_shape()})
         )]
         document["usp_overhead"] = usp_overhead(device=device, min_run_time=run_time, **({} if on_gpu else {"shape": _cpu_shape()}))

@@ -38,6 +38,7 @@ CAPABILITIES: dict[str, str] = {
     "varlen": "forward(..., seq_lens=[one valid length per rank])",
     "mask": "forward(..., attn_mask=bool mask [B, S_k] or [B, 1|H, S_q, S_k])",
     "ring_mask": "attn_mask under ring attention (each rank holds the mask of its own K/V shard)",
+    "masked_replicated_prefix": "forward(..., attn_mask=[B, n + S_k] key mask, num_replicated_prefix=n) under SP",
     "backend_choice": "AttentionSpec.backend names the kernel family to run",
     "backend_selection": "AttentionSpec.backend_config / default_backend / component / supported_backends",
     "reference_models": "the target is reference_impl itself: model-level checks (model.*, encoder.*, vae.*) run its models",
@@ -144,6 +145,13 @@ class Target(ABC):
     def make_attention(self, spec: AttentionSpec) -> Attention:
         """Build the attention under test; raise :class:`Unsupported` for what it cannot express."""
 
+    def preload_modules(self) -> tuple[str, ...]:
+        """Modules to import once per run, in the preloaded process ranks are forked from, instead of
+        once per rank. Default: the module defining this class. Name a stack imported lazily
+        (e.g. ``("sglang.multimodal_gen.runtime.layers.attention",)``); never one that initialises
+        CUDA at import (a CUDA rank forked from it refuses to start)."""
+        return (type(self).__module__,)
+
     def backend_columns(self, device: str) -> list[str]:
         """Backend names ``parity sweep`` runs as columns on ``device`` (``name`` or ``name:kernel``).
         Default: none besides the target's own choice (``AttentionSpec.backend=None``)."""
@@ -152,6 +160,11 @@ class Target(ABC):
     def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
         """Refuse parameters this target can never run, before any rank starts (raise
         ``harness.contracts.params.ParamError`` naming the key: the run exits 2). Default: accept."""
+
+    def check_backend(self, backend: str | None, sdpa_kernel: str | None) -> None:
+        """Refuse a backend name (or a pinned SDPA kernel with it) this target does not have, with a
+        ``ParamError`` keyed ``backend`` or ``sdpa_kernel`` that lists the valid names; for case
+        parameters and for ``--backend``/``--backends`` alike. Default: accept any name."""
 
     def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
         """For targets declaring ``reference_models``: the measuring function behind ``model.*``,
@@ -176,11 +189,17 @@ class Timings:
 
 @dataclass
 class PipelineOutput:
-    """What one run generated: uint8 ``[H, W, 3]`` (image) or ``[T, H, W, 3]`` (video), and how long it took."""
+    """What one run generated: uint8 ``[H, W, 3]`` (image) or ``[T, H, W, 3]`` (video), and how long it took.
+
+    ``nonfinite``: NaN/Inf values the run produced before its uint8 conversion (latents, decoded
+    pixels). uint8 cannot hold NaN (it becomes 0), so a NaN run looks like a black image and would
+    match a black reference; a target that can count them must, and a non-zero count fails the run.
+    """
 
     output: np.ndarray
     timings: Timings
     backends: dict[str, str] = field(default_factory=dict)
+    nonfinite: int = 0
 
 
 class PreparedPipeline(Protocol):

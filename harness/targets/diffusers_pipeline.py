@@ -14,7 +14,7 @@ loaded with ``local_files_only=True``: a gate never reaches a hub. An image case
   ``num_frames`` makes video cases (``.frames``), any other image cases (``.images``).
 
 Output: ``output_type="np"`` (floats in [0, 1]) to uint8 as diffusers' ``numpy_to_pil`` rounds it,
-``[H, W, 3]`` or ``[T, H, W, 3]``.
+``[H, W, 3]`` or ``[T, H, W, 3]``; NaN/Inf values are counted first (``nonfinite``: the run fails).
 
 Timings (``perf_counter``; on CUDA every mark synchronizes the device first), from four marks
 per run: the call, ``encode_prompt`` (the method is wrapped on the instance), the transformer's
@@ -231,13 +231,15 @@ class _Clock:
         return Timings((end - start) * 1000, stages, steps, clock)
 
 
-def _to_uint8(result: Any, video: bool) -> np.ndarray:
-    """diffusers' ``numpy_to_pil`` rounding of the first output: ``[H, W, 3]`` or ``[T, H, W, 3]``."""
+def _to_uint8(result: Any, video: bool) -> tuple[np.ndarray, int]:
+    """diffusers' ``numpy_to_pil`` rounding of the first output (``[H, W, 3]`` or ``[T, H, W, 3]``) and its
+    NaN/Inf count (diffusers' clamp to [0, 1] keeps NaN; uint8 would hide it as 0)."""
     batch = np.asarray(result.frames if video else result.images)
     out = np.asarray(batch[0])
     if out.ndim != (4 if video else 3) or out.shape[-1] != 3:
         raise RuntimeError(f"the pipeline returned {batch.shape}, not a batch of {'frames' if video else 'images'} with 3 channels")
-    return (out * 255).round().astype(np.uint8)
+    nonfinite = int(np.count_nonzero(~np.isfinite(out)))
+    return (np.nan_to_num(out, nan=0.0) * 255).round().clip(0, 255).astype(np.uint8), nonfinite
 
 
 def _attention_backend(model: torch.nn.Module) -> str:
@@ -278,8 +280,8 @@ class _Prepared:
         result = self.pipe(**self.kwargs, generator=torch.Generator("cpu").manual_seed(self.seed), output_type="np",
                            return_dict=True, callback_on_step_end=self.clock.on_step_end)
         end = self.clock.now()
-        return PipelineOutput(_to_uint8(result, self.info.video), self.clock.timings(start, end, self.clock_name),
-                              dict(self.backends))
+        output, nonfinite = _to_uint8(result, self.info.video)
+        return PipelineOutput(output, self.clock.timings(start, end, self.clock_name), dict(self.backends), nonfinite)
 
     def close(self) -> None:
         self.hook.remove()

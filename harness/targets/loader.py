@@ -23,6 +23,7 @@ from harness.targets.base import CAPABILITIES, PipelineTarget, Target
 # name -> (module, factory attribute, one-line description)
 BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
     "reference": ("harness.targets.reference", "factory", "reference_impl USPAttention (default)"),
+    "sglang": ("harness.targets.sglang", "factory", "sglang's multimodal_gen USPAttention on sglang's parallel state (layer=MODULE:CLASS)"),
     "yunchang": ("harness.targets.yunchang", "factory", "yunchang 0.6.4 LongContextAttention (Ulysses x ring; CUDA only)"),
     "yunchang-ulysses": ("harness.targets.yunchang", "ulysses_factory", "yunchang 0.6.4 UlyssesAttention (CUDA only)"),
     "diffusers": ("harness.targets.diffusers", "factory", "diffusers dispatch_attention_fn under ContextParallelConfig (backend=NAME)"),

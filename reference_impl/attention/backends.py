@@ -303,7 +303,7 @@ class FlashAttnBackend(AttentionBackend):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         if cls._module_name() is None:
-            return "the flash-attn package is not installed (pip install 'parity[fa]')"
+            return "the flash-attn package is not installed (pip install flash-attn; from a parity checkout: pip install -e '.[fa]')"
         return super().unavailable_reason()
 
     @classmethod
@@ -342,7 +342,7 @@ class SageAttnBackend(AttentionBackend):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         if importlib.util.find_spec("sageattention") is None:
-            return "the sageattention package is not installed (pip install 'parity[sage]')"
+            return "the sageattention package is not installed (pip install sageattention; from a parity checkout: pip install -e '.[sage]')"
         return super().unavailable_reason()
 
     def forward(self, q, k, v, causal=False, softmax_scale=None, return_lse=False, attn_mask=None):

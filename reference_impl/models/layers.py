@@ -68,7 +68,10 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ModelConfigError(f"expected a number, got {type(value).__name__} {value!r}", key)
-        return float(value)
+        number = float(value) if not isinstance(value, int) or abs(value) < 2**1000 else math.inf
+        if not math.isfinite(number):  # nan passes every "<= 0" check and poisons the run silently
+            raise ModelConfigError(f"must be a finite number, got {value if number != math.inf else 'a huge integer'!r}", key)
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise ModelConfigError(f"expected a string, got {type(value).__name__} {value!r}", key)

@@ -159,3 +159,95 @@ def test_sigkill_at_random_moments_never_tears_the_target(tmp_path: Path) -> Non
     assert doc["version"] == -1 or doc["payload"] == str(doc["version"] % 10) * (1_000_000 + doc["version"])
     assert len(seen) > 1, "the writer made no progress; the test did not exercise concurrent writes"
     assert len(_temps(tmp_path)) <= 1  # at most the one the kill interrupted
+
+
+def _backdate(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_next_write_removes_the_temp_file_of_a_killed_writer(tmp_path: Path) -> None:
+    target = tmp_path / "base.json"
+    child = _spawn(
+        f"""
+        import os, time
+        from harness.files import atomic
+        real_fsync = os.fsync
+        def fsync_then_hang(fd):
+            real_fsync(fd)
+            if os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}")).endswith(".tmp"):
+                print("WRITTEN", flush=True)
+                time.sleep(60)
+        atomic.os.fsync = fsync_then_hang
+        atomic.write_json_atomic({str(target)!r}, {{"version": "killed"}})
+        """
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "WRITTEN"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+        child.wait()
+    (orphan,) = _temps(tmp_path)
+    write_json_atomic(tmp_path / "other.json", {})
+    assert _temps(tmp_path) == [orphan]  # younger than the grace: it could be a writer that has not locked yet
+    _backdate(orphan, atomic.ORPHAN_GRACE_S + 1)
+    write_json_atomic(tmp_path / "other.json", {"again": True})
+    assert _temps(tmp_path) == []  # unlocked and old enough: its writer is dead
+
+
+def test_a_live_writers_temp_file_is_never_removed(tmp_path: Path) -> None:
+    target, go = tmp_path / "live.json", tmp_path / "go"
+    child = _spawn(
+        f"""
+        import os, time
+        from harness.files import atomic
+        real_fsync = os.fsync
+        def fsync_then_wait(fd):
+            real_fsync(fd)
+            if os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}")).endswith(".tmp"):
+                print("WRITTEN", flush=True)
+                while not os.path.exists({str(go)!r}):
+                    time.sleep(0.05)
+        atomic.os.fsync = fsync_then_wait
+        atomic.write_json_atomic({str(target)!r}, {{"version": "live"}})
+        """
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "WRITTEN"
+        (live,) = _temps(tmp_path)
+        _backdate(live, atomic.STALE_TEMP_S * 2)  # however old it looks, its writer holds the lock
+        write_json_atomic(tmp_path / "other.json", {})
+        assert _temps(tmp_path) == [live]
+        go.touch()
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+        child.wait()
+    assert json.loads(target.read_text()) == {"version": "live"}  # its rename found its temp file
+    assert _temps(tmp_path) == []
+
+
+def test_without_locks_only_temps_older_than_an_hour_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(atomic, "fcntl", None)
+    recent, stale = tmp_path / ".a.json.0123456789ab.tmp", tmp_path / ".b.json.ba9876543210.tmp"
+    not_ours = [tmp_path / n for n in (".notes.tmp", "c.json.0123456789ab.tmp", ".d.json.XYZ.tmp", ".e.json.0123456789ab.tmpx")]
+    for path in (recent, stale, *not_ours):
+        path.write_text("x")
+        _backdate(path, atomic.STALE_TEMP_S + 10)
+    _backdate(recent, atomic.STALE_TEMP_S - 60)
+    write_bytes_atomic(tmp_path / "t.json", b"{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([recent.name, "t.json", *(p.name for p in not_ours)])
+
+
+def test_check_writable_probes_without_leaving_anything(tmp_path: Path) -> None:
+    from harness.errors import ConfigError
+
+    atomic.check_writable(tmp_path / "new" / "dir", "--report", directory=True)
+    atomic.check_writable(tmp_path / "out.json", "--json")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["dir", "new"]
+    with pytest.raises(ConfigError, match="key '--json': is a directory"):
+        atomic.check_writable(tmp_path / "new", "--json")
+    with pytest.raises(ConfigError, match="key '--report': cannot write here"):
+        atomic.check_writable(Path("/proc/forbidden"), "--report", directory=True)

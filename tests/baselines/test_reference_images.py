@@ -1,4 +1,4 @@
-"""Reference images/videos: bless writes PNG + manifest; load verifies the hash, loudly."""
+"""Reference images/videos: bless writes PNG + manifest (hashes, fields, fingerprint); load verifies the hash, loudly."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.baselines.images import MANIFEST, bless, load_reference
+from harness.baselines.image_writes import bless
+from harness.baselines.images import MANIFEST, changed_fields, fingerprint, load_reference, read_manifest
 from harness.errors import ConfigError
 
 
@@ -22,7 +23,9 @@ def test_image_round_trip_and_manifest(tmp_path: Path) -> None:
     assert bless(tmp_path, "flux_image_t2i", img) == ["flux_image_t2i.png"]
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     digest = hashlib.sha256((tmp_path / "flux_image_t2i.png").read_bytes()).hexdigest()
-    assert manifest == {"flux_image_t2i.png": digest}
+    assert manifest == {"format": 2, "cases": {"flux_image_t2i": {
+        "fingerprint": None, "fields": None, "world_size": 1, "pipeline": None, "shape": [12, 16, 3],
+        "files": {"flux_image_t2i.png": digest}}}}
     out = load_reference(tmp_path, "flux_image_t2i")
     assert out.dtype == np.uint8 and np.array_equal(out, img)
 
@@ -35,13 +38,13 @@ def test_video_is_stored_per_frame(tmp_path: Path) -> None:
     bless(tmp_path, "wan_t2v", video[:2])
     assert load_reference(tmp_path, "wan_t2v").shape == (2, 12, 16, 3)
     assert not (tmp_path / "wan_t2v" / "frame_0002.png").exists()
-    assert "wan_t2v/frame_0002.png" not in json.loads((tmp_path / MANIFEST).read_text())
+    assert "wan_t2v/frame_0002.png" not in json.loads((tmp_path / MANIFEST).read_text())["cases"]["wan_t2v"]["files"]
 
 
 def test_frame_missing_from_manifest_is_an_error(tmp_path: Path) -> None:
     bless(tmp_path, "v", np.stack([_image(i) for i in range(3)]))
     manifest = json.loads((tmp_path / MANIFEST).read_text())
-    del manifest["v/frame_0001.png"]
+    del manifest["cases"]["v"]["files"]["v/frame_0001.png"]
     (tmp_path / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="v/frame_0001.png is not listed"):
         load_reference(tmp_path, "v")
@@ -62,7 +65,7 @@ def test_file_missing_from_manifest_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not in manifest.json") as info:
         load_reference(tmp_path, "stray")
     assert info.value.path == str(tmp_path / "stray.png")
-    with pytest.raises(ConfigError, match="no reference for case 'nothing'"):
+    with pytest.raises(ConfigError, match="no reference for case 'nothing' in manifest.json: run `parity bless nothing`"):
         load_reference(tmp_path, "nothing")
 
 
@@ -78,8 +81,35 @@ def test_corrupt_manifest_and_bad_arguments(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text('{"a.png": "not-a-hash"}')
     with pytest.raises(ConfigError, match="sha256") as info:
         load_reference(tmp_path, "a")
-    assert info.value.key == "a.png"
+    assert info.value.key == "a.png"  # a format-1 manifest is keyed by file name
+    (tmp_path / MANIFEST).write_text('{"format": 3, "cases": {}}')
+    with pytest.raises(ConfigError, match="unknown manifest format 3") as info:
+        load_reference(tmp_path, "a")
+    assert info.value.key == "format"
     with pytest.raises(ConfigError, match="file name"):
         bless(tmp_path, "../escape", _image(0))
     with pytest.raises(ValueError, match="uint8"):
         bless(tmp_path / "new", "x", _image(0).astype(np.float32))
+
+
+def test_format_1_manifests_still_load_without_fingerprints(tmp_path: Path) -> None:
+    """References blessed before fingerprints: a flat {file: sha256} map, frames in numeric order."""
+    bless(tmp_path, "v", np.stack([_image(i) for i in range(3)]))
+    bless(tmp_path, "a", _image(9))
+    cases = json.loads((tmp_path / MANIFEST).read_text())["cases"]
+    flat = {name: digest for case in cases.values() for name, digest in case["files"].items()}
+    (tmp_path / MANIFEST).write_text(json.dumps(dict(sorted(flat.items(), reverse=True))))
+    entries = read_manifest(tmp_path)
+    assert list(entries["v"].files) == [f"v/frame_{i:04d}.png" for i in range(3)]
+    assert entries["a"].fingerprint is None and np.array_equal(load_reference(tmp_path, "a"), _image(9))
+
+
+def test_fields_are_recorded_and_their_changes_named(tmp_path: Path) -> None:
+    fields = {"prompt": "a fox", "seed": 0, "steps": 4}
+    bless(tmp_path, "a", _image(1), fields=fields, pipeline="reference")
+    entry = read_manifest(tmp_path)["a"]
+    assert entry.fields == fields and entry.fingerprint == fingerprint({"steps": 4, "seed": 0, "prompt": "a fox"})
+    assert fingerprint({**fields, "seed": 1}) != entry.fingerprint
+    assert changed_fields(entry.fields, {"prompt": "a fox", "seed": 1, "dtype": "bf16"}) == [
+        "dtype 'bf16' added", "seed 0 → 1", "steps 4 removed"]
+    assert changed_fields(None, fields) == ["blessed before fields were recorded"]

@@ -62,7 +62,7 @@ def test_unknown_ids_targets_and_world_sizes_exit_2(capsys, sglang_cases):
     assert main(["check", "--cases", str(sglang_cases), "--target", "nosuchmodule:factory"]) == 2
     assert "cannot import module 'nosuchmodule'" in capsys.readouterr().err
     assert main(["check", "--cases", str(sglang_cases), "--target", "yunchang2"]) == 2
-    assert "built-in targets: reference, yunchang, yunchang-ulysses" in capsys.readouterr().err
+    assert "built-in targets: reference, sglang, yunchang, yunchang-ulysses" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_bad_case_files_exit_2_naming_file_and_key(tmp_path, capsys, text, key):
 
 def test_doctor_json_names_every_backend_and_why():
     # A real subprocess through the console script: what a user runs.
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "doctor", "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "doctor", "--json", "-"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["torch"] and data["python"]
@@ -97,18 +97,18 @@ def test_doctor_json_names_every_backend_and_why():
     assert not backends["fa"]["available"] and "flash-attn" in backends["fa"]["reason"]
     assert not backends["sage_attn"]["available"] and "sageattention" in backends["sage_attn"]["reason"]
     assert backends["sage_attn"]["returns_lse"] is False and backends["math"]["returns_lse"] is True
-    assert {t["name"] for t in data["targets"]} == {"reference", "yunchang", "yunchang-ulysses", "diffusers"}
+    assert {t["name"] for t in data["targets"]} == {"reference", "yunchang", "yunchang-ulysses", "diffusers", "sglang"}
 
 
 def test_doctor_reports_a_forced_platform(capsys, monkeypatch):
     monkeypatch.setenv("PARITY_PLATFORM", "rocm:gfx950")
-    assert main(["doctor", "--json"]) == 0
+    assert main(["doctor", "--json", "-"]) == 0
     platform = json.loads(capsys.readouterr().out)["platform"]
     assert platform == {**platform, "kind": "rocm", "gcn_arch": "gfx950", "simulated": True, "label": "rocm:gfx950 (simulated)"}
 
 
 def test_list_json_has_contracts_cases_and_targets(capsys):
-    assert main(["list", "--json"]) == 0
+    assert main(["list", "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)
     ids = {c["id"] for c in data["contracts"]}
     assert {"usp.replicated_suffix_bitwise", "usp.ring_admission", "backend.selection_precedence"} <= ids

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.contracts.case import make_case
+from harness.errors import ConfigError
 from harness.results import FAILED, PASSED, SKIPPED
 from harness.contracts.runner import RunOptions, precheck, run_cases
 from harness.ranks import PoolSet
@@ -95,13 +96,15 @@ def test_ring_admission_exercises_the_layer_check(rank_pools):
     assert on_cpu.status == SKIPPED and "sageattention package is not installed" in on_cpu.reason
 
 
-def test_unavailable_backend_skips_and_unknown_backend_fails(rank_pools):
+def test_unavailable_backend_skips_and_unknown_backend_is_a_configuration_error(rank_pools):
     skipped = _run(rank_pools, "usp.ulysses_parity", world_size=2, backend="fa")
     assert skipped.status == SKIPPED and "flash-attn package is not installed" in skipped.reason
-    failed = _run(rank_pools, "usp.ulysses_parity", world_size=2, backend="nope")
-    assert failed.status == FAILED
-    assert "rank 0 raised: ValueError: unknown attention backend 'nope'; valid names: torch_sdpa, fa, sage_attn, math" == failed.reason
-    assert "Traceback" in failed.traceback
+    pids = rank_pools.get(2).pids
+    with pytest.raises(ConfigError) as info:  # refused before any rank runs it (was: a failed case with a traceback)
+        _run(rank_pools, "usp.ulysses_parity", world_size=2, backend="nope")
+    assert (info.value.path, info.value.key) == ("test", "cases.usp.ulysses_parity.backend")
+    assert "unknown attention backend 'nope'; valid names: torch_sdpa, fa, sage_attn, math" in str(info.value)
+    assert rank_pools.get(2).pids == pids
 
 
 def test_a_pinned_sdpa_kernel_that_cannot_run_here_skips(rank_pools):

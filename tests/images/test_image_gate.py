@@ -16,9 +16,11 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from harness.baselines.images import bless, load_reference
+from harness.baselines.image_writes import bless
+from harness.baselines.images import load_reference, read_manifest
 from harness.cli import main
 from harness.paths import default_baselines_dir
+from harness.report.triptych import heatmap, triptych
 from harness.results import load_results
 from tests.images.tiny_clip import save_tiny_clip
 
@@ -61,7 +63,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n')
     (cases / "images" / "tiny.toml").write_text(IMAGE_CASES)
     shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
-    assert main(["bless", "--cases", str(cases), "--baselines", str(baselines)]) == 0
+    assert main(["bless", "--all", "--cases", str(cases), "--baselines", str(baselines)]) == 0
     return Project(cases, baselines)
 
 
@@ -75,10 +77,13 @@ def _gate(project: Project, *extra: str, baselines: Path | None = None) -> int:
 
 
 def test_bless_writes_hashed_references_only_when_asked(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
-    manifest = json.loads((project.baselines / "images" / "manifest.json").read_text())
-    assert sorted(manifest) == ["img_1rank.png", *(f"vid_2ranks/frame_{i:04d}.png" for i in range(3))]
-    for name, digest in manifest.items():
-        assert hashlib.sha256((project.baselines / "images" / name).read_bytes()).hexdigest() == digest
+    entries = read_manifest(project.baselines / "images")
+    assert list(entries["img_1rank"].files) == ["img_1rank.png"]
+    assert list(entries["vid_2ranks"].files) == [f"vid_2ranks/frame_{i:04d}.png" for i in range(3)]
+    for entry in entries.values():
+        assert entry.fields is not None and entry.fields["prompt"] == "a lighthouse at dusk" and entry.world_size == 1
+        for name, digest in entry.files.items():
+            assert hashlib.sha256((project.baselines / "images" / name).read_bytes()).hexdigest() == digest
     assert load_reference(project.baselines / "images", "img_1rank").shape == (16, 16, 3)
     assert load_reference(project.baselines / "images", "vid_2ranks").shape == (3, 16, 16, 3)
     assert main(["bless", "nope", "--cases", str(project.cases), "--baselines", str(project.baselines)]) == 2
@@ -114,7 +119,7 @@ def test_unreachable_threshold_fails_with_triptych_report_and_clip_skipped(
     video = load_reference(copy / "images", "vid_2ranks").copy()
     corner = video[1, :4, :4]
     video[1, :4, :4] = np.where(corner < 255, corner + 1, corner - 1)
-    bless(copy / "images", "vid_2ranks", video)
+    bless(copy / "images", "vid_2ranks", video, read_manifest(copy / "images")["vid_2ranks"].fields)
     thresholds = json.loads((copy / "consistency_threshold.json").read_text())
     thresholds["cases"]["vid_2ranks"] = {"psnr_threshold": 200}
     (copy / "consistency_threshold.json").write_text(json.dumps(thresholds))
@@ -130,14 +135,22 @@ def test_unreachable_threshold_fails_with_triptych_report_and_clip_skipped(
     record = {r["case_id"]: r for r in doc["stages"]["images"]["records"]}["vid_2ranks"]
     assert "psnr" in record["reason"] and "< 200" in record["reason"] and "cases.vid_2ranks.psnr_threshold" in record["reason"]
 
-    picture = iio.imread(report / record["artifacts"]["triptych"])
-    k = (picture.shape[1] - 8) // 48  # three 16-pixel panels and two gaps per row
-    assert picture.shape == (3 * 16 * k + 8, 3 * 16 * k + 8, 3)  # first, middle, last frame
-    middle = picture[16 * k + 4 : 32 * k + 4 : k]
-    assert np.array_equal(middle[:, : 16 * k : k], video[1])  # the reference panel holds the blessed frame
-    assert np.array_equal(middle[:4, 32 * k + 8 :: k][:, :4], np.full((4, 4, 3), 255, np.uint8))  # the diff is white there
+    candidate = load_reference(report / "candidates", "vid_2ranks")  # the failing case's output, saved as a set
+    assert np.array_equal(candidate, load_reference(project.baselines / "images", "vid_2ranks"))  # SP=2 reproduced it
+    drawn = triptych(video, candidate)
+    assert np.array_equal(iio.imread(report / record["artifacts"]["triptych"]), drawn.picture)
+    assert len(drawn.panels) == 3  # every frame, one row each
+    (y, x, h, w), _, (dy, dx, _, _) = drawn.panels[1]
+    k = drawn.scale
+    assert np.array_equal(drawn.picture[y : y + h : k, x : x + w : k], video[1])  # the reference panel holds the blessed frame
+    one_level = heatmap(np.ones((1, 1)))[0, 0]
+    assert one_level.tolist() == [96, 0, 0] and (drawn.picture[dy : dy + 4 * k : k, dx : dx + 4 * k : k] == one_level).all()
+    frames = record["figures"]["frames"]
+    assert [(f["frame"], f["psnr"], f["max_abs_diff"]) for f in frames][0::2] == [(0, "inf", 0), (2, "inf", 0)]
+    assert frames[1]["max_abs_diff"] == 1 and frames[1]["mean_abs_diff"] == pytest.approx(16 / 256)
     page = (report / "index.html").read_text()
     assert f"<img src='{record['artifacts']['triptych']}'" in page and "precedence" in page
+    assert page.index("id='failures'") < page.index("id='images-vid_2ranks'") < page.index("<details><summary>contracts")
     junit = (report / "junit.xml").read_text()
     assert 'name="vid_2ranks"' in junit and "<failure" in junit
 
@@ -165,3 +178,61 @@ def test_tampered_reference_exits_2_naming_the_file(
     assert _gate(project, baselines=copy) == 2
     err = capsys.readouterr().err
     assert str(image) in err and "sha256 mismatch" in err
+
+
+def test_bless_names_cases_and_dry_run_writes_nothing(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["--cases", str(project.cases), "--baselines", str(project.baselines)]
+    manifest = project.baselines / "images" / "manifest.json"
+    before = manifest.read_bytes()
+    assert main(["bless", *where]) == 2  # never every case by default
+    assert "name the image cases to bless, or pass --all" in capsys.readouterr().err
+    assert main(["bless", "img_1rank", "--dry-run", "--json", "-", *where]) == 0
+    captured = capsys.readouterr()
+    (change,) = json.loads(captured.out)["changes"]
+    assert change["case_id"] == "img_1rank" and change["change"] == "unchanged" and change["psnr_old_vs_new"] == "inf"
+    assert change["old_sha256"] == change["new_sha256"] and "dry run: nothing written" in captured.err
+    assert manifest.read_bytes() == before
+
+
+def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gate_run(
+    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The --force-regen workflow: the gate fails naming the bless, bless promotes what that run made, the gate passes."""
+    cases = tmp_path / "cases"
+    shutil.copytree(project.cases, cases)
+    text = IMAGE_CASES.replace("[cases.img_1rank]\nworld_size = 1\n", "[cases.img_1rank]\nworld_size = 1\nseed = 5\n")
+    (cases / "images" / "tiny.toml").write_text(text + "\n[cases.img_new]\nseed = 7\n")
+    copy = project.copy_baselines(tmp_path)
+    where = ["--cases", str(cases), "--baselines", str(copy)]
+    report = tmp_path / "report"
+    (report / "candidates").mkdir(parents=True)
+    (report / "candidates" / "from_an_older_run.png").write_bytes(b"old")
+    assert main(["gate", *where, "--report", str(report), "--keep-outputs"]) == 1
+    assert not (report / "candidates" / "from_an_older_run.png").exists()  # only this run's candidates
+    out = capsys.readouterr().out
+    records = {r["case_id"]: r for r in load_results(report / "results.json")["stages"]["images"]["records"]}
+    stale, new = records["img_1rank"], records["img_new"]
+    assert stale["reason"] == "case changed since it was blessed (seed 5 added): run `parity bless img_1rank`"
+    assert new["reason"] == "no reference yet: run `parity bless img_new`" and new["next_step"] == "parity bless img_new"
+    assert stale["figures"]["reference"] == "changed" and stale["figures"]["psnr"] is None  # not judged on pixels
+    assert records["vid_2ranks"]["status"] == "passed" and records["vid_2ranks"]["artifacts"]["candidate"]
+    lines = out.strip().splitlines()
+    assert lines[-1] == "gate: FAILED (2 failing cases: img_1rank, img_new)"
+    assert "    -> parity bless img_1rank" in lines and f"report: {report / 'index.html'}" in lines
+
+    assert main(["bless", "--from-results", str(report), *where]) == 2
+    assert f"parity bless --from-results {report} img_1rank img_new" in capsys.readouterr().err
+    assert main(["bless", "--from-results", str(report), "vid_2ranks", *where]) == 2  # an SP=2 output is no reference
+    assert "ran on 2 ranks and a reference is a one-rank output" in capsys.readouterr().err
+    manifest = (copy / "images" / "manifest.json").read_bytes()
+    assert main(["bless", "--from-results", str(report), "img_1rank", "img_new", "--dry-run", "--json", "-", *where]) == 0
+    changes = {c["case_id"]: c for c in json.loads(capsys.readouterr().out)["changes"]}
+    assert changes["img_1rank"]["change"] == "changed" and changes["img_1rank"]["fields_changed"] == ["seed 5 added"]
+    assert 0 < changes["img_1rank"]["psnr_old_vs_new"] < 60 and changes["img_new"]["change"] == "new"
+    assert (copy / "images" / "manifest.json").read_bytes() == manifest  # a dry run writes nothing
+    assert main(["bless", "--from-results", str(report), "img_1rank", "img_new", *where]) == 0
+    capsys.readouterr()
+    entries = read_manifest(copy / "images")
+    promoted = load_reference(report / "candidates", "img_1rank")
+    assert entries["img_1rank"].fields["seed"] == 5 and np.array_equal(load_reference(copy / "images", "img_1rank"), promoted)
+    assert _gate(Project(cases, copy)) == 0

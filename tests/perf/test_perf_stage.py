@@ -51,7 +51,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     baselines.mkdir()
     (baselines / "consistency_threshold.json").write_text(json.dumps({**THRESHOLDS, "cases": {}}))
     (baselines / PERF_BASE_FILE).write_bytes((REPO / "baselines" / PERF_BASE_FILE).read_bytes())  # the shipped tolerances
-    assert main(["bless", "--cases", str(cases), "--baselines", str(baselines)]) == 0
+    assert main(["bless", "--all", "--cases", str(cases), "--baselines", str(baselines)]) == 0
     return cases, baselines
 
 

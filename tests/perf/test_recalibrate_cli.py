@@ -320,3 +320,31 @@ def test_sigkill_at_random_points_leaves_old_or_new_never_partial(baselines: Pat
         bak = target.with_name(target.name + ".bak")
         if bak.exists():  # the backup is complete too, or absent
             assert json.loads(bak.read_text()) == old
+
+
+def test_failed_runs_are_refused_unless_included_and_few_runs_warn(baselines: Path, three_runs: list[Path], capsys) -> None:
+    """The issue's case: one failed gate run proposed ssim 0.95 -> 0.2065 (LOOSENS) without a word."""
+    failed = _read(three_runs[0])
+    failed["passed"] = False
+    failed["cases"]["flux_image_t2i"]["metrics"]["ssim"] = 0.2465
+    failed["stages"] = {"images": {"records": [{"case_id": "flux_image_t2i", "status": "failed", "figures": {}}]}}
+    three_runs[0].write_text(json.dumps(failed))
+    argv = ["recalibrate", "thresholds", "--baselines", str(baselines), "--results"]
+    assert main([*argv, str(three_runs[0])]) == 2
+    err = capsys.readouterr().err
+    assert "1 of 1 results come from a failed gate run" in err and f"{three_runs[0]} (failed: flux_image_t2i)" in err
+    assert main([*argv, str(three_runs[0]), "--include-failed"]) == 0
+    captured = capsys.readouterr()
+    assert "using 1 failed run(s) (--include-failed)" in captured.err and "only 1 run(s)" in captured.err
+    assert _rows(captured.out)[("flux_image_t2i", "ssim")] == ["0.95", "0.2465", "0.2065", "LOOSENS"]
+    assert main([*argv, *map(str, three_runs[1:])]) == 0
+    assert "only 2 run(s): proposals from fewer than 3" in capsys.readouterr().err
+    assert main([*argv, *map(str, three_runs[1:]), str(three_runs[1])]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_perf_from_results_without_timings_says_how_to_get_them(baselines: Path, three_runs: list[Path], capsys) -> None:
+    assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", *map(str, three_runs)]) == 2
+    err = capsys.readouterr().err
+    assert "the results hold no timings (the perf stage did not run)" in err
+    assert "parity gate --perf --report DIR" in err and "platforms/perf/h200.json" in err

@@ -6,9 +6,12 @@ each rank imports only torch, not pytest (a rank's start is dominated by imports
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -81,3 +84,27 @@ def cuda_probe() -> tuple[str, str, int, float]:
     else:
         dist.all_reduce(t)
     return dist.get_backend(), str(device), torch.cuda.current_device(), float(t[0].item())
+
+
+def rank_0_holds_the_gil_in_c_rank_1_waits(marker_dir: str, seconds: int) -> int:
+    """Rank 0 sleeps inside a C call that keeps the GIL (no Python thread of it can run); rank 1 waits
+    for it in a collective. Each writes a marker first, so a test knows both are stuck."""
+    rank = dist.get_rank()
+    Path(marker_dir, f"stuck-{rank}").write_text(str(os.getpid()))
+    if rank == 0:
+        ctypes.PyDLL(None).sleep(seconds)  # PyDLL: the GIL is held for the whole call
+    dist.all_reduce(torch.ones(1))
+    return rank
+
+
+def start_a_child(then_raise: bool) -> int:
+    """Start a process that would outlive the rank by far; optionally fail the call afterwards."""
+    child = subprocess.Popen(["sleep", "600"])
+    if then_raise:
+        raise RuntimeError(f"raised after starting child {child.pid}")
+    return child.pid
+
+
+def how_i_started(variable: str) -> tuple[int, str | None, int]:
+    """This rank's parent pid, one environment variable, and its process group."""
+    return os.getppid(), os.environ.get(variable), os.getpgid(0)

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 
 from harness.ranks import RankFailure, RankPool, choose_backend, rank_device, run_on_ranks
 
+from .procs import assert_all_ended, live_children, parity_files
 from .rank_fns import (
     add_rank,
     collectives,
@@ -30,45 +30,6 @@ from .rank_fns import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _live_children() -> set[int]:
-    """Pids of this process's children, read from /proc (the spawn resource tracker excepted)."""
-    me, found = os.getpid(), set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
-        if int(fields[1]) == me and b"resource_tracker" not in cmdline:
-            found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """True while the pid exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
-def _rendezvous_files(folder: Path) -> list[Path]:
-    return sorted(folder.glob("parity-rendezvous-*"))
-
-
-def _assert_all_ended(pids: list[int], children_before: set[int]) -> None:
-    assert pids, "the test should have recorded the ranks' pids"
-    assert not [p for p in pids if Path(f"/proc/{p}").exists()], "a rank process remains (or was not reaped)"
-    assert _live_children() <= children_before, "a child process remains"
 
 
 # ---------------------------------------------------------------- results
@@ -101,9 +62,9 @@ def _check_collectives(results: list[dict], world_size: int, seq: int) -> None:
 
 
 def test_run_on_ranks_collectives_on_4_ranks() -> None:
-    before = _live_children()
+    before = live_children()
     _check_collectives(run_on_ranks(collectives, 3, world_size=4), 4, 3)
-    assert _live_children() <= before
+    assert live_children() <= before
 
 
 @pytest.mark.gpu
@@ -130,10 +91,10 @@ def test_rank_failure_pickles_with_its_fields() -> None:
 
 
 def test_pool_lifecycle_many_calls_raise_restart_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the rendezvous files go
-    before = _live_children()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a rendezvous file would go
+    before = live_children()
     pool = RankPool(2, timeout=60)
-    assert len(_rendezvous_files(tmp_path)) == 1
+    assert parity_files(tmp_path) == []  # the rendezvous is a TCPStore served by this process
     first_pids = pool.pids
     _check_collectives(pool.run(collectives, 5), 2, 5)
     for i in range(50):
@@ -148,23 +109,23 @@ def test_pool_lifecycle_many_calls_raise_restart_close(tmp_path: Path, monkeypat
         pool.run(raise_on_rank_1_while_rank_0_waits)
     assert time.monotonic() - start < 10  # the call timeout is 60 s
     assert info.value.rank == 1 and "raise_on_rank_1_while_rank_0_waits" in info.value.traceback
-    assert "ValueError: rank 1 refuses" in str(info.value)
-    assert pool.pids == [] and _rendezvous_files(tmp_path) == []
-    _assert_all_ended(first_pids, before)
+    assert str(info.value).startswith("rank 1 raised: ValueError: rank 1 refuses\n")
+    assert pool.pids == [] and parity_files(tmp_path) == []
+    assert_all_ended(first_pids, before)
 
     assert pool.run(add_rank, 10) == [21, 21]  # a fresh group, started by run()
     second_pids = pool.pids
     assert second_pids and not set(second_pids) & set(first_pids)
     pool.close()
-    _assert_all_ended(second_pids, before)
-    assert _rendezvous_files(tmp_path) == []
+    assert_all_ended(second_pids, before)
+    assert parity_files(tmp_path) == []
     with pytest.raises(RuntimeError, match="after close"):
         pool.run(add_rank, 0)
 
 
 @pytest.mark.parametrize("who", ["self", "outside"])
 def test_sigkilled_rank_names_rank_and_signal(who: str) -> None:
-    before = _live_children()
+    before = live_children()
     with RankPool(2, timeout=60) as pool:
         pids = pool.pids
         start = time.monotonic()
@@ -178,27 +139,34 @@ def test_sigkilled_rank_names_rank_and_signal(who: str) -> None:
         assert time.monotonic() - start < 10  # the call timeout is 60 s
     assert info.value.rank == 1
     assert "SIGKILL" in str(info.value) and "SIGKILL" in info.value.traceback
-    _assert_all_ended(pids, before)
+    assert_all_ended(pids, before)
 
 
-def test_timeout_ends_every_rank_and_names_the_silent_ones() -> None:
-    before = _live_children()
+def test_timeout_ends_every_rank_and_shows_where_each_silent_one_waits() -> None:
+    before = live_children()
     with RankPool(3, timeout=60) as pool:
         pids = pool.pids
         start = time.monotonic()
         with pytest.raises(RankFailure, match="timeout") as info:
             pool.run(rank_1_sleeps_rank_2_waits_for_it, 60, timeout=3)
-        assert time.monotonic() - start < 3 + 4
+        assert time.monotonic() - start < 3 + 10  # the stacks take at most a few seconds more
     assert info.value.rank is None
-    assert "rank(s) [1, 2] had not answered" in str(info.value)  # rank 0 had answered
-    _assert_all_ended(pids, before)
+    message = str(info.value)
+    assert message.splitlines()[0].endswith("rank(s) [1, 2] had not answered")  # rank 0 had answered
+    # faulthandler's dump of each pending rank: rank 1 in its sleep, rank 2 in the recv from rank 1.
+    rank_1 = message[message.index(f"--- rank 1 (pid {pids[1]}) stack:") : message.index("--- rank 2")]
+    rank_2 = message[message.index(f"--- rank 2 (pid {pids[2]}) stack:") :]
+    assert 'rank_fns.py", line' in rank_1 and "in rank_1_sleeps_rank_2_waits_for_it" in rank_1
+    assert "in recv" in rank_2 and "in rank_1_sleeps_rank_2_waits_for_it" in rank_2
+    assert "--- rank 0" not in message and info.value.traceback in message
+    assert_all_ended(pids, before)
 
 
 # ---------------------------------------------------------------- concurrency
 
 
 def test_two_groups_started_at_once_do_not_collide() -> None:
-    before = _live_children()
+    before = live_children()
     results: dict[float, list] = {}
     errors: list[BaseException] = []
 
@@ -215,44 +183,10 @@ def test_two_groups_started_at_once_do_not_collide() -> None:
         t.join()
     assert not errors, errors
     assert results == {1.0: [[2.0] * 20] * 2, 1000.0: [[2000.0] * 20] * 2}
-    assert _live_children() <= before
+    assert live_children() <= before
 
 
-# ---------------------------------------------------------------- parent death, torchrun
-
-
-def test_ranks_exit_when_the_parent_dies(tmp_path: Path) -> None:
-    script = tmp_path / "parent.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import time
-            from harness.ranks import RankPool
-
-            if __name__ == "__main__":
-                pool = RankPool(2)
-                print(*pool.pids, flush=True)
-                pool.run(time.sleep, 3600)  # the ranks are busy in fn, not reading their pipe
-            """
-        )
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(tmp_path)}
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        pids = [int(p) for p in parent.stdout.readline().split()]
-        assert len(pids) == 2
-        time.sleep(0.5)
-        parent.kill()
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(p) for p in pids), "a rank outlived its parent"
-        assert _rendezvous_files(tmp_path) == []
-    finally:
-        parent.kill()
-        parent.wait()
-        parent.stdout.close()
+# ---------------------------------------------------------------- torchrun
 
 
 TORCHRUN_SCRIPT = r"""

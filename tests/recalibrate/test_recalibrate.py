@@ -179,7 +179,7 @@ def test_load_results_decodes_and_validates(tmp_path: Path) -> None:
     assert doc["cases"]["c"]["metrics"]["psnr"] == math.inf
     assert parse_results(doc) == doc  # idempotent
     broken = [
-        (lambda d: d.pop("cases"), None),
+        (lambda d: d.pop("cases"), "cases"),
         (lambda d: d["cases"]["c"].__setitem__("kind", "audio"), "cases.c.kind"),
         (lambda d: d["cases"]["c"].__setitem__("passed", "yes"), "cases.c.passed"),
         (lambda d: d["cases"]["c"]["metrics"].pop("ssim"), "cases.c.metrics.ssim"),

@@ -98,7 +98,7 @@ def test_failed_cells_are_shown_first():
 
 @pytest.mark.parametrize(
     "content, key",
-    [("{", None), ('{"schema": "other"}', "schema"), ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{}]}', "cells[0].contract")],
+    [("{", None), ('{"schema": "other"}', "schema"), ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{}]}', "cells.0.contract")],
 )
 def test_bad_sweep_files_name_file_and_key(tmp_path, content, key):
     path = tmp_path / "bad.json"

@@ -1,14 +1,22 @@
-"""Deliberately broken targets, each caught by a different contract (proof the contracts can fail)."""
+"""Deliberately broken targets, each caught by a different contract (proof the contracts can fail),
+and targets that fail the way ranks fail: on one rank only, or by hanging."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from harness.targets.base import AttentionSpec, Unsupported
 from harness.targets.reference import ReferenceAttention, ReferenceTarget
+from harness.targets.reference.pipeline import ReferencePipelineTarget
+
+ONE_SIDED_MESSAGE = "rank 1 cannot build its sequence-parallel layer (a deliberate one-sided failure)"
 
 
 class _Wrapped:
@@ -80,6 +88,54 @@ class DiesTarget(ReferenceTarget):
         os._exit(3)
 
 
+class RaisesOnRank1Target(ReferenceTarget):
+    """Rank 1 raises while building the SP layer, before any collective; rank 0 goes on into its all-to-all
+    and would wait there for rank 1 until the timeout."""
+
+    name = "raises_on_rank_1"
+
+    def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
+        if dist.get_rank() == 1 and not spec.skip_sequence_parallel:
+            raise RuntimeError(ONE_SIDED_MESSAGE)
+        return super().make_attention(spec)
+
+
+class SkipsOnRank1Target(ReferenceTarget):
+    """Rank 1 alone refuses the SP layer (a refusal must be identical on every rank): the ranks disagree."""
+
+    name = "skips_on_rank_1"
+
+    def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
+        if dist.get_rank() == 1 and not spec.skip_sequence_parallel:
+            raise Unsupported("only rank 1 thinks this case cannot run")
+        return super().make_attention(spec)
+
+
+class HangsTarget(ReferenceTarget):
+    """Every rank writes its pid into ``marker`` (a directory) and then never returns from building a layer."""
+
+    name = "hangs"
+
+    def __init__(self, marker: str) -> None:
+        self.marker = Path(marker)
+
+    def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
+        (self.marker / f"rank-{dist.get_rank()}").write_text(str(os.getpid()))
+        while True:
+            time.sleep(60)
+
+
+class RaisesOnRank1Pipeline(ReferencePipelineTarget):
+    """The image stage's counterpart: rank 1 raises while preparing; rank 0 goes on into SP set-up."""
+
+    name = "pipeline_raises_on_rank_1"
+
+    def prepare(self, fields: Mapping[str, Any], device: str) -> Any:
+        if dist.get_rank() == 1:
+            raise RuntimeError(ONE_SIDED_MESSAGE)
+        return super().prepare(fields, device)
+
+
 def perturbed() -> PerturbedTarget:
     return PerturbedTarget()
 
@@ -94,3 +150,19 @@ def swallows_guard() -> SwallowsGuardTarget:
 
 def dies() -> DiesTarget:
     return DiesTarget()
+
+
+def raises_on_rank_1() -> RaisesOnRank1Target:
+    return RaisesOnRank1Target()
+
+
+def skips_on_rank_1() -> SkipsOnRank1Target:
+    return SkipsOnRank1Target()
+
+
+def hangs(marker: str) -> HangsTarget:
+    return HangsTarget(marker)
+
+
+def pipeline_raises_on_rank_1() -> RaisesOnRank1Pipeline:
+    return RaisesOnRank1Pipeline()

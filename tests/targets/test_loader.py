@@ -46,7 +46,7 @@ def fake_module(monkeypatch):
 @pytest.mark.parametrize(
     "spec,message",
     [
-        ("nosuch", "unknown target 'nosuch'; built-in targets: reference, yunchang, yunchang-ulysses, diffusers, or give 'module:factory'"),
+        ("nosuch", "unknown target 'nosuch'; built-in targets: reference, sglang, yunchang, yunchang-ulysses, diffusers, or give 'module:factory'"),
         ("nosuch_module_xyz:factory", "cannot import module 'nosuch_module_xyz'"),
         ("parity_fake_targets:missing", "has no callable 'missing'"),
         ("parity_fake_targets:constant", "has no callable 'constant'"),

@@ -13,8 +13,16 @@ from typing import Any
 
 import torch
 
+from harness.errors import ParamError
 from harness.targets.base import AttentionSpec, Target, Unsupported
-from reference_impl.attention.backends import BACKENDS, SDPA_KERNELS, AttentionBackend, PinnedKernelRefused, backend_class
+from reference_impl.attention.backends import (
+    BACKENDS,
+    SDPA_KERNELS,
+    AttentionBackend,
+    AttentionBackendEnum,
+    PinnedKernelRefused,
+    backend_class,
+)
 from reference_impl.attention.layer import MaskWithReplicatedError, RingAdmissionError, USPAttention
 from reference_impl.attention.selector import BackendRefused, attention_backend_config, attention_component
 from reference_impl.forward_context import set_forward_context
@@ -31,6 +39,7 @@ MODEL_CHECKS: dict[str, tuple[str, str]] = {
     "vae.audio_fp32_restored": ("vae", "audio_fp32_restored"),
     "vae.video_dispatch": ("vae", "video_dispatch"),
     "pipeline.turbo_drift": ("pipeline", "turbo_drift"),
+    "perf.sp_step_ratio": ("pipeline", "sp_step_ratio"),
 }
 
 
@@ -127,7 +136,20 @@ class ReferenceTarget(Target):
             columns += [f"torch_sdpa:{k}" for k in SDPA_KERNELS]
         return columns
 
+    def check_backend(self, backend: str | None, sdpa_kernel: str | None) -> None:
+        chosen = None
+        if backend is not None:
+            try:
+                chosen = AttentionBackendEnum.parse(backend)
+            except ValueError as exc:
+                raise ParamError("backend", str(exc)) from None
+        if sdpa_kernel is not None and sdpa_kernel not in SDPA_KERNELS:
+            raise ParamError("sdpa_kernel", f"unknown SDPA kernel {sdpa_kernel!r}; valid: {', '.join(SDPA_KERNELS)}")
+        if sdpa_kernel is not None and chosen not in (None, AttentionBackendEnum.TORCH_SDPA):
+            raise ParamError("sdpa_kernel", f"a pinned SDPA kernel applies to torch_sdpa only, not to {chosen.value}")
+
     def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
+        self.check_backend(params.get("backend"), params.get("sdpa_kernel"))
         if contract_id == "pipeline.turbo_drift":
             from harness.targets.reference.pipeline import check_drift_case
 

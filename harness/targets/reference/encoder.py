@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from harness.files.jsonio import read_json
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
 from reference_impl.models.checkpoint import SafetensorsCheckpoint
@@ -250,7 +251,7 @@ class ForeignEncoder(nn.Module):
 
 def _rejection(directory: Path, model_cls: type, quantization_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if quantization_config is not None:
-        cfg = json.loads((directory / "config.json").read_text())
+        cfg = read_json(directory / "config.json")
         cfg["quantization_config"] = dict(quantization_config)
         (directory / "config.json").write_text(json.dumps(cfg))
     checkpoint = SafetensorsCheckpoint(directory)

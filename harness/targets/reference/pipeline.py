@@ -34,6 +34,12 @@ from reference_impl.pipeline import (
 #: The pipeline's stage names -> sglang's stage names (``is_denoise_stage`` knows the denoising one).
 STAGE_NAMES = {"text_encoding": "TextEncodingStage", "denoising": "DenoisingStage", "decoding": "DecodingStage"}
 _RUNNER_KEYS = ("device",)  # set per rank, never by a case
+#: The largest run a case may ask of the tiny pipeline: DiT image tokens of one generation (a
+#: 2048x2048 image, or 64x64 x 1024 frames), denoising steps, text tokens. Beyond them a case is a
+#: typo that would allocate or loop until the rank is killed.
+MAX_IMAGE_TOKENS = 2**16
+MAX_STEPS = 1000
+MAX_TEXT_TOKENS = 4096
 
 
 def pipeline_config(fields: Mapping[str, Any], device: str = "cpu") -> PipelineConfig:
@@ -72,7 +78,7 @@ class _Prepared:
 
     def run(self) -> PipelineOutput:
         result = run_pipeline(self.config, self.models)
-        return PipelineOutput(result.output, timings_of(result), result.backends)
+        return PipelineOutput(result.output, timings_of(result), result.backends, result.nonfinite)
 
     def close(self) -> None:
         destroy_sequence_parallel()
@@ -84,6 +90,14 @@ class ReferencePipelineTarget(PipelineTarget):
     def check_case(self, fields: Mapping[str, Any], world_size: int) -> str:
         config = pipeline_config(fields)
         tokens = image_tokens(config)
+        if tokens > MAX_IMAGE_TOKENS:
+            key = "height" if config.height >= config.width else "width"
+            key = "num_frames" if tokens // (config.num_frames or 1) <= MAX_IMAGE_TOKENS else key
+            raise ParamError(key, f"{config.height}x{config.width}" + (f"x{config.num_frames} frames" if config.num_frames else "")
+                             + f" makes {tokens} image tokens; at most {MAX_IMAGE_TOKENS}")
+        for key, limit in (("steps", MAX_STEPS), ("max_text_tokens", MAX_TEXT_TOKENS)):
+            if getattr(config, key) > limit:
+                raise ParamError(key, f"{getattr(config, key)} is above the maximum {limit}")
         if tokens % world_size:
             frames = f"x{config.num_frames} frames" if config.num_frames else ""
             raise ParamError("world_size", f"{tokens} image tokens ({config.height}x{config.width}{frames}) "
@@ -125,3 +139,27 @@ def check_drift_case(params: Mapping[str, Any]) -> None:
     """``pipeline.turbo_drift`` parameters the pipeline can run (ParamError naming the key)."""
     fields = {k: params[k] for k in ("prompt", "seed", "height", "width", "steps") if k in params}
     ReferencePipelineTarget().check_case(fields, int(params.get("world_size", 1)))
+
+
+def sp_step_ratio(device: str, repeats: int = 3, **fields: Any) -> dict[str, Any]:
+    """On every rank of a group: the median denoising step of ``fields`` on one rank and under SP over
+    the group, timed side by side (A, B, A, B...) on the same ranks, models built once per layout."""
+    import statistics
+
+    config = pipeline_config(fields, device)
+    single_models = build_models(config)  # SP not set up yet: a one-rank pipeline
+    single_steps: list[float] = []
+    sp_steps: list[float] = []
+    run_pipeline(config, single_models)  # warm-up
+    prepared = _Prepared(config)
+    try:
+        prepared.run()  # warm-up under SP (pays the communicators' first collective)
+        for _ in range(repeats):
+            destroy_sequence_parallel()
+            single_steps += run_pipeline(config, single_models).timings.denoise_step_ms
+            init_sequence_parallel(dist.get_world_size(), 1)
+            sp_steps += prepared.run().timings.denoise_step_ms
+    finally:
+        prepared.close()
+    single, sp = statistics.median(single_steps), statistics.median(sp_steps)
+    return {"single_rank_step_ms": single, "sp_step_ms": sp, "ratio": sp / single, "steps_timed": len(sp_steps)}

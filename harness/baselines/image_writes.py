@@ -1,0 +1,163 @@
+"""Writing a reference set so that a kill at any moment leaves the old set or the new one complete.
+
+A bless changes several files (a PNG per image or frame, the manifest) and no filesystem
+replaces several files in one step. So a bless (:func:`write_set`):
+
+1. finishes any earlier bless that was killed after its commit (:func:`recover`), and removes
+   the staging folders of blesses killed before theirs;
+2. stages the changed PNGs, the complete new manifest and the list of files the new set drops
+   in a fresh folder ``.bless-<random>.tmp`` beside the references, each file fsynced;
+3. commits with one rename of that folder to :data:`~harness.baselines.images.PENDING`;
+4. moves each staged PNG over its old one (a rename each), then the manifest, deletes the
+   dropped files and removes the empty ``PENDING`` folder.
+
+Before step 3 the old set is untouched; from step 3 on the new set is complete in ``PENDING``
+plus what was already moved, which is exactly what :mod:`harness.baselines.images` reads while
+``PENDING`` holds a manifest. So a reader never needs this module, and any later bless rolls
+the interrupted one forward. One bless at a time per directory: two concurrent writers are
+not coordinated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.baselines.images import MANIFEST, PENDING, Entry, fingerprint, manifest_json, read_manifest, reference_files
+from harness.files.atomic import dump_json
+
+__all__ = ["Blessing", "bless", "blessing", "recover", "write_set"]
+
+_DROPPED = "dropped.json"  # in a staged set: the files of the old set that the new one no longer has
+_STAGING_GLOB = ".bless-*.tmp"
+
+
+@dataclass(frozen=True)
+class Blessing:
+    """A new reference for one case: its manifest entry, its pixels and the PNG bytes of each of its files."""
+
+    entry: Entry
+    array: np.ndarray = field(repr=False)
+    data: dict[str, bytes] = field(repr=False, default_factory=dict)
+
+
+def _encode_png(array: np.ndarray) -> bytes:
+    import imageio.v3 as iio
+
+    return bytes(iio.imwrite("<bytes>", np.ascontiguousarray(array), extension=".png"))
+
+
+def blessing(case_id: str, array: Any, fields: Mapping[str, Any] | None = None, world_size: int = 1,
+             pipeline: str | None = None) -> Blessing:
+    """Encode ``array`` (``HxWx3`` image or ``TxHxWx3`` video, uint8) as the reference of ``case_id``,
+    generated from ``fields`` on ``world_size`` ranks of ``pipeline``."""
+    array = np.asarray(array)
+    if array.dtype != np.uint8 or array.ndim not in (3, 4) or array.shape[-1] != 3 or 0 in array.shape:
+        raise ValueError(f"bless needs uint8 HxWx3 or TxHxWx3, got dtype {array.dtype} shape {array.shape}")
+    names = reference_files(case_id, array.shape)
+    frames = [array] if array.ndim == 3 else list(array)
+    data = {name: _encode_png(frame) for name, frame in zip(names, frames)}
+    entry = Entry(case_id, {n: hashlib.sha256(b).hexdigest() for n, b in data.items()},
+                  None if fields is None else fingerprint(fields), None if fields is None else dict(fields),
+                  world_size, pipeline, tuple(array.shape))
+    return Blessing(entry, array, data)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # a directory on a platform that cannot fsync one: the rename is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _remove_empty_dirs(root: Path, names: Iterable[str]) -> None:
+    for parent in sorted({(root / n).parent for n in names} - {root}, reverse=True):
+        try:
+            parent.rmdir()
+        except OSError:  # not empty, or gone already
+            pass
+
+
+def recover(directory: str | Path) -> None:
+    """Finish a bless killed after its commit (move the rest of :data:`PENDING` into place) and
+    delete the staging folders of blesses killed before it. A no-op on a clean directory."""
+    directory = Path(directory)
+    for staging in directory.glob(_STAGING_GLOB):
+        shutil.rmtree(staging, ignore_errors=True)
+    pending = directory / PENDING
+    if not pending.is_dir():
+        return
+    if (pending / MANIFEST).is_file():
+        moved = sorted(str(p.relative_to(pending)) for p in pending.rglob("*.png"))
+        for name in moved:
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(pending / name, directory / name)
+        _fsync(directory)
+        os.replace(pending / MANIFEST, directory / MANIFEST)  # from here on the set in force is in place
+        _fsync(directory)
+    dropped_list = pending / _DROPPED
+    if dropped_list.is_file():
+        dropped = json.loads(dropped_list.read_text())
+        for name in dropped:
+            (directory / name).unlink(missing_ok=True)
+        _remove_empty_dirs(directory, dropped)
+        dropped_list.unlink()
+    shutil.rmtree(pending)  # only empty folders are left in it
+
+
+def write_set(directory: str | Path, blessings: Sequence[Blessing]) -> None:
+    """Replace the references of ``blessings``' cases (others are kept) as one set: see the module docstring."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    recover(directory)
+    entries = read_manifest(directory)
+    new = {**entries, **{b.entry.case_id: b.entry for b in blessings}}
+    kept = {name for e in new.values() for name in e.files}
+    dropped = sorted({name for b in blessings if b.entry.case_id in entries
+                      for name in entries[b.entry.case_id].files} - kept)
+    staging = directory / f".bless-{secrets.token_hex(6)}.tmp"
+    staging.mkdir()
+    try:
+        for b in blessings:
+            old = entries.get(b.entry.case_id)
+            for name, data in b.data.items():
+                if old is None or old.files.get(name) != b.entry.files[name]:
+                    _write(staging / name, data)
+        _write(staging / _DROPPED, json.dumps(dropped).encode())
+        _write(staging / MANIFEST, dump_json(manifest_json(new)).encode())  # last: staged means complete
+        for folder in {p.parent for p in staging.rglob("*")} | {staging}:
+            _fsync(folder)
+        os.rename(staging, directory / PENDING)  # the commit
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _fsync(directory)
+    recover(directory)
+
+
+def bless(directory: str | Path, case_id: str, array: Any, fields: Mapping[str, Any] | None = None,
+          world_size: int = 1, pipeline: str | None = None) -> list[str]:
+    """Store ``array`` as the reference of ``case_id`` (one case of :func:`write_set`); the files it is stored in."""
+    one = blessing(case_id, array, fields, world_size, pipeline)
+    write_set(directory, [one])
+    return list(one.data)

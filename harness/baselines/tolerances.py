@@ -1,0 +1,75 @@
+"""The perf check's tolerances: the relative slack per value family, from a baselines profile or the environment.
+
+A CI lane on a noisy runner overrides a profile's value with one variable per key:
+``PARITY_PERF_TOL_E2E``, ``PARITY_PERF_TOL_DENOISE_STAGE``, ``PARITY_PERF_TOL_NON_DENOISE_STAGE``,
+``PARITY_PERF_TOL_DENOISE_STEP``, ``PARITY_PERF_TOL_DENOISE_AGG`` (fractions: ``0.2`` = 20 %) and
+``PARITY_PERF_TOL_ABS_FLOOR_MS`` (absolute slack in ms). :func:`check_env_tolerances` refuses a
+value that is not a number in range, and a ``PARITY_PERF_TOL_*`` name that is none of these (a
+typo would otherwise be ignored), before any stage runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from harness.baselines.named import NamedValues
+from harness.errors import ConfigError
+
+__all__ = ["TOLERANCE_KEYS", "ABS_FLOOR", "ENV_PREFIX", "MAX_TOLERANCE", "MAX_MS", "Tolerances", "env_tolerance",
+           "check_env_tolerances"]
+
+TOLERANCE_KEYS: tuple[str, ...] = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
+ABS_FLOOR = "abs_floor_ms"
+ENV_PREFIX = "PARITY_PERF_TOL_"
+#: The largest relative tolerance (a lane that means "do not gate this" can say 1e5); with MAX_MS it keeps
+#: every limit ``expected * (1 + tol)`` finite, where 1e308 would overflow into a limit that passes anything.
+MAX_TOLERANCE = 1e6
+#: The longest time a perf value may hold (about 11.6 days): above it a value is not a timing, and
+#: ``expected * (1 + tol)`` would overflow to a limit that passes everything.
+MAX_MS = 1e9
+
+
+@dataclass(frozen=True)
+class Tolerances(NamedValues, names=TOLERANCE_KEYS, what="tolerance"):
+    """Relative slack per metric family (0.2 = the value may be 20 % above its baseline); ``get`` by family."""
+
+    e2e: float
+    denoise_stage: float
+    non_denoise_stage: float
+    denoise_step: float
+    denoise_agg: float
+    abs_floor_ms: float = 0.0
+
+
+def _env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper()
+
+
+def env_tolerance(key: str, env: Mapping[str, str] | None = None) -> float | None:
+    """The override of ``key`` (a tolerance key or ``abs_floor_ms``) from the environment, None when unset."""
+    env = os.environ if env is None else env
+    raw = env.get(_env_name(key))
+    if raw is None or raw.strip() == "":
+        return None
+    hi = MAX_MS if key == ABS_FLOOR else MAX_TOLERANCE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0.0 <= value <= hi):
+        raise ConfigError(f"environment variable must be a number in [0, {hi:g}], got {raw!r}", key=_env_name(key))
+    return value
+
+
+def check_env_tolerances(env: Mapping[str, str] | None = None) -> None:
+    """Every ``PARITY_PERF_TOL_*`` variable set: a known name with a valid value (ConfigError naming it otherwise)."""
+    env = os.environ if env is None else env
+    known = {_env_name(k): k for k in (*TOLERANCE_KEYS, ABS_FLOOR)}
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIX):
+            if name not in known:
+                raise ConfigError(f"unknown variable; valid: {', '.join(known)}", key=name)
+            env_tolerance(known[name], env)

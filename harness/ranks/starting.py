@@ -1,0 +1,84 @@
+"""How rank processes start: forked from a preloaded server where the platform has one, spawned otherwise.
+
+A spawned rank is a fresh interpreter that imports torch (seconds per rank on a loaded 2-core
+box) and then the target's stack (sglang's import is ~11 s of CPU), once per rank of every group.
+multiprocessing's *forkserver* is a fresh interpreter too (never this process: it may run threads
+or have initialised CUDA, and a process that initialised CUDA must never fork) that imports the
+modules named here once, then forks each rank from that state in milliseconds.
+
+The server starts with the first preloaded group and lives until this process ends, so the
+modules it preloads are those :func:`preload` had been told of by then; a module named later is
+imported by each rank itself, as under spawn. ``PARITY_START_METHOD`` (or a group's own
+``start_method``) chooses; by default CPU ranks are forked from the server and CUDA ranks are
+spawned: forking CUDA ranks from a server that never touched CUDA is what torch documents as
+supported, but it has not been run on a GPU with this harness yet. A CUDA rank forked from a
+server that did initialise CUDA (a preloaded module did so at import) refuses to start and says so.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+
+PRELOADED, SPAWN = "forkserver", "spawn"
+START_METHODS = (PRELOADED, SPAWN)
+START_METHOD_ENV = "PARITY_START_METHOD"
+BASE_PRELOAD = ("torch", "torch.distributed", "harness.ranks.worker")
+
+_lock = threading.Lock()
+_preload: list[str] = list(BASE_PRELOAD)
+# A rank's PR_SET_PDEATHSIG fires when the *thread* that started it exits, so spawned ranks are
+# started from this one thread, which lives as long as the process (a pool's background start
+# thread would take its ranks with it). Forked ranks are the server's children, whatever thread asked.
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-rank-spawner")
+
+
+def preload(modules: Iterable[str]) -> None:
+    """Add modules for the preloaded server to import before it forks its first rank.
+
+    Call it before the first group starts (the contract runner does, with the target's
+    :meth:`~harness.targets.base.Target.preload_modules`). A module that fails to import there is
+    skipped silently by the server; the rank that needs it then raises the real error.
+    """
+    with _lock:
+        _preload.extend(m for m in modules if m not in _preload)
+
+
+def preloaded_modules() -> tuple[str, ...]:
+    with _lock:
+        return tuple(_preload)
+
+
+def start_method(device: str, requested: str | None = None) -> str:
+    """``requested``, else ``$PARITY_START_METHOD``, else preloaded for CPU ranks and spawn for CUDA ranks;
+    spawn where the platform cannot fork a server."""
+    default = SPAWN if device.startswith("cuda") else PRELOADED
+    method = requested or os.environ.get(START_METHOD_ENV) or default
+    if method not in START_METHODS:
+        source = "start_method" if requested else START_METHOD_ENV
+        raise ValueError(f"{source}={method!r}: valid start methods are {', '.join(START_METHODS)}")
+    if method == PRELOADED and PRELOADED not in multiprocessing.get_all_start_methods():
+        return SPAWN  # e.g. Windows
+    return method
+
+
+def start(proc: BaseProcess, method: str) -> None:
+    """Start a rank process made by :func:`context` (``method``)."""
+    if method == SPAWN:
+        _spawner.submit(proc.start).result()
+    else:
+        proc.start()
+
+
+def context(method: str) -> BaseContext:
+    """The multiprocessing context that starts ranks by ``method`` (the server's preload list kept current)."""
+    ctx = multiprocessing.get_context(method)
+    if method == PRELOADED:
+        with _lock:  # read when the server starts, i.e. at the first rank it forks
+            ctx.set_forkserver_preload(list(_preload))
+    return ctx

@@ -1,0 +1,124 @@
+"""Two results files side by side, as pytest-benchmark's ``compare``: per case and figure the old value,
+the new one and the % change, and a threshold past which the comparison fails.
+
+Cases are matched by (stage, case id); a figure is any number among a record's top-level
+``figures`` (max_abs, psnr, e2e_ms, ...; booleans and nested tables are not figures here).
+``change_pct = (new - old) / |old| · 100``; it is undefined (None) when ``old`` is 0 or infinite
+and the values differ. Whether a change is *worse* depends on the figure: clip, ssim and psnr are
+better higher, every other figure (errors, times, memory) better lower. A rule ``METRIC:PCT``
+fails on every figure named METRIC that got worse by more than PCT percent, or got worse with an
+undefined percentage (0 → 1e-3 for max_abs, inf → 54 dB for psnr: bitwise or identical broke).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.baselines.thresholds import HIGHER_IS_BETTER
+from harness.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One figure of one case in both runs (``old``/``new`` None: the case or figure is in one run only)."""
+
+    stage: str
+    case_id: str
+    metric: str
+    old: float | None
+    new: float | None
+
+    @property
+    def change_pct(self) -> float | None:
+        if self.old is None or self.new is None:
+            return None
+        if self.old == self.new:
+            return 0.0
+        if self.old == 0 or not math.isfinite(self.old):
+            return None
+        return (self.new - self.old) / abs(self.old) * 100.0
+
+    @property
+    def worse(self) -> bool:
+        if self.old is None or self.new is None or self.old == self.new:
+            return False
+        return self.new < self.old if self.metric in HIGHER_IS_BETTER else self.new > self.old
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    stage: str
+    case_id: str
+    old: str | None  # None: the case is new
+    new: str | None  # None: the case is gone
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``--fail-on METRIC:PCT``: fail when METRIC got worse by more than PCT percent."""
+
+    metric: str
+    pct: float
+
+    @classmethod
+    def parse(cls, text: str) -> Rule:
+        metric, sep, pct = text.partition(":")
+        try:
+            value = float(pct.strip().removesuffix("%"))
+        except ValueError:
+            value = -1.0
+        if not sep or not metric or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"expected METRIC:PCT with PCT a non-negative number (e.g. e2e_ms:10), got {text!r}",
+                              key="--fail-on")
+        return cls(metric, value)
+
+    def broken_by(self, delta: Delta) -> bool:
+        if delta.metric != self.metric or not delta.worse:
+            return False
+        pct = delta.change_pct
+        return pct is None or abs(pct) > self.pct
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if value in ("inf", "-inf", "nan"):  # results files spell non-finite floats as strings
+        return float(value)
+    return None
+
+
+def figures_of(record: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric top-level figures of a record."""
+    return {k: n for k, v in (record.get("figures") or {}).items() if (n := _number(v)) is not None}
+
+
+def compare(base: Mapping[tuple[str, str], Mapping[str, Any]], new: Mapping[tuple[str, str], Mapping[str, Any]]
+            ) -> tuple[list[Delta], list[StatusChange]]:
+    """Every figure of every case in either run (base order, then cases only in the new run), and the status changes."""
+    deltas, statuses = [], []
+    for key in list(base) + [k for k in new if k not in base]:
+        old_rec, new_rec = base.get(key), new.get(key)
+        old_status = None if old_rec is None else str(old_rec.get("status"))
+        new_status = None if new_rec is None else str(new_rec.get("status"))
+        if old_status != new_status:
+            statuses.append(StatusChange(*key, old_status, new_status))
+        old_figs = figures_of(old_rec) if old_rec is not None else {}
+        new_figs = figures_of(new_rec) if new_rec is not None else {}
+        for metric in list(old_figs) + [m for m in new_figs if m not in old_figs]:
+            deltas.append(Delta(*key, metric, old_figs.get(metric), new_figs.get(metric)))
+    return deltas, statuses
+
+
+def check_rules(deltas: Sequence[Delta], rules: Sequence[Rule]) -> list[tuple[Rule, Delta]]:
+    """The (rule, delta) pairs past their threshold; a rule naming a figure neither run has is a ConfigError."""
+    known = {d.metric for d in deltas}
+    for rule in rules:
+        if rule.metric not in known:
+            raise ConfigError(f"no figure {rule.metric!r} in either file; figures: {', '.join(sorted(known)) or 'none'}",
+                              key="--fail-on")
+    return [(rule, d) for rule in rules for d in deltas if rule.broken_by(d)]

@@ -1,0 +1,148 @@
+"""No process left behind, in the corners: a parent killed while a rank holds the GIL in C, a rank's own
+children, stacks of a rank stuck in C, and how ranks start (preloaded server or spawn)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.ranks import PoolSet, RankFailure, RankPool
+from harness.ranks.starting import START_METHOD_ENV, start_method
+
+from .procs import alive, assert_all_ended, descendants, live_children, parity_files, wait_until_gone
+from .rank_fns import add_rank, how_i_started, rank_0_holds_the_gil_in_c_rank_1_waits, start_a_child
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(180)
+
+PARENT_SCRIPT = """
+import sys
+from harness.ranks import RankPool
+from tests.ranks.rank_fns import rank_0_holds_the_gil_in_c_rank_1_waits
+
+if __name__ == "__main__":
+    pool = RankPool(2)
+    print(*pool.pids, flush=True)
+    pool.run(rank_0_holds_the_gil_in_c_rank_1_waits, sys.argv[1], 3600)
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_ranks_die_with_the_parent_even_while_one_holds_the_gil_in_c(tmp_path: Path, method: str) -> None:
+    """kill -9 of the parent: no rank, no helper process (preloaded server, resource tracker), no file survives."""
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(PARENT_SCRIPT))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(tmp_path), START_METHOD_ENV: method}
+    parent = subprocess.Popen([sys.executable, str(script), str(markers)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        deadline = time.monotonic() + 60
+        while len(list(markers.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(p.name for p in markers.iterdir()) == ["stuck-0", "stuck-1"]
+        time.sleep(0.3)  # rank 0 is inside sleep(3600) now, rank 1 inside all_reduce
+        everything = descendants(parent.pid)
+        assert set(pids) <= everything and len(everything) >= 3  # the ranks and the helpers
+        parent.kill()
+        parent.wait()
+        assert wait_until_gone(everything, 15) == [], "a process outlived its parent"
+        assert parity_files(tmp_path) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+
+
+@pytest.mark.parametrize("then_raise", [False, True], ids=["close", "failure"])
+def test_what_a_rank_started_ends_with_its_group(then_raise: bool) -> None:
+    before = live_children()
+    with RankPool(2, timeout=60) as pool:
+        pids = pool.pids
+        if then_raise:
+            with pytest.raises(RankFailure, match="raised after starting child") as info:
+                pool.run(start_a_child, True)
+            grandchild = int(str(info.value).split("raised after starting child ")[1].split()[0])
+        else:
+            grandchild = pool.run(start_a_child, False)[0]
+            assert alive(grandchild)
+    assert wait_until_gone([grandchild], 10) == [], "a process a rank started survived the group"
+    assert_all_ended(pids, before)
+
+
+def test_a_timeout_shows_the_stack_of_a_rank_stuck_in_c_with_the_gil(tmp_path: Path) -> None:
+    before = live_children()
+    with RankPool(2, timeout=60) as pool:
+        pids = pool.pids
+        with pytest.raises(RankFailure, match="timeout after 2s") as info:
+            pool.run(rank_0_holds_the_gil_in_c_rank_1_waits, str(tmp_path), 3600, timeout=2)
+    stacks = info.value.traceback
+    rank_0 = stacks[: stacks.index("--- rank 1")]
+    assert "in rank_0_holds_the_gil_in_c_rank_1_waits" in rank_0  # dumped from C while the GIL was held
+    assert "in all_reduce" in stacks[stacks.index("--- rank 1") :]
+    assert_all_ended(pids, before)
+
+
+def test_ranks_fork_from_the_preloaded_server_or_are_spawned(monkeypatch: pytest.MonkeyPatch) -> None:
+    me = os.getpid()
+    RankPool(1, start_method="forkserver").close()  # the server runs from here on, if it did not before
+    monkeypatch.setenv("PARITY_TEST_LATE_VARIABLE", "set after the server started")
+    with RankPool(2, start_method="forkserver") as pool:
+        forked = pool.run(how_i_started, "PARITY_TEST_LATE_VARIABLE")
+    with RankPool(2, start_method="spawn") as pool:
+        spawned = pool.run(how_i_started, "PARITY_TEST_LATE_VARIABLE")
+    server = {ppid for ppid, _, _ in forked}
+    assert len(server) == 1 and me not in server  # both forked by one server, not by this process
+    assert {ppid for ppid, _, _ in spawned} == {me}
+    for ppid, variable, group in forked + spawned:
+        assert variable == "set after the server started"  # the parent's environment of now, not the server's
+        assert group != os.getpgid(0)  # a process group of its own: teardown kills it whole
+
+
+def test_start_method_cpu_ranks_forked_cuda_ranks_spawned_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    assert (start_method("cpu"), start_method("cuda"), start_method("cuda:1")) == ("forkserver", "spawn", "spawn")
+    assert start_method("cuda", "forkserver") == "forkserver" and start_method("cpu", "spawn") == "spawn"
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    assert start_method("cpu") == "spawn" and start_method("cpu", "forkserver") == "forkserver"
+    with pytest.raises(ValueError, match="start_method='fork'"):
+        RankPool(1, start_method="fork")
+    monkeypatch.setenv(START_METHOD_ENV, "thread")
+    with pytest.raises(ValueError, match=f"{START_METHOD_ENV}='thread'"):
+        RankPool(1)
+
+
+def test_a_pool_set_left_by_an_exception_ends_every_group_at_once() -> None:
+    """An interrupted run: the started group and the one still starting are ended, nothing is waited for."""
+    before = descendants(os.getpid())
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with PoolSet() as pools:
+            pools.prestart([1, 3])
+            ranks = pools.get(1).pids
+            raise KeyboardInterrupt
+    assert time.monotonic() - start < 60
+    assert not [p for p in ranks if alive(p)]
+    deadline = time.monotonic() + 60  # the 3-rank group is ended as soon as it has started
+    while descendants(os.getpid()) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in descendants(os.getpid()) - before if alive(p)], "a rank of the starting group survived"
+
+
+def test_spawned_ranks_outlive_the_background_thread_that_started_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PR_SET_PDEATHSIG follows the starting *thread*: a pool started in the background must survive that thread."""
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    with PoolSet() as pools:
+        pools.prestart([2])
+        pool = pools.get(2)
+        time.sleep(0.5)  # the start thread has finished by now
+        assert pool.run(how_i_started, "PATH")[0][0] == os.getpid()
+        assert pool.run(add_rank, 1) == [3, 3]

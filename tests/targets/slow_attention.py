@@ -1,0 +1,33 @@
+"""A reference target whose attention sleeps as long again as it computes: a planted 2x slowdown."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from harness.targets.base import AttentionSpec
+from harness.targets.reference import ReferenceAttention, ReferenceTarget
+
+
+class SlowAttention:
+    def __init__(self, inner: ReferenceAttention) -> None:
+        self.inner, self.backend, self.kernel = inner, inner.backend, f"{inner.kernel}, slowed down"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        start = time.perf_counter()
+        out = self.inner(q, k, v, **kwargs)
+        time.sleep(time.perf_counter() - start)
+        return out
+
+
+class SlowTarget(ReferenceTarget):
+    name = "slow_attention"
+
+    def make_attention(self, spec: AttentionSpec) -> SlowAttention:  # type: ignore[override]
+        return SlowAttention(super().make_attention(spec))
+
+
+def factory() -> SlowTarget:
+    return SlowTarget()
