@@ -46,7 +46,7 @@ def test_gate_on_cuda_at_one_and_two_ranks(tmp_path: Path) -> None:
     shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
     common = ["--cases", str(cases), "--baselines", str(baselines), "--device", "cuda", "--pipeline-target", "diffusers",
               "--pipeline-target-arg", f"path={flux}"]
-    assert main(["bless", *common]) == 0
+    assert main(["bless", "--all", *common]) == 0
     report = tmp_path / "report"
     assert main(["gate", *common, "--report", str(report), "--perf", "--perf-runs", "3", "--perf-warmup", "1"]) == 0
     doc = load_results(report / "results.json")

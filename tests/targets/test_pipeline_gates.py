@@ -20,6 +20,7 @@ import pytest
 from harness.baselines.images import load_reference
 from harness.cli import main
 from harness.paths import default_baselines_dir
+from harness.report.triptych import triptych
 from harness.results import load_results
 from harness.targets.diffusers_pipeline import CPU_REASON
 from tests.targets.tiny_flux import save_tiny_flux
@@ -81,14 +82,14 @@ def _records(doc: dict, stage: str = "images") -> dict[str, dict]:
 
 
 def _assert_triptych(report: Path, record: dict, baselines: Path) -> None:
-    """reference | candidate | diff, the reference panel being the blessed image (scaled up k times)."""
+    """The report's triptych is reference | candidate | diff of the blessed reference and the output the run saved."""
     reference = load_reference(baselines / "images", record["case_id"])
-    height, width = reference.shape[:2]
-    picture = iio.imread(report / record["artifacts"]["triptych"])
-    k = (picture.shape[1] - 8) // (3 * width)  # three panels, two 4-pixel gaps, scaled by k
-    assert k >= 1 and picture.shape == (height * k, 3 * width * k + 8, 3)
-    assert np.array_equal(picture[::k, : width * k : k], reference)
-    assert not np.array_equal(picture[::k, width * k + 4 : 2 * width * k + 4 : k], reference)  # the candidate differs
+    candidate = load_reference(report / "candidates", record["case_id"])  # the failing run's output, kept by the gate
+    assert candidate.shape == reference.shape and not np.array_equal(candidate, reference)
+    drawn = triptych(reference, candidate)
+    assert np.array_equal(iio.imread(report / record["artifacts"]["triptych"]), drawn.picture)
+    (y, x, h, w), _, _ = drawn.panels[0]
+    assert np.array_equal(drawn.picture[y : y + h : drawn.scale, x : x + w : drawn.scale], reference)
 
 
 def test_command_target_gate_passes_then_fails_a_planted_multi_rank_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,10 +102,10 @@ def test_command_target_gate_passes_then_fails_a_planted_multi_rank_error(tmp_pa
         return main([verb, "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", "command",
                      "--pipeline-target-arg", f"template={template}", *extra])
 
-    assert run("bless", template + " --fail") == 1  # a failing command: its stderr shown, nothing written
+    assert run("bless", template + " --fail", "--all") == 1  # a failing command: its stderr shown, nothing written
     assert "CUDA out of memory (planted)" in capsys.readouterr().err and not (baselines / "images").exists()
     log.unlink()
-    assert run("bless", template) == 0
+    assert run("bless", template, "--all") == 0
     assert [json.loads(line)["world_size"] for line in log.read_text().splitlines()] == [1]  # both cases: one 1-rank run
 
     report = tmp_path / "healthy"
@@ -140,7 +141,7 @@ def test_diffusers_target_gate_passes_then_fails_a_planted_attention_error(tmp_p
         return main([verb, "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", target,
                      "--pipeline-target-arg", f"path={flux}", *extra])
 
-    assert run("bless", "diffusers") == 0  # flux cases from diffusers, ref_1rank from its own target, the reference
+    assert run("bless", "diffusers", "--all") == 0  # flux cases from diffusers, ref_1rank from its own target, the reference
     report = tmp_path / "healthy"
     assert run("gate", "diffusers", "--report", str(report)) == 0
     doc = load_results(report / "results.json")
@@ -160,6 +161,7 @@ def test_diffusers_target_gate_passes_then_fails_a_planted_attention_error(tmp_p
     failed = images["flux_1rank"]
     assert failed["status"] == "failed" and failed["target"] == "tests.targets.planted_attention:factory"
     assert doc["cases"]["flux_1rank"]["metrics"]["psnr"] < 30 and "psnr" in failed["reason"]
+    assert "[reference blessed from pipeline target 'diffusers', this run: 'tests.targets.planted_attention:factory']" in failed["reason"]
     print(f"FIGURE diffusers perturbed flux_1rank {doc['cases']['flux_1rank']['metrics']} in {failed['duration_s']:.2f} s")
     assert images["ref_1rank"]["status"] == "passed"  # its own target: untouched by --pipeline-target
     _assert_triptych(report, failed, baselines)
