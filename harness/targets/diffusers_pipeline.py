@@ -133,8 +133,7 @@ class DiffusersPipelineTarget(PipelineTarget):
         self.path = path
 
     def unavailable_reason(self, device: str, world_size: int = 1) -> str | None:
-        if installed_version() is None:
-            return NOT_INSTALLED
+        """W > 1 only: where diffusers' context parallelism cannot run (diffusers missing is a case error, in check_case)."""
         if world_size == 1:
             return None
         if device == "cpu":

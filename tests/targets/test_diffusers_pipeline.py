@@ -124,3 +124,10 @@ def test_seeded_generation_and_stage_timings_in_a_rank(flux: Path, pools: PoolSe
         assert run.clock == "perf_counter"
     measured = timing.measured()
     assert measured["peak_memory_kind"] in ("rss_peak", "rss_lifetime_peak") and measured["peak_memory_mb"] > 50
+
+
+def test_without_diffusers_a_case_is_a_configuration_error(flux: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("harness.targets.diffusers_pipeline.installed_version", lambda: None)
+    with pytest.raises(ParamError, match=r"diffusers is not installed \(pip install 'parity\[diffusers\]'\)") as info:
+        DiffusersPipelineTarget(str(flux)).check_case(FIELDS, 1)
+    assert info.value.key == "path"
