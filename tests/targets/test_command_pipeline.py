@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +42,12 @@ def run_once(extra: str = "", fields: dict | None = None, world_size: int = 1, t
     finally:
         prepared.close()
 
+
+
+@pytest.fixture(autouse=True)
+def _kept_outputs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed command's output directory is kept for a human to read: in tests, inside tmp_path."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 @pytest.mark.parametrize(
     ("template", "fields", "key", "message"),

@@ -11,6 +11,7 @@ import json
 import shlex
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -64,6 +65,12 @@ steps = 2
 [cases.ref_1rank]
 """
 
+
+
+@pytest.fixture(autouse=True)
+def _kept_outputs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed command's output directory is kept for a human to read: in tests, inside tmp_path."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 def _project(root: Path, **image_files: str) -> tuple[Path, Path]:
     cases, baselines = root / "cases", root / "baselines"
