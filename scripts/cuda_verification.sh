@@ -1,34 +1,52 @@
 #!/usr/bin/env bash
-# The CUDA verification run behind the README's GPU figures, on one GPU (several ranks share it
+# The CUDA verification runs behind the README's GPU figures, on one GPU (several ranks share it
 # through gloo with host staging). Run from the repository root on a CUDA machine:
-#     OUT=cuda-out bash scripts/cuda_verification.sh
-# Optional wheels in .whl/ (sageattention, yunchang) are installed to a temp dir first.
+#     OUT=cuda-out bash scripts/cuda_verification.sh PHASE...
+# Phases:
+#   baseline   3 gates with --perf (no perf overlay first), threshold and perf recalibration:
+#              the new baselines/platforms/perf/<gpu>.json, with each scenario's calibration
+#   verify     the committed baselines on this machine: one gate (must pass), then the same gate
+#              with a planted 20% DiT slowdown (tests/targets/slow_pipeline.py: must fail)
+#   tests      pytest tests/gpu (kernels by the FA rule, LSE paths, SP with ranks sharing the GPU)
+#   targets    the contract cases on --target diffusers and --target sglang on CUDA
+# Wheels in .whl/ (diffusers, sglang and what its import needs) are installed to a temp dir first;
+# sglang's top-level __init__ is replaced as scripts/sglang_cpu/README.md describes.
 # Everything lands in $OUT/cuda.tgz (re-packed after each step, so a cut-short run keeps what it did).
 set -uo pipefail
 OUT=${OUT:-cuda-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PARITY_HOME=$PWD
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/parity-site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/parity-site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/parity-site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/parity-site
+  site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+  printf "import sys; sys.path.insert(0, '%s/scripts/sglang_cpu/boot'); import parity_sglang_cpu\n" "$PWD" >"$site/zz-parity-sglang.pth"
 fi
 W=$(mktemp -d)
 P="python3 -m harness.cli"
 pack() { tar czf "$OUT/cuda.tgz" -C "$W" . ; }
 step() { local name=$1; shift; local t=$SECONDS; "$@" >"$W/$name.log" 2>&1; echo "$name rc=$? $((SECONDS - t))s" | tee -a "$W/steps.txt"; pack; }
 
-cp -r baselines "$W/baselines"      # recalibration writes the overlays here
-$P doctor --json "$W/doctor.json" 2>&1
-nvidia-smi >"$W/nvidia-smi.txt" 2>&1
-for i in 1 2 3; do
-  step "gate$i" $P gate --device cuda --perf --baselines "$W/baselines" --report "$W/gate$i"
+nvidia-smi --query-gpu=name,uuid,driver_version,clocks.max.sm --format=csv >"$W/gpu.txt" 2>&1
+hostname >>"$W/gpu.txt"; nproc >>"$W/gpu.txt"; grep -m1 "model name" /proc/cpuinfo >>"$W/gpu.txt"
+for phase in "$@"; do
+  case $phase in
+    baseline)
+      cp -r baselines "$W/baselines"
+      rm -f "$W"/baselines/platforms/perf/*.json   # measure from scratch: recalibration writes the overlay
+      for i in 1 2 3; do step "gate$i" $P gate --device cuda --perf --baselines "$W/baselines" --report "$W/gate$i"; done
+      step recal_thresholds $P recalibrate thresholds --baselines "$W/baselines" --results "$W"/gate?/results.json --per-platform --write
+      step recal_perf $P recalibrate perf --baselines "$W/baselines" --results "$W"/gate?/results.json --write
+      rm -rf "$W"/gate?/candidates "$W"/gate?/triptychs; pack ;;
+    verify)
+      step verify_gate $P gate --device cuda --report "$W/verify"
+      step verify_slow $P gate --device cuda --pipeline-target tests.targets.slow_pipeline:factory --report "$W/slow"
+      rm -rf "$W"/verify/candidates "$W"/slow/candidates; pack ;;
+    tests)
+      step gpu_tests python3 -m pytest tests/gpu -q -s -p no:cacheprovider ;;
+    targets)
+      for t in diffusers sglang; do step "target_$t" $P check --device cuda --target $t --json "$W/target_$t.json"; done ;;
+    *) echo "unknown phase $phase" ;;
+  esac
 done
-step recal_thresholds $P recalibrate thresholds --baselines "$W/baselines" --results "$W"/gate?/results.json --per-platform --write
-step recal_perf $P recalibrate perf --baselines "$W/baselines" --results "$W"/gate?/results.json --write
-step sweep_shapes $P sweep --device cuda --cases cases/sweeps --dtypes bf16 fp16 fp32 --json "$W/sweep_shapes.json"
-step matrix_shapes $P matrix "$W/sweep_shapes.json" -o "$W/matrix_shapes.md"
-step usp_overhead python3 benchmarks/usp_overhead.py --device cuda
-step sweep_default $P sweep --device cuda --no-kernels --dtypes bf16 fp32 \
-  --contracts usp.replicated_suffix_bitwise usp.ulysses_parity usp.ring_parity model.zimage_sp_parity model.hunyuan_sp_parity \
-  --json "$W/sweep_default.json"
-step matrix $P matrix "$W/sweep_shapes.json" "$W/sweep_default.json" -o "$W/matrix.md"
 cat "$W/steps.txt"
