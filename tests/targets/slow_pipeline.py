@@ -1,8 +1,9 @@
-"""The reference pipeline with a planted slowdown: each DiT call sleeps ``fraction`` of its own host time.
+"""The reference pipeline with a planted slowdown: each DiT call sleeps ``fraction`` of its own wall time.
 
 For the perf gate's acceptance: ``parity gate --perf --pipeline-target tests.targets.slow_pipeline:factory``
 must fail against baselines the plain reference pipeline passes. The DiT keeps its class (the
-pipeline dispatches on it); the sleep comes from forward hooks.
+pipeline dispatches on it); the sleep comes from forward hooks, after the device finished the
+call (a host sleep while the GPU is still busy would hide inside the step).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from typing import Any
+
+import torch
 
 from harness.targets.reference.pipeline import ReferencePipelineTarget, _Prepared
 
@@ -24,8 +27,18 @@ class SlowPipelineTarget(ReferencePipelineTarget):
         prepared = super().prepare(fields, device)
         dit = prepared.models.dit
         started: list[float] = []
-        dit.register_forward_pre_hook(lambda module, args: started.append(time.perf_counter()))
-        dit.register_forward_hook(lambda module, args, out: time.sleep((time.perf_counter() - started.pop()) * self.fraction))
+        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+        def begin(module: object, args: object) -> None:
+            sync()
+            started.append(time.perf_counter())
+
+        def end(module: object, args: object, out: object) -> None:
+            sync()
+            time.sleep((time.perf_counter() - started.pop()) * self.fraction)
+
+        dit.register_forward_pre_hook(begin)
+        dit.register_forward_hook(end)
         return prepared
 
 
