@@ -101,7 +101,7 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     perf_a = records["perf_a"]
     # recalibrate wrote this machine's calibration with the timings: the run is gated normalised
     assert perf_a["figures"]["gated"] == "normalised" and perf_a["figures"]["machine_factor"] > 0  # same machine, but loaded: not 1
-    assert scenario["calibration"].keys() == {"launch_us", "gemm_ms", "sdpa_ms"}
+    assert scenario["calibration"].keys() == {"launch_us", "module_us", "gemm_ms", "sdpa_ms"}
     factor = perf_a["figures"]["machine_factor"]
     assert perf_a["reason"].startswith("expected_e2e_ms ") and "ms floor)" in perf_a["reason"]
     assert f"[normalised: expected × {factor:.3g}" in perf_a["reason"]
