@@ -37,7 +37,8 @@ for phase in "$@"; do
       for i in 1 2 3; do step "gate$i" $P gate --device cuda --perf --baselines "$W/baselines" --report "$W/gate$i"; done
       step recal_thresholds $P recalibrate thresholds --baselines "$W/baselines" --results "$W"/gate?/results.json --per-platform --write
       step recal_perf $P recalibrate perf --baselines "$W/baselines" --results "$W"/gate?/results.json --write
-      rm -rf "$W"/gate?/candidates "$W"/gate?/triptychs; pack ;;
+      rm -rf "$W"/gate?/candidates "$W"/gate?/triptychs; pack
+      cp "$W"/baselines/platforms/perf/*.json baselines/platforms/perf/ ;;   # a later 'verify' here gates against them
     verify)
       step verify_gate $P gate --device cuda --report "$W/verify"
       step verify_slow $P gate --device cuda --pipeline-target tests.targets.slow_pipeline:factory --report "$W/slow"
