@@ -139,7 +139,7 @@ def load_cases(root: str | Path, platform: str | None = None, target: str | None
         cases = apply_platform_overlay(cases, overlay)
     overlay = directory / "targets" / f"{target}.toml"
     if target and is_present(overlay):
-        cases = apply_target_overlay(cases, overlay)
+        cases = apply_target_overlay(cases, overlay, platform=platform)
     return cases
 
 

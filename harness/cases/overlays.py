@@ -21,6 +21,7 @@ and only to the installed versions its entries name::
     [expected_failures."masked_gqa"]
     because = "sglang 0.5.23 calls SDPA without enable_gqa on its masked paths (layer.py:1293)"
     versions = "<=0.5.23"
+    platforms = ["cuda"]               # optional: only on these platform kinds (cpu, cuda, rocm, mps)
 
 An expected failure is strict: the case is reported ``xfailed`` when it fails, and *failed* when
 it passes (upstream fixed it: narrow ``versions``), so the day a fix lands the run says so while
@@ -44,7 +45,8 @@ from harness.contracts.case import Case, make_case
 from harness.errors import ConfigError
 from harness.files.tomlio import read_toml
 
-_META = ("because", "versions")
+_META = ("because", "versions", "platforms")
+PLATFORM_KINDS = ("cpu", "cuda", "rocm", "mps")
 
 
 def _glob(pattern: str) -> re.Pattern[str]:
@@ -97,10 +99,16 @@ def installed_version(distribution: str) -> Version | None:
         return None
 
 
-def _applies(entry: Mapping[str, Any], version: Version | None, path: Path, key: str) -> bool:
+def _applies(entry: Mapping[str, Any], version: Version | None, platform: str | None, path: Path, key: str) -> bool:
     because = entry.get("because")
     if not isinstance(because, str) or not because.strip():
         raise ConfigError("every entry needs 'because': the upstream fact that justifies it", path=path, key=f"{key}.because")
+    platforms = entry.get("platforms")
+    if platforms is not None:
+        if not isinstance(platforms, list) or not platforms or any(p not in PLATFORM_KINDS for p in platforms):
+            raise ConfigError(f"must be a non-empty list of {', '.join(PLATFORM_KINDS)}", path=path, key=f"{key}.platforms")
+        if platform not in platforms:
+            return False
     versions = entry.get("versions")
     if versions is None:
         return True
@@ -113,8 +121,10 @@ def _applies(entry: Mapping[str, Any], version: Version | None, path: Path, key:
     return version is not None and spec.contains(version, prereleases=True)
 
 
-def apply_target_overlay(cases: list[Case], path: Path, version: Version | None = None) -> list[Case]:
-    """The cases as ``path`` says they run on its target at the installed ``version`` (default: looked up).
+def apply_target_overlay(cases: list[Case], path: Path, version: Version | None = None,
+                         platform: str | None = None) -> list[Case]:
+    """The cases as ``path`` says they run on its target at the installed ``version`` (default: looked up)
+    on ``platform`` (an entry with ``platforms`` applies only there).
 
     An entry whose ``versions`` excludes the installed version (or any entry when the
     distribution is not installed: the target is then unavailable and its cases skip) is
@@ -136,7 +146,7 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
         values = {k: v for k, v in entry.items() if k not in _META}
         if not values:
             raise ConfigError("names no parameter to override", path=path, key=key)
-        if _applies(entry, version, path, key):
+        if _applies(entry, version, platform, path, key):
             _override(cases, hits, values, path)
     for pattern, entry in _tables(data, "expected_failures", path).items():
         key = f"expected_failures.{pattern}"
@@ -144,7 +154,7 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
         extra = sorted(set(entry) - set(_META))
         if extra:
             raise ConfigError(f"unknown key; an expected failure has only {', '.join(_META)}", path=path, key=f"{key}.{extra[0]}")
-        if _applies(entry, version, path, key):
+        if _applies(entry, version, platform, path, key):
             for i in hits:
                 because = f"{entry['because']} ({target['distribution']} {version}; {path.name}: {key})"
                 cases[i] = dataclasses.replace(cases[i], expected_failure=because)

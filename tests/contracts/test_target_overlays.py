@@ -98,3 +98,14 @@ def test_check_with_a_target_overlay(tmp_path: Path, capsys) -> None:
     assert main([*args, "--json", str(tmp_path / "b.json")]) == 1
     records = {r["case_id"]: r for r in json.loads((tmp_path / "b.json").read_text())["stages"]["contracts"]["records"]}
     assert records["prefix"]["status"] == "failed" and records["prefix"]["reason"].startswith("expected to fail, but passed")
+
+
+def test_an_entry_can_name_the_platforms_it_holds_on(tmp_path: Path) -> None:
+    path = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "a CUDA kernel refuses it"\nplatforms = ["cuda"]\n')
+    on_cuda = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.0"), platform="cuda")}
+    on_cpu = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.0"), platform="cpu")}
+    assert on_cuda["u1"].expected_failure is not None and on_cpu["u1"].expected_failure is None
+    bad = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "x"\nplatforms = ["tpu"]\n')
+    with pytest.raises(ConfigError) as info:
+        apply_target_overlay(_cases(), bad, Version("1.0"), platform="cpu")
+    assert info.value.key == "expected_failures.u1.platforms"
