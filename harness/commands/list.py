@@ -89,24 +89,13 @@ def run(args: argparse.Namespace) -> int:
     for c in data["contracts"]:
         table.add_row(c["id"], ", ".join(c["requires"]), escape(c["description"]))
     console.print(table)
-    table = Table(title=f"contract cases ({len(data['cases'])})")
-    for column in ("id", "contract", "W", "file"):
-        table.add_column(column, no_wrap=column == "id", overflow="fold")
-    for c in data["cases"]:
-        table.add_row(escape(c["id"]), c["contract"], str(c["world_size"]), escape(c["file"]))
-    console.print(table)
-    table = Table(title=f"image cases ({len(data['image_cases'])})")
-    for column in ("id", "kind", "W", "file"):
-        table.add_column(column, no_wrap=column == "id", overflow="fold")
-    for c in data["image_cases"]:
-        table.add_row(escape(c["id"]), c["kind"], str(c["world_size"]), escape(c["file"]))
-    console.print(table)
-    table = Table(title=f"perf scenarios ({len(data['perf_scenarios'])}; the gate times a machine's own)")
-    for column in ("id", "platform", "e2e ms", "file"):
-        table.add_column(column, no_wrap=column == "id", overflow="fold")
-    for p in data["perf_scenarios"]:
-        table.add_row(escape(p["id"]), escape(str(p["platform"])), f"{p['expected_e2e_ms']:.4g}", escape(p["file"]))
-    console.print(table)
+    console.print(_table(f"contract cases ({len(data['cases'])})", ("id", "contract", "W", "file"),
+                         [(c["id"], c["contract"], str(c["world_size"]), c["file"]) for c in data["cases"]]))
+    console.print(_table(f"image cases ({len(data['image_cases'])})", ("id", "kind", "W", "file"),
+                         [(c["id"], c["kind"], str(c["world_size"]), c["file"]) for c in data["image_cases"]]))
+    console.print(_table(f"perf scenarios ({len(data['perf_scenarios'])}; the gate times a machine's own)",
+                         ("id", "platform", "e2e ms", "file"),
+                         [(p["id"], str(p["platform"]), f"{p['expected_e2e_ms']:.4g}", p["file"]) for p in data["perf_scenarios"]]))
     table = Table(title="targets (or --target module:factory)")
     for column in ("name", "capabilities", "on cpu", "description"):
         table.add_column(column, overflow="fold")
@@ -114,3 +103,13 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(t["name"], ", ".join(t["capabilities"]), escape(t["unavailable_on_cpu"] or "available"), escape(t["description"]))
     console.print(table)
     return 0
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    """A listing: the first column (ids) never wraps."""
+    table = Table(title=escape(title))
+    for column in columns:
+        table.add_column(column, no_wrap=column == columns[0], overflow="fold")
+    for row in rows:
+        table.add_row(*map(escape, row))
+    return table

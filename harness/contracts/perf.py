@@ -21,10 +21,9 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 from harness.contracts.params import NUMERIC, Param, ParamError, Params
+from harness.contracts.pipeline import LONG_DTYPE, check_pipeline_dtype, pipeline_run_params
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import RankOutcome
-
-_LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _ratio_outcome(figures: dict[str, Any], limit: float, what: str) -> RankOutcome:
@@ -86,35 +85,23 @@ register(Contract(
 def sp_step_ratio(ctx: RankContext, p: Params) -> RankOutcome:
     figures = ctx.target.model_check("perf.sp_step_ratio")(
         device=str(ctx.device), repeats=p.repeats, prompt=p.prompt, seed=p.seed, height=p.height, width=p.width,
-        steps=p.steps, dtype=_LONG_DTYPE[p.dtype],
+        steps=p.steps, dtype=LONG_DTYPE[p.dtype],
     )
     if ctx.rank != 0:  # every rank runs both layouts; rank 0's clock speaks for the group
         return RankOutcome(checks=1)
     return _ratio_outcome(dict(figures), p.max_ratio, f"the SP={p.world_size} denoising step")
 
 
-def _check_dtype(p: Params) -> None:
-    if p.dtype not in _LONG_DTYPE:
-        raise ParamError("dtype", f"the pipeline runs in {', '.join(_LONG_DTYPE)}, not {p.dtype}")
-
-
 register(Contract(
     "perf.sp_step_ratio",
     "the pipeline's median denoising step under SP = world_size within max_ratio of the same step on one rank",
-    (
-        Param("world_size", "int", 2, "ranks (Ulysses degree = world_size)"),
-        Param("dtype", "dtype", "fp32", "fp32, bf16 or fp16"),
-        Param("steps", "int", 4, "denoising steps per run"),
-        Param("height", "int", 64, "image height"),
-        Param("width", "int", 64, "image width"),
-        Param("seed", "int", 0, "noise seed"),
-        Param("prompt", "str", "a red fox in fresh snow", "the prompt"),
+    pipeline_run_params("fp32", 4) + (
         Param("max_ratio", "float", 3.0, "allowed SP step time over the one-rank step time"),
         Param("repeats", "int", 3, "interleaved runs of each layout"),
     ),
     sp_step_ratio,
     requires=frozenset({"reference_models"}),
-    checks=(_check_dtype, _positive("max_ratio", "repeats", "steps")),
+    checks=(check_pipeline_dtype, _positive("max_ratio", "repeats", "steps")),
     min_world_size=2,
     timeout_s=600.0,
 ))

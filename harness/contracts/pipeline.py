@@ -20,7 +20,25 @@ from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import RankOutcome, compare
 
-_LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def pipeline_run_params(dtype: str, steps: int) -> tuple[Param, ...]:
+    """The parameters of a contract that runs the tiny pipeline: its ranks and the generation it asks for."""
+    return (
+        Param("world_size", "int", 2, "ranks (Ulysses degree = world_size)"),
+        Param("dtype", "dtype", dtype, "fp32, bf16 or fp16"),
+        Param("steps", "int", steps, "denoising steps"),
+        Param("height", "int", 64, "image height (multiple of 8)"),
+        Param("width", "int", 64, "image width (multiple of 8)"),
+        Param("seed", "int", 0, "noise seed"),
+        Param("prompt", "str", "a red fox in fresh snow", "the prompt"),
+    )
+
+
+def check_pipeline_dtype(p: Params) -> None:
+    if p.dtype not in LONG_DTYPE:
+        raise ParamError("dtype", f"the pipeline runs in {', '.join(LONG_DTYPE)}, not {p.dtype}")
 
 
 def _body(ctx: RankContext, p: Params) -> RankOutcome:
@@ -28,7 +46,7 @@ def _body(ctx: RankContext, p: Params) -> RankOutcome:
 
     measured = ctx.target.model_check("pipeline.turbo_drift")(
         device=str(ctx.device), prompt=p.prompt, seed=p.seed, height=p.height, width=p.width, steps=p.steps,
-        dtype=_LONG_DTYPE[p.dtype],
+        dtype=LONG_DTYPE[p.dtype],
     )
     figures, latents = measured["figures"], measured["latents"]
     stats = compare(torch.from_numpy(latents["preserving"]), torch.from_numpy(latents["single"]))
@@ -42,8 +60,7 @@ def _body(ctx: RankContext, p: Params) -> RankOutcome:
 
 def _check(p: Params) -> None:
     """What the contract itself needs; whether the pipeline can run the size is the target's to check."""
-    if p.dtype not in _LONG_DTYPE:
-        raise ParamError("dtype", f"the pipeline runs in {', '.join(_LONG_DTYPE)}, not {p.dtype}")
+    check_pipeline_dtype(p)
     for key in ("height", "width", "steps"):
         if p[key] < 1:
             raise ParamError(key, f"must be positive, got {p[key]}")
@@ -53,16 +70,8 @@ register(Contract(
     "pipeline.turbo_drift",
     "few-step pipeline under Ulysses SP: caption kept at the tail (order-preserving) equals one rank bitwise; "
     "caption rotated to the front (sglang's old layout) reported as pixel/latent MAE against one rank",
-    (
-        Param("world_size", "int", 2, "ranks (Ulysses degree = world_size)"),
-        Param("dtype", "dtype", "bf16", "fp32, bf16 or fp16"),
-        Param("steps", "int", 9, "denoising steps (sglang: 9 and 30)"),
-        Param("height", "int", 64, "image height (multiple of 8)"),
-        Param("width", "int", 64, "image width (multiple of 8)"),
-        Param("seed", "int", 0, "noise seed"),
-        Param("prompt", "str", "a red fox in fresh snow", "the prompt"),
-        Param("control_drift", "bool", True, "also require the rotated layout to move the latents (the control)"),
-    ),
+    pipeline_run_params("bf16", 9)  # sglang measured 9 and 30 steps
+    + (Param("control_drift", "bool", True, "also require the rotated layout to move the latents (the control)"),),
     _body,
     requires=frozenset({"reference_models"}),
     bound=lambda p: Bitwise(),
