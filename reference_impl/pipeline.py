@@ -40,7 +40,7 @@ from reference_impl.models.qwen3 import Qwen3EncoderConfig, Qwen3TextEncoder
 from reference_impl.models.zimage import ZImageConfig
 from reference_impl.models.zimage_transformer import ZImageTransformer
 from reference_impl.parallel.state import destroy_sequence_parallel, get_sp_rank, get_sp_world_size, init_sequence_parallel
-from reference_impl.weights import PipelineWeights, read_pipeline_weights, weights_path
+from reference_impl.weights import read_pipeline_weights, weights_path
 
 Tensor = torch.Tensor
 
