@@ -8,9 +8,11 @@ diffusers pipeline calls it. Everything is plain data in and out (:class:`Pipeli
 sequence parallelism each rank runs the whole pipeline, the DiT shards image tokens and
 all-gathers its output, and rank 0's image is the result.
 
-Weights are random, built from ``weights_seed`` (the text encoder may instead be loaded from
-a transformers-layout directory): the pipeline exists to measure parity and speed, not to
-draw. Same config on the same machine gives identical bytes.
+Weights are either a trained checkpoint (``weights="tiny-v1"``, committed in
+:mod:`reference_impl.weights` and made by ``scripts/train_tiny_pipeline.py``: prompts naming its
+subjects draw recognisable pictures) or random, built from ``weights_seed`` (the text encoder
+may then be loaded from a transformers-layout directory). Same config on the same machine gives
+identical bytes.
 
 ``suffix_mode="rotate_to_front"`` reproduces sglang's old layout for the turbo-drift
 experiment: under sequence parallelism the replicated caption is rotated to the front of
@@ -32,12 +34,13 @@ from torch import nn
 from reference_impl.attention.layer import LocalAttention, USPAttention
 from reference_impl.forward_context import set_forward_context
 from reference_impl.models.hunyuanvideo_transformer import HunyuanVideoConfig, HunyuanVideoTransformer
-from reference_impl.models.layers import ModelConfig
+from reference_impl.models.layers import ModelConfig, build_and_load
 from reference_impl.models.minimax_vae import ViT3DDecoder, ViT3DDecoderConfig
 from reference_impl.models.qwen3 import Qwen3EncoderConfig, Qwen3TextEncoder
 from reference_impl.models.zimage import ZImageConfig
 from reference_impl.models.zimage_transformer import ZImageTransformer
 from reference_impl.parallel.state import destroy_sequence_parallel, get_sp_rank, get_sp_world_size, init_sequence_parallel
+from reference_impl.weights import WEIGHTS_DIR, read_pipeline_weights, weights_path
 
 Tensor = torch.Tensor
 
@@ -67,7 +70,9 @@ class PipelineConfig(ModelConfig):
     ``num_frames=None`` makes an image ``[H, W, 3]``; an int makes frames ``[T, H, W, 3]``.
     ``height``/``width`` must be multiples of 8 (VAE ×4, DiT patch 2). Under SP, an image's
     tokens are padded to a multiple of 32 (any degree dividing 32 shards them); a video's
-    ``T·(H/8)·(W/8)`` tokens must divide by the SP degree.
+    ``T·(H/8)·(W/8)`` tokens must divide by the SP degree. ``weights``: a checkpoint name or
+    ``.safetensors`` path (see :mod:`reference_impl.weights`); None draws random weights from
+    ``weights_seed``.
     """
 
     prompt: str = "a red fox in fresh snow"
@@ -79,6 +84,7 @@ class PipelineConfig(ModelConfig):
     dtype: str = "float32"
     suffix_mode: str = "order_preserving"
     flow_shift: float = 3.0
+    weights: str | None = None
     weights_seed: int = 0
     text_encoder_dir: str | None = None
     max_text_tokens: int = 32
@@ -100,6 +106,16 @@ class PipelineConfig(ModelConfig):
             raise self.error("suffix_mode", f"{self.suffix_mode!r} is not one of {', '.join(SUFFIX_MODES)}")
         if self.flow_shift <= 0:
             raise self.error("flow_shift", f"must be positive, got {self.flow_shift}")
+        if self.weights is not None:
+            if self.text_encoder_dir is not None:
+                raise self.error("text_encoder_dir", "a checkpoint (weights) brings the text encoder its DiT was trained on")
+            try:
+                path = weights_path(self.weights)
+            except ValueError as exc:
+                raise self.error("weights", str(exc)) from None
+            if not path.is_file():  # found now, not after the case's ranks started
+                known = ", ".join(sorted(p.stem for p in WEIGHTS_DIR.glob("*.safetensors"))) or "none"
+                raise self.error("weights", f"{self.weights!r}: no such checkpoint ({path}); built in: {known}")
 
 
 @dataclass(frozen=True)
@@ -182,7 +198,7 @@ def flow_sigmas(steps: int, shift: float) -> list[float]:
 
 
 # The config keys that decide which weights are built; a reused PipelineModels must agree on them.
-MODEL_KEYS = ("dtype", "device", "suffix_mode", "weights_seed", "text_encoder_dir")
+MODEL_KEYS = ("dtype", "device", "suffix_mode", "weights", "weights_seed", "text_encoder_dir")
 
 
 @dataclass
@@ -224,22 +240,32 @@ def _init_text_encoder(encoder: Qwen3TextEncoder, seed: int) -> Qwen3TextEncoder
 
 
 def build_models(config: PipelineConfig) -> PipelineModels:
-    """The three models on ``config.device`` in ``config.dtype``, weights from ``weights_seed`` (or the encoder dir)."""
+    """The three models on ``config.device`` in ``config.dtype``: from the checkpoint ``weights`` names, else
+    drawn from ``weights_seed`` (the text encoder possibly from ``text_encoder_dir``)."""
     device, dtype = torch.device(config.device), DTYPES[config.dtype]
+    checkpoint = read_pipeline_weights(config.weights) if config.weights is not None else None
     s = config.weights_seed * 3
+
+    def build(part: str, make: Any, seed: int) -> Any:
+        if checkpoint is None:
+            return _seeded(seed, make)
+        return build_and_load(make, checkpoint.part(part), dtype, device)
+
     if config.text_encoder_dir is not None:
         encoder = Qwen3TextEncoder.from_pretrained(config.text_encoder_dir, device=device, dtype=dtype)
+    elif checkpoint is not None:
+        encoder = build("text_encoder", lambda: Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY)), s)
     else:
         encoder = _init_text_encoder(Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY), dtype=dtype), s)
     text_dim = encoder.config.hidden_size
     if config.num_frames is None:
-        dit: nn.Module = _seeded(s + 1, lambda: ZImageTransformer(ZImageConfig.from_dict({**ZIMAGE_TINY, "cap_feat_dim": text_dim})))
+        dit: nn.Module = build("zimage", lambda: ZImageTransformer(ZImageConfig.from_dict({**ZIMAGE_TINY, "cap_feat_dim": text_dim})), s + 1)
     else:
         video = HunyuanVideoConfig.from_dict({**HUNYUAN_TINY, "text_embed_dim": text_dim, "pooled_projection_dim": text_dim})
-        dit = _seeded(s + 1, lambda: HunyuanVideoTransformer(video))
+        dit = build("hunyuan", lambda: HunyuanVideoTransformer(video), s + 1)
     if config.suffix_mode == "rotate_to_front":
         rotate_captions_to_front(dit)
-    vae = _seeded(s + 2, lambda: ViT3DDecoder(VAE_TINY))
+    vae = build("vae", lambda: ViT3DDecoder(VAE_TINY), s + 2)
     return PipelineModels(encoder.to(device, dtype).eval(), dit.to(device, dtype).eval(), vae.to(device, dtype).eval(), config)
 
 
@@ -264,20 +290,31 @@ class _Clock:
         return (end - start) * 1000.0
 
 
-def _velocity(dit: nn.Module, latents: Tensor, sigma: float, text: Tensor) -> Tensor:
-    """The DiT's flow-matching velocity at noise level ``sigma``, the DiT called as its diffusers pipeline calls it.
+def encode_prompt(encoder: Qwen3TextEncoder, prompt: str, max_tokens: int) -> Tensor:
+    """The caption features ``[L, D]`` the DiT conditions on: Z-Image's choice, the second-to-last hidden state."""
+    ids = tokenize(prompt, encoder.config.vocab_size, max_tokens).to(encoder.embed_tokens.weight.device)
+    return encoder(ids, output_hidden_states=True).hidden_states[-2][0]
+
+
+def velocity(dit: nn.Module, latents: Tensor, sigma: float | Tensor, texts: list[Tensor]) -> Tensor:
+    """The DiT's flow-matching velocity ``d latents / d sigma`` (= ``noise - x0`` on the path
+    ``(1 - sigma)·x0 + sigma·noise``) at noise level ``sigma`` (one, or one per item), one caption
+    ``[L_i, D]`` per item, the DiT called as its diffusers pipeline calls it.
 
     ZImagePipeline passes ``t = 1 - sigma`` and negates the prediction; HunyuanVideoPipeline
     passes ``t = 1000·sigma``, the text mask, a pooled text vector (CLIP's there; the mean of
-    the text here, the tiny pipeline having one encoder) and the guidance scale ×1000.
+    the valid text here, the tiny pipeline having one encoder) and the guidance scale ×1000.
     """
-    b = latents.shape[0]
+    b, device = latents.shape[0], latents.device
+    sigmas = torch.as_tensor(sigma, dtype=torch.float64).expand(b)
     if isinstance(dit, ZImageTransformer):
-        pred = dit(list(latents.unsqueeze(2).unbind(0)), torch.full((b,), 1.0 - sigma), list(text.unbind(0)))
+        pred = dit(list(latents.unsqueeze(2).unbind(0)), (1.0 - sigmas).float().to(device), texts)
         return -torch.stack(pred).squeeze(2)
-    mask = torch.ones(text.shape[:2], dtype=torch.long, device=text.device)
-    return dit(latents, torch.full((b,), 1000.0 * sigma, device=latents.device), text, mask, text.mean(dim=1),
-               torch.full((b,), 1000.0 * GUIDANCE, device=latents.device))
+    lengths = [t.shape[0] for t in texts]
+    text = torch.nn.utils.rnn.pad_sequence(texts, batch_first=True)
+    mask = (torch.arange(text.shape[1], device=device) < torch.tensor(lengths, device=device)[:, None]).long()
+    pooled = torch.stack([t.mean(dim=0) for t in texts])
+    return dit(latents, (1000.0 * sigmas).float().to(device), text, mask, pooled, torch.full((b,), 1000.0 * GUIDANCE, device=device))
 
 
 def _to_uint8(frames: Tensor) -> np.ndarray:
@@ -310,19 +347,17 @@ def run_pipeline(config: PipelineConfig, models: PipelineModels | None = None) -
     shape = (1, LATENT_CHANNELS, lat_h, lat_w) if frames is None else (1, LATENT_CHANNELS, frames, lat_h, lat_w)
     # Noise is drawn on the CPU so that every device and every rank starts from the same bytes.
     noise = torch.randn(shape, generator=torch.Generator().manual_seed(config.seed), dtype=torch.float32)
-    ids = tokenize(config.prompt, models.text_encoder.config.vocab_size, config.max_text_tokens).to(device)
     sigmas = flow_sigmas(config.steps, config.flow_shift)
 
     with torch.inference_mode(), set_forward_context(current_timestep=0, attn_metadata=None):
         t_start = clock.mark()
-        # Z-Image conditions on the second-to-last hidden state of its Qwen3 encoder.
-        text = models.text_encoder(ids, output_hidden_states=True).hidden_states[-2]
+        text = [encode_prompt(models.text_encoder, config.prompt, config.max_text_tokens)]
         t_text = clock.mark()
         latents = noise.to(device)  # the scheduler state stays fp32; the DiT computes in its own dtype
         step_marks = [t_text]
         for i in range(config.steps):
-            velocity = _velocity(models.dit, latents, sigmas[i], text)
-            latents = latents + (sigmas[i + 1] - sigmas[i]) * velocity.float()
+            v = velocity(models.dit, latents, sigmas[i], text)
+            latents = latents + (sigmas[i + 1] - sigmas[i]) * v.float()
             step_marks.append(clock.mark())
         video_latents = latents if frames is not None else latents.unsqueeze(2)
         decoded = models.vae.decode(video_latents.to(dtype))[0]

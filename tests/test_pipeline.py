@@ -148,8 +148,10 @@ def test_rotate_to_front_wraps_every_attention_and_is_a_noop_on_one_rank():
         PipelineConfig(dtype="float32", steps=4),
         PipelineConfig(dtype="bfloat16", steps=4, height=64, width=64),
         PipelineConfig(dtype="bfloat16", steps=3, num_frames=2),
+        PipelineConfig(weights="tiny-v1", prompt="a cameraman", dtype="bfloat16", steps=4, height=64, width=64),
+        PipelineConfig(weights="tiny-v1", prompt="a colour wheel", steps=3, num_frames=3),
     ],
-    ids=["image-fp32", "image-bf16-64", "video-bf16"],
+    ids=["image-fp32", "image-bf16-64", "video-bf16", "trained-image-bf16-64", "trained-video-fp32"],
 )
 def test_sp2_output_is_bitwise_the_single_rank_output(pool2, config):
     per_rank = pool2.run(sp_and_single, config)
@@ -160,17 +162,20 @@ def test_sp2_output_is_bitwise_the_single_rank_output(pool2, config):
     assert sp1.output.tobytes() == sp0.output.tobytes()
 
 
-def test_turbo_drift_rotate_to_front_against_one_rank(pool2):
-    """Measured here (2 ranks): bf16 64×64 rotate_to_front pixel MAE 0.114 at 9 steps, 0.0 at 30; fp32
-    32×32 at 9 steps latent MAE 7.6e-8 (pixels equal).
+@pytest.mark.parametrize("fields", [{}, {"weights": "tiny-v1", "prompt": "the scikit-image logo"}], ids=["random", "trained"])
+def test_turbo_drift_rotate_to_front_against_one_rank(pool2, fields):
+    """Measured here (2 ranks), bf16 64×64 rotate_to_front pixel MAE against one rank: random weights
+    ('a red fox in fresh snow') 0.114 at 9 steps, 0.0 at 30; the trained checkpoint ('the scikit-image
+    logo') 0.076 at 9, 0.276 at 30. fp32: latents move by ~1e-7, pixels (almost always) equal.
 
-    The tiny random DiT is far less sensitive than Z-Image-Turbo (sglang: 7.28 / 6.32), and whether
-    bf16 rounding hides the reorder depends on the CPU's bf16 arithmetic, so only what cannot depend
-    on it is asserted: order-preserving is bitwise at both step counts, and in fp32 the rotated
-    layout moves the latents (the control).
+    Both are far less sensitive than Z-Image-Turbo (sglang: 7.28 / 6.32), and whether bf16 rounding
+    hides the reorder depends on the CPU's bf16 arithmetic, so only what cannot depend on it is
+    asserted: order-preserving is bitwise at both step counts, and in fp32 the rotated layout moves
+    the latents (the control).
     """
-    drift = {steps: pool2.run(drift_figures, dict(dtype="bfloat16", steps=steps, height=64, width=64))[0] for steps in (9, 30)}
+    drift = {steps: pool2.run(drift_figures, dict(fields, dtype="bfloat16", steps=steps, height=64, width=64))[0]
+             for steps in (9, 30)}
     for figures in drift.values():
         assert figures["order_preserving_bitwise"] and figures["order_preserving_mae"] == 0.0
-    fp32 = pool2.run(drift_figures, dict(dtype="float32", steps=9))[0]
+    fp32 = pool2.run(drift_figures, dict(fields, dtype="float32", steps=9))[0]
     assert fp32["order_preserving_bitwise"] and fp32["rotate_to_front_latent_mae"] > 0.0

@@ -125,6 +125,14 @@ def recover(directory: str | Path) -> None:
     shutil.rmtree(pending)  # only empty folders are left in it
 
 
+def _holds(path: Path, digest: str) -> bool:
+    """Whether ``path`` is a plain file with sha256 ``digest`` (so rewriting it would change nothing)."""
+    try:
+        return path.is_file() and not path.is_symlink() and hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    except OSError:
+        return False
+
+
 def write_set(directory: str | Path, blessings: Sequence[Blessing]) -> None:
     """Replace the references of ``blessings``' cases (others are kept) as one set: see the module docstring."""
     directory = Path(directory)
@@ -139,9 +147,8 @@ def write_set(directory: str | Path, blessings: Sequence[Blessing]) -> None:
     staging.mkdir()
     try:
         for b in blessings:
-            old = entries.get(b.entry.case_id)
             for name, data in b.data.items():
-                if old is None or old.files.get(name) != b.entry.files[name]:
+                if not _holds(directory / name, b.entry.files[name]):  # the file on disk, not the manifest's word
                     _write(staging / name, data)
         _write(staging / _DROPPED, json.dumps(dropped).encode())
         _write(staging / MANIFEST, dump_json(manifest_json(new)).encode())  # last: staged means complete

@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"dry run: nothing written ({len(rows)} case(s) would be blessed)")
         return 0
     write_set(directory, blessings)
-    counts = {k: sum(c.kind == k for c in rows) for k in ("new", "changed", "unchanged")}
+    counts = {k: sum(c.kind == k for c in rows) for k in ("new", "changed", "unchanged", "repaired")}
     out.print(f"{len(rows)} reference(s) written as one set with {directory / MANIFEST} ({counts['new']} new, "
-              f"{counts['changed']} changed, {counts['unchanged']} unchanged) in {time.perf_counter() - start:.1f} s")
+              f"{counts['changed']} changed, {counts['unchanged']} unchanged, {counts['repaired']} repaired) "
+              f"in {time.perf_counter() - start:.1f} s")
     return 0

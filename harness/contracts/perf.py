@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 from harness.contracts.params import NUMERIC, Param, ParamError, Params
-from harness.contracts.pipeline import LONG_DTYPE, check_pipeline_dtype, pipeline_run_params
+from harness.contracts.pipeline import check_pipeline_dtype, pipeline_fields, pipeline_run_params
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import RankOutcome
 
@@ -83,10 +83,8 @@ register(Contract(
 
 
 def sp_step_ratio(ctx: RankContext, p: Params) -> RankOutcome:
-    figures = ctx.target.model_check("perf.sp_step_ratio")(
-        device=str(ctx.device), repeats=p.repeats, prompt=p.prompt, seed=p.seed, height=p.height, width=p.width,
-        steps=p.steps, dtype=LONG_DTYPE[p.dtype],
-    )
+    figures = ctx.target.model_check("perf.sp_step_ratio")(device=str(ctx.device), repeats=p.repeats,
+                                                            **pipeline_fields(p))
     if ctx.rank != 0:  # every rank runs both layouts; rank 0's clock speaks for the group
         return RankOutcome(checks=1)
     return _ratio_outcome(dict(figures), p.max_ratio, f"the SP={p.world_size} denoising step")

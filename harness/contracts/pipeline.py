@@ -6,9 +6,9 @@ Ulysses SP with the replicated caption kept at the tail of the attention's token
 (``order_preserving``, the fix) and with it rotated to the front (``rotate_to_front``, sglang's old
 layout). Judged: the order-preserving latents equal the single-rank latents bitwise (so the image
 does too). Reported, not bounded: the rotated layout's pixel and latent MAE against one rank,
-which sglang measured as 7.28 (9 steps) and 6.32 (30 steps) on Z-Image-Turbo. The tiny random
-DiT is far less sensitive than a trained 6B model, so its figures are much smaller and no
-number of sglang's can bound them; what is checked of the rotated run (``control_drift``) is only
+which sglang measured as 7.28 (9 steps) and 6.32 (30 steps) on Z-Image-Turbo. The tiny DiT
+(random, or the built-in trained checkpoint ``weights = "tiny-v1"``) is far less sensitive than a
+trained 6B model, so its figures are much smaller and no number of sglang's can bound them; what is checked of the rotated run (``control_drift``) is only
 that its latents differ from one rank at all, which shows the experiment can see a change of key
 order and so that the bitwise result of the order-preserving path means something.
 """
@@ -33,7 +33,17 @@ def pipeline_run_params(dtype: str, steps: int) -> tuple[Param, ...]:
         Param("width", "int", 64, "image width (multiple of 8)"),
         Param("seed", "int", 0, "noise seed"),
         Param("prompt", "str", "a red fox in fresh snow", "the prompt"),
+        Param("weights", "str", None, "a built-in checkpoint (tiny-v1) or .safetensors path; unset: random weights"),
     )
+
+
+def pipeline_fields(p: Params) -> dict[str, object]:
+    """What the target's pipeline is asked to generate, from a contract's :func:`pipeline_run_params`."""
+    fields: dict[str, object] = {"prompt": p.prompt, "seed": p.seed, "height": p.height, "width": p.width,
+                                 "steps": p.steps, "dtype": LONG_DTYPE[p.dtype]}
+    if p.weights is not None:
+        fields["weights"] = p.weights
+    return fields
 
 
 def check_pipeline_dtype(p: Params) -> None:
@@ -44,10 +54,7 @@ def check_pipeline_dtype(p: Params) -> None:
 def _body(ctx: RankContext, p: Params) -> RankOutcome:
     import torch
 
-    measured = ctx.target.model_check("pipeline.turbo_drift")(
-        device=str(ctx.device), prompt=p.prompt, seed=p.seed, height=p.height, width=p.width, steps=p.steps,
-        dtype=LONG_DTYPE[p.dtype],
-    )
+    measured = ctx.target.model_check("pipeline.turbo_drift")(device=str(ctx.device), **pipeline_fields(p))
     figures, latents = measured["figures"], measured["latents"]
     stats = compare(torch.from_numpy(latents["preserving"]), torch.from_numpy(latents["single"]))
     problems = []

@@ -34,11 +34,11 @@ class Change:
     None: nothing to compare, a new case or a new shape)."""
 
     case_id: str
-    kind: str  # "new", "changed", "unchanged"
+    kind: str  # "new", "changed", "unchanged", "repaired" (the old reference was unreadable)
     old_digest: str | None
     new_digest: str
     psnr: float | None
-    fields: list[str]  # what changed in the fields since the old reference was blessed
+    fields: list[str]  # what changed in the fields since the old reference was blessed, or why it was unreadable
     shape: str
 
 
@@ -130,14 +130,21 @@ def _digest(files: dict[str, str]) -> str:
 
 
 def changes(directory: Path, blessings: Sequence[Blessing]) -> list[Change]:
-    """Old → new for every blessing, against the references now in ``directory``."""
+    """Old → new for every blessing, against the references now in ``directory``.
+
+    An old reference that fails its check (a hash mismatch after a merge, a missing frame) is what
+    blessing is for, so it is reported as ``repaired`` with the reason instead of stopping the bless."""
     from harness.metrics import psnr
 
     out = []
     for b in blessings:
-        old = find_reference(directory, b.entry.case_id)
         new_digest = _digest(b.entry.files)
         shape = "x".join(map(str, b.entry.shape or ()))
+        try:
+            old = find_reference(directory, b.entry.case_id)
+        except ConfigError as exc:
+            out.append(Change(b.entry.case_id, "repaired", None, new_digest, None, [str(exc)], shape))
+            continue
         if old is None:
             out.append(Change(b.entry.case_id, "new", None, new_digest, None, [], shape))
             continue

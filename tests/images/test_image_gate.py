@@ -178,6 +178,11 @@ def test_tampered_reference_exits_2_naming_the_file(
     assert _gate(project, baselines=copy) == 2
     err = capsys.readouterr().err
     assert str(image) in err and "sha256 mismatch" in err
+    # blessing is how a reference that fails its check is repaired (say after a merge took the other side's manifest)
+    assert main(["bless", "img_1rank", "--json", "-", "--cases", str(project.cases), "--baselines", str(copy)]) == 0
+    (change,) = json.loads(capsys.readouterr().out)["changes"]
+    assert change["change"] == "repaired" and any("sha256 mismatch" in f for f in change["fields_changed"])
+    assert _gate(project, baselines=copy) == 0
 
 
 def test_bless_names_cases_and_dry_run_writes_nothing(project: Project, capsys: pytest.CaptureFixture[str]) -> None:

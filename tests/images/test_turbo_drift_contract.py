@@ -25,6 +25,15 @@ def test_order_preserving_is_bitwise_and_the_rotated_layout_is_reported(assert_c
     assert {"rotate_to_front_mae", "rotate_to_front_max_abs"} <= set(figures) and verdict.kernel == "torch_sdpa"
 
 
+def test_the_trained_checkpoint_reaches_the_pipeline(assert_contract: Callable) -> None:
+    """``weights`` is passed through: the trained DiT moves differently under rotation than the random one."""
+    params = {"world_size": 2, "dtype": "fp32", "steps": 4, "height": 32, "width": 32, "prompt": "a cameraman"}
+    trained = assert_contract("pipeline.turbo_drift", weights="tiny-v1", **params).figures
+    random = assert_contract("pipeline.turbo_drift", **params).figures
+    assert trained["order_preserving_bitwise"] and random["order_preserving_bitwise"]
+    assert trained["rotate_to_front_latent_mae"] not in (0.0, random["rotate_to_front_latent_mae"])
+
+
 def rotation_is_the_identity() -> None:
     """Rank worker: from now on this rank builds the rotate_to_front pipeline without rotating anything."""
     import reference_impl.pipeline as pipeline
@@ -47,7 +56,8 @@ def test_a_case_that_cannot_see_key_order_fails_its_control() -> None:
 
 
 @pytest.mark.parametrize(("params", "key"), [({"height": 20}, "height"), ({"world_size": 1}, "world_size"),
-                                              ({"world_size": 3}, "world_size"), ({"dtype": "fp64"}, "dtype")])
+                                              ({"world_size": 3}, "world_size"), ({"dtype": "fp64"}, "dtype"),
+                                              ({"weights": "no-such-checkpoint"}, "weights")])
 def test_bad_parameters_name_the_key(params: dict, key: str) -> None:
     with pytest.raises(ConfigError) as info:  # the contract's own checks, then the pipeline's (through the target)
         validate_for_target([make_case("pipeline.turbo_drift", params, case_id="c", source="f.toml")], ReferenceTarget())

@@ -137,7 +137,8 @@ def turbo_drift(device: str, **fields: Any) -> dict[str, Any]:
 
 def check_drift_case(params: Mapping[str, Any]) -> None:
     """``pipeline.turbo_drift`` parameters the pipeline can run (ParamError naming the key)."""
-    fields = {k: params[k] for k in ("prompt", "seed", "height", "width", "steps") if k in params}
+    fields = {k: params[k] for k in ("prompt", "seed", "height", "width", "steps", "weights")
+              if params.get(k) is not None}
     ReferencePipelineTarget().check_case(fields, int(params.get("world_size", 1)))
 
 

@@ -1,0 +1,123 @@
+"""The tiny pipeline's trained checkpoints: committed here, read only through :func:`read_pipeline_weights`.
+
+A checkpoint is two files: ``<name>.safetensors`` (every model of the pipeline, each under its
+prefix: ``text_encoder.``, ``vae.``, ``zimage.``, ``hunyuan.``) and its card ``<name>.json``
+(the training config, the final losses and the sha256 of the safetensors file), both written by
+``scripts/train_tiny_pipeline.py``. The weights live in the package, not under ``baselines/``,
+because they are an input of the implementation (the pipeline must draw with them wherever
+``reference_impl`` is installed), not something a run is compared with.
+
+Reading checks the file's sha256 against its card before any tensor is used, so a changed file
+is an error naming it rather than silently different images. Never unpickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load, save_file
+from torch import nn
+
+Tensor = torch.Tensor
+
+WEIGHTS_DIR = Path(__file__).resolve().parent
+FORMAT = "parity.tiny_pipeline/1"
+PARTS = ("text_encoder", "vae", "zimage", "hunyuan")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+class PipelineWeightsError(ValueError):
+    """A checkpoint that cannot be used; the message starts with the file's path."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}")
+
+
+def weights_path(weights: str) -> Path:
+    """A committed checkpoint's name (``"tiny-v1"``) or a path to a ``.safetensors`` file with its card beside it."""
+    if weights.endswith(".safetensors"):
+        return Path(weights)
+    if not _NAME.fullmatch(weights):
+        raise ValueError(f"weights {weights!r} is neither a checkpoint name ([a-z0-9._-]) nor a .safetensors path")
+    return WEIGHTS_DIR / f"{weights}.safetensors"
+
+
+def card_path(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class PipelineWeights:
+    """The tensors of one checkpoint, by part, and its card."""
+
+    path: Path
+    card: dict[str, Any]
+    tensors: dict[str, Tensor]
+
+    def part(self, name: str) -> dict[str, Tensor]:
+        """The tensors of one model, its prefix removed; an error naming the file when it has none."""
+        prefix = f"{name}."
+        found = {k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+        if not found:
+            have = sorted({k.split(".", 1)[0] for k in self.tensors})
+            raise PipelineWeightsError(self.path, f"holds no {name!r} weights (it has: {', '.join(have)})")
+        return found
+
+
+def read_pipeline_weights(weights: str) -> PipelineWeights:
+    """Read a checkpoint whose bytes match the sha256 its card records (errors name the file)."""
+    path = weights_path(weights)
+    card_file = card_path(path)
+    for p in (path, card_file):
+        if not p.is_file():
+            raise PipelineWeightsError(p, "file not found (train one with scripts/train_tiny_pipeline.py)")
+    try:
+        card = json.loads(card_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PipelineWeightsError(card_file, f"not valid JSON ({exc})") from exc
+    if not isinstance(card, dict) or card.get("format") != FORMAT or not isinstance(card.get("sha256"), str):
+        raise PipelineWeightsError(card_file, f"not a {FORMAT} card (needs 'format' and 'sha256')")
+    data = path.read_bytes()
+    digest = sha256_of(data)
+    if digest != card["sha256"]:
+        raise PipelineWeightsError(path, f"sha256 {digest} does not match {card_file.name}'s {card['sha256']}: the file "
+                                         "changed after training (restore it, or re-train with scripts/train_tiny_pipeline.py)")
+    try:
+        tensors = load(data)
+    except (SafetensorError, ValueError) as exc:
+        raise PipelineWeightsError(path, f"not a readable safetensors file ({exc})") from exc
+    unknown = sorted({k.split(".", 1)[0] for k in tensors} - set(PARTS))
+    if unknown:
+        raise PipelineWeightsError(path, f"unknown parts {unknown} (known: {', '.join(PARTS)})")
+    return PipelineWeights(path, card, tensors)
+
+
+def write_pipeline_weights(path: str | os.PathLike[str], models: Mapping[str, nn.Module], card: Mapping[str, Any]) -> str:
+    """Write the models (fp32) under their part prefixes and the card with the file's sha256; returns the sha256.
+
+    The card is written last, so a run that dies halfway leaves a checkpoint that fails its hash check.
+    """
+    path = Path(path)
+    unknown = sorted(set(models) - set(PARTS))
+    if unknown:
+        raise ValueError(f"unknown parts {unknown} (known: {', '.join(PARTS)})")
+    tensors = {f"{part}.{k}": v.detach().float().contiguous().clone() for part, m in models.items() for k, v in m.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"format": FORMAT})
+    digest = sha256_of(path.read_bytes())
+    card_path(path).write_text(json.dumps({"format": FORMAT, "sha256": digest, **card}, indent=2) + "\n", encoding="utf-8")
+    return digest
