@@ -5,6 +5,8 @@
 # Phases:
 #   baseline   3 gates with --perf (no perf overlay first), threshold and perf recalibration:
 #              the new baselines/platforms/perf/<gpu>.json, with each scenario's calibration
+#   thresholds 3 gates (images only) and a per-platform threshold recalibration: the new
+#              baselines/platforms/<gpu>.json, for when the image references were re-blessed
 #   verify     the committed baselines on this machine: one gate (must pass), then the same gate
 #              with a planted 20% DiT slowdown (tests/targets/slow_pipeline.py: must fail)
 #   tests      pytest tests/gpu (kernels by the FA rule, LSE paths, SP with ranks sharing the GPU)
@@ -39,6 +41,11 @@ for phase in "$@"; do
       step recal_perf $P recalibrate perf --baselines "$W/baselines" --results "$W"/gate?/results.json --write
       rm -rf "$W"/gate?/candidates "$W"/gate?/triptychs; pack
       cp "$W"/baselines/platforms/perf/*.json baselines/platforms/perf/ ;;   # a later 'verify' here gates against them
+    thresholds)
+      cp -r baselines "$W/baselines"
+      for i in 1 2 3; do step "images$i" $P gate --device cuda --no-perf --baselines "$W/baselines" --report "$W/images$i"; done
+      step recal_thresholds $P recalibrate thresholds --baselines "$W/baselines" --results "$W"/images?/results.json --per-platform --write
+      rm -rf "$W"/images?/candidates "$W"/images?/triptychs; pack ;;
     verify)
       step verify_gate $P gate --device cuda --report "$W/verify"
       step verify_slow $P gate --device cuda --pipeline-target tests.targets.slow_pipeline:factory --report "$W/slow"
