@@ -33,15 +33,16 @@ class CheckpointError(ValueError):
         super().__init__(f"{self.path}: {message}")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path, error: type[CheckpointError] = CheckpointError, hint: str = "") -> dict[str, Any]:
+    """A checkpoint's JSON file (config, index, card) as a dict; ``error`` (naming the file) otherwise."""
     if not path.is_file():
-        raise CheckpointError(path, "file not found")
+        raise error(path, f"file not found{hint}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(path, f"not valid JSON ({exc})") from exc
+        raise error(path, f"not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
-        raise CheckpointError(path, f"must hold a JSON object, got {type(data).__name__}")
+        raise error(path, f"must hold a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -53,7 +54,7 @@ class SafetensorsCheckpoint:
         self.single_file, self.index_file = f"{weights_name}.safetensors", f"{weights_name}.safetensors.index.json"
         if not self.directory.is_dir():
             raise CheckpointError(self.directory, "not a directory")
-        self.config = _read_json(self.directory / "config.json")
+        self.config = read_json_object(self.directory / "config.json")
         self._file_of = self._tensor_files()
         self._handles = {path: self._open(path) for path in sorted(set(self._file_of.values()))}
         for name, path in self._file_of.items():
@@ -64,7 +65,7 @@ class SafetensorsCheckpoint:
     def _tensor_files(self) -> dict[str, Path]:
         index_path = self.directory / self.index_file
         if index_path.is_file():
-            weight_map = _read_json(index_path).get("weight_map")
+            weight_map = read_json_object(index_path).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise CheckpointError(index_path, "key 'weight_map' must be a non-empty object")
             files = {}

@@ -27,6 +27,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 from torch import nn
 
+from reference_impl.models.checkpoint import CheckpointError, read_json_object
+
 Tensor = torch.Tensor
 
 WEIGHTS_DIR = Path(__file__).resolve().parent
@@ -35,12 +37,8 @@ PARTS = ("text_encoder", "vae", "zimage", "hunyuan")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
-class PipelineWeightsError(ValueError):
-    """A checkpoint that cannot be used; the message starts with the file's path."""
-
-    def __init__(self, path: Path, message: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: {message}")
+class PipelineWeightsError(CheckpointError):
+    """A pipeline checkpoint that cannot be used; the message starts with the file's path."""
 
 
 def weights_path(weights: str) -> Path:
@@ -82,14 +80,11 @@ def read_pipeline_weights(weights: str) -> PipelineWeights:
     """Read a checkpoint whose bytes match the sha256 its card records (errors name the file)."""
     path = weights_path(weights)
     card_file = card_path(path)
-    for p in (path, card_file):
-        if not p.is_file():
-            raise PipelineWeightsError(p, "file not found (train one with scripts/train_tiny_pipeline.py)")
-    try:
-        card = json.loads(card_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PipelineWeightsError(card_file, f"not valid JSON ({exc})") from exc
-    if not isinstance(card, dict) or card.get("format") != FORMAT or not isinstance(card.get("sha256"), str):
+    hint = " (train one with scripts/train_tiny_pipeline.py)"
+    if not path.is_file():
+        raise PipelineWeightsError(path, f"file not found{hint}")
+    card = read_json_object(card_file, PipelineWeightsError, hint)
+    if card.get("format") != FORMAT or not isinstance(card.get("sha256"), str):
         raise PipelineWeightsError(card_file, f"not a {FORMAT} card (needs 'format' and 'sha256')")
     data = path.read_bytes()
     digest = sha256_of(data)

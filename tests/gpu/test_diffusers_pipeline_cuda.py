@@ -16,23 +16,9 @@ import torch
 from harness.cli import main
 from harness.paths import default_baselines_dir
 from harness.results import load_results
-from tests.targets.tiny_flux import save_tiny_flux
+from tests.targets.tiny_flux import FLUX_CASES, save_tiny_flux
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
-
-CASES = """\
-[defaults]
-prompt = "a red fox"
-height = 32
-width = 32
-num_inference_steps = 3
-max_sequence_length = 16
-
-[cases.flux_1rank]
-
-[cases.flux_2ranks]
-world_size = 2
-"""
 
 
 def test_gate_on_cuda_at_one_and_two_ranks(tmp_path: Path) -> None:
@@ -42,7 +28,7 @@ def test_gate_on_cuda_at_one_and_two_ranks(tmp_path: Path) -> None:
     (cases / "images").mkdir()
     baselines.mkdir()
     (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n')
-    (cases / "images" / "flux.toml").write_text(CASES)
+    (cases / "images" / "flux.toml").write_text(FLUX_CASES)
     shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
     common = ["--cases", str(cases), "--baselines", str(baselines), "--device", "cuda", "--pipeline-target", "diffusers",
               "--pipeline-target-arg", f"path={flux}"]

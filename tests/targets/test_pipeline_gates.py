@@ -24,7 +24,7 @@ from harness.paths import default_baselines_dir
 from harness.report.triptych import triptych
 from harness.results import load_results
 from harness.targets.diffusers_pipeline import CPU_REASON
-from tests.targets.tiny_flux import save_tiny_flux
+from tests.targets.tiny_flux import FLUX_CASES, save_tiny_flux
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -39,19 +39,6 @@ width = 32
 [cases.cmd_1rank]
 
 [cases.cmd_2ranks]
-world_size = 2
-"""
-FLUX_CASES = """\
-[defaults]
-prompt = "a red fox"
-height = 32
-width = 32
-num_inference_steps = 3
-max_sequence_length = 16
-
-[cases.flux_1rank]
-
-[cases.flux_2ranks]
 world_size = 2
 """
 REFERENCE_CASES = """\

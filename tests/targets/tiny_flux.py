@@ -22,6 +22,20 @@ from pathlib import Path
 # output projections 20x louder make the attention carry the image (see test_diffusers_pipeline.py).
 LOUD_ATTENTION = ("attn.to_v.weight", "attn.add_v_proj.weight", "attn.to_out.0.weight", "attn.to_add_out.weight")
 ATTENTION_GAIN = 20.0
+# Image cases of the saved pipeline (the cases TOML a test writes next to it): 32x32, 3 steps, 1 and 2 ranks.
+FLUX_CASES = """\
+[defaults]
+prompt = "a red fox"
+height = 32
+width = 32
+num_inference_steps = 3
+max_sequence_length = 16
+
+[cases.flux_1rank]
+
+[cases.flux_2ranks]
+world_size = 2
+"""
 
 
 def _byte_symbols() -> list[str]:
