@@ -19,6 +19,7 @@ from harness.results import load_results
 from tests.targets.tiny_flux import FLUX_CASES, save_tiny_flux
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+pytest.importorskip("diffusers", reason="the diffusers pipeline target needs diffusers (pip install 'parity[diffusers]')")
 
 
 def test_gate_on_cuda_at_one_and_two_ranks(tmp_path: Path) -> None:
