@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.paths import default_baselines_dir
+from tests.gate_project import gate_project
 from tests.ranks.procs import descendants, parity_files, wait_until_gone
 from tests.targets.broken import ONE_SIDED_MESSAGE
 
@@ -142,13 +141,8 @@ num_frames = 3
 
 
 def test_an_image_and_perf_case_whose_rank_raises_fails_and_the_report_is_written(tmp_path: Path) -> None:
-    cases, baselines, report = tmp_path / "cases", tmp_path / "baselines", tmp_path / "report"
-    (cases / "contracts").mkdir(parents=True)
-    (cases / "images").mkdir()
-    baselines.mkdir()
-    (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n')
-    (cases / "images" / "tiny.toml").write_text(IMAGE_CASES)
-    shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
+    cases, baselines = gate_project(tmp_path, tiny=IMAGE_CASES)
+    report = tmp_path / "report"
     assert main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--all"]) == 0
     start = time.monotonic()
     code = main(["gate", "--cases", str(cases), "--baselines", str(baselines), "--report", str(report), "--timeout", "90",

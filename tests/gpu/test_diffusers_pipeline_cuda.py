@@ -7,15 +7,14 @@ reason, and the test checks that reason. Run with ``pytest tests/gpu -s`` to see
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from harness.cli import main
-from harness.paths import default_baselines_dir
 from harness.results import load_results
+from tests.gate_project import gate_project
 from tests.targets.tiny_flux import FLUX_CASES, save_tiny_flux
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
@@ -24,13 +23,7 @@ pytest.importorskip("diffusers", reason="the diffusers pipeline target needs dif
 
 def test_gate_on_cuda_at_one_and_two_ranks(tmp_path: Path) -> None:
     flux = save_tiny_flux(tmp_path / "flux")
-    cases, baselines = tmp_path / "cases", tmp_path / "baselines"
-    (cases / "contracts").mkdir(parents=True)
-    (cases / "images").mkdir()
-    baselines.mkdir()
-    (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n')
-    (cases / "images" / "flux.toml").write_text(FLUX_CASES)
-    shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
+    cases, baselines = gate_project(tmp_path, flux=FLUX_CASES)
     common = ["--cases", str(cases), "--baselines", str(baselines), "--device", "cuda", "--pipeline-target", "diffusers",
               "--pipeline-target-arg", f"path={flux}"]
     assert main(["bless", "--all", *common]) == 0

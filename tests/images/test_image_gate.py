@@ -19,9 +19,9 @@ import pytest
 from harness.baselines.image_writes import bless
 from harness.baselines.images import load_reference, read_manifest
 from harness.cli import main
-from harness.paths import default_baselines_dir
 from harness.report.triptych import heatmap, triptych
 from harness.results import load_results
+from tests.gate_project import gate_project
 from tests.images.tiny_clip import save_tiny_clip
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,14 +55,7 @@ class Project:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
-    root = tmp_path_factory.mktemp("project")
-    cases, baselines = root / "cases", root / "baselines"
-    (cases / "contracts").mkdir(parents=True)
-    (cases / "images").mkdir()
-    baselines.mkdir()
-    (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n')
-    (cases / "images" / "tiny.toml").write_text(IMAGE_CASES)
-    shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
+    cases, baselines = gate_project(tmp_path_factory.mktemp("project"), tiny=IMAGE_CASES)
     assert main(["bless", "--all", "--cases", str(cases), "--baselines", str(baselines)]) == 0
     return Project(cases, baselines)
 

@@ -7,14 +7,13 @@ because the uint8 conversion turns NaN into 0 and the candidate was equally blac
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 
 from harness.cli import main
-from harness.paths import default_baselines_dir
 from harness.results import load_results
+from tests.gate_project import gate_project
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,14 +42,7 @@ def test_nan_in_a_case_float_is_refused_before_any_run() -> None:
 
 @pytest.fixture
 def project(tmp_path: Path) -> tuple[Path, Path]:
-    cases, baselines = tmp_path / "cases", tmp_path / "baselines"
-    (cases / "contracts").mkdir(parents=True)
-    (cases / "images").mkdir()
-    baselines.mkdir()
-    (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\n')
-    (cases / "images" / "tiny.toml").write_text("[cases.black]\nworld_size = 1\n")
-    shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
-    return cases, baselines
+    return gate_project(tmp_path, tiny="[cases.black]\nworld_size = 1\n")
 
 
 def test_bless_refuses_a_nan_run_and_writes_nothing(project: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -20,10 +19,10 @@ import pytest
 
 from harness.baselines.images import load_reference
 from harness.cli import main
-from harness.paths import default_baselines_dir
 from harness.report.triptych import triptych
 from harness.results import load_results
 from harness.targets.diffusers_pipeline import CPU_REASON
+from tests.gate_project import gate_project
 from tests.targets.tiny_flux import FLUX_CASES, save_tiny_flux
 
 pytestmark = pytest.mark.timeout(600)
@@ -59,18 +58,6 @@ def _kept_outputs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     """A failed command's output directory is kept for a human to read: in tests, inside tmp_path."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
-def _project(root: Path, **image_files: str) -> tuple[Path, Path]:
-    cases, baselines = root / "cases", root / "baselines"
-    (cases / "contracts").mkdir(parents=True)
-    (cases / "images").mkdir()
-    baselines.mkdir()
-    (cases / "contracts" / "tiny.toml").write_text('[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n')
-    for name, text in image_files.items():
-        (cases / "images" / f"{name}.toml").write_text(text)
-    shutil.copy(default_baselines_dir() / "consistency_threshold.json", baselines)
-    return cases, baselines
-
-
 def _records(doc: dict, stage: str = "images") -> dict[str, dict]:
     return {r["case_id"]: r for r in doc["stages"][stage]["records"]}
 
@@ -87,7 +74,7 @@ def _assert_triptych(report: Path, record: dict, baselines: Path) -> None:
 
 
 def test_command_target_gate_passes_then_fails_a_planted_multi_rank_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cases, baselines = _project(tmp_path, command=COMMAND_CASES)
+    cases, baselines = gate_project(tmp_path, command=COMMAND_CASES)
     log = tmp_path / "calls.jsonl"
     template = (f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} --height {{height}} "
                 f"--width {{width}} --out {{out_dir}} --world-size {{world_size}} --timings {{timings}} --log {shlex.quote(str(log))}")
@@ -129,7 +116,7 @@ def test_command_target_gate_passes_then_fails_a_planted_multi_rank_error(tmp_pa
 
 def test_diffusers_target_gate_passes_then_fails_a_planted_attention_error(tmp_path: Path) -> None:
     flux = save_tiny_flux(tmp_path / "flux")
-    cases, baselines = _project(tmp_path, flux=FLUX_CASES, reference=REFERENCE_CASES)
+    cases, baselines = gate_project(tmp_path, flux=FLUX_CASES, reference=REFERENCE_CASES)
 
     def run(verb: str, target: str, *extra: str) -> int:
         return main([verb, "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", target,
