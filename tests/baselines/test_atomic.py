@@ -33,6 +33,26 @@ def _temps(directory: Path) -> list[Path]:
     return [p for p in directory.iterdir() if p.name.endswith(".tmp")]
 
 
+def _writer_stopped_at_temp(target: Path, payload: dict, resume_when: Path | None = None) -> subprocess.Popen[str]:
+    """A child writing ``payload`` to ``target`` atomically, stopped once its temp file is written and
+    synced (it prints WRITTEN then): until ``resume_when`` exists, else for 60 s (long enough to be killed)."""
+    wait = f"while not os.path.exists({str(resume_when)!r}): time.sleep(0.05)" if resume_when else "time.sleep(60)"
+    return _spawn(
+        f"""
+        import os, time
+        from harness.files import atomic
+        real_fsync = os.fsync
+        def fsync_then_stop(fd):
+            real_fsync(fd)
+            if os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}")).endswith(".tmp"):
+                print("WRITTEN", flush=True)
+                {wait}
+        atomic.os.fsync = fsync_then_stop
+        atomic.write_json_atomic({str(target)!r}, {payload!r})
+        """
+    )
+
+
 def test_normal_write_leaves_no_temp_and_round_trips(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "b.json"
     write_json_atomic(target, {"a": 1, "b": [1.5, "x"]})
@@ -96,20 +116,7 @@ def test_sglang_style_serialisation() -> None:
 def test_sigkill_between_temp_write_and_rename_keeps_old_file(tmp_path: Path) -> None:
     target = tmp_path / "base.json"
     target.write_text(json.dumps({"version": "old"}))
-    child = _spawn(
-        f"""
-        import os, sys, time
-        from harness.files import atomic
-        real_fsync = os.fsync
-        def fsync_then_hang(fd):
-            real_fsync(fd)
-            if os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}")).endswith(".tmp"):
-                print("WRITTEN", flush=True)
-                time.sleep(60)
-        atomic.os.fsync = fsync_then_hang
-        atomic.write_json_atomic({str(target)!r}, {{"version": "new", "payload": "x" * 100000}})
-        """
-    )
+    child = _writer_stopped_at_temp(target, {"version": "new", "payload": "x" * 100000})
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "WRITTEN"  # temp file complete, rename pending
@@ -168,20 +175,7 @@ def _backdate(path: Path, seconds: float) -> None:
 
 def test_next_write_removes_the_temp_file_of_a_killed_writer(tmp_path: Path) -> None:
     target = tmp_path / "base.json"
-    child = _spawn(
-        f"""
-        import os, time
-        from harness.files import atomic
-        real_fsync = os.fsync
-        def fsync_then_hang(fd):
-            real_fsync(fd)
-            if os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}")).endswith(".tmp"):
-                print("WRITTEN", flush=True)
-                time.sleep(60)
-        atomic.os.fsync = fsync_then_hang
-        atomic.write_json_atomic({str(target)!r}, {{"version": "killed"}})
-        """
-    )
+    child = _writer_stopped_at_temp(target, {"version": "killed"})
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "WRITTEN"
         child.send_signal(signal.SIGKILL)
@@ -199,21 +193,7 @@ def test_next_write_removes_the_temp_file_of_a_killed_writer(tmp_path: Path) -> 
 
 def test_a_live_writers_temp_file_is_never_removed(tmp_path: Path) -> None:
     target, go = tmp_path / "live.json", tmp_path / "go"
-    child = _spawn(
-        f"""
-        import os, time
-        from harness.files import atomic
-        real_fsync = os.fsync
-        def fsync_then_wait(fd):
-            real_fsync(fd)
-            if os.path.basename(os.readlink(f"/proc/self/fd/{{fd}}")).endswith(".tmp"):
-                print("WRITTEN", flush=True)
-                while not os.path.exists({str(go)!r}):
-                    time.sleep(0.05)
-        atomic.os.fsync = fsync_then_wait
-        atomic.write_json_atomic({str(target)!r}, {{"version": "live"}})
-        """
-    )
+    child = _writer_stopped_at_temp(target, {"version": "live"}, resume_when=go)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "WRITTEN"
         (live,) = _temps(tmp_path)
