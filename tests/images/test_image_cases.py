@@ -65,6 +65,11 @@ def test_defaults_apply_and_the_case_wins(tmp_path: Path) -> None:
         ('[cases."../x"]\n', 'cases.../x', "file name"),
         ("[case.a]\n", "case", "unknown top-level table"),
         ("[defaults]\n", "cases", "no cases"),
+        # a pipeline target mistake names the key that chose the target
+        ("[cases.a]\ntarget = 3\n", "cases.a.target", "must be a pipeline target name"),
+        ("[cases.a]\ntarget = 'nope'\n", "cases.a.target", "unknown pipeline target 'nope'; built-in pipeline targets: reference, diffusers, command"),
+        ("[defaults]\ntarget = 'no_such_module:factory'\n[cases.a]\n", "defaults.target", "cannot import module 'no_such_module'"),
+        ("[cases.a]\ntarget = 'command'\nheight = 8\nwidth = 8\n", "cases.a.template", "no command"),
     ],
 )
 def test_mistakes_name_file_case_and_key(tmp_path: Path, text: str, key: str, message: str) -> None:
@@ -96,22 +101,6 @@ def test_each_case_names_its_pipeline_target_and_only_the_default_gets_its_argum
     assert (cmd.target, cmd.target_args, cmd.kind) == ("command", template, "image")
     assert (file_default.target, file_default.target_args) == ("reference", ())
     assert "target" not in ref.fields and "target" not in file_default.fields
-
-
-@pytest.mark.parametrize(
-    ("text", "key", "message"),
-    [
-        ("[cases.a]\ntarget = 3\n", "cases.a.target", "must be a pipeline target name"),
-        ("[cases.a]\ntarget = 'nope'\n", "cases.a.target", "unknown pipeline target 'nope'; built-in pipeline targets: reference, diffusers, command"),
-        ("[defaults]\ntarget = 'no_such_module:factory'\n[cases.a]\n", "defaults.target", "cannot import module 'no_such_module'"),
-        ("[cases.a]\ntarget = 'command'\nheight = 8\nwidth = 8\n", "cases.a.template", "no command"),
-    ],
-)
-def test_target_mistakes_name_the_key_that_chose_it(tmp_path: Path, text: str, key: str, message: str) -> None:
-    path = _write(tmp_path, text)
-    with pytest.raises(ConfigError, match=message) as info:
-        load_image_cases(tmp_path)
-    assert info.value.path == str(path) and info.value.key == key
 
 
 def test_an_unknown_default_pipeline_target_is_the_options_error(tmp_path: Path) -> None:
