@@ -123,11 +123,11 @@ def baselines_dir(args: argparse.Namespace) -> Path:
     return args.baselines or default_baselines_dir()
 
 
-def check_outputs(*outputs: tuple[object, str]) -> None:
-    """Refuse, before any work, each given output (``(path, flag)``) that cannot be written; ``-`` is stdout."""
-    from harness.files.atomic import check_writable
-    from harness.report.output import to_stdout
+def existing_baselines_dir(args: argparse.Namespace) -> Path:
+    """:func:`baselines_dir`, refused (naming ``--baselines``) when it is not a directory: for verbs that read or write it."""
+    from harness.errors import ConfigError
 
-    for path, flag in outputs:
-        if path is not None and not to_stdout(path):  # type: ignore[arg-type]
-            check_writable(path, flag)  # type: ignore[arg-type]
+    directory = baselines_dir(args)
+    if not directory.is_dir():
+        raise ConfigError("no such baselines directory", path=directory, key="--baselines")
+    return directory

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from harness.commands._options import (
-    add_baselines, add_cases, add_device, add_json, add_pipeline_target, baselines_dir, cases_root, pipeline_args, seconds,
+    add_baselines, add_cases, add_device, add_json, add_pipeline_target, existing_baselines_dir, cases_root, pipeline_args, seconds,
 )
 from harness.errors import ConfigError
 
@@ -82,9 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.report.output import emit_json, human_console
     from harness.targets.base import PipelineFailed
 
-    baselines = baselines_dir(args)
-    if not baselines.is_dir():
-        raise ConfigError("no such baselines directory", path=baselines, key="--baselines")
+    baselines = existing_baselines_dir(args)
     ids = _ids(args)
     cases = select_image_cases(load_image_cases(cases_root(args), args.pipeline_target, pipeline_args(args)), ids)
     out = human_console(args.json)

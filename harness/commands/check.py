@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from harness.commands._options import (
-    add_cases, add_outputs, add_target, cases_root, check_backends, check_outputs, run_options, world_size,
+    add_cases, add_outputs, add_target, cases_root, check_backends, run_options, world_size,
 )
 
 HELP = "run contract cases on a target and print the results"
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.ranks import PoolSet
     from harness.report.console import CONTRACT_COLUMNS, make_console, print_verdict, result_table
     from harness.report.junit import write_junit
-    from harness.report.output import emit_json, human_console
+    from harness.report.output import check_outputs, emit_json, human_console
     from harness.results import any_failed, environment, results_document, summary_line
 
     options = run_options(args)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.commands._options import (
-    add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, baselines_dir, cases_root, pipeline_args, run_options,
+    add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, existing_baselines_dir, cases_root, pipeline_args, run_options,
 )
 
 HELP = "the CI gate: contract cases, image quality against references, timings against perf baselines; exit 1 on any regression"
@@ -62,9 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.gate.run import run_gate
     from harness.gate.stage import GateOptions, PerfOptions
 
-    baselines = baselines_dir(args)
-    if args.baselines is not None and not baselines.is_dir():
-        raise ConfigError("no such baselines directory", path=baselines, key="--baselines")
+    baselines = existing_baselines_dir(args)
     if args.keep_outputs and args.report is None:
         raise ConfigError("--keep-outputs saves into the report directory: pass --report DIR too", key="--keep-outputs")
     options = GateOptions(

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from harness.errors import ConfigError
 from harness.files.reading import is_present
-from harness.paths import default_baselines_dir
+from harness.commands._options import add_baselines, existing_baselines_dir
 from harness.report.console import make_console
 
 HELP = "propose thresholds or perf baselines from N gate results (a diff table); --write writes them"
@@ -81,18 +81,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", type=Path, nargs="+", required=True, metavar="FILE", help="results.json files of gate runs")
-    parser.add_argument("--baselines", type=Path, default=None, metavar="DIR", help=f"baselines directory (default: {default_baselines_dir()})")
+    add_baselines(parser)
     parser.add_argument("--write", action="store_true", help="write the proposals (default: only show them)")
     parser.add_argument("--allow-loosen", action="store_true", help="allow proposals that loosen a bound")
     parser.add_argument("--include-failed", action="store_true",
                         help="use results of failed gate runs too (refused by default: they hold the values the gate rejected)")
-
-
-def _baselines_dir(args: argparse.Namespace) -> Path:
-    directory: Path = args.baselines or default_baselines_dir()
-    if not directory.is_dir():
-        raise ConfigError("no such baselines directory", path=directory, key="--baselines")
-    return directory
 
 
 def _load(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -164,18 +157,16 @@ def _report(title: str, header: Sequence[str], rows: Sequence[tuple[str, ...]], 
 def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[Any]]],
             write: Callable[[Path, Any, Sequence[Any]], None]) -> int:
     """Refuse loosening for every file before writing any; then write each file atomically."""
-    from harness.recalibrate import LooseningRefused
+    from harness.recalibrate import refuse_loosening
 
     out = make_console()
-    offending = [p.describe() for _, _, proposals in plans for p in proposals if p.loosens]
+    every = [p for _, _, proposals in plans for p in proposals]
     if not args.write:
-        note = f"; {len(offending)} would loosen: --write needs --allow-loosen" if offending and not args.allow_loosen else ""
+        loosening = sum(p.loosens for p in every)
+        note = f"; {loosening} would loosen: --write needs --allow-loosen" if loosening and not args.allow_loosen else ""
         out.print(f"dry run: nothing written (pass --write){note}")
         return 0
-    if offending and not args.allow_loosen:
-        raise LooseningRefused(
-            f"refusing to loosen {len(offending)} bound(s) without --allow-loosen; nothing was written:\n  " + "\n  ".join(offending)
-        )
+    refuse_loosening(every, args.allow_loosen)  # for every file at once, before any is written
     for path, plan, proposals in plans:
         if not any(p.changed for p in proposals):
             out.print(f"{path}: unchanged, not rewritten")
@@ -193,7 +184,7 @@ def run_thresholds(args: argparse.Namespace) -> int:
     from harness.baselines.thresholds import OVERLAYS_DIR, THRESHOLDS_FILE, ThresholdSet
     from harness.recalibrate import DEFAULT_POLICY, PROPOSAL_HEADER, apply_proposals, load_policy, proposal_rows, propose_thresholds
 
-    directory = _baselines_dir(args)
+    directory = existing_baselines_dir(args)
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
     base = directory / THRESHOLDS_FILE
     groups = _group(args.results, _load(args), args.platform, args.per_platform)
@@ -210,11 +201,11 @@ def run_thresholds(args: argparse.Namespace) -> int:
         from harness.recalibrate import merge_into_overlay
 
         if path == base:
-            apply_proposals(chain, proposals, allow_loosen=True).save(path, backup=True)
+            apply_proposals(chain, proposals, allow_loosen=args.allow_loosen).save(path, backup=True)
         else:
-            merge_into_overlay(path, proposals, allow_loosen=True)
+            merge_into_overlay(path, proposals, allow_loosen=args.allow_loosen)
 
-    return _finish(args, plans, write)  # loosening was refused, or allowed, for every file at once
+    return _finish(args, plans, write)
 
 
 # ------------------------------------------------------------------------------------- perf
@@ -224,7 +215,7 @@ def run_perf(args: argparse.Namespace) -> int:
     from harness.baselines.perf import PerfBaselines, perf_overlay_path
     from harness.recalibrate import PERF_PROPOSAL_HEADER, perf_proposal_rows, propose_perf
 
-    directory = _baselines_dir(args)
+    directory = existing_baselines_dir(args)
     docs = _load(args)
     groups = _group(args.results, docs, args.platform, per_platform=True)
     if not any(doc.get("perf") for doc in docs):
@@ -241,29 +232,12 @@ def run_perf(args: argparse.Namespace) -> int:
         title = f"perf (margin: {args.profile} tolerance/3) -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
         _report(title, PERF_PROPOSAL_HEADER, perf_proposal_rows(proposals), proposals)
         plans.append((target, (chain, group), proposals))
-    return _finish(args, plans, _write_perf_overlay)
 
+    def write(path: Path, plan: tuple[Any, Group], proposals: Sequence[Any]) -> None:
+        from harness.recalibrate import merge_into_perf_overlay
 
-def _write_perf_overlay(path: Path, plan: tuple[Any, Group], proposals: Sequence[Any]) -> None:
-    """Apply ``proposals`` to the overlay file alone (created when absent).
-
-    A scenario the machine gated against from the base file is copied whole into the overlay
-    first: an overlay scenario replaces the base one whole, so copying only the changed values
-    would drop the others.
-    """
-    from harness.baselines.perf import PerfBaselines
-    from harness.recalibrate import apply_perf_proposals
-
-    chain, group = plan
-    if is_present(path):
-        overlay = PerfBaselines.load(path)
-    else:
+        chain, group = plan
         hardware = sorted({str(doc["device_name"]) for doc in group.docs if "device_name" in doc})
-        metadata = {"hardware": ", ".join(hardware) or group.platform, "platform": group.platform,
-                    "written_by": "parity recalibrate perf"}
-        overlay = PerfBaselines.from_json({"metadata": metadata, "scenarios": {}}, str(path))
-    for scenario_id in {p.scenario_id for p in proposals if p.changed}:
-        inherited = chain.scenario(scenario_id)
-        if overlay.scenario(scenario_id) is None and inherited is not None:
-            overlay = overlay.with_scenario(scenario_id, inherited)
-    apply_perf_proposals(overlay, proposals, allow_loosen=True).save(path, backup=path.exists())
+        merge_into_perf_overlay(path, chain, proposals, str(group.platform), hardware, args.allow_loosen)
+
+    return _finish(args, plans, write)

@@ -16,7 +16,7 @@ from harness.gate.perf import PerfStage
 from harness.gate.stage import GateContext, GateOptions, Stage
 from harness.ranks import PoolSet
 from harness.report.console import make_console, print_verdict
-from harness.report.output import emit_json, human_console
+from harness.report.output import check_outputs, emit_json, human_console
 from harness.results import StageResult, environment, results_document, write_results
 
 
@@ -35,9 +35,7 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
         raise ConfigError("no such baselines directory", path=options.baselines_dir, key="--baselines")
     check_device(options.run.device)
     check_env_tolerances()  # even when perf is skipped: a lane's bad override is a configuration error
-    for path, key in ((options.json_path, "--json"), (options.junit_path, "--junit")):
-        if path is not None:
-            check_writable(path, key)
+    check_outputs((options.json_path, "--json"), (options.junit_path, "--junit"))
     if options.report_dir is not None:
         check_writable(options.report_dir, "--report", directory=True)
     start = time.perf_counter()

@@ -17,9 +17,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness.baselines.perf import CALIBRATION, PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
+from harness.files.reading import is_present
 from harness.recalibrate.proposals import change_word, fmt, refuse_loosening
 
 _PERF_SIGNIFICANT = 4
@@ -131,6 +133,34 @@ def apply_perf_proposals(
             scenario[CALIBRATION] = {**scenario.get(CALIBRATION, {}), **probes}
         baseline = baseline.with_scenario(scenario_id, scenario)
     return baseline
+
+
+def merge_into_perf_overlay(
+    overlay_path: str | Path, chain: PerfBaselines, proposals: Sequence[PerfProposal], platform: str,
+    hardware: Sequence[str] = (), allow_loosen: bool = False,
+) -> PerfBaselines:
+    """Write changed proposals into the perf overlay of ``platform`` alone (created when absent, with
+    ``hardware`` as its metadata), atomically with ``.bak``; returns the overlay as written.
+
+    A scenario the machine gated against from the base file (``chain``) is copied whole into the
+    overlay first: an overlay scenario replaces the base one whole, so copying only the changed
+    values would drop the others.
+    """
+    refuse_loosening(proposals, allow_loosen)
+    path = Path(overlay_path)
+    existed = is_present(path)
+    if existed:
+        overlay = PerfBaselines.load(path)
+    else:
+        metadata = {"hardware": ", ".join(hardware) or platform, "platform": platform, "written_by": "parity recalibrate perf"}
+        overlay = PerfBaselines.from_json({"metadata": metadata, "scenarios": {}}, str(path))
+    for scenario_id in {p.scenario_id for p in proposals if p.changed}:
+        inherited = chain.scenario(scenario_id)
+        if overlay.scenario(scenario_id) is None and inherited is not None:
+            overlay = overlay.with_scenario(scenario_id, inherited)
+    updated = apply_perf_proposals(overlay, proposals, allow_loosen)
+    updated.save(path, backup=existed)
+    return updated
 
 
 PERF_PROPOSAL_HEADER: tuple[str, ...] = ("scenario", "value", "old", "median", "new", "change")

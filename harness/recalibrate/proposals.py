@@ -61,7 +61,7 @@ def refuse_loosening(proposals: Iterable[_Proposal], allow_loosen: bool) -> None
     offending = [p.describe() for p in proposals if p.loosens]
     if offending and not allow_loosen:
         raise LooseningRefused(
-            f"refusing to loosen {len(offending)} bound(s) without allow_loosen (--allow-loosen):\n  "
+            f"refusing to loosen {len(offending)} bound(s) without --allow-loosen; nothing was written:\n  "
             + "\n  ".join(offending)
         )
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.files.atomic import dump_json, write_json_atomic
+from harness.files.atomic import check_writable, dump_json, write_json_atomic
 from harness.report.console import make_console
 
 STDOUT = "-"
@@ -21,6 +21,13 @@ JsonTarget = Path | str  # a file, or STDOUT
 
 def to_stdout(target: JsonTarget | None) -> bool:
     return target is not None and str(target) == STDOUT
+
+
+def check_outputs(*outputs: tuple[JsonTarget | None, str]) -> None:
+    """Refuse, before any work, each given output (``(path, flag)``) that cannot be written; ``-`` is stdout."""
+    for path, flag in outputs:
+        if path is not None and not to_stdout(path):
+            check_writable(path, flag)
 
 
 def emit_json(target: JsonTarget, obj: Any) -> None:
