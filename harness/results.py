@@ -201,12 +201,13 @@ def results_document(command: str, environment: Mapping[str, Any], stages: Mappi
 def image_entry(result: CaseResult) -> dict[str, Any]:
     """An image case's entry in the document's ``cases`` map (what recalibration reads); null metrics were not measured."""
     from harness.baselines.thresholds import METRICS
+    from harness.metrics import metric_to_json
 
     f = result.figures
     return {
         "kind": result.params.get("kind", "image"),
         "passed": result.status == PASSED,
-        "metrics": {m: json_safe(f.get(m)) for m in METRICS},
+        "metrics": {m: metric_to_json(f.get(m)) for m in METRICS},  # a NaN metric is refused, never written
         "thresholds": f.get("thresholds", {}),
         "threshold_source": f.get("threshold_source", {}),
         "skipped_metrics": f.get("skipped_metrics", {}),

@@ -41,7 +41,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from harness.contracts.case import Case, make_case
+from harness.contracts.case import Case, rebuilt
 from harness.errors import ConfigError
 from harness.files.tomlio import read_toml
 
@@ -71,11 +71,7 @@ def _hits(cases: list[Case], pattern: str, path: Path, key: str) -> list[int]:
 def _override(cases: list[Case], hits: list[int], values: Mapping[str, Any], path: Path) -> None:
     for i in hits:
         case = cases[i]
-        cases[i] = dataclasses.replace(
-            make_case(case.contract_id, {**case.raw, **values}, case_id=case.id, source=f"{case.source} + {path}",
-                      description=case.description),
-            expected_failure=case.expected_failure,
-        )
+        cases[i] = rebuilt(case, values, source=f"{case.source} + {path}")
 
 
 def apply_platform_overlay(cases: list[Case], path: Path) -> list[Case]:

@@ -8,6 +8,7 @@ source, the case and the key.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,17 +64,20 @@ def make_case(
     return Case(case_id, contract_id, params, dict(raw), source=source, description=description)
 
 
+def rebuilt(case: Case, values: Mapping[str, Any], source: str | None = None) -> Case:
+    """``case`` with ``values`` over its raw parameters, re-validated; it keeps its expected failure."""
+    fresh = make_case(case.contract_id, {**case.raw, **values}, case_id=case.id, source=source or case.source,
+                      description=case.description)
+    return dataclasses.replace(fresh, expected_failure=case.expected_failure)
+
+
 def with_overrides(cases: Iterable[Case], **overrides: Any) -> list[Case]:
     """The cases with ``overrides`` applied where the contract has that parameter (re-validated)."""
     result = []
     for case in cases:
         declared = {p.name for p in get_contract(case.contract_id).params}
         applied = {k: v for k, v in overrides.items() if v is not None and k in declared}
-        if applied:
-            case = make_case(
-                case.contract_id, {**case.raw, **applied}, case_id=case.id, source=case.source, description=case.description
-            )
-        result.append(case)
+        result.append(rebuilt(case, applied) if applied else case)
     return result
 
 

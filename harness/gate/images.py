@@ -25,6 +25,8 @@ The stage also fills the results document's top-level ``cases`` map (recalibrati
 
 from __future__ import annotations
 
+import math
+
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,10 +102,15 @@ def judge_case(case: ImageCase, ref: np.ndarray, cand: np.ndarray, thresholds: T
         figures.update(dict.fromkeys(METRICS))
         return result
     metrics = measure(ref, cand, case.kind, scorer)
+    nan = sorted(m for m, v in metrics.items() if v is not None and math.isnan(v))
+    metrics.update(dict.fromkeys(nan))  # recorded as not measured, and the case fails saying why
     figures.update(metrics)
-    if metrics["clip"] is None and clip_skip:
-        figures["skipped_metrics"] = {"clip": clip_skip}
-    problems = violations(metrics, thresholds)
+    skipped = {m: "came out NaN" for m in nan}
+    if metrics["clip"] is None and clip_skip and "clip" not in skipped:
+        skipped["clip"] = clip_skip
+    if skipped:
+        figures["skipped_metrics"] = skipped
+    problems = [f"{m} is NaN: it can neither pass nor fail" for m in nan] + violations(metrics, thresholds)
     if problems:
         result.status, result.reason = FAILED, "; ".join(problems)
     return result

@@ -109,3 +109,15 @@ def test_an_entry_can_name_the_platforms_it_holds_on(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         apply_target_overlay(_cases(), bad, Version("1.0"), platform="cpu")
     assert info.value.key == "expected_failures.u1.platforms"
+
+
+def test_a_command_line_override_keeps_the_expected_failure(tmp_path: Path) -> None:
+    """`parity check --target X --dtype bf16` must still report X's known divergences as expected failures."""
+    from harness.contracts.case import with_overrides
+
+    path = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "bug 7"\n')
+    marked = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.0"))}
+    overridden = {c.id: c for c in with_overrides(marked.values(), dtype="bf16")}
+    assert overridden["u1"].params["dtype"] == "bf16"
+    assert overridden["u1"].expected_failure == marked["u1"].expected_failure is not None
+    assert overridden["u2"].expected_failure is None

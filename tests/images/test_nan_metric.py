@@ -1,0 +1,36 @@
+"""A metric that comes out NaN fails its case with the reason and leaves a results file that reads back."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import harness.gate.images as image_stage
+from harness.baselines.thresholds import ThresholdSet
+from harness.cases.image import ImageCase
+from harness.paths import default_baselines_dir
+from harness.results import FAILED, StageResult, image_entry, load_results, results_document, write_results
+
+
+def test_a_nan_metric_fails_the_case_and_the_results_file_reads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = image_stage.measure
+
+    def clip_gives_nan(*args: object) -> dict[str, float | None]:
+        return {**real(*args), "clip": math.nan}  # as a CLIP model whose embedding has zero norm would
+
+    monkeypatch.setattr(image_stage, "measure", clip_gives_nan)
+    image = np.zeros((16, 16, 3), np.uint8)
+    case = ImageCase("c", "image", 1, 1, 1, {"prompt": "x"}, source="test")
+    bounds = ThresholdSet.load(default_baselines_dir() / "consistency_threshold.json").for_case(case.id, "image")
+    result = image_stage.judge_case(case, image, image.copy(), bounds, None, None)
+    assert result.status == FAILED and "clip is NaN" in (result.reason or "")
+    assert result.figures["clip"] is None and result.figures["skipped_metrics"] == {"clip": "came out NaN"}
+    assert image_entry(result)["metrics"]["psnr"] == "inf"
+    path = tmp_path / "results.json"
+    stage = StageResult("images", [result], 0.1, top_level={"cases": {"c": image_entry(result)}})
+    doc = results_document("gate", {"device": "cpu"}, {"images": stage}, 0.1)
+    write_results(path, doc)
+    assert load_results(path)["cases"]["c"]["metrics"]["clip"] is None
