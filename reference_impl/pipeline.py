@@ -254,7 +254,7 @@ def build_models(config: PipelineConfig) -> PipelineModels:
     if config.text_encoder_dir is not None:
         encoder = Qwen3TextEncoder.from_pretrained(config.text_encoder_dir, device=device, dtype=dtype)
     elif checkpoint is not None:
-        encoder = build("text_encoder", lambda: Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY)), s)
+        encoder = build("text_encoder", lambda: Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY), dtype=dtype), s)
     else:
         encoder = _init_text_encoder(Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY), dtype=dtype), s)
     text_dim = encoder.config.hidden_size

@@ -97,3 +97,14 @@ def test_config_errors_name_the_key() -> None:
         PipelineConfig(weights=BUILT_IN, text_encoder_dir="/some/qwen3")
     with pytest.raises(ModelConfigError, match="'weights': 'no-such': no such checkpoint .*; built in: tiny-v1"):
         PipelineConfig(weights="no-such")  # at config time, before any rank starts
+
+
+def test_a_checkpoint_builds_the_text_encoder_for_the_run_dtype() -> None:
+    """Trained and random encoders alike choose their attention for bf16 when the run is bf16 (a cast of the
+    parameters after building would leave the attention chosen, and computing, for fp32)."""
+    from reference_impl.attention.layer import LocalAttention
+
+    for weights in (None, BUILT_IN):
+        encoder = build_models(PipelineConfig(weights=weights, dtype="bfloat16")).text_encoder
+        layers = [m for m in encoder.modules() if isinstance(m, LocalAttention)]
+        assert layers and {m.dtype for m in layers} == {torch.bfloat16}, weights
