@@ -19,7 +19,7 @@ import torch
 
 from harness.contracts.bounds import FlashAttentionRule, judge, parse_bound
 from harness.contracts.oracles import attention_ref64, diagnose, naive_attention
-from harness.contracts.params import Param, Params
+from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.stats import RankOutcome, Stats, compare
 
 Tensor = torch.Tensor
@@ -32,6 +32,14 @@ def oracle_rule(p: Params) -> FlashAttentionRule:
     if not isinstance(rule, FlashAttentionRule):
         raise ValueError(f"oracle {p.oracle!r}: the oracle comparison is the FlashAttention rule, fa[:K[:FLOOR]]")
     return rule
+
+
+def check_oracle(p: Params) -> None:
+    """The case's ``oracle`` parses, at config time: a typo must not crash every rank (or pass as an expected failure)."""
+    try:
+        oracle_rule(p)
+    except ValueError as exc:
+        raise ParamError("oracle", str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from harness.contracts.bounds import Bitwise, Bound, parse_bound
-from harness.contracts.outputs import ORACLE, Asked, judge_output
+from harness.contracts.outputs import ORACLE, Asked, check_oracle, judge_output
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Body, Contract, RankContext, register
 from harness.contracts.stats import RankOutcome, Stats, compare
@@ -65,6 +65,7 @@ def _attention_contract(
     params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + extra
     if bound is not None:
         params += (ORACLE,)
+        checks += (check_oracle,)
     judged_by: Callable[[Params], Bound] | None = None
     if isinstance(bound, str):
         params += (bound_param(bound),)

@@ -77,3 +77,12 @@ def test_diagnose_names_an_ignored_mask_and_nothing_for_noise() -> None:
     assert diagnose(unmasked, q, k, v, False, None, mask, same, rule) == "it ignores the attention mask: it matches unmasked attention"
     noise = torch.randn(1, 12, 2, 8, generator=gen)
     assert diagnose(noise, q, k, v, False, None, mask, same, rule) is None
+
+
+@pytest.mark.parametrize("oracle", ["garbage", "bitwise", "abs:1", "fa:-1"])
+def test_an_oracle_that_is_not_the_flashattention_rule_is_refused_at_config_time(oracle: str) -> None:
+    from harness.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        make_case("usp.ulysses_parity", {"world_size": 2, "oracle": oracle}, case_id="u", source="f.toml")
+    assert info.value.key == "cases.u.oracle"

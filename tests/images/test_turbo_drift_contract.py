@@ -55,10 +55,11 @@ def test_a_case_that_cannot_see_key_order_fails_its_control() -> None:
     assert verdict.figures["order_preserving_bitwise"] and verdict.figures["rotate_to_front_latent_mae"] == 0.0
 
 
+@pytest.mark.parametrize("contract_id", ["pipeline.turbo_drift", "perf.sp_step_ratio"])  # every contract that runs the pipeline
 @pytest.mark.parametrize(("params", "key"), [({"height": 20}, "height"), ({"world_size": 1}, "world_size"),
                                               ({"world_size": 3}, "world_size"), ({"dtype": "fp64"}, "dtype"),
                                               ({"weights": "no-such-checkpoint"}, "weights")])
-def test_bad_parameters_name_the_key(params: dict, key: str) -> None:
+def test_bad_parameters_name_the_key(contract_id: str, params: dict, key: str) -> None:
     with pytest.raises(ConfigError) as info:  # the contract's own checks, then the pipeline's (through the target)
-        validate_for_target([make_case("pipeline.turbo_drift", params, case_id="c", source="f.toml")], ReferenceTarget())
+        validate_for_target([make_case(contract_id, params, case_id="c", source="f.toml")], ReferenceTarget())
     assert info.value.key == f"cases.c.{key}"

@@ -150,10 +150,10 @@ class ReferenceTarget(Target):
 
     def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
         self.check_backend(params.get("backend"), params.get("sdpa_kernel"))
-        if contract_id == "pipeline.turbo_drift":
-            from harness.targets.reference.pipeline import check_drift_case
+        if MODEL_CHECKS.get(contract_id, ("",))[0] == "pipeline":  # every contract that runs the pipeline
+            from harness.targets.reference.pipeline import check_pipeline_case
 
-            check_drift_case(params)
+            check_pipeline_case(params)
 
     def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
         if name not in MODEL_CHECKS:

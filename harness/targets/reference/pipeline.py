@@ -135,8 +135,9 @@ def turbo_drift(device: str, **fields: Any) -> dict[str, Any]:
             "kernel": preserving.backends["dit"]}
 
 
-def check_drift_case(params: Mapping[str, Any]) -> None:
-    """``pipeline.turbo_drift`` parameters the pipeline can run (ParamError naming the key)."""
+def check_pipeline_case(params: Mapping[str, Any]) -> None:
+    """Parameters of a contract that runs the pipeline (``pipeline.turbo_drift``, ``perf.sp_step_ratio``)
+    that the pipeline can run (ParamError naming the key), before any rank starts."""
     fields = {k: params[k] for k in ("prompt", "seed", "height", "width", "steps", "weights")
               if params.get(k) is not None}
     ReferencePipelineTarget().check_case(fields, int(params.get("world_size", 1)))
