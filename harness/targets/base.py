@@ -159,7 +159,9 @@ class Target(ABC):
 
     def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
         """Refuse parameters this target can never run, before any rank starts (raise
-        ``harness.contracts.params.ParamError`` naming the key: the run exits 2). Default: accept."""
+        ``harness.contracts.params.ParamError`` naming the key: the run exits 2). Default: the
+        case's backend and SDPA kernel by :meth:`check_backend`."""
+        self.check_backend(params.get("backend"), params.get("sdpa_kernel"))
 
     def check_backend(self, backend: str | None, sdpa_kernel: str | None) -> None:
         """Refuse a backend name (or a pinned SDPA kernel with it) this target does not have, with a

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, ParamError
 from harness.targets.base import AttentionSpec, Target, Unsupported
 
 MIN_VERSION = "0.36"  # ContextParallelConfig and the templated CP attention first ship in 0.36.0
@@ -73,10 +73,10 @@ def backend_names() -> list[str]:
 
 
 def check_backend_name(name: str, key: str) -> str:
-    """``name`` if it is a diffusers ``AttentionBackendName``, else a ConfigError listing the valid ones."""
+    """``name`` if it is a diffusers ``AttentionBackendName``, else a ParamError (keyed ``key``) listing the valid ones."""
     valid = backend_names()
     if name not in valid:
-        raise ConfigError(f"{name!r} is not a diffusers {installed_version()} AttentionBackendName; valid: {', '.join(valid)}", key=key)
+        raise ParamError(key, f"{name!r} is not a diffusers {installed_version()} AttentionBackendName; valid: {', '.join(valid)}")
     return name
 
 
@@ -179,11 +179,23 @@ class DiffusersTarget(Target):
         self.backend = backend
         self._version = installed_version()
         if backend is not None and self._version is not None:
-            check_backend_name(backend, "--target-arg backend")
+            try:
+                check_backend_name(backend, "backend")
+            except ParamError as exc:
+                raise ConfigError(str(exc), key="--target-arg backend") from None
         self._parallel: _Parallel | None = None
 
     def capabilities(self) -> frozenset[str]:
         return capabilities_for(self._version) if self._version else _ALWAYS
+
+    def check_backend(self, backend: str | None, sdpa_kernel: str | None) -> None:
+        if self._version is None:
+            return  # not installed: every case skips with that reason
+        if backend is not None:
+            check_backend_name(backend, "backend")
+        if sdpa_kernel is not None:
+            raise ParamError("sdpa_kernel", f"diffusers pins no SDPA kernel ({sdpa_kernel}); pick a backend "
+                             "(_native_math, _native_flash, ...)")
 
     def unavailable_reason(self, device: str) -> str | None:
         if self._version is None:
@@ -209,11 +221,8 @@ class DiffusersTarget(Target):
     def make_attention(self, spec: AttentionSpec) -> DiffusersAttention:
         from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-        if spec.sdpa_kernel is not None:
-            raise Unsupported(f"diffusers pins no SDPA kernel ({spec.sdpa_kernel}); pick a backend (_native_math, _native_flash, ...)")
-        if spec.backend is not None and spec.backend not in backend_names():
-            raise Unsupported(f"backend {spec.backend!r} is not a diffusers AttentionBackendName; valid: {', '.join(backend_names())}",
-                              kind="backend_unavailable")
+        if spec.sdpa_kernel is not None:  # check_backend refuses it in a case; never ignore it silently here
+            raise Unsupported(f"diffusers pins no SDPA kernel ({spec.sdpa_kernel})", kind="backend_unavailable")
         name = spec.backend or self.backend or _AttentionBackendRegistry.get_active_backend()[0].value
         enum = AttentionBackendName(name)
         _refuse_unavailable(enum)

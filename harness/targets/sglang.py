@@ -34,11 +34,13 @@ import torch
 import torch.distributed as dist
 from packaging.version import InvalidVersion, Version
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, ParamError
 from harness.targets.base import AttentionSpec, Target, Unsupported
 
 DISTRIBUTION = "sglang"
 LAYER_MODULE = "sglang.multimodal_gen.runtime.layers.attention.layer"
+# What sglang says when its backend cannot rotate K/V for ring attention (USPAttention.__init__).
+RING_REFUSAL = "supports_ring_rotation"
 INSTALL_HINT = "on a CPU-only machine run scripts/install-sglang-cpu.sh; elsewhere pip install 'sglang[diffusion]'"
 
 # The capabilities every release this adapter knows has, and those that came later. The first
@@ -163,6 +165,16 @@ class SglangTarget(Target):
         version = installed_version()
         return capabilities_for(version) if version is not None else frozenset()
 
+    def check_backend(self, backend: str | None, sdpa_kernel: str | None) -> None:
+        if sdpa_kernel is not None:
+            raise ParamError("sdpa_kernel", f"sglang cannot pin torch SDPA to one kernel ({sdpa_kernel})")
+        if backend is None or installed_version() is None or import_error() is not None:
+            return  # sglang cannot run here: every case skips with that reason
+        members = _sglang()["layer"].AttentionBackendEnum.__members__
+        if backend.upper() not in members:
+            names = ", ".join(m.lower() for m in members)
+            raise ParamError("backend", f"sglang {installed_version()} has no attention backend {backend!r}; its backends: {names}")
+
     def version(self) -> str | None:
         version = installed_version()
         if version is None:
@@ -215,16 +227,9 @@ class SglangTarget(Target):
             # size before honouring skip_sequence_parallel): outside SP, each rank is an SP group of one.
             # Creating the groups is collective; contracts build their single-rank reference on every rank.
             self._parallel_state(1, 1)
-        if spec.sdpa_kernel:
+        if spec.sdpa_kernel:  # check_backend refuses it in a case; never ignore it silently here
             raise Unsupported(f"sglang cannot pin torch SDPA to one kernel ({spec.sdpa_kernel})", "backend_unavailable")
-        enum = mods["layer"].AttentionBackendEnum
-        required = None
-        if spec.backend is not None:
-            required = enum.__members__.get(spec.backend.upper())
-            if required is None:
-                names = ", ".join(m.lower() for m in enum.__members__)
-                raise Unsupported(f"sglang {installed_version()} has no attention backend {spec.backend!r}; its backends: {names}",
-                                  "backend_unavailable")
+        required = None if spec.backend is None else mods["layer"].AttentionBackendEnum[spec.backend.upper()]  # checked
         cls = self._layer_cls or mods["layer"].USPAttention
         chosen = {} if required is None else {"required_attention_backend": required}
         try:
@@ -233,7 +238,10 @@ class SglangTarget(Target):
                 causal=spec.causal, skip_sequence_parallel=spec.skip_sequence_parallel, **chosen,
             )
         except RuntimeError as exc:
-            if self._ring_degree > 1 and not spec.skip_sequence_parallel:  # sglang's ring admission, at construction
+            # sglang's ring admission, at construction: its message names the backend API that refused
+            # (AttentionBackend.supports_ring_rotation). Any other error, an OOM or a patched layer's
+            # bug, is the layer's failure, not a refusal.
+            if self._ring_degree > 1 and not spec.skip_sequence_parallel and RING_REFUSAL in str(exc):
                 raise Unsupported(f"sglang {installed_version()}: {exc}", "ring_needs_lse") from exc
             raise
         except ValueError as exc:

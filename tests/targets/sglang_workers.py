@@ -41,9 +41,28 @@ def refusals() -> dict[str, tuple[str, str] | None]:
         found[kwarg] = _refusal(target, (world, 1), lambda: target.make_attention(SPEC)(q, k, v, attn_mask=key_mask, **{kwarg: REPLICATED}))
     dense = torch.ones(1, 4, TOKENS * world, TOKENS * world, dtype=torch.bool)
     found["dense_mask"] = _refusal(target, (world, 1), lambda: target.make_attention(SPEC)(q[:, :TOKENS], k[:, :TOKENS], v[:, :TOKENS], attn_mask=dense))
-    found["backend"] = _refusal(target, (world, 1), lambda: target.make_attention(SPEC.with_(backend="no_such_backend")))
     found["sdpa_kernel"] = _refusal(target, (world, 1), lambda: target.make_attention(SPEC.with_(sdpa_kernel="math")))
     return found
+
+
+class CrashingLayer:
+    """A patched layer whose constructor fails under ring for its own reason (a bug, an OOM): not a refusal."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA out of memory (a crash, not sglang's ring admission)")
+
+    def forward(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("never built")
+
+
+def crash_under_ring() -> str:
+    """What a crashing layer's constructor becomes under ring: the kind of refusal, or the exception's type."""
+    target = load_target("sglang", (("layer", f"{__name__}:CrashingLayer"),))
+    try:
+        found = _refusal(target, (1, dist.get_world_size()), lambda: target.make_attention(SPEC))
+    except RuntimeError as exc:
+        return type(exc).__name__
+    return f"refusal {found}"
 
 
 def causal_with_mask() -> dict[str, float]:

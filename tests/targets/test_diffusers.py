@@ -68,6 +68,19 @@ def test_backend_argument_is_validated_with_the_valid_names():
 
 
 @needs_diffusers
+@pytest.mark.parametrize(("params", "key"), [({"backend": "torch_sdpa"}, "backend"), ({"sdpa_kernel": "math"}, "sdpa_kernel")])
+def test_a_case_backend_diffusers_lacks_is_refused_before_any_rank_starts(params: dict, key: str) -> None:
+    """A typo in a case file (or --backend) exits 2 naming the key; it never becomes a skip on every rank."""
+    from harness.contracts.case import make_case
+    from harness.contracts.runner import validate_for_target
+
+    case = make_case("usp.ulysses_parity", {"world_size": 2, **params}, case_id="u", source="f.toml")
+    with pytest.raises(ConfigError) as info:
+        validate_for_target([case], load_target("diffusers", ()))
+    assert info.value.key == f"cases.u.{key}"
+
+
+@needs_diffusers
 def test_the_test_backend_leaves_diffusers_registry_as_it_was():
     from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 

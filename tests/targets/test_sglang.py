@@ -159,8 +159,25 @@ def test_refusals_carry_sglangs_text_and_a_kind(sglang_ready, rank_pool):
         assert kind == "mask_with_replicated" and "masked path does not support replicated prefix/suffix tokens" in reason
     assert found["num_replicated_prefix"] is None  # legal since PR #36735 (0.5.20)
     assert found["dense_mask"][0] == "unsupported" and "expects a [B, S_local] key mask" in found["dense_mask"][1]
-    assert found["backend"][0] == "backend_unavailable" and "no attention backend 'no_such_backend'" in found["backend"][1]
     assert found["sdpa_kernel"][0] == "backend_unavailable"
+
+
+def test_a_layer_that_crashes_under_ring_fails_instead_of_passing_for_a_refusal(sglang_ready, rank_pool):
+    assert rank_pool(2).run(sglang_workers.crash_under_ring) == ["RuntimeError", "RuntimeError"]
+
+
+def test_a_backend_name_sglang_lacks_is_refused_before_any_rank_starts(sglang_ready):
+    from harness.contracts.case import make_case
+    from harness.contracts.runner import validate_for_target
+    from harness.errors import ConfigError
+    from harness.targets.sglang import SglangTarget
+
+    for params, key, words in (({"backend": "no_such_backend"}, "backend", "no attention backend 'no_such_backend'"),
+                               ({"sdpa_kernel": "math"}, "sdpa_kernel", "cannot pin torch SDPA")):
+        case = make_case("usp.ulysses_parity", {"world_size": 2, **params}, case_id="u", source="f.toml")
+        with pytest.raises(ConfigError, match=words) as info:
+            validate_for_target([case], SglangTarget())
+        assert info.value.key == f"cases.u.{key}"
 
 
 def test_refusals_become_skips_and_checked_refusals(sglang_ready, cases, rank_pools):

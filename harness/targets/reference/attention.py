@@ -149,7 +149,7 @@ class ReferenceTarget(Target):
             raise ParamError("sdpa_kernel", f"a pinned SDPA kernel applies to torch_sdpa only, not to {chosen.value}")
 
     def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
-        self.check_backend(params.get("backend"), params.get("sdpa_kernel"))
+        super().check_case(contract_id, params)
         if MODEL_CHECKS.get(contract_id, ("",))[0] == "pipeline":  # every contract that runs the pipeline
             from harness.targets.reference.pipeline import check_pipeline_case
 
