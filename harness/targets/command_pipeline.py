@@ -46,7 +46,7 @@ command's stderr tail (:class:`~harness.targets.base.PipelineFailed`).
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import re
 import shlex
@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import ConfigError, ParamError
+from harness.files.jsonio import expect_object, read_json
 from harness.targets.base import PipelineFailed, PipelineOutput, PipelineTarget, Timings
 
 BUILTINS = ("out_dir", "timings", "world_size", "device")  # placeholders parity fills
@@ -226,8 +227,8 @@ def read_pngs(out_dir: Path, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise PipelineFailed(f"{TIMINGS_FILE}: {where} must be a non-negative number of ms, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise PipelineFailed(f"{TIMINGS_FILE}: {where} must be a finite non-negative number of ms, got {value!r}")
     return float(value)
 
 
@@ -235,12 +236,10 @@ def read_timings(path: Path, wall_ms: float) -> tuple[Timings, str]:
     """The run's timings and where they came from: the file (parity's or sglang's schema) or the wall clock."""
     if not path.is_file():
         return Timings(wall_ms, {}, [], "command wall time"), "none: e2e is the command's wall time (start-up and loading included)"
-    try:
-        doc = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PipelineFailed(f"{TIMINGS_FILE} is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise PipelineFailed(f"{TIMINGS_FILE} must hold an object, got {type(doc).__name__}")
+    try:  # the project's one JSON reader: bounded, strict (no NaN/Infinity), errors naming the file
+        doc = expect_object(read_json(path), path, "")
+    except ConfigError as exc:
+        raise PipelineFailed(str(exc)) from None
     if "e2e_ms" in doc:
         stages = doc.get("stages_ms", {})
         steps = doc.get("denoise_step_ms", [])

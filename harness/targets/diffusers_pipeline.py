@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -54,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from harness.errors import ParamError
+from harness.errors import ConfigError, ParamError
+from harness.files.jsonio import expect_object, read_json
 from harness.targets.base import PipelineOutput, PipelineTarget, Timings
 from harness.targets.diffusers import NOT_INSTALLED, installed_version
 
@@ -86,6 +86,14 @@ class PipelineDir:
         return "num_frames" in self.call_params
 
 
+def _read_object(path: Path) -> dict[str, Any]:
+    """A JSON object file of the saved pipeline, or a ParamError on ``path`` naming the file and why."""
+    try:
+        return expect_object(read_json(path), path, "")
+    except ConfigError as exc:
+        raise ParamError("path", str(exc)) from None
+
+
 @functools.lru_cache(maxsize=32)
 def describe(path: str) -> PipelineDir:
     """The pipeline class, its ``__call__`` parameters and whether its transformer has a CP plan
@@ -96,7 +104,7 @@ def describe(path: str) -> PipelineDir:
     index = root / "model_index.json"
     if not index.is_file():
         raise ParamError("path", f"{root} is not a saved diffusers pipeline (no model_index.json)")
-    name = json.loads(index.read_text()).get("_class_name")
+    name = _read_object(index).get("_class_name")
     cls = getattr(diffusers, str(name), None)
     if cls is None:
         raise ParamError("path", f"{index}: _class_name {name!r} is not a pipeline of diffusers {diffusers.__version__}")
@@ -104,7 +112,7 @@ def describe(path: str) -> PipelineDir:
     if "callback_on_step_end" not in params:
         raise ParamError("path", f"{name}.__call__ takes no callback_on_step_end: parity times the steps through it")
     transformer_config = root / "transformer" / "config.json"
-    transformer = json.loads(transformer_config.read_text()).get("_class_name") if transformer_config.is_file() else None
+    transformer = _read_object(transformer_config).get("_class_name") if transformer_config.is_file() else None
     model = getattr(diffusers, str(transformer), None) if transformer else None
     return PipelineDir(root, str(name), transformer, params, getattr(model, "_cp_plan", None) is not None)
 

@@ -161,14 +161,16 @@ def test_timings_in_parity_and_sglang_schemas(tmp_path: Path) -> None:
     timings, source = read_timings(path, 1000.0)
     assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms) == (14959.11, {"TextEncodingStage": 611.83}, [240.5])
     assert source == "timings.json (sglang perf dump)"
-    for bad, message in ((["x"], "must hold an object"), ({"e2e_ms": -1}, "non-negative"), ({"steps": []}, "neither e2e_ms"),
+    for bad, message in ((["x"], "must be a JSON object"), ({"e2e_ms": -1}, "non-negative"), ({"steps": []}, "neither e2e_ms"),
                          ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, "need name/duration_ms")):
         path.write_text(json.dumps(bad))
         with pytest.raises(PipelineFailed, match=message):
             read_timings(path, 1.0)
-    path.write_text("{")
-    with pytest.raises(PipelineFailed, match="not JSON"):
-        read_timings(path, 1.0)
+    for text, message in (("{", "line 1"), ('{"e2e_ms": NaN}', "NaN"), ('{"e2e_ms": 1, "stages_ms": {"A": Infinity}}', "Infinity")):
+        path.write_text(text)
+        with pytest.raises(PipelineFailed, match=message) as info:
+            read_timings(path, 1.0)
+        assert str(path) in str(info.value)  # the file is named
 
 
 def test_perf_timing_runs_here_with_the_commands_own_timings() -> None:

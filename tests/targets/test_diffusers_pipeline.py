@@ -81,6 +81,13 @@ def test_kind_path_and_context_parallel_plan(flux: Path, tmp_path: Path) -> None
     with pytest.raises(ParamError, match="ZImageTransformer2DModel has no _cp_plan") as info:
         target.check_case({**FIELDS, "path": str(copy)}, 2)
     assert info.value.key == "world_size"
+    for i, (name, text) in enumerate((("model_index.json", "{"), ("model_index.json", "[]"), ("transformer/config.json", '{"a": NaN}'))):
+        damaged = tmp_path / f"damaged_{i}"
+        shutil.copytree(copy, damaged)
+        (damaged / name).write_text(text)  # a damaged saved pipeline: an error naming the file, never a traceback
+        with pytest.raises(ParamError) as info:
+            describe(str(damaged))
+        assert info.value.key == "path" and str(damaged / name) in str(info.value)
 
 
 def test_what_a_machine_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
