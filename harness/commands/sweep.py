@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.report.console import make_console, progress
     from harness.report.output import check_outputs, emit_json, human_console
     from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
+    from harness.results import CaseResult, any_failed, summary_line
     from harness.sweep.matrix import parse_sweep, render_markdown
 
     run = run_options(args)
@@ -60,17 +61,19 @@ def run(args: argparse.Namespace) -> int:
     if total == 0:
         raise ConfigError("the selection gives an empty matrix", key="--contracts/--world-sizes")
     err = make_console(stderr=True)
+    results: list[CaseResult] = []
     with progress(err, total, "sweep") as advance:
-        document = run_sweep(cases, options, on_result=advance)
+
+        def on_result(result: CaseResult) -> None:
+            results.append(result)
+            advance(result)
+
+        document = run_sweep(cases, options, on_result=on_result)
     out = human_console(args.json)
     if args.json is None:
         out.print(render_markdown([parse_sweep(document)]), markup=False, soft_wrap=True)
     else:
         emit_json(args.json, document)
-    counts = {s: sum(c["status"] == s for c in document["cells"]) for s in ("passed", "failed", "skipped")}
     where = "" if args.json is None else f"; wrote {args.json}"
-    out.print(
-        f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; "
-        f"platform {document['platform']['label']}{where}"
-    )
-    return 1 if counts["failed"] else 0
+    out.print(f"{summary_line(results)}; platform {document['platform']['label']}{where}")
+    return 1 if any_failed(results) else 0

@@ -10,12 +10,12 @@ rejected, and a bound made from it loosens to let the regression through.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from harness.errors import ConfigError
+from harness.report.format import figure
 
 
 class _Proposal(Protocol):
@@ -67,9 +67,8 @@ def refuse_loosening(proposals: Iterable[_Proposal], allow_loosen: bool) -> None
 
 
 def fmt(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "inf" if math.isinf(value) else f"{value:.6g}"
+    """A proposal's value in the diff table (6 significant figures, ``-inf`` kept negative)."""
+    return figure(value, 6)
 
 
 def change_word(changed: bool, loosens: bool) -> str:

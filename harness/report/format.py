@@ -22,3 +22,24 @@ def figure(value: Any, digits: int = 4) -> str:
             return "inf" if value > 0 else "-inf"
         return f"{value:.{digits}g}"
     return str(value)
+
+
+OUTCOME_WORD = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "skipped": "skip"}
+
+
+def outcome_cell(status: str, figures: dict[str, Any] | None) -> str:
+    """A matrix cell: the outcome's word, then ``=`` when bitwise with one rank or the max abs error
+    (``2.00e-03``, or ``inf``/``nan`` as results files record them); a skip is its word alone."""
+    word = OUTCOME_WORD.get(status, status)
+    figures = figures or {}
+    if status == "skipped":
+        return word
+    if figures.get("bitwise"):
+        return f"{word} ="
+    max_abs = figures.get("max_abs")
+    if isinstance(max_abs, str):  # a non-finite value as results files write it
+        return f"{word} {max_abs}"
+    if isinstance(max_abs, (int, float)) and not isinstance(max_abs, bool):
+        return f"{word} {max_abs:.2e}"
+    return word
+

@@ -19,6 +19,7 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_int, expect_number, expect_object, expect_str, read_json
+from harness.report.format import outcome_cell
 from harness.results import Status
 
 SWEEP_SCHEMA = "parity.sweep/1"
@@ -118,21 +119,6 @@ def _column(sweep: Sweep, cell: dict) -> str:
     return f"{sweep.platform_label} | {backend}"
 
 
-def _cell_text(cell: dict) -> str:
-    status = cell["status"]
-    figures = cell.get("figures") or {}
-    if status == "skipped":
-        return "skip"
-    word = "pass" if status == "passed" else "FAIL"
-    if figures.get("bitwise"):
-        return f"{word} ="
-    if figures.get("max_abs") in _NON_FINITE:
-        return f"{word} {figures['max_abs']}"
-    if figures.get("max_abs") is not None:
-        return f"{word} {figures['max_abs']:.2e}"
-    return word
-
-
 def _severity(cell: dict) -> tuple[int, int, float]:
     """Order cells worst first: a failure, then a run (non-bitwise, larger error), then a skip."""
     rank = {"failed": 2, "passed": 1}.get(cell["status"], 0)
@@ -163,7 +149,7 @@ def _summarize(slot: list[dict]) -> str:
     if not slot:
         return ""
     worst = max(slot, key=_severity)
-    return _cell_text(worst) + (f" (+{len(slot) - 1})" if len(slot) > 1 else "")
+    return outcome_cell(worst["status"], worst.get("figures")) + (f" (+{len(slot) - 1})" if len(slot) > 1 else "")
 
 
 LEGEND = (

@@ -18,6 +18,7 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_object, read_json
+from harness.report.format import outcome_cell
 
 
 @dataclass(frozen=True)
@@ -51,20 +52,10 @@ def load_stack_run(path: str | Path) -> StackRun:
     return StackRun(str(path), label, records)
 
 
-_WORD = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "skipped": "skip"}
-
-
 def _cell(record: dict[str, Any] | None, notes: dict[str, int]) -> str:
     if record is None:
         return ""
-    word = _WORD.get(record["status"], record["status"])
-    figures = record.get("figures") or {}
-    text = word
-    if record["status"] in ("passed", "failed", "xfailed"):
-        if figures.get("bitwise"):
-            text += " ="
-        elif isinstance(figures.get("max_abs"), (int, float)):
-            text += f" {figures['max_abs']:.2e}"
+    text = outcome_cell(record["status"], record.get("figures"))
     reason = record.get("reason")
     if reason and record["status"] != "passed":
         note = notes.setdefault(reason, len(notes) + 1)

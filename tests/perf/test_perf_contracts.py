@@ -24,7 +24,7 @@ def test_attention_overhead_measures_both_sides_and_catches_a_planted_slowdown(r
     assert fine.status == PASSED and fine.figures["raw_sdpa_ms"] > 0 and fine.figures["attention_ms"] > 0
     assert fine.figures["limit"] == 11.0
     slow = _one(rank_pools, "perf.attention_overhead", "tests.targets.slow_attention:factory", max_overhead=0.5, **SMALL)
-    assert slow.status == FAILED and slow.figures["ratio"] > 1.5  # the sleep doubles the call
+    assert slow.status == FAILED and slow.figures["ratio"] > 1.5  # the sleep makes the call 5x as long
     assert "the target's attention is" in slow.reason and "limit 1.5×" in slow.reason
 
 

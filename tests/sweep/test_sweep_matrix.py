@@ -96,6 +96,15 @@ def test_failed_cells_are_shown_first():
     assert "FAIL 5.00e-01 (+1)" in render_markdown([sweep])
 
 
+def test_an_expected_failure_reads_as_one_and_a_non_finite_error_is_spelled_out():
+    from harness.sweep.matrix import Sweep
+
+    platform = {"kind": "cpu", "label": "cpu", "device_name": "x"}
+    for status, figures, text in (("xfailed", {"max_abs": 0.1}, "xfail 1.00e-01"), ("failed", {"max_abs": "inf"}, "FAIL inf")):
+        cells = [{"contract": "c", "dtype": "bf16", "backend": "math", "status": status, "figures": figures}]
+        assert text in render_markdown([Sweep("mem", platform, cells, [], {})])
+
+
 @pytest.mark.parametrize(
     "content, key",
     [("{", None), ('{"schema": "other"}', "schema"), ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{}]}', "cells.0.contract")],

@@ -1,4 +1,5 @@
-"""A reference target whose attention sleeps as long again as it computes: a planted 2x slowdown."""
+"""A reference target whose attention sleeps four times as long as it computes: a planted 5x slowdown (so a
+busy machine, which can slow one side of the side-by-side timing more than the other, cannot hide it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class SlowAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         start = time.perf_counter()
         out = self.inner(q, k, v, **kwargs)
-        time.sleep(time.perf_counter() - start)
+        time.sleep(4 * (time.perf_counter() - start))
         return out
 
 
