@@ -21,8 +21,8 @@ not coordinated.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,12 +33,15 @@ from typing import Any
 import numpy as np
 
 from harness.baselines.images import MANIFEST, PENDING, Entry, fingerprint, manifest_json, read_manifest, reference_files
-from harness.files.atomic import dump_json
+from harness.errors import ConfigError
+from harness.files.atomic import dump_json, fsync_dir
+from harness.files.jsonio import expect_id, read_json
 
 __all__ = ["Blessing", "bless", "blessing", "recover", "write_set"]
 
 _DROPPED = "dropped.json"  # in a staged set: the files of the old set that the new one no longer has
 _STAGING_GLOB = ".bless-*.tmp"
+_FRAME = re.compile(r"frame_\d{4}\.png")
 
 
 @dataclass(frozen=True)
@@ -72,16 +75,6 @@ def blessing(case_id: str, array: Any, fields: Mapping[str, Any] | None = None, 
     return Blessing(entry, array, data)
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # a directory on a platform that cannot fsync one: the rename is still atomic
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as fh:
@@ -98,6 +91,20 @@ def _remove_empty_dirs(root: Path, names: Iterable[str]) -> None:
             pass
 
 
+def _dropped_names(path: Path) -> list[str]:
+    """The reference files a staged set drops, each checked to be one (``<id>.png`` or ``<id>/frame_<i>.png``)
+    before anything is deleted by its name."""
+    names = read_json(path)
+    if not isinstance(names, list):
+        raise ConfigError("must be a JSON list of reference file names", path=path)
+    for i, name in enumerate(names):
+        stem, _, frame = name.partition("/") if isinstance(name, str) else ("", "", "")
+        if not (stem.endswith(".png") and not frame or _FRAME.fullmatch(frame)):
+            raise ConfigError(f"not a reference file name: {name!r}", path=path, key=f"[{i}]")
+        expect_id(stem.removesuffix(".png") if not frame else stem, path, f"[{i}]", "reference file")
+    return names
+
+
 def recover(directory: str | Path) -> None:
     """Finish a bless killed after its commit (move the rest of :data:`PENDING` into place) and
     delete the staging folders of blesses killed before it. A no-op on a clean directory."""
@@ -112,12 +119,12 @@ def recover(directory: str | Path) -> None:
         for name in moved:
             (directory / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(pending / name, directory / name)
-        _fsync(directory)
+        fsync_dir(directory)
         os.replace(pending / MANIFEST, directory / MANIFEST)  # from here on the set in force is in place
-        _fsync(directory)
+        fsync_dir(directory)
     dropped_list = pending / _DROPPED
     if dropped_list.is_file():
-        dropped = json.loads(dropped_list.read_text())
+        dropped = _dropped_names(dropped_list)
         for name in dropped:
             (directory / name).unlink(missing_ok=True)
         _remove_empty_dirs(directory, dropped)
@@ -150,15 +157,15 @@ def write_set(directory: str | Path, blessings: Sequence[Blessing]) -> None:
             for name, data in b.data.items():
                 if not _holds(directory / name, b.entry.files[name]):  # the file on disk, not the manifest's word
                     _write(staging / name, data)
-        _write(staging / _DROPPED, json.dumps(dropped).encode())
+        _write(staging / _DROPPED, dump_json(dropped).encode())
         _write(staging / MANIFEST, dump_json(manifest_json(new)).encode())  # last: staged means complete
         for folder in {p.parent for p in staging.rglob("*")} | {staging}:
-            _fsync(folder)
+            fsync_dir(folder)
         os.rename(staging, directory / PENDING)  # the commit
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    _fsync(directory)
+    fsync_dir(directory)
     recover(directory)
 
 

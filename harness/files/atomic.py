@@ -50,7 +50,7 @@ def dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=4, allow_nan=False)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Persist the rename itself; without it a power loss can resurrect the old directory entry."""
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -181,7 +181,7 @@ def write_bytes_atomic(path: str | Path, data: bytes, backup: bool = False) -> N
         with target.open("rb") as src:
             _replace_from_temp(bak, lambda fh: shutil.copyfileobj(src, fh))
     _replace_from_temp(target, lambda fh: fh.write(data))
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
 def write_json_atomic(path: str | Path, obj: Any, backup: bool = False) -> None:

@@ -125,3 +125,21 @@ def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) ->
     assert _state(refs) == "clean" and sorted(p.name for p in refs.iterdir()) == ["img_a.png", "img_b.png", "manifest.json", "vid"]
     frames = sorted(p.name for p in (refs / "vid").iterdir())
     assert frames == [f"frame_{i:04d}.png" for i in range(len(load_reference(refs, "vid")))]  # no stray frame left behind
+
+
+def test_a_staged_drop_list_deletes_only_reference_files(tmp_path: Path) -> None:
+    """recover() deletes the files a committed set drops by name: a damaged list must not reach outside the set."""
+    import json
+
+    from harness.baselines.image_writes import recover
+    from harness.baselines.images import PENDING
+    from harness.errors import ConfigError
+
+    outside = tmp_path / "keep.txt"
+    outside.write_text("not a reference")
+    references = tmp_path / "images"
+    (references / PENDING).mkdir(parents=True)
+    (references / PENDING / "dropped.json").write_text(json.dumps(["../keep.txt"]))
+    with pytest.raises(ConfigError, match="not a reference file name: '../keep.txt'"):
+        recover(references)
+    assert outside.read_text() == "not a reference"
