@@ -11,7 +11,8 @@ Fixtures:
 
 Options: ``--parity-target`` (default ``reference``; a built-in name or ``module:factory`` for
 yours), ``--parity-target-arg KEY=VALUE`` (repeatable: keyword arguments of the target's factory)
-and ``--parity-device`` (``cpu`` or ``cuda``). Imports are lazy: the plugin costs nothing to a
+``--parity-device`` (``cpu`` or ``cuda``) and ``--parity-no-skip`` (a skipped case fails the test:
+parity's own suite runs with it, so a pass test cannot turn into a skip). Imports are lazy: the plugin costs nothing to a
 session that does not use it.
 """
 
@@ -33,6 +34,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--parity-target-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="keyword argument of the target's factory (repeatable)")
     group.addoption("--parity-device", default="cpu", choices=("cpu", "cuda"), help="device of the ranks for rank_pool / assert_contract")
+    group.addoption("--parity-no-skip", action="store_true",
+                    help="assert_contract fails a case the target cannot express instead of skipping it (a suite whose "
+                         "every case must run: a capability the target dropped then turns the run red, not silently skipped)")
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +68,8 @@ def assert_contract(request: pytest.FixtureRequest, rank_pools: PoolSet) -> Call
         options = RunOptions(target, target_args if target == default_target else (), device)
         [result] = run_cases([case], options, rank_pools)
         if result.status == SKIPPED:
+            if request.config.getoption("--parity-no-skip"):
+                pytest.fail(f"{contract_id} was skipped on target {target} under --parity-no-skip: {result.reason}", pytrace=False)
             pytest.skip(f"{contract_id}: {result.reason}")
         if result.status == FAILED:
             details = f"\n{result.traceback}" if result.traceback else ""

@@ -160,10 +160,14 @@ def test_yunchang_declares_no_replicated_tokens_varlen_or_mask():
     assert precheck(hybrid, target, RunOptions("yunchang")) == f"target yunchang: {CUDA_ONLY}"
 
 
-def test_assert_contract_fails_and_skips_the_test(assert_contract):
+def test_assert_contract_fails_and_skips_the_test(assert_contract, request, monkeypatch):
     with pytest.raises(pytest.fail.Exception, match=r"(?s)not bitwise.*figures: \{'bitwise': False"):
         assert_contract("usp.replicated_suffix_bitwise", target=ROTATING, **SGLANG)
+    monkeypatch.setattr(request.config.option, "parity_no_skip", False)  # a user's suite: what cannot run skips
     with pytest.raises(pytest.skip.Exception, match="sageattention package is not installed"):
+        assert_contract("usp.ring_admission", world_size=2)
+    monkeypatch.setattr(request.config.option, "parity_no_skip", True)  # parity's own suite: it fails
+    with pytest.raises(pytest.fail.Exception, match="skipped on target reference under --parity-no-skip: .*sageattention"):
         assert_contract("usp.ring_admission", world_size=2)
 
 
