@@ -1,21 +1,36 @@
 """Every CLI value is validated before any work: exit 2, a message naming the argument and the valid values.
 
 Each of these once ran cases (a traceback per case, 9 failed cells, a whole gate) before failing,
-or failed with exit 1. Here each must exit 2 within seconds, before a rank starts.
+or failed with exit 1. Here each must exit 2 before a rank starts: starting one fails the test.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from harness.cli import main
+from harness.ranks import PoolSet
 
 pytestmark = pytest.mark.timeout(120)
 
 CASES = '[cases.uly]\ncontract = "usp.ulysses_parity"\nworld_size = 2\ntokens_per_rank = 8\n'
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal must come before any work: a rank group asked for here is the bug."""
+
+    def get(self: PoolSet, world: int) -> None:
+        raise AssertionError(f"a {world}-rank group was started before the bad value was refused")
+
+    def prestart(self: PoolSet, world_sizes: Iterable[int]) -> None:
+        assert not list(world_sizes), "rank groups were started before the bad value was refused"
+
+    monkeypatch.setattr(PoolSet, "get", get)
+    monkeypatch.setattr(PoolSet, "prestart", prestart)
 
 
 @pytest.fixture
@@ -52,12 +67,10 @@ def test_bad_argument_exits_2_before_any_work(argv: list[str], message: str, cas
     (tmp_path / "dir.json").mkdir()  # a directory where a file is asked for
     if argv[0] in ("check", "sweep", "gate"):
         argv += ["--cases", str(cases)]
-    start = time.perf_counter()
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err, err
     assert "Traceback" not in err
-    assert time.perf_counter() - start < 30  # refused up front, not after running cases
 
 
 @pytest.mark.parametrize(
@@ -72,11 +85,9 @@ def test_bad_argument_exits_2_before_any_work(argv: list[str], message: str, cas
 def test_bad_environment_exits_2_before_any_work(variable: str, value: str, message: str, cases: Path,
                                                  monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(variable, value)
-    start = time.perf_counter()
     assert main(["gate", "--no-perf", "--cases", str(cases)]) == 2  # perf off: a bad override is still an error
     err = capsys.readouterr().err
     assert message in err, err
-    assert time.perf_counter() - start < 30
 
 
 def test_platform_env_is_checked_for_every_verb(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
