@@ -106,10 +106,16 @@ def _dump_stacks_to(stack_pipe: Connection) -> None:
 
 
 def _limit_threads() -> None:
-    """One intra-op thread per rank unless the user chose: N ranks on few cores otherwise oversubscribe."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = "1"
-        torch.set_num_threads(1)
+    """One intra-op thread per rank unless the user chose (N ranks on few cores otherwise oversubscribe).
+    Set in torch as well as the environment: a rank forked from the preloaded server keeps the
+    server's torch thread count whatever ``OMP_NUM_THREADS`` says now."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        threads = int(os.environ["OMP_NUM_THREADS"])
+    except ValueError:
+        return  # not a count: torch's own reading of it stands
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 def _check_fork_is_safe(device: torch.device) -> None:

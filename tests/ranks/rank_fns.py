@@ -108,3 +108,8 @@ def start_a_child(then_raise: bool) -> int:
 def how_i_started(variable: str) -> tuple[int, str | None, int]:
     """This rank's parent pid, one environment variable, and its process group."""
     return os.getppid(), os.environ.get(variable), os.getpgid(0)
+
+
+def torch_threads() -> tuple[str | None, int]:
+    """This rank's OMP_NUM_THREADS and the intra-op threads torch actually uses."""
+    return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()

@@ -249,3 +249,12 @@ def test_world_size_must_match_torchrun(monkeypatch: pytest.MonkeyPatch) -> None
         run_on_ranks(add_rank, 0, world_size=4)
     with pytest.raises(ValueError, match="WORLD_SIZE=2"):
         RankPool(4)
+
+
+def test_a_chosen_thread_count_reaches_torch_in_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OMP_NUM_THREADS set after the preloaded server started still decides a new rank's torch threads."""
+    from tests.ranks.rank_fns import torch_threads
+
+    for value in ("2", "1"):
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert run_on_ranks(torch_threads, world_size=2) == [(value, int(value))] * 2
