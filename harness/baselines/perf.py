@@ -78,7 +78,6 @@ from typing import Any
 from harness.baselines.platforms import find_overlay
 from harness.baselines.tolerances import (
     ABS_FLOOR,
-    ENV_PREFIX,
     MAX_MS,
     MAX_TOLERANCE,
     TOLERANCE_KEYS,
@@ -209,14 +208,13 @@ def check_perf(
     measured: Mapping[str, Any],
     tolerances: Tolerances,
     *,
-    abs_floor_ms: float = 0.0,
     factor: float = 1.0,
 ) -> list[PerfCheck]:
     """Compare a measurement with its baseline scenario (rules in the module docstring).
 
-    ``abs_floor_ms`` widens every limit to at least ``expected + abs_floor_ms``; sglang's CI pads
-    by 20 ms (120 ms for stages) so sub-millisecond stages do not flake. The default 0 is the
-    plain relative rule. ``factor`` scales every expected value first (a calibrated run on a
+    ``tolerances.abs_floor_ms`` widens every limit to at least ``expected + abs_floor_ms``; sglang's
+    CI pads by 20 ms (120 ms for stages) so sub-millisecond stages do not flake. 0 is the plain
+    relative rule. ``factor`` scales every expected value first (a calibrated run on a
     machine ``factor`` times slower than the baseline's); 1 is the absolute check.
     """
     expected_values = scenario_values(scenario_expected)
@@ -227,7 +225,7 @@ def check_perf(
             continue
         expected = baseline * factor
         tol = tolerances.get(tolerance_category(label))
-        limit = max(expected * (1.0 + tol), expected + abs_floor_ms)
+        limit = max(expected * (1.0 + tol), expected + tolerances.abs_floor_ms)
         actual = actual_values.get(label)
         # inclusive, and immune to float rounding: 96 * 1.2 is 115.19999999999999, yet 115.2 is at the limit
         passed = actual is not None and (actual <= limit or math.isclose(actual, limit, rel_tol=1e-9))

@@ -12,7 +12,6 @@ what each would change (hash, PSNR between old and new, which fields moved), and
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,11 @@ from harness.baselines.image_writes import Blessing, blessing
 from harness.baselines.images import MANIFEST, changed_fields, find_reference, fingerprint, read_manifest
 from harness.cases.image import ImageCase
 from harness.errors import ConfigError
+from harness.files.jsonio import read_json
 from harness.gate.images import CANDIDATES_DIR, nonfinite_reason
 from harness.gate.pipeline_runs import generate, needs_ranks, unavailable
 from harness.ranks import PoolSet
+from harness.results import FAILED, stage_records
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,12 @@ def saved_candidates(results_dir: Path) -> list[str]:
 
 def failed_cases(results_dir: Path) -> list[str]:
     """The image cases that failed in the gate run of ``results_dir`` (from its results.json), for messages."""
+    path = results_dir / "results.json"
     try:
-        doc = json.loads((results_dir / "results.json").read_text())
-        return sorted(r["case_id"] for r in doc["stages"]["images"]["records"] if r["status"] == "failed")
-    except (OSError, ValueError, KeyError, TypeError):
+        records = stage_records(read_json(path), path)
+    except ConfigError:  # unreadable: the message that wanted the names does without them
         return []
+    return sorted(case_id for (stage, case_id), r in records.items() if stage == "images" and r["status"] == FAILED)
 
 
 def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path) -> list[Blessing]:
@@ -153,6 +155,6 @@ def changes(directory: Path, blessings: Sequence[Blessing]) -> list[Change]:
             shape = f"{'x'.join(map(str, old.array.shape))} → {shape}"
         fields = changed_fields(old.entry.fields, b.entry.fields or {}) if old.entry.fingerprint != b.entry.fingerprint else []
         old_digest = _digest(old.entry.files)
-        kind = "unchanged" if old_digest == new_digest and old.entry.files.keys() == b.entry.files.keys() else "changed"
+        kind = "unchanged" if old.entry.files == b.entry.files else "changed"
         out.append(Change(b.entry.case_id, kind, old_digest, new_digest, value, fields, shape))
     return out

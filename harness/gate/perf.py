@@ -178,7 +178,7 @@ def _judge(result: CaseResult, measured: dict[str, Any], expected: dict[str, Any
         missing = "the baseline has no calibration" if CALIBRATION not in expected else "this run has no calibration"
         figures.update(gated="absolute", why_absolute=missing)
         how = f"absolute ({missing}: re-record it with `parity recalibrate perf`)"
-    checks = check_perf(expected, measured, tolerances, abs_floor_ms=tolerances.abs_floor_ms, factor=factor)
+    checks = check_perf(expected, measured, tolerances, factor=factor)
     problems = failed_checks(checks)
     figures["expected_e2e_ms"] = expected["expected_e2e_ms"] * factor
     figures["tolerances"] = dataclasses.asdict(tolerances)

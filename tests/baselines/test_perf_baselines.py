@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import copy
 import json
 from pathlib import Path
@@ -177,5 +178,5 @@ def test_check_perf_skips_untracked_aggregates_and_abs_floor() -> None:
     checks = _by_metric(check_perf(expected, {"expected_e2e_ms": 27.0, "expected_avg_denoise_ms": 3.0}, PR))
     assert list(checks) == ["expected_e2e_ms"]  # 0.0 avg/median without steps = not measured by sglang
     assert not checks["expected_e2e_ms"].passed  # 27 > 21.37 * 1.25
-    padded = check_perf(expected, {"expected_e2e_ms": 40.0}, PR, abs_floor_ms=20.0)
+    padded = check_perf(expected, {"expected_e2e_ms": 40.0}, dataclasses.replace(PR, abs_floor_ms=20.0))
     assert padded[0].passed and padded[0].limit == pytest.approx(41.37)

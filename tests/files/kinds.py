@@ -186,7 +186,7 @@ def _perf(p: Project) -> object:
     chain = PerfBaselines.for_platform(p.baselines, PLATFORM)
     tolerances = chain.tolerances("pr_test", env=p.env)
     scenario = chain.scenario(CASE) or dict(SCENARIO)
-    return check_perf(scenario, scenario, tolerances, abs_floor_ms=tolerances.abs_floor_ms)
+    return check_perf(scenario, scenario, tolerances)
 
 
 def _reference(p: Project) -> object:
