@@ -57,6 +57,11 @@ METRICS: tuple[str, ...] = ("clip", "ssim", "psnr", "mean_abs_diff")
 KINDS: tuple[str, ...] = ("image", "video")
 #: metrics whose threshold is a lower bound; mean_abs_diff is the one upper bound.
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"clip", "ssim", "psnr"})
+
+
+def meets(metric: str, value: float, bound: float) -> bool:
+    """Whether ``value`` is on the right side of ``bound`` (``>=`` for clip/ssim/psnr, ``<=`` for mean_abs_diff)."""
+    return value >= bound if metric in HIGHER_IS_BETTER else value <= bound
 #: The values a measured metric can take: a cosine and SSIM in [-1, 1]; PSNR in dB from 0 (the
 #: worst an 8-bit image can be) upwards, ``inf`` for identical images, finite values far below
 #: 1000 dB (one level off in a 10^90-pixel image); mean abs diff in 0..255 pixel levels.

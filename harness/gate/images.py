@@ -36,7 +36,7 @@ import numpy as np
 
 from harness.baselines.image_writes import blessing, write_set
 from harness.baselines.images import REFERENCES_DIR, Reference, changed_fields, find_reference, fingerprint
-from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet
+from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet, meets
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
 from harness.files.reading import is_directory_present
 from harness.gate.pipeline_runs import generate
@@ -82,8 +82,7 @@ def violations(metrics: dict[str, float | None], thresholds: Thresholds) -> list
         if value is None:
             continue
         bound = thresholds.get(metric)
-        ok = value >= bound if metric in HIGHER_IS_BETTER else value <= bound
-        if not ok:
+        if not meets(metric, value, bound):
             op = "<" if metric in HIGHER_IS_BETTER else ">"
             out.append(f"{metric} {value:.6g} {op} {bound:g} ({thresholds.source.get(metric, '?')})")
     return out

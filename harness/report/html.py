@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.thresholds import HIGHER_IS_BETTER
+from harness.baselines.thresholds import HIGHER_IS_BETTER, meets
 from harness.files.atomic import write_bytes_atomic
 from harness.report.format import STATUS_COLOUR, figure
 from harness.report.triptych import DIFF_MAX, PANEL_LABELS
@@ -105,8 +105,7 @@ def _metrics_table(figures: Mapping[str, Any]) -> str:
         if value is None:
             verdict = _e(skipped.get(metric, "not measured"))
         else:
-            v = float(value)
-            ok = v >= bound if metric in HIGHER_IS_BETTER else v <= bound
+            ok = meets(metric, float(value), bound)
             verdict = "<span class='ok'>ok</span>" if ok else "<span class='fail'>outside</span>"
         rows.append(f"<tr><th>{_e(metric)}</th><td class='num'>{_e(_text(value))}</td>"
                     f"<td class='num'>{op} {_e(figure(bound))}</td><td>{verdict}</td></tr>")

@@ -19,6 +19,7 @@ them rank-locally and a release that lifts the guard needs no change here.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from typing import Any
 
@@ -48,7 +49,9 @@ HYBRID_SINCE = "0.37"  # 0.36 takes the ring branch when both degrees are > 1 an
 _RING_FORWARD_OPS = {"native": "_native_attention_forward_op", "_native_npu": "_npu_attention_forward_op"}
 
 
+@functools.cache
 def installed_version() -> str | None:
+    """The installed diffusers' version (read once per process: a layer names it on every varlen call)."""
     try:
         return importlib.metadata.version("diffusers")
     except importlib.metadata.PackageNotFoundError:

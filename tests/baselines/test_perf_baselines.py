@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
