@@ -36,7 +36,6 @@ case and the key.
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -44,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.cases.files import load_case_directory, read_case_tables
+from harness.cases.files import case_glob, load_case_directory, read_case_tables
 from harness.cases.overlays import apply_platform_overlay, apply_target_overlay
 from harness.files.jsonio import expect_id
 from harness.files.reading import is_present
@@ -161,7 +160,8 @@ class CaseSelection:
 def _matches(case: Case, pattern: str) -> bool:
     if pattern in (case.id, case.contract_id, case.id.split("[", 1)[0]):
         return True
-    return any(ch in pattern for ch in "*?") and (fnmatch.fnmatchcase(case.id, pattern) or fnmatch.fnmatchcase(case.contract_id, pattern))
+    glob = case_glob(pattern)
+    return any(ch in pattern for ch in "*?") and (glob.fullmatch(case.id) is not None or glob.fullmatch(case.contract_id) is not None)
 
 
 def select_cases(cases: Sequence[Case], selection: CaseSelection) -> list[Case]:

@@ -7,6 +7,7 @@ differ only in what a case table means.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -54,3 +55,10 @@ def load_case_directory(directory: Path, load_file: Callable[[Path], Sequence[C]
             seen[case.id] = str(file)
             cases.append(case)
     return cases
+
+
+def case_glob(pattern: str) -> re.Pattern[str]:
+    """A case-id pattern: ``*`` and ``?`` as wildcards; brackets stay literal, since matrix case ids contain
+    them (``masked_ring[*]`` means every matrix case of ``masked_ring``), in overlays and on the command line alike."""
+    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
+

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,15 +42,11 @@ from packaging.version import InvalidVersion, Version
 
 from harness.contracts.case import Case, rebuilt
 from harness.errors import ConfigError
+from harness.cases.files import case_glob
 from harness.files.tomlio import read_toml
 
 _META = ("because", "versions", "platforms")
 PLATFORM_KINDS = ("cpu", "cuda", "rocm", "mps")
-
-
-def _glob(pattern: str) -> re.Pattern[str]:
-    """``*`` and ``?`` as wildcards; brackets stay literal, since matrix case ids contain them."""
-    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
 
 
 def _tables(data: Mapping[str, Any], section: str, path: Path) -> dict[str, dict[str, Any]]:
@@ -62,7 +57,7 @@ def _tables(data: Mapping[str, Any], section: str, path: Path) -> dict[str, dict
 
 
 def _hits(cases: list[Case], pattern: str, path: Path, key: str) -> list[int]:
-    hits = [i for i, c in enumerate(cases) if _glob(pattern).fullmatch(c.id)]
+    hits = [i for i, c in enumerate(cases) if case_glob(pattern).fullmatch(c.id)]
     if not hits:
         raise ConfigError("matches no case", path=path, key=key)
     return hits

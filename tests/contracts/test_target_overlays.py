@@ -121,3 +121,15 @@ def test_a_command_line_override_keeps_the_expected_failure(tmp_path: Path) -> N
     assert overridden["u1"].params["dtype"] == "bf16"
     assert overridden["u1"].expected_failure == marked["u1"].expected_failure is not None
     assert overridden["u2"].expected_failure is None
+
+
+def test_a_case_glob_means_the_same_in_an_overlay_and_on_the_command_line(tmp_path: Path) -> None:
+    """``m[*]`` (brackets literal, as matrix case ids have them) selects the matrix cases of m in both places."""
+    from harness.cases.contract import CaseSelection, select_cases
+
+    cases = [make_case("usp.ulysses_parity", {"world_size": 2}, case_id=f"m[dtype={d}]", source="base.toml") for d in ("fp32", "bf16")]
+    cases.append(make_case("usp.ulysses_parity", {"world_size": 2}, case_id="md", source="base.toml"))
+    path = _overlay(tmp_path, '[expected_failures."m[*]"]\nbecause = "bug 7"\n')
+    marked = [c.id for c in apply_target_overlay(cases, path, Version("1.0")) if c.expected_failure]
+    selected = [c.id for c in select_cases(cases, CaseSelection(("m[*]",)))]
+    assert marked == selected == ["m[dtype=fp32]", "m[dtype=bf16]"]
