@@ -86,3 +86,13 @@ def test_an_oracle_that_is_not_the_flashattention_rule_is_refused_at_config_time
     with pytest.raises(ConfigError) as info:
         make_case("usp.ulysses_parity", {"world_size": 2, "oracle": oracle}, case_id="u", source="f.toml")
     assert info.value.key == "cases.u.oracle"
+
+
+def test_under_a_flashattention_bound_the_failure_is_said_once_with_the_oracles_hint(rank_pools: PoolSet) -> None:
+    """bound = fa (the oracle's own rule): the sharded output is judged against float64 by the case's bound;
+    the oracle adds its diagnosis, not the same number a second time."""
+    result = _ulysses(rank_pools, "scales", bound="fa")
+    assert result.status == FAILED
+    assert result.reason.count("max|out − ref64|") == 2  # the case's bound (sharded) and the single-rank oracle
+    assert "sharded output vs float64 attention" not in result.reason
+    assert "sharded output: it is 1.5 times the attention" in result.reason
