@@ -36,6 +36,7 @@ from harness.baselines.images import MANIFEST, PENDING, Entry, fingerprint, mani
 from harness.errors import ConfigError
 from harness.files.atomic import dump_json, fsync_dir
 from harness.files.jsonio import expect_id, read_json
+from harness.files.png import encode_png
 
 __all__ = ["Blessing", "bless", "blessing", "recover", "write_set"]
 
@@ -53,12 +54,6 @@ class Blessing:
     data: dict[str, bytes] = field(repr=False, default_factory=dict)
 
 
-def _encode_png(array: np.ndarray) -> bytes:
-    import imageio.v3 as iio
-
-    return bytes(iio.imwrite("<bytes>", np.ascontiguousarray(array), extension=".png"))
-
-
 def blessing(case_id: str, array: Any, fields: Mapping[str, Any] | None = None, world_size: int = 1,
              pipeline: str | None = None) -> Blessing:
     """Encode ``array`` (``HxWx3`` image or ``TxHxWx3`` video, uint8) as the reference of ``case_id``,
@@ -68,7 +63,7 @@ def blessing(case_id: str, array: Any, fields: Mapping[str, Any] | None = None, 
         raise ValueError(f"bless needs uint8 HxWx3 or TxHxWx3, got dtype {array.dtype} shape {array.shape}")
     names = reference_files(case_id, array.shape)
     frames = [array] if array.ndim == 3 else list(array)
-    data = {name: _encode_png(frame) for name, frame in zip(names, frames)}
+    data = {name: encode_png(frame) for name, frame in zip(names, frames)}
     entry = Entry(case_id, {n: hashlib.sha256(b).hexdigest() for n, b in data.items()},
                   None if fields is None else fingerprint(fields), None if fields is None else dict(fields),
                   world_size, pipeline, tuple(array.shape))

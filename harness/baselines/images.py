@@ -50,6 +50,7 @@ import numpy as np
 
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
+from harness.files.png import MAX_PIXELS, decode_rgb_png
 from harness.files.reading import is_present, read_regular_bytes
 
 __all__ = ["MANIFEST", "MAX_PIXELS", "PENDING", "REFERENCES_DIR", "Entry", "Reference", "changed_fields", "check_case_id",
@@ -59,10 +60,7 @@ MANIFEST = "manifest.json"
 REFERENCES_DIR = "images"  # <baselines>/images: reference PNGs and their manifest
 PENDING = ".bless-pending"  # a committed set whose files are still being moved into place
 FORMAT = 2
-#: Pixels a reference PNG may declare (8192 x 8192): checked in its header, before decoding allocates them.
-MAX_PIXELS = 2**26
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def check_case_id(case_id: str) -> str:
@@ -196,23 +194,6 @@ def manifest_json(entries: Mapping[str, Entry]) -> dict[str, Any]:
     return {"format": FORMAT, "cases": {case_id: entries[case_id].to_json() for case_id in sorted(entries)}}
 
 
-def _decode_png(data: bytes, path: Path) -> np.ndarray:
-    import imageio.v3 as iio
-
-    if data[:8] != _PNG_SIGNATURE or data[12:16] != b"IHDR":
-        raise ConfigError("not a PNG file (no PNG signature and IHDR header)", path=path)
-    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    if width * height > MAX_PIXELS:
-        raise ConfigError(f"declares {width}x{height} pixels; the limit is {MAX_PIXELS}", path=path)
-    try:
-        array = np.asarray(iio.imread(data, extension=".png"))
-    except Exception as exc:  # imageio raises plugin-specific errors for corrupt data
-        raise ConfigError(f"cannot decode PNG: {exc}", path=path) from None
-    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
-        raise ConfigError(f"reference must be 8-bit RGB, got dtype {array.dtype} shape {array.shape}", path=path)
-    return array
-
-
 def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
     path = file_path(directory, name)
     if not is_present(path):
@@ -239,7 +220,7 @@ def find_reference(directory: str | Path, case_id: str) -> Reference | None:
         if stray is not None:
             raise ConfigError(f"file is not in {MANIFEST}: it was never blessed", path=stray)
         return None
-    arrays = [_decode_png(_verified_bytes(directory, n, d), directory / n) for n, d in entry.files.items()]
+    arrays = [decode_rgb_png(_verified_bytes(directory, n, d), directory / n) for n, d in entry.files.items()]
     if list(entry.files) == [f"{case_id}.png"]:
         return Reference(entry, arrays[0])
     if len({a.shape for a in arrays}) != 1:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from harness.files.atomic import write_bytes_atomic
+from harness.files.png import encode_png
 from harness.report.format import figure
 
 DIFF_MAX = 64.0  # levels of 255 at which the heat map is white
@@ -116,7 +117,5 @@ def triptych(ref: np.ndarray, cand: np.ndarray) -> Triptych:
 
 
 def write_png(path: str | Path, array: np.ndarray) -> None:
-    """Encode ``array`` (uint8 HxWx3) as PNG with imageio and write it atomically."""
-    import imageio.v3 as iio
-
-    write_bytes_atomic(path, bytes(iio.imwrite("<bytes>", np.ascontiguousarray(array), extension=".png")))
+    """Encode ``array`` (uint8 HxWx3) as PNG and write it atomically."""
+    write_bytes_atomic(path, encode_png(array))

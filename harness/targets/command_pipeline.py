@@ -64,6 +64,8 @@ import numpy as np
 
 from harness.errors import ConfigError, ParamError
 from harness.files.jsonio import expect_object, read_json
+from harness.files.png import decode_rgb_png
+from harness.files.reading import read_regular_bytes
 from harness.targets.base import PipelineFailed, PipelineOutput, PipelineTarget, Timings
 
 BUILTINS = ("out_dir", "timings", "world_size", "device")  # placeholders parity fills
@@ -207,8 +209,6 @@ def _natural(path: Path) -> list[Any]:
 
 def read_pngs(out_dir: Path, shape: tuple[int, ...]) -> np.ndarray:
     """The image (``[H, W, 3]``) or frames (``[T, H, W, 3]``) the command wrote, checked against ``shape``."""
-    import imageio.v3 as iio
-
     files = sorted(out_dir.rglob("*.png"))
     want = shape[0] if len(shape) == 4 else 1
     if len(files) != want or len({f.parent for f in files}) > 1:
@@ -216,11 +216,11 @@ def read_pngs(out_dir: Path, shape: tuple[int, ...]) -> np.ndarray:
         raise PipelineFailed(f"expected {want} PNG{'s in one directory' if want > 1 else ''} under {{out_dir}}, found {found}")
     arrays = []
     for path in sorted(files, key=_natural):
-        try:
-            array = np.asarray(iio.imread(path))
-        except Exception as exc:  # noqa: BLE001 - imageio raises plugin-specific errors for corrupt data
-            raise PipelineFailed(f"{path.name}: cannot decode the PNG: {exc}") from None
-        if array.dtype != np.uint8 or array.shape != shape[-3:]:
+        try:  # foreign output: the guarded decoder (signature, pixel limit before allocating, 8-bit RGB)
+            array = decode_rgb_png(read_regular_bytes(path), path)
+        except ConfigError as exc:
+            raise PipelineFailed(f"{path.name}: {exc}") from None
+        if array.shape != shape[-3:]:
             raise PipelineFailed(f"{path.name}: expected 8-bit RGB of shape {shape[-3:]}, got {array.dtype} {array.shape}")
         arrays.append(array)
     return np.stack(arrays) if len(shape) == 4 else arrays[0]

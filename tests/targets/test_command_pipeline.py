@@ -26,6 +26,7 @@ from harness.ranks import PoolSet
 from harness.targets.base import PipelineFailed
 from harness.targets.command_pipeline import CommandPipelineTarget, factory, read_pngs, read_timings
 from harness.targets.loader import load_pipeline_target
+from tests.ranks.procs import wait_until_gone
 
 GENERATOR = Path(__file__).with_name("fake_generator.py")
 BASE = (f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} "
@@ -103,14 +104,6 @@ def test_a_failing_command_fails_with_its_stderr_and_keeps_its_outputs() -> None
     assert kept.is_dir()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"  # a zombie has ended; only its entry waits for a reaper
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_timeout_ends_the_command_and_everything_it_started() -> None:
     start = time.perf_counter()
@@ -119,10 +112,7 @@ def test_a_timeout_ends_the_command_and_everything_it_started() -> None:
     assert time.perf_counter() - start < 30
     kept = Path(info.value.reason.split("outputs kept in ", 1)[1].split(")", 1)[0])
     sleeper = int((kept / "sleeper.pid").read_text())
-    deadline = time.monotonic() + 10
-    while _alive(sleeper) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(sleeper)  # the command's own child, not only the command
+    assert wait_until_gone([sleeper], 10) == []  # the command's own child, not only the command
 
 
 def test_pngs_are_checked_against_the_case() -> None:
@@ -131,6 +121,15 @@ def test_pngs_are_checked_against_the_case() -> None:
         _run_template(wrong_size, FIELDS)
     with pytest.raises(PipelineFailed, match=r"expected 3 PNGs in one directory under \{out_dir\}, found frames/0.png, frames/1.png"):
         _run_template(BASE + " --frames 2", {**FIELDS, "num_frames": 3})
+
+
+def test_a_commands_png_goes_through_the_guarded_decoder(tmp_path: Path) -> None:
+    """Foreign output: a file that only claims to be a PNG, or declares a huge picture, is refused before decoding."""
+    header = b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + (100_000).to_bytes(4, "big") * 2 + bytes(5)
+    for data, words in ((b"GIF89a not a png", "not a PNG file"), (header, "declares 100000x100000 pixels")):
+        (tmp_path / "image.png").write_bytes(data)
+        with pytest.raises(PipelineFailed, match=words):
+            read_pngs(tmp_path, (24, 32, 3))
 
 
 def _run_template(template: str, fields: dict) -> np.ndarray:
