@@ -73,10 +73,9 @@ def print_start_costs(worlds: list[int], starts: int) -> None:
     """Group start, spawn vs preloaded, side by side per world size (medians of ``starts``)."""
     first = _start_s(worlds[0], PRELOADED)  # pays the server's own start, unless it already runs
     rows = []
-    for world in worlds:
-        spawned = statistics.median(_start_s(world, SPAWN) for _ in range(starts))
-        preloaded = statistics.median(_start_s(world, PRELOADED) for _ in range(starts))
-        rows.append((world, spawned, preloaded))
+    for world in worlds:  # alternated, so a change of the machine's load falls on both methods alike
+        pairs = [(_start_s(world, SPAWN), _start_s(world, PRELOADED)) for _ in range(starts)]
+        rows.append((world, statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)))
     print(f"group start until every rank is ready, median of {starts} (the server preloads {', '.join(preloaded_modules())}):")
     print(f"  {'W':>2}  {'spawn':>9}  {'preloaded':>9}  {'spawn/preloaded':>15}")
     for world, spawned, preloaded in rows:
@@ -102,8 +101,8 @@ def main() -> None:
     print_start_costs(args.worlds, args.starts)
     print(f"\ncase: all_to_all_single of a {list(SHAPE)} shard + exact check, 2 ranks, preloaded")
 
-    fresh = [_timed(lambda: run_on_ranks(all_to_all_case, world_size=2)) for _ in range(args.fresh)]
-    with RankPool(2) as pool:
+    fresh = [_timed(lambda: run_on_ranks(all_to_all_case, world_size=2, start_method=PRELOADED)) for _ in range(args.fresh)]
+    with RankPool(2, start_method=PRELOADED) as pool:
         assert pool.run(all_to_all_case) == [0.0, 0.0]
         pooled = _pool_median(pool, all_to_all_case, args.calls)
     fresh_ms, pooled_ms = statistics.median(fresh) * 1e3, pooled * 1e3

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -143,6 +144,9 @@ def test_spawned_ranks_outlive_the_background_thread_that_started_them(monkeypat
     with PoolSet() as pools:
         pools.prestart([2])
         pool = pools.get(2)
-        time.sleep(0.5)  # the start thread has finished by now
+        for thread in threading.enumerate():  # the start thread must have ended, or this proves nothing
+            if thread.name.startswith("pool-start"):
+                thread.join(10)
+        assert not [t for t in threading.enumerate() if t.name.startswith("pool-start")]
         assert pool.run(how_i_started, "PATH")[0][0] == os.getpid()
         assert pool.run(add_rank, 1) == [3, 3]
