@@ -97,6 +97,7 @@ def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) ->
     worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WORKER), str(cases_root), str(baselines), str(marker),
                                *map(str, sources)], env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert worker.stdin is not None and worker.stdout is not None
+    pid = None
     try:
         for _ in range(KILLS):
             marker.unlink(missing_ok=True)
@@ -110,13 +111,23 @@ def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) ->
             time.sleep(rng.uniform(0.0, 0.2))
             os.kill(pid, signal.SIGKILL)
             assert worker.stdout.readline().strip() == "reaped"
+            pid = None  # reaped: its number may belong to another process from now on
             states.append(_state(refs))
             loaded = {cid: load_reference(refs, cid) for cid in sets[0]}  # the gate's reader, no recovery first
             matches = [all(np.array_equal(loaded[cid], s[cid]) for cid in s) for s in sets]
             assert any(matches), f"kill {len(states)} ({states[-1]}) left a mixed set"
-    finally:
+    finally:  # a failed assertion must not leave the forked bless or the worker behind
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         worker.stdin.close()
-        worker.wait(timeout=30)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
 
     mid_bless = len(states) - states.count("clean")
     print(f"{KILLS} SIGKILLs: " + ", ".join(f"{s}: {states.count(s)}" for s in sorted(set(states))))
