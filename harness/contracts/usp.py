@@ -20,7 +20,7 @@ from harness.contracts.bounds import Bitwise, Bound, parse_bound
 from harness.contracts.outputs import ORACLE, Asked, check_oracle, judge_output
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Body, Contract, RankContext, register
-from harness.contracts.stats import RankOutcome, Stats, compare
+from harness.contracts.stats import RankOutcome, compare
 from harness.targets.base import Unsupported
 
 Tensor = torch.Tensor
