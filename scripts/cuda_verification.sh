@@ -7,8 +7,9 @@
 #              the new baselines/platforms/perf/<gpu>.json, with each scenario's calibration
 #   thresholds 3 gates (images only) and a per-platform threshold recalibration: the new
 #              baselines/platforms/<gpu>.json, for when the image references were re-blessed
-#   verify     the committed baselines on this machine: one gate (must pass), then the same gate
-#              with a planted 20% DiT slowdown (tests/targets/slow_pipeline.py: must fail)
+#   verify     the committed baselines on this machine: $VERIFY_RUNS gates (default 1; each must pass),
+#              then the same gate with a planted 20% slowdown of every denoising step
+#              (tests/targets/slow_pipeline.py: must fail)
 #   tests      pytest tests/gpu (kernels by the FA rule, LSE paths, SP with ranks sharing the GPU)
 #   targets    the contract cases on --target diffusers and --target sglang on CUDA
 # Wheels in .whl/ (diffusers, sglang and what its import needs) are installed to a temp dir first;
@@ -47,9 +48,9 @@ for phase in "$@"; do
       step recal_thresholds $P recalibrate thresholds --baselines "$W/baselines" --results "$W"/images?/results.json --per-platform --write
       rm -rf "$W"/images?/candidates "$W"/images?/triptychs; pack ;;
     verify)
-      step verify_gate $P gate --device cuda --report "$W/verify"
+      for i in $(seq 1 "${VERIFY_RUNS:-1}"); do step "verify_gate$i" $P gate --device cuda --report "$W/verify$i"; done
       step verify_slow $P gate --device cuda --pipeline-target tests.targets.slow_pipeline:factory --report "$W/slow"
-      rm -rf "$W"/verify/candidates "$W"/slow/candidates; pack ;;
+      rm -rf "$W"/verify?/candidates "$W"/slow/candidates; pack ;;
     tests)
       step gpu_tests python3 -m pytest tests/gpu -q -s -p no:cacheprovider ;;
     targets)

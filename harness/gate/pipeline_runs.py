@@ -14,15 +14,19 @@ so it is checked against a baseline as it is and can become one through ``parity
      "stages_ms": {"TextEncodingStage": 3.1, "DenoisingStage": 30.0, "DecodingStage": 8.1},
      "denoise_step_ms": {"0": 7.6, "1": 7.4, ...},
      "expected_avg_denoise_ms": 7.5, "expected_median_denoise_ms": 7.5,
-     "calibration": {"launch_us": 4.1, "gemm_ms": 0.09, "sdpa_ms": 0.21},
+     "calibration": {"launch_us": 4.1, "module_us": 30.2, "gemm_ms": 0.09, "sdpa_ms": 0.21, "comm_us": 95.0},
+     "time_shares": {"host": 0.62, "device": 0.03, "comm": 0.35},
      # extras (kept in results, never written into a baseline):
      "peak_memory_mb": 512.3, "peak_memory_kind": "rss_peak", "clock": "perf_counter",
      "runs": 3, "warmup": 1, "world_size": 2}
 
-``calibration`` is :mod:`harness.gate.calibration`'s probes, measured by rank 0 (the others
-waiting; for a target run here, by this process) right before and right after the timed runs,
-the minimum of the two kept; a baseline keeps it so a run on another machine can be gated
-normalised.
+``calibration`` is :mod:`harness.gate.calibration`'s probes: the single-process ones measured by
+rank 0 (the others waiting; for a target run here, by this process), ``comm_us`` by the whole
+group, once before the target is prepared and once after the timed runs, the minimum of the two
+kept. ``time_shares`` (:mod:`harness.gate.time_shares`) comes from one more, profiled, run after
+the timed ones; a target run in this process starts processes parity cannot profile, so its
+measurement says ``time_shares_unavailable`` instead. A baseline keeps both, so a run on another
+machine can be gated normalised.
 
 Every value is the median over the N timed runs of that value (the average and median step of
 each run first, then their median over runs). Peak memory is the largest over the ranks, over
@@ -39,13 +43,16 @@ from __future__ import annotations
 import resource
 import statistics
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.baselines.perf import CALIBRATION, SHARES_UNAVAILABLE, TIME_SHARES
 from harness.cases.image import ImageCase
 from harness.gate import calibration  # noqa: F401 - a module
+from harness.gate.time_shares import measure_time_shares
 from harness.ranks import PoolSet, rank_device
 from harness.targets.base import PipelineOutput, PipelineTarget, PreparedPipeline, Timings
 from harness.targets.loader import TargetArgs, load_pipeline_target
@@ -114,12 +121,15 @@ def generate(case: ImageCase, pools: PoolSet, timeout: float | None = None) -> P
 
 @dataclass(frozen=True)
 class RankTiming:
-    """What one rank sends back: its timed runs' timings (rank 0 only) and its peak memory."""
+    """What one rank sends back: its timed runs' timings (rank 0 only), its peak memory, the
+    machine's calibration and the run's time shares (rank 0 only; ``shares_unavailable`` says why not)."""
 
     timings: list[Timings] | None
     peak_memory_bytes: int | None
     peak_memory_kind: str
     calibration: dict[str, float] | None = None
+    time_shares: dict[str, float] | None = None
+    shares_unavailable: str | None = None
 
 
 def _reset_peak_memory(device: str) -> str:
@@ -160,33 +170,63 @@ def time_on_rank(pipeline: str, args: TargetArgs, fields: Mapping[str, Any], war
 
     device = str(rank_device())
     rank0 = dist.get_rank() == 0
-    timing = _time_runs(load_pipeline_target(pipeline, args).prepare(fields, device), device, warmup, runs, rank0,
-                        dist.barrier, measure_memory=True)
+    timing = _time_runs(lambda: load_pipeline_target(pipeline, args).prepare(fields, device), device, warmup, runs,
+                        _Group(rank0, dist.get_world_size(), dist.barrier), in_ranks=True)
     return timing if rank0 else RankTiming(None, timing.peak_memory_bytes, timing.peak_memory_kind)
 
 
-def _time_runs(prepared: PreparedPipeline, device: str, warmup: int, runs: int, rank0: bool,
-               barrier: Callable[[], Any], measure_memory: bool) -> RankTiming:
-    """Warm-up, calibration, the timed runs, calibration again; closes ``prepared``."""
+@dataclass(frozen=True)
+class _Group:
+    """The processes timing one case together: this one alone, or the ranks of a pool."""
+
+    rank0: bool
+    world_size: int
+    barrier: Callable[[], Any]
+
+
+_HERE = _Group(True, 1, lambda: None)
+_NOT_PROFILED = "the target runs in processes of its own, which parity does not profile"
+
+
+def _time_runs(prepare: Callable[[], PreparedPipeline], device: str, warmup: int, runs: int, group: _Group,
+               in_ranks: bool) -> RankTiming:
+    """Calibration, prepare, warm-up, the timed runs, one profiled run for the time shares, calibration again.
+
+    The first calibration comes before the target's code runs in this process for the case, so
+    nothing the target sets up (a patched kernel, a changed thread count) can slow the probe
+    with it and be normalised away; the minimum of the two is kept.
+    """
+    before = _calibrate(device, group)
+    prepared = prepare()
     try:
         for _ in range(warmup):
             prepared.run()
-        before = _calibrate(device, rank0, barrier)
-        kind = _reset_peak_memory(device) if measure_memory else NOT_MEASURED
-        results = [prepared.run() for _ in range(runs)]
-        peak = _peak_memory_bytes(device, kind) if measure_memory else None
-        after = _calibrate(device, rank0, barrier)
+        kind = _reset_peak_memory(device) if in_ranks else NOT_MEASURED
+        results, walls = [], []
+        for _ in range(runs):
+            start = time.perf_counter()
+            results.append(prepared.run())
+            walls.append(time.perf_counter() - start)
+        peak = _peak_memory_bytes(device, kind) if in_ranks else None
+        shares, why = (measure_time_shares(prepared.run, statistics.median(walls), device) if in_ranks
+                       else (None, _NOT_PROFILED))
+        after = _calibrate(device, group)
     finally:
         prepared.close()
     probes = calibration.combine([before, after]) if before is not None and after is not None else None
-    return RankTiming([r.timings for r in results], peak, kind, probes)
+    return RankTiming([r.timings for r in results], peak, kind, probes, shares, why)
 
 
-def _calibrate(device: str, rank0: bool, barrier: Callable[[], Any]) -> dict[str, float] | None:
-    """Rank 0 measures the calibration probes while the other ranks wait (they would disturb it)."""
-    barrier()
-    probes = calibration.measure(device) if rank0 else None
-    barrier()
+def _calibrate(device: str, group: _Group) -> dict[str, float] | None:
+    """Rank 0 measures the single-process probes while the other ranks wait (they would disturb
+    it); then, in a group of several, every rank takes part in the all-to-all probe."""
+    group.barrier()
+    probes = calibration.measure(device) if group.rank0 else None
+    group.barrier()
+    if group.world_size > 1:
+        comm_us = calibration.measure_comm(device)
+        if probes is not None:
+            probes["comm_us"] = comm_us
     return probes
 
 
@@ -224,12 +264,15 @@ class CaseTiming:
     peak_memory_bytes: list[int]  # one per rank; empty when not measured
     peak_memory_kind: str
     calibration: dict[str, float] | None = None
+    time_shares: dict[str, float] | None = None
+    shares_unavailable: str | None = None
 
     def measured(self) -> dict[str, Any]:
         """The perf-scenario-shaped measurement (module docstring), extras included."""
         return {
             **median_scenario(self.timings),
-            **({"calibration": self.calibration} if self.calibration else {}),
+            **({CALIBRATION: self.calibration} if self.calibration else {}),
+            **({TIME_SHARES: self.time_shares} if self.time_shares else {SHARES_UNAVAILABLE: self.shares_unavailable}),
             "peak_memory_mb": round(max(self.peak_memory_bytes) / 2**20, 1) if self.peak_memory_bytes else None,
             "peak_memory_kind": self.peak_memory_kind,
             "clock": self.timings[0].clock,
@@ -249,10 +292,10 @@ def time_case(case: ImageCase, pools: PoolSet, *, runs: int = 3, warmup: int = 1
         per_rank: list[RankTiming] = pools.get(case.world_size).run(
             time_on_rank, case.target, case.target_args, case.fields, warmup, runs, timeout=timeout)
     else:
-        per_rank = [_time_runs(_prepare_here(case, pools.device), pools.device, warmup, runs, True, lambda: None,
-                               measure_memory=False)]
-    timings = per_rank[0].timings
-    if not timings:
+        per_rank = [_time_runs(lambda: _prepare_here(case, pools.device), pools.device, warmup, runs, _HERE, in_ranks=False)]
+    first = per_rank[0]
+    if not first.timings:
         raise RuntimeError(f"{case.id}: rank 0 returned no timings")
     peaks = [r.peak_memory_bytes for r in per_rank if r.peak_memory_bytes is not None]
-    return CaseTiming(case.id, case.world_size, warmup, timings, peaks, per_rank[0].peak_memory_kind, per_rank[0].calibration)
+    return CaseTiming(case.id, case.world_size, warmup, first.timings, peaks, first.peak_memory_kind, first.calibration,
+                      first.time_shares, first.shares_unavailable)

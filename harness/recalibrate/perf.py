@@ -6,10 +6,12 @@ The median of the N measurements of each value; a value changes only when
 baseline; a changed value is rounded to 4 significant figures. A higher expected time is a
 loosening: refused unless allowed (:mod:`.proposals`).
 
-A scenario's ``calibration`` (the machine's probes, :mod:`harness.gate.calibration`) must belong
-to the same measurement as its timings: it is proposed as ``calibration.<probe>`` values, the
-median of the runs, written whenever any timing of the scenario changes or the baseline has no
-calibration yet, and never a loosening in itself.
+A scenario's ``calibration`` (the machine's probes, :mod:`harness.gate.calibration`) and its
+``time_shares`` (:mod:`harness.gate.time_shares`) must belong to the same measurement as its
+timings: they are proposed as ``calibration.<probe>`` and ``time_shares.<part>`` values, the
+median of the runs (the shares then scaled to sum to 1, 3 decimals), written whenever any timing
+of the scenario changes or the baseline lacks a probe or share the runs measured, and never a
+loosening in themselves.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.perf import CALIBRATION, PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
+from harness.baselines.perf import CALIBRATION, TIME_SHARES, PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
 from harness.files.reading import is_present
 from harness.recalibrate.proposals import change_word, fmt, refuse_loosening
 
@@ -70,25 +72,36 @@ def propose_perf(
     proposals = []
     for scenario_id, runs in _measurements(results_list).items():
         timings = _timing_proposals(baseline, scenario_id, runs, tolerances)
-        proposals += timings + _calibration_proposals(baseline, scenario_id, runs, any(p.changed for p in timings))
+        proposals += timings + _machine_record_proposals(baseline, scenario_id, runs, any(p.changed for p in timings))
     return proposals
 
 
-def _calibration_proposals(baseline: PerfBaselines, scenario_id: str, runs: Sequence[dict[str, Any]],
-                           timings_changed: bool) -> list[PerfProposal]:
-    old = (baseline.scenario(scenario_id) or {}).get(CALIBRATION, {})
-    samples: dict[str, list[float]] = {}
-    for run in runs:
-        for probe, value in run.get(CALIBRATION, {}).items():
-            samples.setdefault(probe, []).append(float(value))
-    write = timings_changed or not old
+def _machine_record_proposals(baseline: PerfBaselines, scenario_id: str, runs: Sequence[dict[str, Any]],
+                              timings_changed: bool) -> list[PerfProposal]:
+    """``calibration.<probe>`` and ``time_shares.<part>`` proposals: the median of the runs (shares
+    scaled to sum to 1), written whole when a timing changed or the baseline's record lacks a probe
+    or a share the runs measured; otherwise the baseline's values stay."""
+    old = baseline.scenario(scenario_id) or {}
+    medians: dict[str, dict[str, float]] = {}
+    for group in (CALIBRATION, TIME_SHARES):
+        samples: dict[str, list[float]] = {}
+        for run in runs:
+            for name, value in run.get(group, {}).items():
+                samples.setdefault(name, []).append(float(value))
+        if samples:
+            medians[group] = {name: float(statistics.median(values)) for name, values in samples.items()}
+    if TIME_SHARES in medians:
+        total = sum(medians[TIME_SHARES].values()) or 1.0
+        medians[TIME_SHARES] = {part: share / total for part, share in medians[TIME_SHARES].items()}
+    write = timings_changed or any(name not in old.get(group, {}) for group, values in medians.items() for name in values)
     proposals = []
-    for probe, values in samples.items():
-        median = float(statistics.median(values))
-        previous = old.get(probe)
-        new = _round_significant(median) if write or previous is None else float(previous)
-        proposals.append(PerfProposal(scenario_id, f"{CALIBRATION}.{probe}", previous, median, new,
-                                      changed=new != previous, loosens=False))
+    for group, values in medians.items():
+        for name, median in values.items():
+            previous = old.get(group, {}).get(name)
+            rounded = round(median, 3) if group == TIME_SHARES else _round_significant(median)
+            new = rounded if write or previous is None else float(previous)
+            proposals.append(PerfProposal(scenario_id, f"{group}.{name}", previous, median, new,
+                                          changed=new != previous, loosens=False))
     return proposals
 
 
@@ -124,13 +137,14 @@ def apply_perf_proposals(
     for p in proposals:
         if p.changed:
             updates.setdefault(p.scenario_id, {})[p.metric] = p.new
-    prefix = f"{CALIBRATION}."
+    records = (CALIBRATION, TIME_SHARES)
     for scenario_id, values in updates.items():
-        timings = {k: v for k, v in values.items() if not k.startswith(prefix)}
+        timings = {k: v for k, v in values.items() if k.partition(".")[0] not in records}
         scenario = set_scenario_values(baseline.scenario(scenario_id) or {}, timings)
-        probes = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
-        if probes:
-            scenario[CALIBRATION] = {**scenario.get(CALIBRATION, {}), **probes}
+        for group in records:
+            written = {k.partition(".")[2]: v for k, v in values.items() if k.partition(".")[0] == group}
+            if written:
+                scenario[group] = {**scenario.get(group, {}), **written}
         baseline = baseline.with_scenario(scenario_id, scenario)
     return baseline
 

@@ -101,7 +101,10 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     perf_a = records["perf_a"]
     # recalibrate wrote this machine's calibration with the timings: the run is gated normalised
     assert perf_a["figures"]["gated"] == "normalised" and perf_a["figures"]["machine_factor"] > 0  # same machine, but loaded: not 1
-    assert scenario["calibration"].keys() == {"launch_us", "module_us", "gemm_ms", "sdpa_ms"}
+    assert scenario["calibration"].keys() == {"launch_us", "module_us", "gemm_ms", "sdpa_ms"}  # one rank: no comm_us
+    # one rank on a CPU: no collective, no device to wait on; the factor follows the host's probes
+    assert scenario["time_shares"] == {"host": 1.0, "device": 0.0, "comm": 0.0}
+    assert perf_a["figures"]["factor_from"].startswith("host 100% × ")
     factor = perf_a["figures"]["machine_factor"]
     assert perf_a["reason"].startswith("expected_e2e_ms ") and "ms floor)" in perf_a["reason"]
     assert f"[normalised: expected × {factor:.3g}" in perf_a["reason"]
@@ -116,10 +119,10 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
 
 
 def _scaled(scenario: dict[str, Any], factor: float) -> dict[str, Any]:
-    """Every timing times ``factor``; the calibration (the machine) stays as measured."""
+    """Every timing times ``factor``; the calibration and time shares (the machine, the mix) stay as measured."""
     out: dict[str, Any] = {}
     for key, value in scenario.items():
-        if key == "calibration":
+        if key in ("calibration", "time_shares"):
             out[key] = value
         else:
             out[key] = {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor

@@ -95,5 +95,10 @@ def test_cases_are_timed_on_their_ranks(tmp_path: Path) -> None:
     assert (measured["runs"], measured["warmup"], measured["world_size"]) == (2, 1, 2)
     assert measured["peak_memory_mb"] == round(max(sp.peak_memory_bytes) / 2**20, 1)
     assert measured["peak_memory_kind"] == ("rss_peak" if sys.platform.startswith("linux") else "rss_lifetime_peak")
+    # the machine's record: the group's all-to-all probe, and the run's time split by a real profile
+    assert measured["calibration"]["comm_us"] > 0 and "comm_us" not in video.measured()["calibration"]
+    shares = measured["time_shares"]
+    assert sum(shares.values()) == pytest.approx(1.0) and shares["comm"] > 0.01 and shares["device"] == 0.0
+    assert video.measured()["time_shares"]["comm"] == 0.0  # one rank: no collective
     # a measurement checked against itself passes every value at zero tolerance
     assert all(c.passed for c in check_perf(measured, measured, ZERO))
