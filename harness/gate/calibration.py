@@ -2,31 +2,33 @@
 
 Absolute milliseconds of a small pipeline do not transfer between two machines of the same kind:
 on two H200s the tiny pipeline's step took 3.2 ms and 5.0 ms with the same tree, because such a
-pipeline is bound by the host's kernel launches, not by the GPU. So every timed case also
-measures fixed probes on the same device, in the same processes, before the target is prepared
-and again after its timed runs: the host-side cost of launching a tiny kernel (``launch_us``) and
-of calling a tiny module (``module_us``: Python, the dispatcher and three launches, as a small
-model's layers cost), a fixed matmul (``gemm_ms``), a fixed attention kernel (``sdpa_ms``) and,
-in a group of several ranks, a fixed all-to-all as the group's attention sends it (``comm_us``:
-staged through the host where the group is gloo on a GPU). Each probe is the *fastest* of several
-repeats, the least disturbed reading: on an H200 the median of 200 launches moved by 35 % between
-two gates on one machine while the pipeline moved by 1 %.
+pipeline is bound by the host's kernel launches, not by the GPU; and on one H200 host the same
+1-rank case took 35 to 61 ms across five gates of one hour as the host's own speed moved. So
+every timed case also reads fixed probes on the same device, in the same processes, every rank
+at once, before the target is prepared, between its timed runs and after the last: the
+host-side cost of launching a tiny kernel (``launch_us``) and of calling a tiny module
+(``module_us``), a fixed matmul (``gemm_ms``), a fixed attention kernel (``sdpa_ms``), in a
+group of several ranks a fixed all-to-all as the group's attention sends it (``comm_us``: staged
+through the host where the group is gloo on a GPU), and ``step_ms``: parity's own synthetic DiT
+step (tiny blocks, Ulysses' two all-to-alls per block in a group), work of the same kind as the
+image cases' steps but none of the target's code. Each probe is the fastest of several repeats
+(the least disturbed reading), the case's calibration the median of its readings.
 
-A baseline records the calibration of the machine that produced it and, where the run could be
-profiled, the scenario's :mod:`time shares <harness.gate.time_shares>` (how much of its time was
-host work, waiting on the device, communication). A later run on another machine gates each value
+A baseline records the calibration of the machine that produced it. A later run gates each value
 against ``expected × factor``:
 
-- with time shares, ``factor = Σ share × ratio`` over the three parts, each part's ratio new/old
-  of its probe (:data:`PART_PROBES`): a machine whose host is 35 % faster and whose GPU is as fast
-  speeds a host-bound scenario up by about 35 %, and the gate expects that. The largest ratio
-  alone would have let a 15 % slowdown through there (measured on an H200 whose host was faster);
-- without them (a command target, an old baseline), the largest ratio over the probes both sides
-  have: the machine may be as much slower as its slowest axis is, and no more.
+- ``factor`` is the ratio new/old of ``step_ms`` where both sides have it: the probe that fails
+  and recovers with what bounds a small pipeline's step (launches and Python on one rank; the
+  shared GPU and the exchanges on several);
+- else, with the scenario's :mod:`time shares <harness.gate.time_shares>`, ``Σ share × ratio``
+  over host, device and comm, each part's ratio that of its probes (:data:`PART_PROBES`);
+- else the largest ratio over the probes both sides have: the machine may be as much slower as its
+  slowest axis is, and no more.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,15 +38,16 @@ import torch.nn.functional as F
 
 from harness.baselines.perf import COMM, DEVICE, HOST, SHARE_PARTS
 
-PROBES = ("launch_us", "module_us", "gemm_ms", "sdpa_ms", "comm_us")
+PROBES = ("launch_us", "module_us", "gemm_ms", "sdpa_ms", "comm_us", "step_ms")
+STEP_PROBE = "step_ms"
 _REPEATS = 9
 _LAUNCHES = 2000
 _COMM_CALLS = 50
 _COMM_ELEMENTS = 16384  # 64 KiB of fp32 per rank: the order of a tiny pipeline's Ulysses all-to-all
+_STEP_SHAPE = {"tokens": 64, "dim": 64, "heads": 4, "blocks": 4}  # a tiny DiT's block, as the image cases' models are
 
 # Which probes a part of a scenario's time moves with. On a GPU the host's part is the Python and
-# launch overhead (module_us followed the 1-rank tiny pipeline to 1 % on a faster host, launch_us
-# did not); on a CPU the host also does the arithmetic.
+# launch overhead; on a CPU the host also does the arithmetic.
 PART_PROBES: dict[str, dict[str, tuple[str, ...]]] = {
     "cuda": {HOST: ("module_us",), DEVICE: ("gemm_ms", "sdpa_ms"), COMM: ("comm_us",)},
     "cpu": {HOST: ("module_us", "gemm_ms", "sdpa_ms"), DEVICE: ("gemm_ms", "sdpa_ms"), COMM: ("comm_us",)},
@@ -66,57 +69,93 @@ def _timed(fn: Callable[[], object], device: torch.device, inner: int) -> float:
     return min(samples)
 
 
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _exchange(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An all-to-all over the default group as the group's attention sends it: on the GPU for NCCL;
+    for gloo on a GPU staged through the host both ways, as ranks sharing one GPU send."""
+    import torch.distributed as dist
+
+    staged = device.type == "cuda" and dist.get_backend() != "nccl"
+
+    def exchange(t: torch.Tensor) -> torch.Tensor:
+        send = t.cpu() if staged else t
+        received = torch.empty_like(send)
+        dist.all_to_all_single(received, send)
+        return received.to(device) if staged else received
+
+    return exchange
+
+
+def _synthetic_step(device: torch.device, dtype: torch.dtype, world: int) -> Callable[[], torch.Tensor]:
+    """A frozen stand-in for a small DiT's denoising step, parity's own code (no target's): per block a
+    norm, a QKV projection, attention, an output projection and an MLP, with the two all-to-alls of
+    Ulysses around the attention when the group has several ranks. Kernels this small leave the
+    step bound by what bounds the image cases' steps: launches, Python, the group's exchanges."""
+    tokens, dim, heads, blocks = (_STEP_SHAPE[k] for k in ("tokens", "dim", "heads", "blocks"))
+    layers = [[torch.nn.LayerNorm(dim), torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim),
+               torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)] for _ in range(blocks)]
+    layers = [[m.to(device, dtype) for m in block] for block in layers]
+    exchange = _exchange(device) if world > 1 else (lambda t: t)
+    x = torch.zeros(tokens, dim, device=device, dtype=dtype)
+
+    def step() -> torch.Tensor:
+        h = x
+        for norm, qkv, proj, up, down in layers:
+            q, k, v = exchange(qkv(norm(h))).view(1, tokens, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
+            attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(tokens, dim)
+            h = h + proj(exchange(attended))
+            h = h + down(F.gelu(up(norm(h))))
+        return h
+
+    return step
+
+
 def measure(device: str) -> dict[str, float]:
-    """The single-process probes on ``device`` (fixed sizes per device kind, seeded inputs)."""
+    """Every probe on ``device`` (fixed sizes per device kind), called by every rank of the group at
+    once: the ranks of a scenario run side by side, sharing the host and, on one GPU, the device,
+    so the probes are read under the same load. ``comm_us`` only in a group of several ranks.
+
+    The global random state is left as it was: the probes run between a target's timed runs.
+    """
     dev = torch.device(device)
-    gen = torch.Generator().manual_seed(0)
+    world = _world()
     on_gpu = dev.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    tiny = torch.zeros(1, device=dev)
-    n = 2048 if on_gpu else 256
-    a, b = (torch.randn(n, n, generator=gen).to(dev, dtype) for _ in range(2))
-    heads, seq, dim = (24, 1024, 64) if on_gpu else (4, 256, 32)
-    q, k, v = (torch.randn(1, heads, seq, dim, generator=gen).to(dev, dtype) for _ in range(3))
-    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8)).to(dev)
-    x = torch.zeros(1, 8, device=dev)
-    with torch.inference_mode():
-        return {
+    with torch.random.fork_rng(devices=[dev] if on_gpu else []), torch.inference_mode():
+        gen = torch.Generator().manual_seed(0)
+        tiny = torch.zeros(1, device=dev)
+        n = 2048 if on_gpu else 256
+        a, b = (torch.randn(n, n, generator=gen).to(dev, dtype) for _ in range(2))
+        heads, seq, dim = (24, 1024, 64) if on_gpu else (4, 256, 32)
+        q, k, v = (torch.randn(1, heads, seq, dim, generator=gen).to(dev, dtype) for _ in range(3))
+        module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8)).to(dev)
+        x = torch.zeros(1, 8, device=dev)
+        probes = {
             "launch_us": _timed(lambda: tiny.add_(1.0), dev, _LAUNCHES) * 1e6,
             "module_us": _timed(lambda: module(x), dev, _LAUNCHES // 4) * 1e6,
             "gemm_ms": _timed(lambda: a @ b, dev, 20) * 1e3,
             "sdpa_ms": _timed(lambda: F.scaled_dot_product_attention(q, k, v), dev, 20) * 1e3,
         }
+        if world > 1:
+            payload = torch.ones(_COMM_ELEMENTS - _COMM_ELEMENTS % world, device=dev)
+            exchange = _exchange(dev)
+            probes["comm_us"] = _timed(lambda: exchange(payload), dev, _COMM_CALLS) * 1e6
+        probes[STEP_PROBE] = _timed(_synthetic_step(dev, dtype, world), dev, 5) * 1e3
+    return probes
 
 
-def measure_comm(device: str) -> float:
-    """``comm_us``: one all-to-all of a fixed tensor over the default process group, every rank calling it.
-
-    The tensor lives where the group's backend takes it: on the GPU for NCCL; for gloo on a GPU it
-    is staged through the host both ways, as ranks sharing one GPU send their attention.
-    """
-    import torch.distributed as dist
-
-    dev = torch.device(device)
-    world = dist.get_world_size()
-    staged = dev.type == "cuda" and dist.get_backend() != "nccl"
-    x = torch.ones(_COMM_ELEMENTS - _COMM_ELEMENTS % world, device=dev)
-
-    def once() -> None:
-        send = x.cpu() if staged else x
-        received = torch.empty_like(send)
-        dist.all_to_all_single(received, send)
-        if staged:
-            received.to(dev)
-
-    with torch.inference_mode():
-        return _timed(once, dev, _COMM_CALLS) * 1e6
-
-
-def combine(samples: list[Mapping[str, float]]) -> dict[str, float]:
-    """Several calibrations of one run (before and after the timed runs) as one: the minimum per probe
-    that every sample has, the least disturbed reading."""
-    common = [p for p in PROBES if all(p in s for s in samples)]
-    return {probe: min(s[probe] for s in samples) for probe in common}
+def combine(readings: list[Mapping[str, float]]) -> dict[str, float]:
+    """The readings of one case (one before each timed run, one after the last) as one calibration: the
+    median per probe that every reading has. The host's own speed drifts between a case's runs and
+    between gates (an H200 host's module probe read 36 to 82 µs across five gates of one hour), so
+    the probes are read interleaved with the runs and the typical reading kept, as the runs' median is."""
+    common = [p for p in PROBES if all(p in r for r in readings)]
+    return {probe: float(statistics.median(r[probe] for r in readings)) for probe in common}
 
 
 @dataclass(frozen=True)
@@ -142,6 +181,8 @@ def machine_factor(measured: Mapping[str, float], baseline: Mapping[str, float],
     ratios = _ratios(measured, baseline)
     if not ratios:
         raise ValueError(f"no common calibration probe (measured {sorted(measured)}, baseline {sorted(baseline)})")
+    if STEP_PROBE in ratios:
+        return MachineFactor(ratios[STEP_PROBE], f"{STEP_PROBE}: parity's synthetic step on this group", ratios)
     top = max(ratios, key=lambda p: ratios[p])
     fallback = MachineFactor(ratios[top], f"max over the probes: {top}", ratios)
     if not shares:

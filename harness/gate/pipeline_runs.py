@@ -14,16 +14,18 @@ so it is checked against a baseline as it is and can become one through ``parity
      "stages_ms": {"TextEncodingStage": 3.1, "DenoisingStage": 30.0, "DecodingStage": 8.1},
      "denoise_step_ms": {"0": 7.6, "1": 7.4, ...},
      "expected_avg_denoise_ms": 7.5, "expected_median_denoise_ms": 7.5,
-     "calibration": {"launch_us": 4.1, "module_us": 30.2, "gemm_ms": 0.09, "sdpa_ms": 0.21, "comm_us": 95.0},
+     "calibration": {"launch_us": 4.1, "module_us": 30.2, "gemm_ms": 0.09, "sdpa_ms": 0.21, "comm_us": 95.0,
+                     "step_ms": 1.9},
      "time_shares": {"host": 0.62, "device": 0.03, "comm": 0.35},
      # extras (kept in results, never written into a baseline):
+     "calibration_readings": [{...}, ...], "runs_e2e_ms": [41.0, 41.2, 41.5],
      "peak_memory_mb": 512.3, "peak_memory_kind": "rss_peak", "clock": "perf_counter",
      "runs": 3, "warmup": 1, "world_size": 2}
 
-``calibration`` is :mod:`harness.gate.calibration`'s probes: the single-process ones measured by
-rank 0 (the others waiting; for a target run here, by this process), ``comm_us`` by the whole
-group, once before the target is prepared and once after the timed runs, the minimum of the two
-kept. ``time_shares`` (:mod:`harness.gate.time_shares`) comes from one more, profiled, run after
+``calibration`` is :mod:`harness.gate.calibration`'s probes, read by every rank at once (rank 0's
+reading kept; for a target run here, by this process) before the target is prepared, between
+the timed runs and after the last, the median of the readings kept (each reading is in the
+extras as ``calibration_readings``, each run's e2e as ``runs_e2e_ms``). ``time_shares`` (:mod:`harness.gate.time_shares`) comes from one more, profiled, run after
 the timed ones; a target run in this process starts processes parity cannot profile, so its
 measurement says ``time_shares_unavailable`` instead. A baseline keeps both, so a run on another
 machine can be gated normalised.
@@ -130,6 +132,7 @@ class RankTiming:
     calibration: dict[str, float] | None = None
     time_shares: dict[str, float] | None = None
     shares_unavailable: str | None = None
+    calibration_readings: list[dict[str, float]] | None = None
 
 
 def _reset_peak_memory(device: str) -> str:
@@ -171,7 +174,7 @@ def time_on_rank(pipeline: str, args: TargetArgs, fields: Mapping[str, Any], war
     device = str(rank_device())
     rank0 = dist.get_rank() == 0
     timing = _time_runs(lambda: load_pipeline_target(pipeline, args).prepare(fields, device), device, warmup, runs,
-                        _Group(rank0, dist.get_world_size(), dist.barrier), in_ranks=True)
+                        _Group(rank0, dist.barrier), in_ranks=True)
     return timing if rank0 else RankTiming(None, timing.peak_memory_bytes, timing.peak_memory_kind)
 
 
@@ -180,54 +183,50 @@ class _Group:
     """The processes timing one case together: this one alone, or the ranks of a pool."""
 
     rank0: bool
-    world_size: int
     barrier: Callable[[], Any]
 
 
-_HERE = _Group(True, 1, lambda: None)
+_HERE = _Group(True, lambda: None)
 _NOT_PROFILED = "the target runs in processes of its own, which parity does not profile"
 
 
 def _time_runs(prepare: Callable[[], PreparedPipeline], device: str, warmup: int, runs: int, group: _Group,
                in_ranks: bool) -> RankTiming:
-    """Calibration, prepare, warm-up, the timed runs, one profiled run for the time shares, calibration again.
+    """Prepare, warm-up, the timed runs with a calibration reading before each and after the last, then
+    one profiled run for the time shares.
 
-    The first calibration comes before the target's code runs in this process for the case, so
-    nothing the target sets up (a patched kernel, a changed thread count) can slow the probe
-    with it and be normalised away; the minimum of the two is kept.
+    The first reading comes before the target's code runs in this process for the case, so
+    nothing the target sets up (a patched kernel, a changed thread count) slows every reading
+    with it and is normalised away.
     """
-    before = _calibrate(device, group)
+    readings = [_calibrate(device, group)]
     prepared = prepare()
     try:
         for _ in range(warmup):
             prepared.run()
         kind = _reset_peak_memory(device) if in_ranks else NOT_MEASURED
         results, walls = [], []
-        for _ in range(runs):
+        for i in range(runs):
+            if i:
+                readings.append(_calibrate(device, group))
             start = time.perf_counter()
             results.append(prepared.run())
             walls.append(time.perf_counter() - start)
         peak = _peak_memory_bytes(device, kind) if in_ranks else None
+        readings.append(_calibrate(device, group))
         shares, why = (measure_time_shares(prepared.run, statistics.median(walls), device) if in_ranks
                        else (None, _NOT_PROFILED))
-        after = _calibrate(device, group)
     finally:
         prepared.close()
-    probes = calibration.combine([before, after]) if before is not None and after is not None else None
-    return RankTiming([r.timings for r in results], peak, kind, probes, shares, why)
+    kept = [r for r in readings if r is not None]
+    return RankTiming([r.timings for r in results], peak, kind, calibration.combine(kept) if kept else None, shares, why, kept)
 
 
 def _calibrate(device: str, group: _Group) -> dict[str, float] | None:
-    """Rank 0 measures the single-process probes while the other ranks wait (they would disturb
-    it); then, in a group of several, every rank takes part in the all-to-all probe."""
+    """Every rank reads the probes at once (:func:`harness.gate.calibration.measure`); rank 0's reading is kept."""
     group.barrier()
-    probes = calibration.measure(device) if group.rank0 else None
-    group.barrier()
-    if group.world_size > 1:
-        comm_us = calibration.measure_comm(device)
-        if probes is not None:
-            probes["comm_us"] = comm_us
-    return probes
+    probes = calibration.measure(device)
+    return probes if group.rank0 else None
 
 
 def median_scenario(timings: Sequence[Timings]) -> dict[str, Any]:
@@ -266,6 +265,7 @@ class CaseTiming:
     calibration: dict[str, float] | None = None
     time_shares: dict[str, float] | None = None
     shares_unavailable: str | None = None
+    calibration_readings: list[dict[str, float]] | None = None
 
     def measured(self) -> dict[str, Any]:
         """The perf-scenario-shaped measurement (module docstring), extras included."""
@@ -273,6 +273,8 @@ class CaseTiming:
             **median_scenario(self.timings),
             **({CALIBRATION: self.calibration} if self.calibration else {}),
             **({TIME_SHARES: self.time_shares} if self.time_shares else {SHARES_UNAVAILABLE: self.shares_unavailable}),
+            "calibration_readings": self.calibration_readings or [],
+            "runs_e2e_ms": [t.e2e_ms for t in self.timings],
             "peak_memory_mb": round(max(self.peak_memory_bytes) / 2**20, 1) if self.peak_memory_bytes else None,
             "peak_memory_kind": self.peak_memory_kind,
             "clock": self.timings[0].clock,
@@ -298,4 +300,4 @@ def time_case(case: ImageCase, pools: PoolSet, *, runs: int = 3, warmup: int = 1
         raise RuntimeError(f"{case.id}: rank 0 returned no timings")
     peaks = [r.peak_memory_bytes for r in per_rank if r.peak_memory_bytes is not None]
     return CaseTiming(case.id, case.world_size, warmup, first.timings, peaks, first.peak_memory_kind, first.calibration,
-                      first.time_shares, first.shares_unavailable)
+                      first.time_shares, first.shares_unavailable, first.calibration_readings)

@@ -52,15 +52,15 @@ def test_device_bound_work_is_device_share_and_launches_are_host() -> None:
     assert _timed_shares(host_bound)["host"] > 0.7
 
 
-def _staged_probe() -> float:
-    return calibration.measure_comm("cuda")
+def _group_probes() -> dict[str, float]:
+    return calibration.measure("cuda")
 
 
-def test_comm_probe_on_ranks_sharing_the_gpu() -> None:
+def test_group_probes_on_ranks_sharing_the_gpu() -> None:
     with RankPool(2, timeout=120, device="cuda") as pool:
-        probes = pool.run(_staged_probe)
-    print(f"FIGURE comm_us {probes}")
-    assert all(1.0 < p < 1e5 for p in probes)
+        readings = pool.run(_group_probes)
+    print(f"FIGURE group probes {readings}")
+    assert all(set(r) == set(calibration.PROBES) and 1.0 < r["comm_us"] < 1e5 for r in readings)
 
 
 def test_a_timed_two_rank_case_carries_its_machine_record(tmp_path: Path) -> None:

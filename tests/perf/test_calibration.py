@@ -113,10 +113,10 @@ def test_the_targets_own_error_propagates_from_a_profiled_run() -> None:
     assert calls == [1]  # run anyway: ranks that run collectives together must stay in step
 
 
-def _two_rank_probe_and_shares() -> tuple[float, dict[str, float] | None]:
-    """Rank worker: the all-to-all probe, then the shares of a run that is half all-to-alls."""
+def _two_rank_probe_and_shares() -> tuple[dict[str, float], dict[str, float] | None]:
+    """Rank worker: the probes, read by both ranks at once, then the shares of a run that is half all-to-alls."""
     device = str(rank_device())
-    comm_us = calibration.measure_comm(device)
+    probes = calibration.measure(device)
     x = torch.randn(4096, 64)
 
     def run() -> None:
@@ -129,14 +129,17 @@ def _two_rank_probe_and_shares() -> tuple[float, dict[str, float] | None]:
     run()
     wall = time.perf_counter() - start
     shares, _ = measure_time_shares(run, wall, device)
-    return comm_us, shares
+    return probes, shares
 
 
-def test_comm_probe_and_comm_share_in_a_real_gloo_group() -> None:
+def test_group_probes_and_comm_share_in_a_real_gloo_group() -> None:
     with RankPool(2, timeout=120) as pool:
         results = pool.run(_two_rank_probe_and_shares)
-    for comm_us, shares in results:
-        assert 1.0 < comm_us < 1e5  # one 64 KiB all-to-all over loopback: microseconds to milliseconds
+    for probes, shares in results:
+        assert set(probes) == set(calibration.PROBES)
+        assert 1.0 < probes["comm_us"] < 1e5  # one 64 KiB all-to-all over loopback: microseconds to milliseconds
+        # the synthetic step's 8 exchanges make it slower than 8 bare all-to-alls of its probe size would be alone
+        assert probes["step_ms"] * 1e3 > probes["comm_us"]
         assert shares is not None and sum(shares.values()) == pytest.approx(1.0)
         assert shares["comm"] > 0.01 and shares["host"] > 0.1 and shares["device"] == 0.0
 

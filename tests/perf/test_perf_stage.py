@@ -101,10 +101,11 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     perf_a = records["perf_a"]
     # recalibrate wrote this machine's calibration with the timings: the run is gated normalised
     assert perf_a["figures"]["gated"] == "normalised" and perf_a["figures"]["machine_factor"] > 0  # same machine, but loaded: not 1
-    assert scenario["calibration"].keys() == {"launch_us", "module_us", "gemm_ms", "sdpa_ms"}  # one rank: no comm_us
-    # one rank on a CPU: no collective, no device to wait on; the factor follows the host's probes
+    assert scenario["calibration"].keys() == {"launch_us", "module_us", "gemm_ms", "sdpa_ms", "step_ms"}  # one rank: no comm_us
+    # one rank on a CPU: no collective, no device to wait on
     assert scenario["time_shares"] == {"host": 1.0, "device": 0.0, "comm": 0.0}
-    assert perf_a["figures"]["factor_from"].startswith("host 100% × ")
+    assert perf_a["figures"]["factor_from"] == "step_ms: parity's synthetic step on this group"
+    assert perf_a["figures"]["machine_factor"] == pytest.approx(perf_a["figures"]["probe_ratios"]["step_ms"])
     factor = perf_a["figures"]["machine_factor"]
     assert perf_a["reason"].startswith("expected_e2e_ms ") and "ms floor)" in perf_a["reason"]
     assert f"[normalised: expected × {factor:.3g}" in perf_a["reason"]
