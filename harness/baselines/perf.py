@@ -26,14 +26,12 @@ the median of several measurements can be written back as a baseline without ren
     measured = {"expected_e2e_ms": 6801.2, "stages_ms": {...}, "denoise_step_ms": {"0": 31.0, ...},
                 "expected_avg_denoise_ms": 130.1, "expected_median_denoise_ms": 131.0}
 
-A scenario may also hold ``calibration`` and ``time_shares`` (parity's additions; sglang's readers
-ignore them): the probes of :mod:`harness.gate.calibration` measured on the machine the timings
-came from, and the scenario's split of its time into ``host``, ``device`` and ``comm``
-(:mod:`harness.gate.time_shares`; fractions summing to 1). With a calibration, a run on another
-machine is gated *normalised*: every expected value is scaled by that run's machine factor (the
-probe ratios new/old weighted by the shares; without shares, the largest ratio) and checked with
-the ``normalised`` tolerance profile (tighter: the machine's speed is factored out). Without it
-the check is the absolute one.
+A scenario may also hold ``calibration`` (parity's addition; sglang's readers ignore the key): the
+probes of :mod:`harness.gate.calibration` measured on the machine the timings came from. With it,
+a run on another machine is gated *normalised*: every expected value is scaled by that run's
+machine factor (the ratio new/old of the synthetic-step probe; for an older baseline without it,
+the largest probe ratio) and checked with the ``normalised`` tolerance profile (tighter: the
+machine's speed is factored out). Without it the check is the absolute one.
 
 The check (:func:`check_perf`): ``actual <= expected * factor * (1 + tol)`` for the end-to-end latency
 (``e2e``), each stage (``denoise_stage`` for a stage whose name contains "denois", e.g.
@@ -101,11 +99,7 @@ MEDIAN = "expected_median_denoise_ms"
 STAGES = "stages_ms"
 STEPS = "denoise_step_ms"
 CALIBRATION = "calibration"
-TIME_SHARES = "time_shares"
-SHARES_UNAVAILABLE = "time_shares_unavailable"  # a measurement's reason for having no time shares (never in a baseline)
-HOST, DEVICE, COMM = "host", "device", "comm"
-SHARE_PARTS = (HOST, DEVICE, COMM)
-_SHARE_SUM_SLACK = 0.01  # shares are medians rounded one by one: their sum is 1 give or take this
+STEP_PROBE = "step_ms"  # the calibration probe a normalised check scales by (harness/gate/calibration.py)
 NORMALISED_PROFILE = "normalised"
 
 PERF_BASE_FILE = "perf_baselines.json"
@@ -172,22 +166,7 @@ def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, An
             expect_number(ms, path, join_key(join_key(key, group), name), lo=0.0, hi=MAX_MS)
     for probe, value in expect_object(scenario.get(CALIBRATION, {}), path, join_key(key, CALIBRATION)).items():
         expect_number(value, path, join_key(join_key(key, CALIBRATION), probe), lo=0.0, hi=MAX_MS)
-    if TIME_SHARES in scenario:
-        _validate_shares(scenario[TIME_SHARES], path, join_key(key, TIME_SHARES))
     return scenario
-
-
-def _validate_shares(shares: Any, path: str | Path, key: str) -> None:
-    """Fractions of the scenario's time, one per known part, summing to 1: a misspelt part would
-    silently count as 0 and move the machine factor."""
-    shares = expect_object(shares, path, key)
-    for part, value in shares.items():
-        if part not in SHARE_PARTS:
-            raise ConfigError(f"unknown time share {part[:40]!r}; the parts are {', '.join(SHARE_PARTS)}", path=path, key=key)
-        expect_number(value, path, join_key(key, part), lo=0.0, hi=1.0)
-    total = sum(float(v) for v in shares.values())
-    if abs(total - 1.0) > _SHARE_SUM_SLACK:
-        raise ConfigError(f"time shares sum to {total:.4g}, not 1", path=path, key=key)
 
 
 def scenario_values(scenario: Mapping[str, Any]) -> dict[str, float]:

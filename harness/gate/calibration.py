@@ -17,13 +17,12 @@ image cases' steps but none of the target's code. Each probe is the fastest of s
 A baseline records the calibration of the machine that produced it. A later run gates each value
 against ``expected × factor``:
 
-- ``factor`` is the ratio new/old of ``step_ms`` where both sides have it: the probe that fails
-  and recovers with what bounds a small pipeline's step (launches and Python on one rank; the
-  shared GPU and the exchanges on several);
-- else, with the scenario's :mod:`time shares <harness.gate.time_shares>`, ``Σ share × ratio``
-  over host, device and comm, each part's ratio that of its probes (:data:`PART_PROBES`);
-- else the largest ratio over the probes both sides have: the machine may be as much slower as its
-  slowest axis is, and no more.
+- ``factor`` is the ratio new/old of ``step_ms`` where both sides have it. Across five gates of
+  one hour on one H200 host, the 2-rank cases' e2e over the step reading stayed within 1-7 %
+  while ``module_us`` swung by 2x; a factor that weighted the separate probes by each scenario's
+  profiled host/device/comm split (tried first) put an unchanged 2-rank case 46 % over its limit;
+- else (a baseline from before ``step_ms``) the largest ratio over the probes both sides have: the
+  machine may be as much slower as its slowest axis is, and no more.
 """
 
 from __future__ import annotations
@@ -36,22 +35,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from harness.baselines.perf import COMM, DEVICE, HOST, SHARE_PARTS
+from harness.baselines.perf import STEP_PROBE
 
-PROBES = ("launch_us", "module_us", "gemm_ms", "sdpa_ms", "comm_us", "step_ms")
-STEP_PROBE = "step_ms"
+
+PROBES = ("launch_us", "module_us", "gemm_ms", "sdpa_ms", "comm_us", STEP_PROBE)
 _REPEATS = 9
 _LAUNCHES = 2000
 _COMM_CALLS = 50
 _COMM_ELEMENTS = 16384  # 64 KiB of fp32 per rank: the order of a tiny pipeline's Ulysses all-to-all
 _STEP_SHAPE = {"tokens": 64, "dim": 64, "heads": 4, "blocks": 4}  # a tiny DiT's block, as the image cases' models are
-
-# Which probes a part of a scenario's time moves with. On a GPU the host's part is the Python and
-# launch overhead; on a CPU the host also does the arithmetic.
-PART_PROBES: dict[str, dict[str, tuple[str, ...]]] = {
-    "cuda": {HOST: ("module_us",), DEVICE: ("gemm_ms", "sdpa_ms"), COMM: ("comm_us",)},
-    "cpu": {HOST: ("module_us", "gemm_ms", "sdpa_ms"), DEVICE: ("gemm_ms", "sdpa_ms"), COMM: ("comm_us",)},
-}
 
 
 def _timed(fn: Callable[[], object], device: torch.device, inner: int) -> float:
@@ -115,6 +107,18 @@ def _synthetic_step(device: torch.device, dtype: torch.dtype, world: int) -> Cal
     return step
 
 
+def _probe_setting(device: str) -> tuple[torch.device, torch.dtype, int]:
+    dev = torch.device(device)
+    return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32), _world()
+
+
+def measure_step(device: str) -> dict[str, float]:
+    """``step_ms`` alone: the reading taken between a case's timed runs (a few milliseconds of work)."""
+    dev, dtype, world = _probe_setting(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.inference_mode():
+        return {STEP_PROBE: _timed(_synthetic_step(dev, dtype, world), dev, 5) * 1e3}
+
+
 def measure(device: str) -> dict[str, float]:
     """Every probe on ``device`` (fixed sizes per device kind), called by every rank of the group at
     once: the ranks of a scenario run side by side, sharing the host and, on one GPU, the device,
@@ -122,10 +126,8 @@ def measure(device: str) -> dict[str, float]:
 
     The global random state is left as it was: the probes run between a target's timed runs.
     """
-    dev = torch.device(device)
-    world = _world()
+    dev, dtype, world = _probe_setting(device)
     on_gpu = dev.type == "cuda"
-    dtype = torch.bfloat16 if on_gpu else torch.float32
     with torch.random.fork_rng(devices=[dev] if on_gpu else []), torch.inference_mode():
         gen = torch.Generator().manual_seed(0)
         tiny = torch.zeros(1, device=dev)
@@ -145,17 +147,33 @@ def measure(device: str) -> dict[str, float]:
             payload = torch.ones(_COMM_ELEMENTS - _COMM_ELEMENTS % world, device=dev)
             exchange = _exchange(dev)
             probes["comm_us"] = _timed(lambda: exchange(payload), dev, _COMM_CALLS) * 1e6
-        probes[STEP_PROBE] = _timed(_synthetic_step(dev, dtype, world), dev, 5) * 1e3
-    return probes
+    return {**probes, **measure_step(device)}
 
 
 def combine(readings: list[Mapping[str, float]]) -> dict[str, float]:
-    """The readings of one case (one before each timed run, one after the last) as one calibration: the
-    median per probe that every reading has. The host's own speed drifts between a case's runs and
-    between gates (an H200 host's module probe read 36 to 82 µs across five gates of one hour), so
-    the probes are read interleaved with the runs and the typical reading kept, as the runs' median is."""
-    common = [p for p in PROBES if all(p in r for r in readings)]
-    return {probe: float(statistics.median(r[probe] for r in readings)) for probe in common}
+    """The readings of one case as one calibration: the median per probe over the readings that have it.
+    The host's own speed drifts between a case's runs and between gates (an H200 host's module
+    probe read 36 to 82 µs across five gates of one hour), so the probes are read interleaved with
+    the runs and the typical reading kept, as the runs' median is."""
+    return {probe: float(statistics.median(r[probe] for r in readings if probe in r))
+            for probe in PROBES if any(probe in r for r in readings)}
+
+
+def run_scales(readings: list[Mapping[str, float]], runs: int) -> list[float] | None:
+    """Per timed run, the factor that brings it to the case's typical machine speed: the case's
+    ``step_ms`` (:func:`combine`) over the mean of the two readings around the run.
+
+    ``readings`` as :func:`harness.gate.pipeline_runs` takes them: one before the target is
+    prepared, one before each timed run, one after the last. On an H200 whose 1-rank case took
+    37.9, 60.9 and 52.2 ms in three consecutive runs as the host's speed moved, the readings moved
+    with it; scaling each run before the median took that case's worst gate of five from 27 % to
+    12 % over its baseline. None when a reading lacks the step probe.
+    """
+    around = readings[1:]
+    if len(around) != runs + 1 or any(STEP_PROBE not in r for r in readings):
+        return None
+    typical = combine(readings)[STEP_PROBE]
+    return [typical / ((around[i][STEP_PROBE] + around[i + 1][STEP_PROBE]) / 2) for i in range(runs)]
 
 
 @dataclass(frozen=True)
@@ -163,7 +181,7 @@ class MachineFactor:
     """How much slower this machine runs a scenario than the baseline's machine did, and why."""
 
     value: float
-    how: str  # for the report: "host 62% × 0.65 + comm 35% × 0.97 + device 3% × 1.00", or "max over the probes: gemm_ms"
+    how: str  # for the report: "step_ms: parity's synthetic step on this group", or "max over the probes: gemm_ms (...)"
     ratios: dict[str, float]  # new/old per probe both sides have
 
 
@@ -171,34 +189,12 @@ def _ratios(measured: Mapping[str, float], baseline: Mapping[str, float]) -> dic
     return {p: measured[p] / baseline[p] for p in PROBES if p in measured and p in baseline and baseline[p] > 0}
 
 
-def machine_factor(measured: Mapping[str, float], baseline: Mapping[str, float],
-                   shares: Mapping[str, float] | None = None, device_type: str = "cuda") -> MachineFactor:
-    """The factor for the baseline's expected values (rules in the module docstring).
-
-    Shares that need a probe one side lacks (a baseline from before ``comm_us``) fall back to the
-    largest ratio, and ``how`` says so.
-    """
+def machine_factor(measured: Mapping[str, float], baseline: Mapping[str, float]) -> MachineFactor:
+    """The factor for the baseline's expected values (rules in the module docstring)."""
     ratios = _ratios(measured, baseline)
     if not ratios:
         raise ValueError(f"no common calibration probe (measured {sorted(measured)}, baseline {sorted(baseline)})")
     if STEP_PROBE in ratios:
         return MachineFactor(ratios[STEP_PROBE], f"{STEP_PROBE}: parity's synthetic step on this group", ratios)
     top = max(ratios, key=lambda p: ratios[p])
-    fallback = MachineFactor(ratios[top], f"max over the probes: {top}", ratios)
-    if not shares:
-        return fallback
-    probes = PART_PROBES["cuda" if device_type == "cuda" else "cpu"]
-    total = sum(shares.get(part, 0.0) for part in SHARE_PARTS)
-    terms: list[tuple[str, float, float]] = []
-    for part in SHARE_PARTS:
-        share = shares.get(part, 0.0) / total if total > 0 else 0.0
-        if share == 0.0:
-            continue
-        have = [ratios[p] for p in probes[part] if p in ratios]
-        if not have:
-            missing = "/".join(probes[part])
-            return MachineFactor(fallback.value, f"{fallback.how} (the {part} share needs {missing}, which one side lacks)", ratios)
-        terms.append((part, share, max(have)))
-    value = sum(share * ratio for _, share, ratio in terms)
-    how = " + ".join(f"{part} {share:.0%} × {ratio:.3g}" for part, share, ratio in terms)
-    return MachineFactor(value, how, ratios)
+    return MachineFactor(ratios[top], f"max over the probes: {top} (the baseline has no {STEP_PROBE})", ratios)

@@ -20,9 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import torch
-
-from harness.baselines.perf import CALIBRATION, NORMALISED_PROFILE, PERF_BASE_FILE, TIME_SHARES, PerfBaselines, PerfCheck, check_perf
+from harness.baselines.perf import CALIBRATION, NORMALISED_PROFILE, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
 from harness.baselines.platforms import hardware_name, platform_name
 from harness.cases.contract import load_cases, platform_of_device
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
@@ -108,7 +106,7 @@ class PerfStage:
 
     def run(self, ctx: GateContext) -> StageResult:
         options, perf = ctx.options, ctx.options.perf
-        platform, device_type = platform_name(ctx.device), torch.device(ctx.device).type
+        platform = platform_name(ctx.device)
         baseline = machine_baseline(ctx, platform)
         cases = sorted(load_image_cases(options.cases_root, options.pipeline, options.pipeline_args), key=lambda c: c.world_size)
         timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
@@ -123,7 +121,7 @@ class PerfStage:
             if baseline is None or expected is None:
                 result.reason = f"no perf baseline for scenario '{case.id}' on '{platform}'"
                 return result
-            return _judge(result, measured, expected, baseline, perf.profile, device_type)
+            return _judge(result, measured, expected, baseline, perf.profile)
 
         results, wall = run_each_case(ctx, self.name, cases, "perf", judge)
         ratio_cases, self._ratio_cases = self._ratio_cases if self._ratio_cases is not None else _ratio_cases(ctx), None
@@ -165,16 +163,16 @@ def _figures(measured: dict[str, Any]) -> dict[str, Any]:
 
 
 def _judge(result: CaseResult, measured: dict[str, Any], expected: dict[str, Any], baseline: PerfBaselines,
-           profile: str | None, device_type: str) -> CaseResult:
+           profile: str | None) -> CaseResult:
     """The verdict against the baseline scenario: normalised by the machine factor where both sides carry a
     calibration, else absolute; the figures say which gated and why."""
     figures = result.figures
     calibrated = CALIBRATION in expected and CALIBRATION in measured
     if calibrated:
-        machine = machine_factor(measured[CALIBRATION], expected[CALIBRATION], expected.get(TIME_SHARES), device_type)
+        machine = machine_factor(measured[CALIBRATION], expected[CALIBRATION])
         factor, tolerances = machine.value, baseline.tolerances(profile or NORMALISED_PROFILE)
         figures.update(gated="normalised", machine_factor=factor, factor_from=machine.how, probe_ratios=machine.ratios,
-                       calibration_baseline=expected[CALIBRATION], time_shares_baseline=expected.get(TIME_SHARES))
+                       calibration_baseline=expected[CALIBRATION])
         how = f"normalised: expected × {factor:.3g} ({machine.how})"
     else:
         factor, tolerances = 1.0, baseline.tolerances(profile or ABSOLUTE_PROFILE)

@@ -16,22 +16,22 @@ so it is checked against a baseline as it is and can become one through ``parity
      "expected_avg_denoise_ms": 7.5, "expected_median_denoise_ms": 7.5,
      "calibration": {"launch_us": 4.1, "module_us": 30.2, "gemm_ms": 0.09, "sdpa_ms": 0.21, "comm_us": 95.0,
                      "step_ms": 1.9},
-     "time_shares": {"host": 0.62, "device": 0.03, "comm": 0.35},
      # extras (kept in results, never written into a baseline):
-     "calibration_readings": [{...}, ...], "runs_e2e_ms": [41.0, 41.2, 41.5],
+     "calibration_readings": [{...}, ...], "run_scales": [1.01, 0.99, 1.0], "runs_e2e_ms": [41.0, 41.6, 41.2],
      "peak_memory_mb": 512.3, "peak_memory_kind": "rss_peak", "clock": "perf_counter",
      "runs": 3, "warmup": 1, "world_size": 2}
 
 ``calibration`` is :mod:`harness.gate.calibration`'s probes, read by every rank at once (rank 0's
-reading kept; for a target run here, by this process) before the target is prepared, between
-the timed runs and after the last, the median of the readings kept (each reading is in the
-extras as ``calibration_readings``, each run's e2e as ``runs_e2e_ms``). ``time_shares`` (:mod:`harness.gate.time_shares`) comes from one more, profiled, run after
-the timed ones; a target run in this process starts processes parity cannot profile, so its
-measurement says ``time_shares_unavailable`` instead. A baseline keeps both, so a run on another
-machine can be gated normalised.
+reading kept; for a target run here, by this process): every probe before the target is
+prepared and after the last timed run, the synthetic step before each timed run; the median of
+the readings is kept, each reading is in the extras (``calibration_readings``). A baseline keeps
+the calibration, so a run on another machine can be gated normalised.
 
-Every value is the median over the N timed runs of that value (the average and median step of
-each run first, then their median over runs). Peak memory is the largest over the ranks, over
+Every value is the median over the N timed runs of that value, each run first brought to the
+case's typical machine speed (times its ``run_scales`` entry: the case's synthetic-step reading
+over the readings around that run, :func:`harness.gate.calibration.run_scales`; the raw
+end-to-end times stay in ``runs_e2e_ms``); the average and median step are taken per run first.
+Peak memory is the largest over the ranks, over
 the timed runs: on CUDA ``torch.cuda.max_memory_allocated`` (tensors only, the resident
 weights included; kind ``cuda_max_allocated``); on Linux CPU the process's peak RSS after resetting it through
 ``/proc/self/clear_refs`` (whole process, libraries included; kind ``rss_peak``); elsewhere the
@@ -45,16 +45,14 @@ from __future__ import annotations
 import resource
 import statistics
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.perf import CALIBRATION, SHARES_UNAVAILABLE, TIME_SHARES
+from harness.baselines.perf import CALIBRATION
 from harness.cases.image import ImageCase
 from harness.gate import calibration  # noqa: F401 - a module
-from harness.gate.time_shares import measure_time_shares
 from harness.ranks import PoolSet, rank_device
 from harness.targets.base import PipelineOutput, PipelineTarget, PreparedPipeline, Timings
 from harness.targets.loader import TargetArgs, load_pipeline_target
@@ -123,15 +121,11 @@ def generate(case: ImageCase, pools: PoolSet, timeout: float | None = None) -> P
 
 @dataclass(frozen=True)
 class RankTiming:
-    """What one rank sends back: its timed runs' timings (rank 0 only), its peak memory, the
-    machine's calibration and the run's time shares (rank 0 only; ``shares_unavailable`` says why not)."""
+    """What one rank sends back: its timed runs' timings and calibration readings (rank 0 only) and its peak memory."""
 
     timings: list[Timings] | None
     peak_memory_bytes: int | None
     peak_memory_kind: str
-    calibration: dict[str, float] | None = None
-    time_shares: dict[str, float] | None = None
-    shares_unavailable: str | None = None
     calibration_readings: list[dict[str, float]] | None = None
 
 
@@ -187,74 +181,71 @@ class _Group:
 
 
 _HERE = _Group(True, lambda: None)
-_NOT_PROFILED = "the target runs in processes of its own, which parity does not profile"
 
 
 def _time_runs(prepare: Callable[[], PreparedPipeline], device: str, warmup: int, runs: int, group: _Group,
                in_ranks: bool) -> RankTiming:
-    """Prepare, warm-up, the timed runs with a calibration reading before each and after the last, then
-    one profiled run for the time shares.
+    """Prepare, warm-up, the timed runs with a calibration reading before each and after the last.
 
-    The first reading comes before the target's code runs in this process for the case, so
-    nothing the target sets up (a patched kernel, a changed thread count) slows every reading
-    with it and is normalised away.
+    The first reading (every probe) comes before the target's code runs in this process for the
+    case, so nothing the target sets up (a patched kernel, a changed thread count) slows every
+    reading with it; the readings between runs are the synthetic step alone (milliseconds); the
+    last reading has every probe again.
     """
-    readings = [_calibrate(device, group)]
+    readings = [_calibrate(calibration.measure, device, group)]
     prepared = prepare()
     try:
         for _ in range(warmup):
             prepared.run()
         kind = _reset_peak_memory(device) if in_ranks else NOT_MEASURED
-        results, walls = [], []
-        for i in range(runs):
-            if i:
-                readings.append(_calibrate(device, group))
-            start = time.perf_counter()
+        results = []
+        for _ in range(runs):
+            readings.append(_calibrate(calibration.measure_step, device, group))
             results.append(prepared.run())
-            walls.append(time.perf_counter() - start)
         peak = _peak_memory_bytes(device, kind) if in_ranks else None
-        readings.append(_calibrate(device, group))
-        shares, why = (measure_time_shares(prepared.run, statistics.median(walls), device) if in_ranks
-                       else (None, _NOT_PROFILED))
+        readings.append(_calibrate(calibration.measure, device, group))
     finally:
         prepared.close()
     kept = [r for r in readings if r is not None]
-    return RankTiming([r.timings for r in results], peak, kind, calibration.combine(kept) if kept else None, shares, why, kept)
+    return RankTiming([r.timings for r in results], peak, kind, kept or None)
 
 
-def _calibrate(device: str, group: _Group) -> dict[str, float] | None:
+def _calibrate(probe: Callable[[str], dict[str, float]], device: str, group: _Group) -> dict[str, float] | None:
     """Every rank reads the probes at once (:func:`harness.gate.calibration.measure`); rank 0's reading is kept."""
     group.barrier()
-    probes = calibration.measure(device)
-    return probes if group.rank0 else None
+    reading = probe(device)
+    return reading if group.rank0 else None
 
 
-def median_scenario(timings: Sequence[Timings]) -> dict[str, Any]:
-    """The median over runs of every value, in the shape of a perf scenario (no extras)."""
+def median_scenario(timings: Sequence[Timings], scales: Sequence[float] | None = None) -> dict[str, Any]:
+    """The median over runs of every value, in the shape of a perf scenario (no extras); with
+    ``scales``, each run's values times its scale first (:func:`harness.gate.calibration.run_scales`)."""
     if not timings:
         raise ValueError("median_scenario needs at least one run")
     steps = {len(t.denoise_step_ms) for t in timings}
     if len(steps) != 1:
         raise ValueError(f"runs differ in their number of denoising steps: {sorted(steps)}")
+    if scales is not None and len(scales) != len(timings):
+        raise ValueError(f"{len(scales)} scales for {len(timings)} runs")
+    k = list(scales) if scales is not None else [1.0] * len(timings)
 
     def med(values: Sequence[float]) -> float:
-        return float(statistics.median(values))
+        return float(statistics.median(v * ki for v, ki in zip(values, k)))
 
     scenario: dict[str, Any] = {
         "expected_e2e_ms": med([t.e2e_ms for t in timings]),
         "stages_ms": {name: med([t.stages_ms[name] for t in timings]) for name in timings[0].stages_ms},
         "denoise_step_ms": {str(i): med([t.denoise_step_ms[i] for t in timings]) for i in range(steps.pop())},
     }
-    with_steps = [t for t in timings if t.denoise_step_ms]
-    if with_steps:
-        scenario["expected_avg_denoise_ms"] = med([statistics.fmean(t.denoise_step_ms) for t in with_steps])
-        scenario["expected_median_denoise_ms"] = med([statistics.median(t.denoise_step_ms) for t in with_steps])
+    if timings[0].denoise_step_ms:
+        scenario["expected_avg_denoise_ms"] = med([statistics.fmean(t.denoise_step_ms) for t in timings])
+        scenario["expected_median_denoise_ms"] = med([statistics.median(t.denoise_step_ms) for t in timings])
     return scenario
 
 
 @dataclass(frozen=True)
 class CaseTiming:
-    """The timed runs of one case (rank 0's clock) and every rank's peak memory."""
+    """The timed runs of one case (rank 0's clock), every rank's peak memory, rank 0's calibration readings."""
 
     case_id: str
     world_size: int
@@ -262,18 +253,17 @@ class CaseTiming:
     timings: list[Timings]
     peak_memory_bytes: list[int]  # one per rank; empty when not measured
     peak_memory_kind: str
-    calibration: dict[str, float] | None = None
-    time_shares: dict[str, float] | None = None
-    shares_unavailable: str | None = None
     calibration_readings: list[dict[str, float]] | None = None
 
     def measured(self) -> dict[str, Any]:
         """The perf-scenario-shaped measurement (module docstring), extras included."""
+        readings = self.calibration_readings or []
+        scales = calibration.run_scales(readings, len(self.timings)) if readings else None
         return {
-            **median_scenario(self.timings),
-            **({CALIBRATION: self.calibration} if self.calibration else {}),
-            **({TIME_SHARES: self.time_shares} if self.time_shares else {SHARES_UNAVAILABLE: self.shares_unavailable}),
-            "calibration_readings": self.calibration_readings or [],
+            **median_scenario(self.timings, scales),
+            **({CALIBRATION: calibration.combine(readings)} if readings else {}),
+            "calibration_readings": readings,
+            "run_scales": scales,
             "runs_e2e_ms": [t.e2e_ms for t in self.timings],
             "peak_memory_mb": round(max(self.peak_memory_bytes) / 2**20, 1) if self.peak_memory_bytes else None,
             "peak_memory_kind": self.peak_memory_kind,
@@ -299,5 +289,5 @@ def time_case(case: ImageCase, pools: PoolSet, *, runs: int = 3, warmup: int = 1
     if not first.timings:
         raise RuntimeError(f"{case.id}: rank 0 returned no timings")
     peaks = [r.peak_memory_bytes for r in per_rank if r.peak_memory_bytes is not None]
-    return CaseTiming(case.id, case.world_size, warmup, first.timings, peaks, first.peak_memory_kind, first.calibration,
-                      first.time_shares, first.shares_unavailable, first.calibration_readings)
+    return CaseTiming(case.id, case.world_size, warmup, first.timings, peaks, first.peak_memory_kind,
+                      first.calibration_readings)

@@ -1,17 +1,16 @@
 """Perf proposals: a new baseline value per measured value from N gate runs.
 
-The median of the N measurements of each value; a value changes only when
+The median of the N measurements of each value, each run first brought to the runs' typical
+machine speed by its ``calibration.step_ms`` (where every run has one); a value changes only when
 ``|median - old| / old > tolerance / 3`` (the tolerance of that value's family, see
 :mod:`harness.baselines.perf`), so noise well inside the gate's own slack does not churn the
 baseline; a changed value is rounded to 4 significant figures. A higher expected time is a
 loosening: refused unless allowed (:mod:`.proposals`).
 
-A scenario's ``calibration`` (the machine's probes, :mod:`harness.gate.calibration`) and its
-``time_shares`` (:mod:`harness.gate.time_shares`) must belong to the same measurement as its
-timings: they are proposed as ``calibration.<probe>`` and ``time_shares.<part>`` values, the
-median of the runs (the shares then scaled to sum to 1, 3 decimals), written whenever any timing
-of the scenario changes or the baseline lacks a probe or share the runs measured, and never a
-loosening in themselves.
+A scenario's ``calibration`` (the machine's probes, :mod:`harness.gate.calibration`) must belong
+to the same measurement as its timings: it is proposed as ``calibration.<probe>`` values, the
+median of the runs, written whenever any timing of the scenario changes or the baseline lacks a
+probe the runs measured, and never a loosening in itself.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.perf import CALIBRATION, TIME_SHARES, PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
+from harness.baselines.perf import CALIBRATION, STEP_PROBE, PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
 from harness.files.reading import is_present
 from harness.recalibrate.proposals import change_word, fmt, refuse_loosening
 
@@ -72,36 +71,28 @@ def propose_perf(
     proposals = []
     for scenario_id, runs in _measurements(results_list).items():
         timings = _timing_proposals(baseline, scenario_id, runs, tolerances)
-        proposals += timings + _machine_record_proposals(baseline, scenario_id, runs, any(p.changed for p in timings))
+        proposals += timings + _calibration_proposals(baseline, scenario_id, runs, any(p.changed for p in timings))
     return proposals
 
 
-def _machine_record_proposals(baseline: PerfBaselines, scenario_id: str, runs: Sequence[dict[str, Any]],
-                              timings_changed: bool) -> list[PerfProposal]:
-    """``calibration.<probe>`` and ``time_shares.<part>`` proposals: the median of the runs (shares
-    scaled to sum to 1), written whole when a timing changed or the baseline's record lacks a probe
-    or a share the runs measured; otherwise the baseline's values stay."""
-    old = baseline.scenario(scenario_id) or {}
-    medians: dict[str, dict[str, float]] = {}
-    for group in (CALIBRATION, TIME_SHARES):
-        samples: dict[str, list[float]] = {}
-        for run in runs:
-            for name, value in run.get(group, {}).items():
-                samples.setdefault(name, []).append(float(value))
-        if samples:
-            medians[group] = {name: float(statistics.median(values)) for name, values in samples.items()}
-    if TIME_SHARES in medians:
-        total = sum(medians[TIME_SHARES].values()) or 1.0
-        medians[TIME_SHARES] = {part: share / total for part, share in medians[TIME_SHARES].items()}
-    write = timings_changed or any(name not in old.get(group, {}) for group, values in medians.items() for name in values)
+def _calibration_proposals(baseline: PerfBaselines, scenario_id: str, runs: Sequence[dict[str, Any]],
+                           timings_changed: bool) -> list[PerfProposal]:
+    """``calibration.<probe>`` proposals: the median of the runs, written whole when a timing changed or
+    the baseline's calibration lacks a probe the runs measured (a baseline from before ``step_ms``
+    gains it with the readings of the same runs); otherwise the baseline's values stay."""
+    old = (baseline.scenario(scenario_id) or {}).get(CALIBRATION, {})
+    samples: dict[str, list[float]] = {}
+    for run in runs:
+        for probe, value in run.get(CALIBRATION, {}).items():
+            samples.setdefault(probe, []).append(float(value))
+    write = timings_changed or any(probe not in old for probe in samples)
     proposals = []
-    for group, values in medians.items():
-        for name, median in values.items():
-            previous = old.get(group, {}).get(name)
-            rounded = round(median, 3) if group == TIME_SHARES else _round_significant(median)
-            new = rounded if write or previous is None else float(previous)
-            proposals.append(PerfProposal(scenario_id, f"{group}.{name}", previous, median, new,
-                                          changed=new != previous, loosens=False))
+    for probe, values in samples.items():
+        median = float(statistics.median(values))
+        previous = old.get(probe)
+        new = _round_significant(median) if write or previous is None else float(previous)
+        proposals.append(PerfProposal(scenario_id, f"{CALIBRATION}.{probe}", previous, median, new,
+                                      changed=new != previous, loosens=False))
     return proposals
 
 
@@ -110,9 +101,9 @@ def _timing_proposals(baseline: PerfBaselines, scenario_id: str, runs: Sequence[
     proposals = []
     old_values = scenario_values(baseline.scenario(scenario_id) or {})
     samples: dict[str, list[float]] = {}
-    for run in runs:
+    for run, scale in zip(runs, _run_scales(runs)):
         for label, value in scenario_values(run).items():
-            samples.setdefault(label, []).append(value)
+            samples.setdefault(label, []).append(value * scale)
     for label, values in samples.items():
         median = float(statistics.median(values))
         old = old_values.get(label)
@@ -127,6 +118,19 @@ def _timing_proposals(baseline: PerfBaselines, scenario_id: str, runs: Sequence[
     return proposals
 
 
+def _run_scales(runs: Sequence[dict[str, Any]]) -> list[float]:
+    """Per run, the factor that brings its timings to the runs' typical machine speed: the median
+    ``step_ms`` over the run's own (all 1 when a run lacks it). Without it the median e2e could
+    come from one gate and the median step reading from another, a baseline no machine measured:
+    on an H200 host the 1-rank case's three gates read 63.7 / 51.3 / 50.7 ms with step readings
+    1.07 / 0.80 / 0.92 ms, and the plain medians paired 51.3 with 0.92."""
+    steps = [run.get(CALIBRATION, {}).get(STEP_PROBE) for run in runs]
+    if any(s is None or s <= 0 for s in steps):
+        return [1.0] * len(runs)
+    typical = statistics.median(steps)
+    return [typical / s for s in steps]
+
+
 def apply_perf_proposals(
     baseline: PerfBaselines, proposals: Sequence[PerfProposal], allow_loosen: bool = False
 ) -> PerfBaselines:
@@ -137,14 +141,13 @@ def apply_perf_proposals(
     for p in proposals:
         if p.changed:
             updates.setdefault(p.scenario_id, {})[p.metric] = p.new
-    records = (CALIBRATION, TIME_SHARES)
+    prefix = f"{CALIBRATION}."
     for scenario_id, values in updates.items():
-        timings = {k: v for k, v in values.items() if k.partition(".")[0] not in records}
+        timings = {k: v for k, v in values.items() if not k.startswith(prefix)}
         scenario = set_scenario_values(baseline.scenario(scenario_id) or {}, timings)
-        for group in records:
-            written = {k.partition(".")[2]: v for k, v in values.items() if k.partition(".")[0] == group}
-            if written:
-                scenario[group] = {**scenario.get(group, {}), **written}
+        probes = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+        if probes:
+            scenario[CALIBRATION] = {**scenario.get(CALIBRATION, {}), **probes}
         baseline = baseline.with_scenario(scenario_id, scenario)
     return baseline
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from harness.baselines.perf import Tolerances, check_perf, validate_scenario
 from harness.cases.image import load_image_case_file
+from harness.gate.calibration import PROBES
 from harness.gate.pipeline_runs import _peak_memory_bytes, _reset_peak_memory, median_scenario, time_case
 from harness.ranks import PoolSet
 from harness.targets import Timings
@@ -95,10 +97,12 @@ def test_cases_are_timed_on_their_ranks(tmp_path: Path) -> None:
     assert (measured["runs"], measured["warmup"], measured["world_size"]) == (2, 1, 2)
     assert measured["peak_memory_mb"] == round(max(sp.peak_memory_bytes) / 2**20, 1)
     assert measured["peak_memory_kind"] == ("rss_peak" if sys.platform.startswith("linux") else "rss_lifetime_peak")
-    # the machine's record: the group's all-to-all probe, and the run's time split by a real profile
+    # the calibration: the group's all-to-all probe (two ranks only), every probe before and after,
+    # the synthetic step before each run; each run scaled by the step readings around it
     assert measured["calibration"]["comm_us"] > 0 and "comm_us" not in video.measured()["calibration"]
-    shares = measured["time_shares"]
-    assert sum(shares.values()) == pytest.approx(1.0) and shares["comm"] > 0.01 and shares["device"] == 0.0
-    assert video.measured()["time_shares"]["comm"] == 0.0  # one rank: no collective
+    readings = measured["calibration_readings"]
+    assert [set(r) for r in readings[1:-1]] == [{"step_ms"}] * 2 and set(readings[0]) == set(readings[-1]) == set(PROBES)
+    assert measured["calibration"]["step_ms"] == pytest.approx(statistics.median(r["step_ms"] for r in readings))
+    assert len(measured["run_scales"]) == 2 and len(measured["runs_e2e_ms"]) == 2
     # a measurement checked against itself passes every value at zero tolerance
     assert all(c.passed for c in check_perf(measured, measured, ZERO))

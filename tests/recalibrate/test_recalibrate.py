@@ -277,27 +277,33 @@ def test_perf_speedup_tightens_without_permission_and_new_scenarios_are_added() 
     assert updated.scenario("s")["expected_e2e_ms"] == 601.2  # type: ignore[index]
 
 
-def test_machine_record_is_the_median_written_whole_with_the_timings() -> None:
-    def run(e2e: float, module_us: float, host: float) -> dict:
-        return {"expected_e2e_ms": e2e, "calibration": {"module_us": module_us, "comm_us": 100.0},
-                "time_shares": {"host": host, "device": 0.0, "comm": 1.0 - host}}
 
-    runs = _perf_runs(run(1200.0, 30.0, 0.6), run(1210.0, 32.0, 0.7), run(1190.0, 40.0, 0.62))
-    old = {"expected_e2e_ms": 1200.0, "calibration": {"module_us": 50.0}}  # no comm_us, no shares yet
+def test_a_calibration_lacking_a_probe_is_rewritten_whole_with_unchanged_timings() -> None:
+    def run(e2e: float, module_us: float, step_ms: float) -> dict:
+        return {"expected_e2e_ms": e2e, "calibration": {"module_us": module_us, "step_ms": step_ms}}
+
+    runs = _perf_runs(run(1200.0, 30.0, 1.1), run(1210.0, 32.0, 1.0), run(1190.0, 40.0, 1.2))
+    old = {"expected_e2e_ms": 1200.0, "calibration": {"module_us": 50.0}}  # from before the step probe
     base = PerfBaselines.from_json({"tolerances": {}, "scenarios": {"s": old}})
     got = {p.metric: p for p in propose_perf(base, runs, TOL)}
-    assert not got["expected_e2e_ms"].changed  # the timings held still ...
-    # ... but the record lacked probes and shares the runs measured: it is written whole, medians
-    assert (got["calibration.module_us"].new, got["calibration.comm_us"].new) == (32.0, 100.0)
-    assert (got["time_shares.host"].new, got["time_shares.comm"].new, got["time_shares.device"].new) == (0.62, 0.38, 0.0)
+    assert not got["expected_e2e_ms"].changed  # the timings held still, yet the calibration is the runs' medians
+    assert (got["calibration.module_us"].new, got["calibration.step_ms"].new) == (32.0, 1.1)
     updated = apply_perf_proposals(base, list(got.values())).scenario("s")
-    assert updated == {"expected_e2e_ms": 1200.0, "calibration": {"module_us": 32.0, "comm_us": 100.0},
-                       "time_shares": {"host": 0.62, "device": 0.0, "comm": 0.38}}
-    # medians of each part need not sum to 1 (here 0.6 + 0.1 + 0.2): scaled so they do
-    skewed = _perf_runs(*[{"expected_e2e_ms": 1200.0, "time_shares": {"host": h, "device": d, "comm": c}}
-                          for h, d, c in ((0.8, 0.1, 0.1), (0.5, 0.3, 0.2), (0.6, 0.0, 0.4))])
-    shares = {p.metric: p.new for p in propose_perf(base, skewed, TOL) if p.metric.startswith("time_shares.")}
-    assert shares == {"time_shares.host": 0.667, "time_shares.device": 0.111, "time_shares.comm": 0.222}
-    # a complete record and unchanged timings: nothing moves
+    assert updated == {"expected_e2e_ms": 1200.0, "calibration": {"module_us": 32.0, "step_ms": 1.1}}
+    # a complete calibration and unchanged timings: nothing moves
     complete = PerfBaselines.from_json({"tolerances": {}, "scenarios": {"s": updated}})
     assert not any(p.changed for p in propose_perf(complete, runs, TOL))
+
+
+def test_runs_are_brought_to_their_typical_step_reading_before_the_median() -> None:
+    """Three gates on one host at three speeds: the plain medians would pair one gate's e2e with
+    another's step reading; scaled, the baseline is one consistent measurement."""
+    runs = _perf_runs(*[{"expected_e2e_ms": e2e, "calibration": {"step_ms": step}}
+                        for e2e, step in ((63.7, 1.07), (51.3, 0.80), (50.7, 0.92))])
+    base = PerfBaselines.from_json({"tolerances": {}, "scenarios": {}})
+    got = {p.metric: p for p in propose_perf(base, runs, TOL)}
+    # 63.7 × 0.92/1.07 = 54.77, 51.3 × 0.92/0.80 = 59.0, 50.7 × 1 = 50.7: median 54.77 at step 0.92
+    assert got["expected_e2e_ms"].median == pytest.approx(63.7 * 0.92 / 1.07)
+    assert got["calibration.step_ms"].new == 0.92
+    plain = _perf_runs({"expected_e2e_ms": 63.7}, {"expected_e2e_ms": 51.3}, {"expected_e2e_ms": 50.7})
+    assert {p.metric: p for p in propose_perf(base, plain, TOL)}["expected_e2e_ms"].median == 51.3
