@@ -100,6 +100,7 @@ STAGES = "stages_ms"
 STEPS = "denoise_step_ms"
 CALIBRATION = "calibration"
 STEP_PROBE = "step_ms"  # the calibration probe a normalised check scales by (harness/gate/calibration.py)
+CALIBRATION_PROBES = ("launch_us", "module_us", "gemm_ms", "sdpa_ms", "comm_us", STEP_PROBE)
 NORMALISED_PROFILE = "normalised"
 
 PERF_BASE_FILE = "perf_baselines.json"
@@ -165,6 +166,9 @@ def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, An
                 )
             expect_number(ms, path, join_key(join_key(key, group), name), lo=0.0, hi=MAX_MS)
     for probe, value in expect_object(scenario.get(CALIBRATION, {}), path, join_key(key, CALIBRATION)).items():
+        if probe not in CALIBRATION_PROBES:  # a misspelt step_ms would quietly change how the factor is made
+            raise ConfigError(f"unknown calibration probe {probe[:40]!r}; the probes are {', '.join(CALIBRATION_PROBES)}",
+                              path=path, key=join_key(key, CALIBRATION))
         expect_number(value, path, join_key(join_key(key, CALIBRATION), probe), lo=0.0, hi=MAX_MS)
     return scenario
 

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from harness.baselines.perf import CALIBRATION_PROBES as PROBES
 from harness.baselines.perf import STEP_PROBE
 
-PROBES = ("launch_us", "module_us", "gemm_ms", "sdpa_ms", "comm_us", STEP_PROBE)
 _REPEATS = 9
 _LAUNCHES = 2000
 _COMM_CALLS = 50

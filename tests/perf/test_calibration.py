@@ -83,3 +83,12 @@ def test_group_probes_in_a_real_gloo_group() -> None:
         assert probes["step_ms"] * 1e3 > probes["comm_us"]
     alone = calibration.measure("cpu")  # no group here: no exchange in the step, no comm probe
     assert set(alone) == set(calibration.PROBES) - {"comm_us"}
+
+
+def test_a_baseline_naming_an_unknown_probe_is_refused_naming_the_key() -> None:
+    from harness.errors import ConfigError
+
+    doc = {"tolerances": {}, "scenarios": {"s": {"expected_e2e_ms": 1.0, "calibration": {"step_m": 1.0}}}}
+    with pytest.raises(ConfigError, match="unknown calibration probe 'step_m'") as caught:
+        PerfBaselines.from_json(doc, "h200.json")
+    assert "h200.json" in str(caught.value) and "scenarios.s.calibration" in str(caught.value)
