@@ -259,10 +259,11 @@ def build_models(config: PipelineConfig) -> PipelineModels:
         encoder = _init_text_encoder(Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY), dtype=dtype), s)
     text_dim = encoder.config.hidden_size
     if config.num_frames is None:
-        dit: nn.Module = build("zimage", lambda: ZImageTransformer(ZImageConfig.from_dict({**ZIMAGE_TINY, "cap_feat_dim": text_dim})), s + 1)
+        dit: nn.Module = build("zimage", lambda: ZImageTransformer(ZImageConfig.from_dict({**ZIMAGE_TINY, "cap_feat_dim": text_dim}),
+                                                                   compute_dtype=dtype), s + 1)
     else:
         video = HunyuanVideoConfig.from_dict({**HUNYUAN_TINY, "text_embed_dim": text_dim, "pooled_projection_dim": text_dim})
-        dit = build("hunyuan", lambda: HunyuanVideoTransformer(video), s + 1)
+        dit = build("hunyuan", lambda: HunyuanVideoTransformer(video, compute_dtype=dtype), s + 1)
     if config.suffix_mode == "rotate_to_front":
         rotate_captions_to_front(dit)
     vae = build("vae", lambda: ViT3DDecoder(VAE_TINY), s + 2)

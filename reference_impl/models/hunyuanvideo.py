@@ -184,7 +184,7 @@ class HunyuanAttention(nn.Module):
     """
 
     def __init__(self, hidden_size: int, num_heads: int, qk_norm_eps: float | None, project_out: bool,
-                 local: bool = False) -> None:
+                 local: bool = False, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.heads = num_heads
         self.to_q, self.to_k, self.to_v = (nn.Linear(hidden_size, hidden_size) for _ in range(3))
@@ -192,7 +192,7 @@ class HunyuanAttention(nn.Module):
         self.norm_q = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
         self.norm_k = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
         self.to_out = nn.ModuleList([nn.Linear(hidden_size, hidden_size)]) if project_out else None
-        self.attn = USPAttention(num_heads, head_dim, skip_sequence_parallel=local)
+        self.attn = USPAttention(num_heads, head_dim, skip_sequence_parallel=local, dtype=compute_dtype)
 
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = (proj(x).unflatten(2, (self.heads, -1)) for proj in (self.to_q, self.to_k, self.to_v))
@@ -204,9 +204,9 @@ class HunyuanAttention(nn.Module):
 class JointAttention(HunyuanAttention):
     """The double-stream block's attention: image projections plus the text's ``add_*`` ones."""
 
-    def __init__(self, config: HunyuanVideoBlockConfig) -> None:
+    def __init__(self, config: HunyuanVideoBlockConfig, compute_dtype: torch.dtype | None = None) -> None:
         h = config.hidden_size
-        super().__init__(h, config.num_heads, config.qk_norm_eps, project_out=True)
+        super().__init__(h, config.num_heads, config.qk_norm_eps, project_out=True, compute_dtype=compute_dtype)
         self.add_q_proj, self.add_k_proj, self.add_v_proj = (nn.Linear(h, h) for _ in range(3))
         self.norm_added_q = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
         self.norm_added_k = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
@@ -236,12 +236,12 @@ class MMDoubleStreamBlock(nn.Module):
     txt_valid_lens=None)`` returns ``(img, txt)`` of the input shapes.
     """
 
-    def __init__(self, config: HunyuanVideoBlockConfig) -> None:
+    def __init__(self, config: HunyuanVideoBlockConfig, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         h, m = config.hidden_size, config.mlp_hidden_dim
         self.norm1 = AdaNormZero(h, 6, config.norm_eps)
         self.norm1_context = AdaNormZero(h, 6, config.norm_eps)
-        self.attn = JointAttention(config)
+        self.attn = JointAttention(config, compute_dtype)
         self.norm2 = nn.LayerNorm(h, elementwise_affine=False, eps=config.norm_eps)
         self.ff = FeedForward(h, m)
         self.norm2_context = nn.LayerNorm(h, elementwise_affine=False, eps=config.norm_eps)
@@ -268,10 +268,10 @@ class MMSingleStreamBlock(nn.Module):
     when sharded; it may be 0 or all of ``x`` in the masked layout).
     """
 
-    def __init__(self, config: HunyuanVideoBlockConfig) -> None:
+    def __init__(self, config: HunyuanVideoBlockConfig, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         h, m = config.hidden_size, config.mlp_hidden_dim
-        self.attn = HunyuanAttention(h, config.num_heads, config.qk_norm_eps, project_out=False)
+        self.attn = HunyuanAttention(h, config.num_heads, config.qk_norm_eps, project_out=False, compute_dtype=compute_dtype)
         self.norm = AdaNormZero(h, 3, config.norm_eps)
         self.proj_mlp = nn.Linear(h, m)
         self.proj_out = nn.Linear(h + m, h)

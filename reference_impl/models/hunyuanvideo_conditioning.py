@@ -72,10 +72,11 @@ class _Gates(nn.Module):
 class TokenRefinerBlock(nn.Module):
     """Pre-norm self-attention and SiLU MLP over the text, each gated by the refiner's conditioning."""
 
-    def __init__(self, hidden_size: int, num_heads: int) -> None:
+    def __init__(self, hidden_size: int, num_heads: int, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, eps=NORM_EPS)
-        self.attn = HunyuanAttention(hidden_size, num_heads, qk_norm_eps=None, project_out=True, local=True)
+        self.attn = HunyuanAttention(hidden_size, num_heads, qk_norm_eps=None, project_out=True, local=True,
+                                     compute_dtype=compute_dtype)
         self.norm2 = nn.LayerNorm(hidden_size, eps=NORM_EPS)
         self.ff = FeedForward(hidden_size, int(hidden_size * REFINER_MLP_RATIO), activation="silu")
         self.norm_out = _Gates(hidden_size)
@@ -90,9 +91,9 @@ class TokenRefinerBlock(nn.Module):
 
 
 class IndividualTokenRefiner(nn.Module):
-    def __init__(self, hidden_size: int, num_heads: int, num_layers: int) -> None:
+    def __init__(self, hidden_size: int, num_heads: int, num_layers: int, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.refiner_blocks = nn.ModuleList(TokenRefinerBlock(hidden_size, num_heads) for _ in range(num_layers))
+        self.refiner_blocks = nn.ModuleList(TokenRefinerBlock(hidden_size, num_heads, compute_dtype) for _ in range(num_layers))
 
     def forward(self, x: Tensor, temb: Tensor, mask: Tensor) -> Tensor:
         """``mask [B, L]``: valid text tokens. Query i attends key j iff both are valid; key 0 always."""
@@ -106,11 +107,12 @@ class IndividualTokenRefiner(nn.Module):
 class TokenRefiner(nn.Module):
     """Text features ``[B, L, text_dim]`` → ``[B, L, hidden]``, conditioned on t and the masked mean of the text."""
 
-    def __init__(self, text_dim: int, hidden_size: int, num_heads: int, num_layers: int) -> None:
+    def __init__(self, text_dim: int, hidden_size: int, num_heads: int, num_layers: int,
+                 compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.time_text_embed = ConditionEmbedding(hidden_size, text_dim, guidance=False)
         self.proj_in = nn.Linear(text_dim, hidden_size)
-        self.token_refiner = IndividualTokenRefiner(hidden_size, num_heads, num_layers)
+        self.token_refiner = IndividualTokenRefiner(hidden_size, num_heads, num_layers, compute_dtype)
 
     def forward(self, text: Tensor, timestep: Tensor, mask: Tensor) -> Tensor:
         weights = mask.float().unsqueeze(-1)

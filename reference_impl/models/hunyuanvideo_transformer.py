@@ -144,15 +144,18 @@ class HunyuanVideoTransformer(nn.Module):
     """``forward(hidden_states, timestep, encoder_hidden_states, encoder_attention_mask, pooled_projections,
     guidance=None, text_layout="replicated")`` with diffusers' inputs and output ``[B, C_out, F, H, W]``."""
 
-    def __init__(self, config: HunyuanVideoConfig) -> None:
+    def __init__(self, config: HunyuanVideoConfig, compute_dtype: torch.dtype | None = None) -> None:
+        """``compute_dtype``: the dtype the model will run in, which picks each attention layer's backend
+        (FlashAttention needs fp16/bf16). The weights are made in the default dtype; cast the model after."""
         super().__init__()
         self.config = c = config
         h = c.hidden_size
         self.x_embedder = PatchEmbed(c)
-        self.context_embedder = TokenRefiner(c.text_embed_dim, h, c.num_attention_heads, c.num_refiner_layers)
+        self.context_embedder = TokenRefiner(c.text_embed_dim, h, c.num_attention_heads, c.num_refiner_layers, compute_dtype)
         self.time_text_embed = ConditionEmbedding(h, c.pooled_projection_dim, c.guidance_embeds)
-        self.transformer_blocks = nn.ModuleList(MMDoubleStreamBlock(c.blocks) for _ in range(c.num_layers))
-        self.single_transformer_blocks = nn.ModuleList(MMSingleStreamBlock(c.blocks) for _ in range(c.num_single_layers))
+        self.transformer_blocks = nn.ModuleList(MMDoubleStreamBlock(c.blocks, compute_dtype) for _ in range(c.num_layers))
+        self.single_transformer_blocks = nn.ModuleList(MMSingleStreamBlock(c.blocks, compute_dtype)
+                                                       for _ in range(c.num_single_layers))
         self.norm_out = ContinuousNorm(h)
         self.proj_out = nn.Linear(h, c.patch_size_t * c.patch_size * c.patch_size * c.out)
 
@@ -160,7 +163,7 @@ class HunyuanVideoTransformer(nn.Module):
     def from_diffusers(cls, config: Mapping[str, Any], state_dict: Mapping[str, Tensor] | str | os.PathLike[str],
                        dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> HunyuanVideoTransformer:
         """Build from a diffusers ``config.json`` dict and load a diffusers state dict (or .safetensors file), strictly."""
-        return build_and_load(lambda: cls(HunyuanVideoConfig.from_diffusers(config)), state_dict, dtype, device)
+        return build_and_load(lambda: cls(HunyuanVideoConfig.from_diffusers(config), compute_dtype=dtype), state_dict, dtype, device)
 
     def load_weights(self, source: Mapping[str, Tensor] | str | os.PathLike[str]) -> list[str]:
         """Load a .safetensors file (or dict) with diffusers' parameter names (= this module's)."""

@@ -112,7 +112,7 @@ def zimage_rope(config: ZImageConfig, positions: Tensor, dtype: torch.dtype = to
 class ZImageAttention(nn.Module):
     """Self-attention with per-head q/k RMSNorm and RoPE; ``local=True`` never shards (replicated tokens)."""
 
-    def __init__(self, config: ZImageConfig, local: bool = False) -> None:
+    def __init__(self, config: ZImageConfig, local: bool = False, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.heads, self.head_dim = config.n_heads, config.head_dim
         inner = config.n_heads * config.head_dim
@@ -122,7 +122,7 @@ class ZImageAttention(nn.Module):
         self.norm_q = RMSNorm(config.head_dim, eps=QK_NORM_EPS) if config.qk_norm else None
         self.norm_k = RMSNorm(config.head_dim, eps=QK_NORM_EPS) if config.qk_norm else None
         self.to_out = nn.ModuleList([nn.Linear(inner, config.dim, bias=False)])
-        self.attn = USPAttention(config.n_heads, config.head_dim, skip_sequence_parallel=local)
+        self.attn = USPAttention(config.n_heads, config.head_dim, skip_sequence_parallel=local, dtype=compute_dtype)
 
     def forward(self, hidden: Tensor, rope: Rope, attn_mask: Tensor | None = None, num_replicated_suffix: int = 0,
                 num_replicated_prefix: int = 0) -> Tensor:
@@ -164,9 +164,10 @@ class ZImageTransformerBlock(nn.Module):
     caption refiner) scales are 1 and gates are 1.
     """
 
-    def __init__(self, config: ZImageConfig, modulation: bool = True, local: bool = False) -> None:
+    def __init__(self, config: ZImageConfig, modulation: bool = True, local: bool = False,
+                 compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.attention = ZImageAttention(config, local=local)
+        self.attention = ZImageAttention(config, local=local, compute_dtype=compute_dtype)
         self.feed_forward = FeedForward(config.dim, config.ffn_hidden_dim)
         self.attention_norm1 = RMSNorm(config.dim, eps=config.norm_eps)
         self.ffn_norm1 = RMSNorm(config.dim, eps=config.norm_eps)

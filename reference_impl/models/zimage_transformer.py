@@ -84,20 +84,23 @@ class ZImageTransformer(nn.Module):
     names are diffusers', so :meth:`from_diffusers` loads a diffusers state dict as it is.
     """
 
-    def __init__(self, config: ZImageConfig) -> None:
+    def __init__(self, config: ZImageConfig, compute_dtype: torch.dtype | None = None) -> None:
+        """``compute_dtype``: the dtype the model will run in, which picks each attention layer's backend
+        (FlashAttention needs fp16/bf16). The weights are made in the default dtype; cast the model after."""
         super().__init__()
         self.config = c = config
         keys = [f"{p}-{f}" for p, f in zip(c.all_patch_size, c.all_f_patch_size)]
         sizes = [f * p * p * c.in_channels for p, f in zip(c.all_patch_size, c.all_f_patch_size)]
         self.all_x_embedder = nn.ModuleDict({k: nn.Linear(n, c.dim) for k, n in zip(keys, sizes)})
         self.all_final_layer = nn.ModuleDict({k: FinalLayer(c, n) for k, n in zip(keys, sizes)})
-        self.noise_refiner = nn.ModuleList(ZImageTransformerBlock(c) for _ in range(c.n_refiner_layers))
-        self.context_refiner = nn.ModuleList(ZImageTransformerBlock(c, modulation=False, local=True) for _ in range(c.n_refiner_layers))
+        self.noise_refiner = nn.ModuleList(ZImageTransformerBlock(c, compute_dtype=compute_dtype) for _ in range(c.n_refiner_layers))
+        self.context_refiner = nn.ModuleList(ZImageTransformerBlock(c, modulation=False, local=True, compute_dtype=compute_dtype)
+                                             for _ in range(c.n_refiner_layers))
         self.t_embedder = TimestepEmbedder(c)
         self.cap_embedder = nn.Sequential(RMSNorm(c.cap_feat_dim, eps=c.norm_eps), nn.Linear(c.cap_feat_dim, c.dim))
         self.x_pad_token = nn.Parameter(torch.zeros(1, c.dim))
         self.cap_pad_token = nn.Parameter(torch.zeros(1, c.dim))
-        self.layers = nn.ModuleList(ZImageTransformerBlock(c) for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(ZImageTransformerBlock(c, compute_dtype=compute_dtype) for _ in range(c.n_layers))
 
     @classmethod
     def from_diffusers(cls, config: Mapping[str, Any], state_dict: Mapping[str, Tensor] | str | os.PathLike[str],
@@ -106,7 +109,7 @@ class ZImageTransformer(nn.Module):
 
         Strict: a missing, unexpected or misshapen tensor is an error naming it, before any is copied.
         """
-        return build_and_load(lambda: cls(ZImageConfig.from_diffusers(config)), state_dict, dtype, device)
+        return build_and_load(lambda: cls(ZImageConfig.from_diffusers(config), compute_dtype=dtype), state_dict, dtype, device)
 
     def load_weights(self, source: Mapping[str, Tensor] | str | os.PathLike[str]) -> list[str]:
         """Load a .safetensors file (or dict) with diffusers' parameter names (= this module's)."""

@@ -172,8 +172,8 @@ def zimage_sp_parity_worker(
     with _backend(backend):
         torch.manual_seed(seed)
         cfg = ZImageConfig.from_dict({**ZIMAGE_TINY, **(config or {})})
-        block = ZImageTransformerBlock(cfg).to(dev, dtype)
-        model = ZImageTransformer(cfg).to(dev, dtype)
+        block = ZImageTransformerBlock(cfg, compute_dtype=dtype).to(dev, dtype)
+        model = ZImageTransformer(cfg, compute_dtype=dtype).to(dev, dtype)
         with torch.no_grad():  # the learned pad tokens start at zero: make them visible
             model.x_pad_token.normal_()
             model.cap_pad_token.normal_()
@@ -251,10 +251,10 @@ def hunyuan_sp_parity_worker(
     with _backend(backend):
         torch.manual_seed(seed)
         cfg = HunyuanVideoBlockConfig.from_dict({**HUNYUAN_TINY, **(config or {})})
-        double = MMDoubleStreamBlock(cfg).to(dev, dtype)
-        single = MMSingleStreamBlock(cfg).to(dev, dtype)
+        double = MMDoubleStreamBlock(cfg, compute_dtype=dtype).to(dev, dtype)
+        single = MMSingleStreamBlock(cfg, compute_dtype=dtype).to(dev, dtype)
         mcfg = HunyuanVideoConfig.from_dict({**HUNYUAN_MODEL_TINY, **(model_config or {})})
-        model = HunyuanVideoTransformer(mcfg).to(dev, dtype)
+        model = HunyuanVideoTransformer(mcfg, compute_dtype=dtype).to(dev, dtype)
     rand = _inputs(seed, dev, dtype)
     n_img = grid_thw[0] * grid_thw[1] * grid_thw[2]
     img, txt, vec = rand(batch, n_img, cfg.hidden_size), rand(batch, txt_len, cfg.hidden_size), rand(batch, cfg.hidden_size)
