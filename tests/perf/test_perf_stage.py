@@ -5,6 +5,7 @@ baseline fails the gate (exit 1), a generous one passes."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,24 @@ def test_failed_check_lines_name_the_slack_that_set_the_limit() -> None:
               PerfCheck("gone", 10.0, None, 0.3, False, 13.0), PerfCheck("fine", 10.0, 9.0, 0.3, True, 13.0)]
     assert failed_checks(checks) == ["e2e 35.2 > 30 (25 ms +20%)", "step 3 > 1.5 (0.5 ms + 1 ms floor)",
                                      "gone not measured > 13 (10 ms +30%)"]
+
+
+def test_a_planted_slowdown_fails_against_this_machines_own_baseline(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    """The gate's own acceptance on the CPU: a baseline recorded here from the plain pipeline, then the
+    same cases with every denoising step sleeping its own length again (tests/targets/slow_pipeline.py)
+    fail on their steps, gated normalised by the step probe."""
+    cases, shared = setup
+    baselines = tmp_path / "baselines"
+    shutil.copytree(shared, baselines)
+    perf_overlay_path(baselines, PLATFORM).unlink(missing_ok=True)
+    code, _ = _gate(cases, baselines, tmp_path / "plain", "--perf", "--perf-runs", "3")
+    assert code == 0
+    results = tmp_path / "plain" / "results.json"
+    assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", str(results), "--write"]) == 0
+    code, doc = _gate(cases, baselines, tmp_path / "slow", "--perf-runs", "3",
+                      "--pipeline-target", "tests.targets.slow_pipeline:factory", "--pipeline-target-arg", "fraction=1.0")
+    assert code == 1
+    for record in doc["stages"]["perf"]["records"]:
+        assert record["status"] == FAILED and record["figures"]["gated"] == "normalised"
+        assert "expected_median_denoise_ms" in record["reason"]
+    assert {r["status"] for r in doc["stages"]["images"]["records"]} == {PASSED}  # the sleep changes no pixel
