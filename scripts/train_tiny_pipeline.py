@@ -171,12 +171,6 @@ def _schedule(optimizer: torch.optim.Optimizer, lr: float, steps: int) -> torch.
     return torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=steps, pct_start=0.1)
 
 
-def _batches(views: Views, step: int) -> tuple[Tensor, Tensor]:
-    """The view pool of a step: the 32×32 images, the 64×64 images and (autoencoder only) the clips in turn."""
-    pools = [(views.images[s], views.image_subject) for s in IMAGE_SIZES] + [(views.clips, views.clip_subject)]
-    return pools[step % len(pools)]
-
-
 def train_autoencoder(decoder: nn.Module, views: Views, config: TrainConfig, steps: int) -> tuple[Encoder, list[float]]:
     """Encoder + decoder on pixel MSE, the decoder fed latents with relative noise ``latent_noise`` (a 1e-4 latent L2
     keeps them bounded); returns the encoder and the losses."""
@@ -185,9 +179,10 @@ def train_autoencoder(decoder: nn.Module, views: Views, config: TrainConfig, ste
     params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer = torch.optim.AdamW(params, lr=config.ae_lr, weight_decay=0.0)
     schedule, losses = _schedule(optimizer, config.ae_lr, steps), []
+    pools = [views.images[s] for s in IMAGE_SIZES] + [views.clips]  # the 32×32 images, the 64×64 ones, the clips in turn
     with set_forward_context():
         for step in range(steps):
-            pool, _ = _batches(views, step)
+            pool = pools[step % len(pools)]
             x = pool[torch.randint(0, len(pool), (config.batch,), generator=gen)]
             z = encoder(x)
             noisy = z + config.latent_noise * z.detach().std() * torch.randn(z.shape, generator=gen)

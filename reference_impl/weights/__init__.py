@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load, save_file
+from safetensors.torch import load
 from torch import nn
 
 from reference_impl.models.checkpoint import CheckpointError, read_json_object
+from reference_impl.models.layers import save_safetensors
 
 Tensor = torch.Tensor
 
@@ -110,9 +111,12 @@ def write_pipeline_weights(path: str | os.PathLike[str], models: Mapping[str, nn
     unknown = sorted(set(models) - set(PARTS))
     if unknown:
         raise ValueError(f"unknown parts {unknown} (known: {', '.join(PARTS)})")
-    tensors = {f"{part}.{k}": v.detach().float().contiguous().clone() for part, m in models.items() for k, v in m.state_dict().items()}
+    together = nn.ModuleDict(dict(models))  # its state dict names every tensor "<part>.<key>"
+    not_fp32 = sorted({str(t.dtype) for t in together.state_dict().values()} - {str(torch.float32)})
+    if not_fp32:
+        raise ValueError(f"a pipeline checkpoint holds fp32 weights; got {', '.join(not_fp32)}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata={"format": FORMAT})
+    save_safetensors(together, path, {"format": FORMAT})
     digest = sha256_of(path.read_bytes())
     card_path(path).write_text(json.dumps({"format": FORMAT, "sha256": digest, **card}, indent=2) + "\n", encoding="utf-8")
     return digest
