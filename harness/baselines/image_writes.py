@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import secrets
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.baselines.images import MANIFEST, PENDING, Entry, fingerprint, manifest_json, read_manifest, reference_files
+from harness.baselines.images import (
+    MANIFEST, PENDING, Entry, case_of_file, fingerprint, manifest_json, read_manifest, reference_files,
+)
 from harness.errors import ConfigError
 from harness.files.atomic import dump_json, fsync_dir
 from harness.files.jsonio import expect_id, read_json
@@ -42,7 +43,6 @@ __all__ = ["Blessing", "bless", "blessing", "recover", "write_set"]
 
 _DROPPED = "dropped.json"  # in a staged set: the files of the old set that the new one no longer has
 _STAGING_GLOB = ".bless-*.tmp"
-_FRAME = re.compile(r"frame_\d{4}\.png")
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,10 @@ def _dropped_names(path: Path) -> list[str]:
     if not isinstance(names, list):
         raise ConfigError("must be a JSON list of reference file names", path=path)
     for i, name in enumerate(names):
-        stem, _, frame = name.partition("/") if isinstance(name, str) else ("", "", "")
-        if not (stem.endswith(".png") and not frame or _FRAME.fullmatch(frame)):
+        case_id = case_of_file(name) if isinstance(name, str) else None
+        if case_id is None:
             raise ConfigError(f"not a reference file name: {name!r}", path=path, key=f"[{i}]")
-        expect_id(stem.removesuffix(".png") if not frame else stem, path, f"[{i}]", "reference file")
+        expect_id(case_id, path, f"[{i}]", "reference file")
     return names
 
 

@@ -50,10 +50,10 @@ import numpy as np
 
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
-from harness.files.png import MAX_PIXELS, decode_rgb_png
+from harness.files.png import decode_rgb_png
 from harness.files.reading import is_present, read_regular_bytes
 
-__all__ = ["MANIFEST", "MAX_PIXELS", "PENDING", "REFERENCES_DIR", "Entry", "Reference", "changed_fields", "check_case_id",
+__all__ = ["MANIFEST", "PENDING", "REFERENCES_DIR", "Entry", "Reference", "changed_fields", "case_of_file", "check_case_id",
            "find_reference", "fingerprint", "load_reference", "read_manifest", "reference_files"]
 
 MANIFEST = "manifest.json"
@@ -61,6 +61,7 @@ REFERENCES_DIR = "images"  # <baselines>/images: reference PNGs and their manife
 PENDING = ".bless-pending"  # a committed set whose files are still being moved into place
 FORMAT = 2
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FRAME_FILE = re.compile(r"frame_\d{4,}\.png")  # frame_0000.png ... as reference_files numbers them
 
 
 def check_case_id(case_id: str) -> str:
@@ -94,6 +95,15 @@ def reference_files(case_id: str, shape: tuple[int, ...]) -> list[str]:
     if len(shape) == 3:
         return [f"{case_id}.png"]
     return [f"{case_id}/frame_{i:04d}.png" for i in range(shape[0])]
+
+
+def case_of_file(name: str) -> str | None:
+    """The case a reference file name (as :func:`reference_files` writes them) belongs to, or None when
+    ``name`` is not such a name; the case id itself is not checked here (:func:`check_case_id`)."""
+    stem, slash, frame = name.partition("/")
+    if not slash:
+        return stem.removesuffix(".png") if stem.endswith(".png") else None
+    return stem if _FRAME_FILE.fullmatch(frame) else None
 
 
 @dataclass(frozen=True)
@@ -151,7 +161,7 @@ def _legacy_entries(doc: dict[str, Any], path: Path) -> dict[str, Entry]:
     """Format 1: ``{file: sha256}``; the case of a file is its name without ``.png`` or its folder."""
     by_case: dict[str, dict[str, str]] = {}
     for name in doc:
-        by_case.setdefault(name.split("/")[0].removesuffix(".png"), {})[name] = doc[name]
+        by_case.setdefault(case_of_file(name) or name, {})[name] = doc[name]
     return {case_id: Entry(check_case_id(case_id), _ordered_files(case_id, files, path, ""))  # format 1 keys are file names
             for case_id, files in by_case.items()}
 
@@ -208,12 +218,13 @@ def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
     return data
 
 
-def find_reference(directory: str | Path, case_id: str) -> Reference | None:
+def find_reference(directory: str | Path, case_id: str, manifest: Mapping[str, Entry] | None = None) -> Reference | None:
     """The verified reference of ``case_id``, or None when the manifest has none (a file on disk that it
-    does not list is a ConfigError: it was never blessed)."""
+    does not list is a ConfigError: it was never blessed). ``manifest``: the set's manifest, already
+    read (:func:`read_manifest`), for a caller that looks up many cases."""
     directory = Path(directory)
     check_case_id(case_id)
-    entry = read_manifest(directory).get(case_id)
+    entry = (read_manifest(directory) if manifest is None else manifest).get(case_id)
     if entry is None:
         on_disk = [directory / f"{case_id}.png", *sorted((directory / case_id).glob("frame_*.png"))]
         stray = next((p for p in on_disk if p.is_file()), None)

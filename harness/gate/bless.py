@@ -135,15 +135,17 @@ def changes(directory: Path, blessings: Sequence[Blessing]) -> list[Change]:
     """Old → new for every blessing, against the references now in ``directory``.
 
     An old reference that fails its check (a hash mismatch after a merge, a missing frame) is what
-    blessing is for, so it is reported as ``repaired`` with the reason instead of stopping the bless."""
+    blessing is for, so it is reported as ``repaired`` with the reason instead of stopping the bless.
+    A manifest that cannot be read stops it here: no blessing can be written into that set."""
     from harness.metrics import psnr
 
+    manifest = read_manifest(directory)
     out = []
     for b in blessings:
         new_digest = _digest(b.entry.files)
         shape = "x".join(map(str, b.entry.shape or ()))
         try:
-            old = find_reference(directory, b.entry.case_id)
+            old = find_reference(directory, b.entry.case_id, manifest)
         except ConfigError as exc:
             out.append(Change(b.entry.case_id, "repaired", None, new_digest, None, [str(exc)], shape))
             continue

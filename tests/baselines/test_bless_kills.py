@@ -154,3 +154,13 @@ def test_a_staged_drop_list_deletes_only_reference_files(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="not a reference file name: '../keep.txt'"):
         recover(references)
     assert outside.read_text() == "not a reference"
+
+
+def test_a_reference_file_name_maps_to_its_case_as_reference_files_writes_it() -> None:
+    """One rule for what a reference file is called, for the staged drop list and the format-1 manifest alike."""
+    from harness.baselines.images import case_of_file, reference_files
+
+    for case_id, shape in (("img", (8, 8, 3)), ("vid", (3, 8, 8, 3)), ("long", (10001, 2, 2, 3))):
+        assert {case_of_file(name) for name in reference_files(case_id, shape)} == {case_id}
+    for name in ("img.txt", "vid/frame_1.png", "vid/frame_0000.png/x", "vid/other.png", "../keep.txt"):
+        assert case_of_file(name) is None, name

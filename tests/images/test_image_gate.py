@@ -176,6 +176,13 @@ def test_tampered_reference_exits_2_naming_the_file(
     (change,) = json.loads(capsys.readouterr().out)["changes"]
     assert change["change"] == "repaired" and any("sha256 mismatch" in f for f in change["fields_changed"])
     assert _gate(project, baselines=copy) == 0
+    # a manifest that cannot be read is not a reference to repair: bless stops, naming it, even in a dry run
+    manifest = copy / "images" / "manifest.json"
+    manifest.write_text('{"format": 3}')
+    capsys.readouterr()
+    assert main(["bless", "img_1rank", "--dry-run", "--cases", str(project.cases), "--baselines", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert str(manifest) in err and "repaired" not in err
 
 
 def test_bless_names_cases_and_dry_run_writes_nothing(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
