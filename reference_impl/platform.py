@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 PLATFORM_ENV = "PARITY_PLATFORM"
-_KINDS = ("cuda", "rocm", "mps", "cpu")
+PLATFORM_KINDS = ("cuda", "rocm", "mps", "cpu")  # every kind a platform (and a case overlay) can name
 _GCN_ARCH = re.compile(r"gfx[0-9a-f]{2,5}")
 
 
@@ -99,8 +99,8 @@ def _detect_real() -> _RealPlatform:
 def parse_platform_spec(spec: str) -> tuple[str, str | None]:
     """Parse ``kind[:gcn_arch]``; anything else is a PlatformSpecError naming the variable and the valid values."""
     kind, colon, arch = spec.strip().lower().partition(":")
-    if kind not in _KINDS:
-        raise PlatformSpecError(f"unknown platform {kind!r} in {spec!r}; valid: {', '.join(_KINDS)} "
+    if kind not in PLATFORM_KINDS:
+        raise PlatformSpecError(f"unknown platform {kind!r} in {spec!r}; valid: {', '.join(PLATFORM_KINDS)} "
                                 "(rocm optionally with its arch, e.g. rocm:gfx950)")
     if colon and kind != "rocm":
         raise PlatformSpecError(f"{spec!r}: only rocm takes an arch (e.g. rocm:gfx950)")

@@ -44,9 +44,9 @@ from harness.contracts.case import Case, rebuilt
 from harness.errors import ConfigError
 from harness.cases.files import case_glob
 from harness.files.tomlio import read_toml
+from reference_impl.platform import PLATFORM_KINDS
 
 _META = ("because", "versions", "platforms")
-PLATFORM_KINDS = ("cpu", "cuda", "rocm", "mps")
 
 
 def _tables(data: Mapping[str, Any], section: str, path: Path) -> dict[str, dict[str, Any]]:
@@ -57,7 +57,8 @@ def _tables(data: Mapping[str, Any], section: str, path: Path) -> dict[str, dict
 
 
 def _hits(cases: list[Case], pattern: str, path: Path, key: str) -> list[int]:
-    hits = [i for i, c in enumerate(cases) if case_glob(pattern).fullmatch(c.id)]
+    glob = case_glob(pattern)
+    hits = [i for i, c in enumerate(cases) if glob.fullmatch(c.id)]
     if not hits:
         raise ConfigError("matches no case", path=path, key=key)
     return hits
@@ -98,17 +99,17 @@ def _applies(entry: Mapping[str, Any], version: Version | None, platform: str | 
     if platforms is not None:
         if not isinstance(platforms, list) or not platforms or any(p not in PLATFORM_KINDS for p in platforms):
             raise ConfigError(f"must be a non-empty list of {', '.join(PLATFORM_KINDS)}", path=path, key=f"{key}.platforms")
-        if platform not in platforms:
-            return False
     versions = entry.get("versions")
     if versions is None:
-        return True
+        return platforms is None or platform in platforms
     try:
         spec = SpecifierSet(versions) if isinstance(versions, str) else None
     except InvalidSpecifier:
         spec = None
     if spec is None:
         raise ConfigError(f"{versions!r} is not a PEP 440 version specifier (e.g. '>=0.5.20')", path=path, key=f"{key}.versions")
+    if platforms is not None and platform not in platforms:
+        return False
     return version is not None and spec.contains(version, prereleases=True)
 
 

@@ -125,8 +125,6 @@ def baselines_dir(args: argparse.Namespace) -> Path:
 
 def existing_baselines_dir(args: argparse.Namespace) -> Path:
     """:func:`baselines_dir`, refused (naming ``--baselines``) when it is not a directory: for verbs that read or write it."""
-    from harness.errors import ConfigError
-
     directory = baselines_dir(args)
     if not directory.is_dir():
         raise ConfigError("no such baselines directory", path=directory, key="--baselines")

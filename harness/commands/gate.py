@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.commands._options import (
-    add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, existing_baselines_dir, cases_root, pipeline_args, run_options,
+    add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, baselines_dir, cases_root, pipeline_args, run_options,
 )
 
 HELP = "the CI gate: contract cases, image quality against references, timings against perf baselines; exit 1 on any regression"
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.gate.run import run_gate
     from harness.gate.stage import GateOptions, PerfOptions
 
-    baselines = existing_baselines_dir(args)
+    baselines = baselines_dir(args)  # run_gate refuses one that is not a directory
     if args.keep_outputs and args.report is None:
         raise ConfigError("--keep-outputs saves into the report directory: pass --report DIR too", key="--keep-outputs")
     options = GateOptions(

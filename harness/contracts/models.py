@@ -12,11 +12,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from harness.contracts.bounds import Bound, judge, parse_bound
-from harness.contracts.params import Param, ParamError, Params, bound_param
+from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, bound_param, long_dtype_check
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import RankOutcome, Stats
 
-_LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_check_models_dtype = long_dtype_check("the models run")
+
 _REFERENCE = frozenset({"reference_models"})
 
 
@@ -57,9 +58,6 @@ def _kernel(result: Mapping[str, Any]) -> str:
     return f"{result['backend']}{pinned} ({result['backend_level']})"
 
 
-def _check_dtype(p: Params) -> None:
-    if p.dtype not in _LONG_DTYPE:
-        raise ParamError("dtype", f"the models run in {', '.join(_LONG_DTYPE)}, not {p.dtype}")
 
 
 MODEL_PARAMS = (
@@ -76,7 +74,7 @@ def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
     # A forced backend or pinned kernel that cannot serve the case is refused by the target (a
     # skip) while the single-rank reference is built: before any collective, on every rank.
     result = ctx.target.model_check("model.zimage_sp_parity")(
-        dtype_name=_LONG_DTYPE[p.dtype], seed=p.seed, grid_hw=tuple(p.grid), cap_len=p.caption_tokens, batch=p.batch,
+        dtype_name=LONG_DTYPE[p.dtype], seed=p.seed, grid_hw=tuple(p.grid), cap_len=p.caption_tokens, batch=p.batch,
         image_grid=tuple(p.image_grid), caption_lengths=tuple(p.caption_lengths),
         backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
@@ -87,7 +85,7 @@ def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
 
 def hunyuan_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
     result = ctx.target.model_check("model.hunyuan_sp_parity")(
-        dtype_name=_LONG_DTYPE[p.dtype], seed=p.seed, grid_thw=tuple(p.grid), txt_len=p.text_tokens, batch=p.batch,
+        dtype_name=LONG_DTYPE[p.dtype], seed=p.seed, grid_thw=tuple(p.grid), txt_len=p.text_tokens, batch=p.batch,
         text_lengths=tuple(p.text_lengths), masked_text_len=p.masked_text_tokens, backend=p.backend,
         sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
@@ -133,7 +131,7 @@ register(Contract(
     zimage_sp_parity,
     requires=_REFERENCE,
     bound=lambda p: parse_bound(p.bound, p.dtype),
-    checks=(_check_dtype, _positive_list("grid", 2), _positive_list("image_grid", 2), _positive_list("caption_lengths")),
+    checks=(_check_models_dtype, _positive_list("grid", 2), _positive_list("image_grid", 2), _positive_list("caption_lengths")),
 ))
 register(Contract(
     "model.hunyuan_sp_parity",
@@ -151,7 +149,7 @@ register(Contract(
     hunyuan_sp_parity,
     requires=_REFERENCE,
     bound=lambda p: parse_bound(p.bound, p.dtype),
-    checks=(_check_dtype, _positive_list("grid", 3), _positive_list("text_lengths"), _check_masked_text),
+    checks=(_check_models_dtype, _positive_list("grid", 3), _positive_list("text_lengths"), _check_masked_text),
 ))
 
 

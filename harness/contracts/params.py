@@ -21,6 +21,16 @@ from harness.files.documents import INT_MAX, INT_MIN, out_of_range
 REQUIRED: Any = object()
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+# The dtypes the reference models and the tiny pipeline run in, under their (torch) long names.
+LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def long_dtype_check(what: str) -> Callable[[Params], None]:
+    """A contract check: the case's dtype is one ``what`` (the models, the pipeline) runs in."""
+    def check(p: Params) -> None:
+        if p.dtype not in LONG_DTYPE:
+            raise ParamError("dtype", f"{what} in {', '.join(LONG_DTYPE)}, not {p.dtype}")
+    return check
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float64": "fp64"}
 
 #: torch's SDPA kernels a case may pin (torch.nn.attention.SDPBackend: MATH, FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION).

@@ -16,11 +16,10 @@ order and so that the bitwise result of the order-preserving path means somethin
 from __future__ import annotations
 
 from harness.contracts.bounds import Bitwise
-from harness.contracts.params import Param, ParamError, Params
+from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, long_dtype_check
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import RankOutcome, compare
 
-LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def pipeline_run_params(dtype: str, steps: int) -> tuple[Param, ...]:
@@ -46,9 +45,7 @@ def pipeline_fields(p: Params) -> dict[str, object]:
     return fields
 
 
-def check_pipeline_dtype(p: Params) -> None:
-    if p.dtype not in LONG_DTYPE:
-        raise ParamError("dtype", f"the pipeline runs in {', '.join(LONG_DTYPE)}, not {p.dtype}")
+check_pipeline_dtype = long_dtype_check("the pipeline runs")
 
 
 def _body(ctx: RankContext, p: Params) -> RankOutcome:

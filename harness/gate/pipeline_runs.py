@@ -274,7 +274,7 @@ class CaseTiming:
         }
 
 
-def time_case(case: ImageCase, pools: PoolSet, *, runs: int = 3, warmup: int = 1,
+def time_case(case: ImageCase, pools: PoolSet, *, runs: int, warmup: int = 1,
               timeout: float | None = None) -> CaseTiming:
     """Time ``case`` on ``case.world_size`` ranks of ``pools`` (or here, for a target that starts its own
     processes): ``warmup`` runs, then ``runs`` timed ones."""

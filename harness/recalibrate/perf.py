@@ -163,7 +163,6 @@ def merge_into_perf_overlay(
     overlay first: an overlay scenario replaces the base one whole, so copying only the changed
     values would drop the others.
     """
-    refuse_loosening(proposals, allow_loosen)
     path = Path(overlay_path)
     existed = is_present(path)
     if existed:

@@ -75,12 +75,11 @@ def backend_names() -> list[str]:
     return [member.value for member in AttentionBackendName]
 
 
-def check_backend_name(name: str, key: str) -> str:
-    """``name`` if it is a diffusers ``AttentionBackendName``, else a ParamError (keyed ``key``) listing the valid ones."""
+def _check_backend_name(name: str) -> None:
+    """A ParamError on ``backend`` listing the valid names unless ``name`` is a diffusers ``AttentionBackendName``."""
     valid = backend_names()
     if name not in valid:
-        raise ParamError(key, f"{name!r} is not a diffusers {installed_version()} AttentionBackendName; valid: {', '.join(valid)}")
-    return name
+        raise ParamError("backend", f"{name!r} is not a diffusers {installed_version()} AttentionBackendName; valid: {', '.join(valid)}")
 
 
 class DiffusersAttention:
@@ -183,7 +182,7 @@ class DiffusersTarget(Target):
         self._version = installed_version()
         if backend is not None and self._version is not None:
             try:
-                check_backend_name(backend, "backend")
+                _check_backend_name(backend)
             except ParamError as exc:
                 raise ConfigError(str(exc), key="--target-arg backend") from None
         self._parallel: _Parallel | None = None
@@ -195,7 +194,7 @@ class DiffusersTarget(Target):
         if self._version is None:
             return  # not installed: every case skips with that reason
         if backend is not None:
-            check_backend_name(backend, "backend")
+            _check_backend_name(backend)
         if sdpa_kernel is not None:
             raise ParamError("sdpa_kernel", f"diffusers pins no SDPA kernel ({sdpa_kernel}); pick a backend "
                              "(_native_math, _native_flash, ...)")

@@ -109,6 +109,11 @@ def test_an_entry_can_name_the_platforms_it_holds_on(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         apply_target_overlay(_cases(), bad, Version("1.0"), platform="cpu")
     assert info.value.key == "expected_failures.u1.platforms"
+    # an entry for another platform is still validated here: a broken specifier must not wait for a CUDA run
+    broken = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "x"\nplatforms = ["cuda"]\nversions = "~~1"\n')
+    with pytest.raises(ConfigError) as info:
+        apply_target_overlay(_cases(), broken, Version("1.0"), platform="cpu")
+    assert info.value.key == "expected_failures.u1.versions"
 
 
 def test_a_command_line_override_keeps_the_expected_failure(tmp_path: Path) -> None:
