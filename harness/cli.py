@@ -2,7 +2,8 @@
 
 Each verb module exposes ``register(subparsers)`` (adds its parser) and ``run(args) -> int``;
 adding a verb is adding a module and one name to :data:`VERBS`. Exit codes: 0 all passed,
-1 a failure or regression, 2 a usage or configuration error (argparse errors included), 130 on
+1 a failure or regression, 2 a usage or configuration error (argparse errors included), 3 an
+inconclusive timing verdict with nothing failed (``gate``, ``perf``), 130 on
 SIGINT and 143 on SIGTERM: the signal unwinds the run like an exception, so every rank group is
 ended on the way out, and the run says so in one line instead of a traceback.
 """
@@ -21,7 +22,7 @@ from types import FrameType
 
 from harness.paths import parity_version
 
-VERBS = ("list", "check", "gate", "sweep", "matrix", "compare", "recalibrate", "bless", "doctor")
+VERBS = ("list", "check", "gate", "perf", "sweep", "matrix", "compare", "recalibrate", "bless", "doctor")
 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.
@@ -29,7 +30,8 @@ Numerical-parity and regression harness for sequence-parallel diffusion attentio
 verbs:
   list     the contracts, the contract cases, the image cases, the perf scenarios and the targets
   check    run contract cases on a target and print a verdict table with figures
-  gate     the CI gate: contract cases, image quality vs references, timings vs perf baselines
+  gate     the CI gate: contract cases, image quality vs references, timings (HEAD vs BASE, or a stored baseline)
+  perf     time HEAD against BASE side by side in one run: HEAD/BASE with an interval per figure, a verdict
   sweep    run contracts over backend × dtype × world size on this machine (--json FILE keeps the cells)
   matrix   merge sweep files from several machines into one markdown/HTML table
   compare  two results files side by side: old, new, % change per case and figure; --fail-on METRIC:PCT
@@ -38,7 +40,8 @@ verbs:
   doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
 
 --json FILE writes a verb's machine output to FILE; --json - writes it to stdout (tables go to stderr).
-exit codes: 0 all passed, 1 any failure, 2 usage or configuration error.
+exit codes: 0 all passed, 1 any failure, 2 usage or configuration error, 3 inconclusive timings
+(gate, perf: nothing failed, but a timing verdict could not be decided).
 data: cases/ and baselines/ are read from $PARITY_HOME, else from the checkout the package
 is installed from (pip install -e .); --cases / --baselines override.
 """

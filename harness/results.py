@@ -34,15 +34,20 @@ from harness.errors import ConfigError
 
 
 class Status(StrEnum):
-    """A case's outcome. ``XFAILED``: a known upstream divergence failed as recorded (not a regression)."""
+    """A case's outcome. ``XFAILED``: a known upstream divergence failed as recorded (not a regression).
+    ``INCONCLUSIVE``: a timing verdict the runs could not decide (neither verified nor a regression)."""
 
     PASSED = "passed"
     FAILED = "failed"
     SKIPPED = "skipped"
     XFAILED = "xfailed"
+    INCONCLUSIVE = "inconclusive"
 
 
-PASSED, FAILED, SKIPPED, XFAILED = Status.PASSED, Status.FAILED, Status.SKIPPED, Status.XFAILED
+PASSED, FAILED, SKIPPED, XFAILED, INCONCLUSIVE = Status.PASSED, Status.FAILED, Status.SKIPPED, Status.XFAILED, Status.INCONCLUSIVE
+#: A run's verdict as a process exit code: 0 passed, 1 failed (a regression), 3 inconclusive (nothing failed,
+#: but a verdict could not be decided and the run counts that against itself). 2 is a usage or configuration error.
+EXIT_CODES = {"passed": 0, "failed": 1, "inconclusive": 3}
 
 
 @dataclass
@@ -114,11 +119,13 @@ def counts(results: Iterable[CaseResult]) -> dict[str, int]:
 
 
 def summary_line(results: Iterable[CaseResult], wall_s: float | None = None) -> str:
-    """``3 passed, 1 failed, 0 skipped`` (+ ``, 2 xfailed`` when any) ``in 4.2 s``."""
+    """``3 passed, 1 failed, 0 skipped`` (+ ``, 2 xfailed`` and ``, 1 inconclusive`` when any) ``in 4.2 s``."""
     tally = counts(results)
     parts = [f"{tally[s]} {s}" for s in (PASSED, FAILED, SKIPPED)]
     if tally[XFAILED]:
         parts.append(f"{tally[XFAILED]} {XFAILED} (known upstream divergences)")
+    if tally[INCONCLUSIVE]:
+        parts.append(f"{tally[INCONCLUSIVE]} {INCONCLUSIVE}")
     return ", ".join(parts) + (f" in {wall_s:.1f} s" if wall_s is not None else "")
 
 
@@ -142,6 +149,10 @@ class StageResult:
     @property
     def failed(self) -> int:
         return counts(self.results)[FAILED]
+
+    @property
+    def inconclusive(self) -> int:
+        return counts(self.results)[INCONCLUSIVE]
 
     def to_dict(self) -> dict[str, Any]:
         return {"summary": counts(self.results), "wall_s": self.wall_s,
@@ -181,21 +192,30 @@ def environment(target: str, device: str, target_version: str | None = None) -> 
             "parity_version": parity_version(), "git": git_state(Path.cwd())}
 
 
+def verdict(stages: Iterable[StageResult], inconclusive_fails: bool = True) -> str:
+    """``failed`` if any case failed, else ``inconclusive`` if any timing was undecided (and that counts),
+    else ``passed``: a key of :data:`EXIT_CODES`."""
+    stages = list(stages)
+    if any(s.failed for s in stages):
+        return "failed"
+    return "inconclusive" if inconclusive_fails and any(s.inconclusive for s in stages) else "passed"
+
+
 def results_document(command: str, environment: Mapping[str, Any], stages: Mapping[str, StageResult | str],
-                     wall_s: float, **extra: Any) -> dict[str, Any]:
-    """The results document of a run: ``stages`` maps a stage name to its result or to why it was skipped."""
+                     wall_s: float, inconclusive_fails: bool = True, **extra: Any) -> dict[str, Any]:
+    """The results document of a run: ``stages`` maps a stage name to its result or to why it was skipped;
+    ``verdict`` as :func:`verdict` decides it, ``passed`` whether that verdict is a pass."""
     sections: dict[str, Any] = {}
     top_level: dict[str, Any] = {}
-    failed = 0
     for name, stage in stages.items():
         if isinstance(stage, str):
             sections[name] = {"skipped": stage}
             continue
         sections[name] = stage.to_dict()
         top_level.update(json_safe(stage.top_level))
-        failed += stage.failed
-    return {"command": command, **environment, "wall_s": wall_s, "passed": failed == 0, "stages": sections,
-            **json_safe(extra), **top_level}
+    outcome = verdict((s for s in stages.values() if isinstance(s, StageResult)), inconclusive_fails)
+    return {"command": command, **environment, "wall_s": wall_s, "passed": outcome == "passed", "verdict": outcome,
+            "stages": sections, **json_safe(extra), **top_level}
 
 
 def image_entry(result: CaseResult) -> dict[str, Any]:

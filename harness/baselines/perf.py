@@ -26,14 +26,13 @@ the median of several measurements can be written back as a baseline without ren
     measured = {"expected_e2e_ms": 6801.2, "stages_ms": {...}, "denoise_step_ms": {"0": 31.0, ...},
                 "expected_avg_denoise_ms": 130.1, "expected_median_denoise_ms": 131.0}
 
-A scenario may also hold ``calibration`` (parity's addition; sglang's readers ignore the key): the
-probes of :mod:`harness.gate.calibration` measured on the machine the timings came from. With it,
-a run on another machine is gated *normalised*: every expected value is scaled by that run's
-machine factor (the ratio new/old of the synthetic-step probe; for an older baseline without it,
-the largest probe ratio) and checked with the ``normalised`` tolerance profile (tighter: the
-machine's speed is factored out). Without it the check is the absolute one.
+A scenario may also hold ``dispersion`` (parity's addition; sglang's readers ignore the key):
+``{label: relative spread}`` of the runs it was made from (:mod:`harness.recalibrate.perf`), so
+a reader sees how much noise its tolerances stand on. Values are compared raw: what was measured
+against what is stored, never rescaled. That holds on a dedicated runner; on a shared machine
+the perf stage compares BASE and HEAD side by side instead (:mod:`harness.perf.ab`).
 
-The check (:func:`check_perf`): ``actual <= expected * factor * (1 + tol)`` for the end-to-end latency
+The check (:func:`check_perf`): ``actual <= expected * (1 + tol)`` for the end-to-end latency
 (``e2e``), each stage (``denoise_stage`` for a stage whose name contains "denois", e.g.
 ``DenoisingStage`` or ``Ideogram4DenoisingStage``; ``non_denoise_stage`` otherwise), each step
 (``denoise_step``) and the average/median step (``denoise_agg``). A baseline value the
@@ -85,6 +84,7 @@ from harness.baselines.tolerances import (
     Tolerances,
     check_env_tolerances,
     env_tolerance,
+    with_env_overrides,
 )
 from harness.errors import ConfigError
 from harness.files.atomic import write_json_atomic
@@ -98,10 +98,11 @@ AVG = "expected_avg_denoise_ms"
 MEDIAN = "expected_median_denoise_ms"
 STAGES = "stages_ms"
 STEPS = "denoise_step_ms"
-CALIBRATION = "calibration"
-STEP_PROBE = "step_ms"  # the calibration probe a normalised check scales by (harness/gate/calibration.py)
-CALIBRATION_PROBES = ("launch_us", "module_us", "gemm_ms", "sdpa_ms", "comm_us", STEP_PROBE)
-NORMALISED_PROFILE = "normalised"
+DISPERSION = "dispersion"
+#: The profile an A/B verdict reads (how much slower HEAD may be than BASE); built in where a file has none.
+AB_PROFILE = "ab"
+DEFAULT_AB_TOLERANCES = Tolerances(e2e=0.05, denoise_stage=0.05, non_denoise_stage=0.25, denoise_step=0.15,
+                                   denoise_agg=0.05, abs_floor_ms=0.5)
 
 PERF_BASE_FILE = "perf_baselines.json"
 PERF_OVERLAY_DIR = Path("platforms") / "perf"
@@ -165,11 +166,12 @@ def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, An
                     f"step keys are string indices like \"0\", got {name[:40]!r}", path=path, key=join_key(key, group)
                 )
             expect_number(ms, path, join_key(join_key(key, group), name), lo=0.0, hi=MAX_MS)
-    for probe, value in expect_object(scenario.get(CALIBRATION, {}), path, join_key(key, CALIBRATION)).items():
-        if probe not in CALIBRATION_PROBES:  # a misspelt step_ms would quietly change how the factor is made
-            raise ConfigError(f"unknown calibration probe {probe[:40]!r}; the probes are {', '.join(CALIBRATION_PROBES)}",
-                              path=path, key=join_key(key, CALIBRATION))
-        expect_number(value, path, join_key(join_key(key, CALIBRATION), probe), lo=0.0, hi=MAX_MS)
+    for label, spread in expect_object(scenario.get(DISPERSION, {}), path, join_key(key, DISPERSION)).items():
+        try:
+            tolerance_category(label)
+        except KeyError:
+            raise ConfigError(f"not a perf value label: {label[:60]!r}", path=path, key=join_key(key, DISPERSION)) from None
+        expect_number(spread, path, join_key(join_key(key, DISPERSION), label), lo=0.0, hi=MAX_TOLERANCE)
     return scenario
 
 
@@ -213,23 +215,19 @@ def check_perf(
     scenario_expected: Mapping[str, Any],
     measured: Mapping[str, Any],
     tolerances: Tolerances,
-    *,
-    factor: float = 1.0,
 ) -> list[PerfCheck]:
     """Compare a measurement with its baseline scenario (rules in the module docstring).
 
     ``tolerances.abs_floor_ms`` widens every limit to at least ``expected + abs_floor_ms``; sglang's
     CI pads by 20 ms (120 ms for stages) so sub-millisecond stages do not flake. 0 is the plain
-    relative rule. ``factor`` scales every expected value first (a calibrated run on a
-    machine ``factor`` times slower than the baseline's); 1 is the absolute check.
+    relative rule.
     """
     expected_values = scenario_values(scenario_expected)
     actual_values = scenario_values(measured)
     checks = []
-    for label, baseline in expected_values.items():
-        if _is_untracked_aggregate(label, baseline, scenario_expected):
+    for label, expected in expected_values.items():
+        if _is_untracked_aggregate(label, expected, scenario_expected):
             continue
-        expected = baseline * factor
         tol = tolerances.get(tolerance_category(label))
         limit = max(expected * (1.0 + tol), expected + tolerances.abs_floor_ms)
         actual = actual_values.get(label)
@@ -327,26 +325,22 @@ class PerfBaselines:
         return copy.deepcopy(found) if found is not None else None
 
     def tolerances(self, profile: str = "pr_test", env: Mapping[str, str] | None = None) -> Tolerances:
-        """The profile's tolerances, each overridable by ``PARITY_PERF_TOL_<KEY>`` (all of which are checked)."""
+        """The profile's tolerances, each overridable by ``PARITY_PERF_TOL_<KEY>`` (all of which are checked);
+        the A/B profile falls back to :data:`DEFAULT_AB_TOLERANCES` where the files have none."""
         check_env_tolerances(env)
         where = " + ".join(self.paths)
         profiles = self._doc.get("tolerances", {})
+        if profile == AB_PROFILE and profile not in profiles:
+            return with_env_overrides(DEFAULT_AB_TOLERANCES, env)
         if profile not in profiles:
             raise ConfigError(
                 f"no tolerance profile {profile!r}; found {sorted(profiles)}", path=where, key="tolerances"
             )
-        values = {}
+        values = {name: float(profiles[profile].get(name, 0.0)) for name in (*TOLERANCE_KEYS, ABS_FLOOR)}
         for name in TOLERANCE_KEYS:
-            override = env_tolerance(name, env)
-            if override is not None:
-                values[name] = override
-            elif name in profiles[profile]:
-                values[name] = float(profiles[profile][name])
-            else:
+            if name not in profiles[profile] and env_tolerance(name, env) is None:
                 raise ConfigError("missing tolerance", path=where, key=f"tolerances.{profile}.{name}")
-        floor = env_tolerance(ABS_FLOOR, env)
-        values[ABS_FLOOR] = float(profiles[profile].get(ABS_FLOOR, 0.0)) if floor is None else floor
-        return Tolerances(**values)
+        return with_env_overrides(Tolerances(**values), env)
 
     def with_scenario(self, scenario_id: str, scenario: Mapping[str, Any]) -> PerfBaselines:
         """A copy with one scenario replaced (or added), validated first."""

@@ -10,6 +10,7 @@ typo would otherwise be ignored), before any stage runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from harness.baselines.named import NamedValues
 from harness.errors import ConfigError
 
 __all__ = ["TOLERANCE_KEYS", "ABS_FLOOR", "ENV_PREFIX", "MAX_TOLERANCE", "MAX_MS", "Tolerances", "env_tolerance",
-           "check_env_tolerances"]
+           "check_env_tolerances", "with_env_overrides"]
 
 TOLERANCE_KEYS: tuple[str, ...] = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
 ABS_FLOOR = "abs_floor_ms"
@@ -62,6 +63,12 @@ def env_tolerance(key: str, env: Mapping[str, str] | None = None) -> float | Non
     if not (math.isfinite(value) and 0.0 <= value <= hi):
         raise ConfigError(f"environment variable must be a number in [0, {hi:g}], got {raw!r}", key=_env_name(key))
     return value
+
+
+def with_env_overrides(tolerances: Tolerances, env: Mapping[str, str] | None = None) -> Tolerances:
+    """``tolerances`` with every ``PARITY_PERF_TOL_*`` variable that is set in place of its value."""
+    overrides = {key: value for key in (*TOLERANCE_KEYS, ABS_FLOOR) if (value := env_tolerance(key, env)) is not None}
+    return dataclasses.replace(tolerances, **overrides)
 
 
 def check_env_tolerances(env: Mapping[str, str] | None = None) -> None:

@@ -49,6 +49,7 @@ from harness.contracts.case import CaseOrigin
 from harness.contracts.params import MAX_WORLD_SIZE
 from harness.errors import ConfigError, ParamError
 from harness.files.jsonio import expect_id
+from harness.pipelines.sessions import PipelineRun
 from harness.targets.base import PipelineTarget
 from harness.targets.loader import TargetArgs, load_pipeline_target
 
@@ -72,6 +73,11 @@ class ImageCase(CaseOrigin):
     fields: dict[str, Any]
     target: str = "reference"
     target_args: TargetArgs = ()
+
+    @property
+    def pipeline_run(self) -> PipelineRun:
+        """What a stage asks of the case's pipeline target: its fields on its world size."""
+        return PipelineRun(self.target, self.target_args, self.fields, self.world_size)
 
     def reference_case(self) -> ImageCase:
         """The same fields on one rank: what ``parity bless`` stores as this case's reference."""
@@ -153,6 +159,21 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
     if declared not in KINDS or declared != kind:
         raise ConfigError(f"case '{case_id}': kind {declared!r} but the case makes it {kind!r}", path=path, key=f"{where}.kind")
     return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, source=str(path), description=description)
+
+
+def check_case_on(case: ImageCase, spec: str, args: TargetArgs, option: str) -> None:
+    """Whether pipeline target ``spec`` (chosen by ``option``, e.g. the BASE of an A/B) runs the case's fields
+    too, making the same kind; a ConfigError naming the case and the key otherwise."""
+    pipeline = _load_target(Path(case.source), case.id, spec, args, option)
+    where = f"cases.{case.id}"
+    try:
+        kind = pipeline.check_case(case.fields, case.world_size)
+    except ParamError as exc:
+        raise ConfigError(f"case '{case.id}' on {option} {spec!r}: {exc}", path=case.source,
+                          key=f"{where}.{exc.key}" if exc.key else where) from None
+    if kind != case.kind:
+        raise ConfigError(f"case '{case.id}' is {case.kind!r} but {option} {spec!r} makes it {kind!r}", path=case.source,
+                          key=where)
 
 
 def image_case_dir(cases_root: str | Path) -> Path:

@@ -105,6 +105,61 @@ def add_pipeline_target(parser: argparse.ArgumentParser, what: str) -> None:
                         help="keyword argument for the pipeline target's factory (repeatable), e.g. path=DIR for diffusers")
 
 
+def count(minimum: int):
+    """argparse type of a count: an integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def fraction(text: str) -> float:
+    """argparse type of a confidence: a number in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
+    return value
+
+
+def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
+    """How an A/B samples (``--{prefix}warmup``, ``min-pairs``, ``max-pairs``, ``confidence``, ``inconclusive``)."""
+    from harness.gate.stage import INCONCLUSIVE_POLICIES
+    from harness.perf.ab import Sampling
+
+    d = Sampling()
+    group.add_argument(f"--{prefix}warmup", type=count(0), default=d.warmup, metavar="N",
+                       help=f"untimed warm-up runs per side and case (default {d.warmup})")
+    group.add_argument(f"--{prefix}min-pairs", type=count(1), default=d.min_pairs, metavar="N",
+                       help=f"A/B: BASE+HEAD pairs before the first verdict (default {d.min_pairs})")
+    group.add_argument(f"--{prefix}max-pairs", type=count(1), default=d.max_pairs, metavar="N",
+                       help=f"A/B: the most pairs per case; a figure still undecided then is inconclusive (default {d.max_pairs})")
+    group.add_argument(f"--{prefix}confidence", type=fraction, default=d.confidence, metavar="C",
+                       help=f"A/B: confidence of each figure's HEAD/BASE interval (default {d.confidence})")
+    group.add_argument(f"--{prefix}inconclusive", choices=INCONCLUSIVE_POLICIES, default="fail",
+                       help="A/B: an undecided case fails the run (exit 3 when nothing failed; default) or passes it")
+
+
+def ab_sampling(args: argparse.Namespace, prefix: str):
+    """The :class:`~harness.perf.ab.Sampling` of :func:`add_ab_sampling`'s options, checked together."""
+    from harness.perf.ab import Sampling
+
+    dest = prefix.replace("-", "_")
+    try:
+        return Sampling(getattr(args, f"{dest}warmup"), getattr(args, f"{dest}min_pairs"), getattr(args, f"{dest}max_pairs"),
+                        getattr(args, f"{dest}confidence"))
+    except ValueError as exc:
+        raise ConfigError(str(exc), key=f"--{prefix}min-pairs") from None
+
+
 def pipeline_args(args: argparse.Namespace) -> TargetArgs:
     """The ``--pipeline-target-arg`` pairs, checked."""
     return parse_target_args(args.pipeline_target_arg, "--pipeline-target-arg")

@@ -1,36 +1,29 @@
-"""parity gate: the CI gate. Runs every stage, writes results JSON, JUnit XML and an HTML report, exits 1 on any regression."""
+"""parity gate: the CI gate. Runs every stage, writes results JSON, JUnit XML and an HTML report; exit 1 on any regression."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 
 from harness.commands._options import (
-    add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, baselines_dir, cases_root, pipeline_args, run_options,
+    add_ab_sampling, add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, ab_sampling, baselines_dir,
+    cases_root, count, pipeline_args, run_options,
 )
 
-HELP = "the CI gate: contract cases, image quality against references, timings against perf baselines; exit 1 on any regression"
-DESCRIPTION = "The CI gate: every contract case, every image case against its reference and thresholds, and (where this machine has a perf baseline) the timings."
-
-
-def _count(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
+HELP = "the CI gate: contract cases, image quality against references, timings (HEAD against BASE, or a stored baseline)"
+DESCRIPTION = """\
+The CI gate: every contract case, every image case against its reference and thresholds, and the
+timings of the image cases: with --perf-base SPEC, the cases' pipeline (HEAD) against SPEC (BASE)
+side by side in this run, a ratio with a confidence interval per figure; otherwise, where this
+machine has a stored perf baseline, raw timings against it.
+exit codes: 0 passed, 1 a failure or regression, 2 usage or configuration error, 3 inconclusive
+(a timing the runs could not decide, nothing failed; --perf-inconclusive pass makes it 0)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from harness.gate.stage import PERF_PROFILES, PerfOptions
 
-    parser = sub.add_parser("gate", help=HELP, description=DESCRIPTION)
+    parser = sub.add_parser("gate", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cases(parser)
     add_baselines(parser)
     parser.add_argument("--report", type=Path, default=None, metavar="DIR",
@@ -42,14 +35,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     defaults = PerfOptions()
     group = parser.add_argument_group("perf stage (timings of the image cases)")
     group.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
-                       help="time the image cases against this machine's perf baseline (default: on only where one "
-                       "exists, baselines/platforms/perf/<platform>.json; --perf without one measures for recalibration)")
-    group.add_argument("--perf-runs", type=_count(1), default=defaults.runs, metavar="N",
-                       help=f"timed runs per case; their median is checked (default {defaults.runs})")
-    group.add_argument("--perf-warmup", type=_count(0), default=defaults.warmup, metavar="N",
-                       help=f"untimed warm-up runs per case (default {defaults.warmup})")
+                       help="time the image cases (default: on with --perf-base, else only where this machine has a stored "
+                       "baseline, baselines/platforms/perf/<platform>.json; --perf without either measures for recalibration)")
+    group.add_argument("--perf-base", default=None, metavar="SPEC",
+                       help="A/B: the BASE pipeline target each image case's own pipeline (HEAD) is timed against, side by "
+                       "side: a built-in name, module:factory, or rev:GITREV (the reference pipeline at that commit)")
+    group.add_argument("--perf-base-arg", action="append", default=[], metavar="KEY=VALUE",
+                       help="keyword argument for the BASE target's factory (repeatable)")
+    add_ab_sampling(group, "perf-")
+    group.add_argument("--perf-runs", type=count(1), default=defaults.runs, metavar="N",
+                       help=f"absolute: timed runs per case; their medians are checked (default {defaults.runs})")
     group.add_argument("--perf-profile", default=defaults.profile, choices=PERF_PROFILES,
-                       help="tolerance profile (default: normalised where the baseline has a calibration, else pr_test)")
+                       help="absolute: the stored baseline's tolerance profile (default pr_test)")
     parser.add_argument("--keep-outputs", action="store_true",
                         help="with --report: save every image case's candidate in DIR/candidates (failing ones are always "
                         "saved), for the report and for `parity bless --from-results DIR`")
@@ -61,13 +58,21 @@ def run(args: argparse.Namespace) -> int:
     from harness.errors import ConfigError
     from harness.gate.run import run_gate
     from harness.gate.stage import GateOptions, PerfOptions
+    from harness.perf.sides import Side
+    from harness.results import EXIT_CODES
+    from harness.targets.loader import parse_target_args
 
     baselines = baselines_dir(args)  # run_gate refuses one that is not a directory
     if args.keep_outputs and args.report is None:
         raise ConfigError("--keep-outputs saves into the report directory: pass --report DIR too", key="--keep-outputs")
+    base_args = parse_target_args(args.perf_base_arg, "--perf-base-arg")
+    if base_args and args.perf_base is None:
+        raise ConfigError("--perf-base-arg needs --perf-base SPEC", key="--perf-base-arg")
+    perf = PerfOptions(args.perf, args.perf_runs, args.perf_profile,
+                       Side(args.perf_base, base_args) if args.perf_base is not None else None,
+                       ab_sampling(args, "perf-"), args.perf_inconclusive)
     options = GateOptions(
         cases_root(args), baselines, run_options(args), args.pipeline_target, args.report, args.json, args.junit,
-        args.clip_model, PerfOptions(args.perf, args.perf_runs, args.perf_warmup, args.perf_profile), args.keep_outputs,
-        pipeline_args(args),
+        args.clip_model, perf, args.keep_outputs, pipeline_args(args),
     )
-    return 0 if run_gate(options)["passed"] else 1
+    return EXIT_CODES[run_gate(options)["verdict"]]

@@ -137,7 +137,7 @@ def _check_platform(name: str, path: Path | None, key: str) -> None:
 def _table(header: Sequence[str], rows: Sequence[tuple[str, ...]]) -> Table:
     table = Table()
     for column in header:
-        table.add_column(column, justify="right" if column in ("old", "worst", "median", "new") else "left")
+        table.add_column(column, justify="right" if column in ("old", "worst", "median", "new", "spread") else "left")
     style = {"LOOSENS": "bold red", "tightens": "green", "added": "green", "unchanged": "dim"}
     for row in rows:
         *cells, change = row
@@ -232,6 +232,11 @@ def run_perf(args: argparse.Namespace) -> int:
         title = f"perf (margin: {args.profile} tolerance/3) -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
         _report(title, PERF_PROPOSAL_HEADER, perf_proposal_rows(proposals), proposals)
         plans.append((target, (chain, group), proposals))
+
+    if args.write:
+        from harness.recalibrate import refuse_inside_noise
+
+        refuse_inside_noise(p for _, _, proposals in plans for p in proposals)  # every file at once, before any is written
 
     def write(path: Path, plan: tuple[Any, Group], proposals: Sequence[Any]) -> None:
         from harness.recalibrate import merge_into_perf_overlay

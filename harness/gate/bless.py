@@ -24,7 +24,7 @@ from harness.cases.image import ImageCase
 from harness.errors import ConfigError
 from harness.files.jsonio import read_json
 from harness.gate.images import CANDIDATES_DIR, nonfinite_reason
-from harness.gate.pipeline_runs import generate, needs_ranks, unavailable
+from harness.pipelines.sessions import generate
 from harness.ranks import PoolSet
 from harness.results import FAILED, stage_records
 
@@ -53,18 +53,18 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
     """
     references = [case.reference_case() for case in cases]
     for reference in references:
-        reason = unavailable(reference, pools.device)
+        reason = reference.pipeline_run.unavailable(pools.device)
         if reason:
             raise ConfigError(f"its pipeline target {reference.target!r} cannot run here: {reason}", path=reference.source,
                               key=f"cases.{reference.id}")
-    if any(needs_ranks(r) for r in references):
+    if any(r.pipeline_run.in_ranks for r in references):
         pools.prestart([1])
     by_run: dict[str, np.ndarray] = {}
     out = []
     for case, reference in zip(cases, references):
         key = fingerprint({"target": case.target, "target_args": case.target_args, "fields": case.fields})
         if key not in by_run:
-            produced = generate(reference, pools, timeout)
+            produced = generate(reference.pipeline_run, pools, timeout)
             if produced.nonfinite:
                 raise ConfigError(f"refusing to bless: {nonfinite_reason(produced.nonfinite)}", path=case.source,
                                   key=f"cases.{case.id}")

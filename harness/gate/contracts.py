@@ -33,7 +33,7 @@ def run_contract_cases(cases: Sequence[Case], options: RunOptions, pools: PoolSe
         results = run_cases(cases, options, pools, release_pools=release_pools, on_result=advance)
     wall = time.perf_counter() - start
     timing = {"cases_s": sum(r.duration_s for r in results),
-              "pool_startup_s": {str(w): s for w, s in sorted(pools.startup_s.items())}}
+              "pool_startup_s": dict(sorted(pools.startup_s.items()))}
     return StageResult(name, results, wall, extra=timing)
 
 

@@ -39,7 +39,7 @@ from harness.baselines.images import REFERENCES_DIR, Reference, changed_fields, 
 from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet, meets
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
 from harness.files.reading import is_directory_present
-from harness.gate.pipeline_runs import generate
+from harness.pipelines.sessions import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.report.console import Column, figure_column, result_table
 from harness.results import FAILED, PASSED, CaseResult, StageResult, image_entry, summary_line
@@ -169,7 +169,7 @@ class ImageStage:
             shutil.rmtree(options.report_dir / CANDIDATES_DIR, ignore_errors=True)
 
         def judge(case: ImageCase) -> CaseResult:
-            produced = generate(case, ctx.pools, timeout)
+            produced = generate(case.pipeline_run, ctx.pools, timeout)
             ref = inputs.references[case.id]
             result = unjudged(case, ref, inputs.bounds[case.id])
             if result is None:
@@ -201,7 +201,7 @@ class ImageStage:
                 "thresholds_files": inputs.thresholds.paths,
                 "clip_skipped": inputs.clip_skip,
                 "cases_s": sum(r.duration_s for r in results),
-                "pool_startup_s": {str(w): s for w, s in sorted(ctx.pools.startup_s.items())},
+                "pool_startup_s": dict(sorted(ctx.pools.startup_s.items())),
             },
             top_level={"platform": inputs.platform, "cases": {r.case_id: image_entry(r) for r in results}},
         )

@@ -1,18 +1,19 @@
-"""The gate's perf stage: time every image case and check it against this machine's perf baseline.
+"""The gate's perf stage: every image case timed, BASE against HEAD side by side, or raw against a stored baseline.
 
-Per case (:func:`harness.gate.pipeline_runs.time_case`): warm-up runs, then ``--perf-runs`` timed
-ones, the median of each value; the check is sglang's, ``actual <= expected * (1 + tol)`` per
-value (e2e, each stage, each step, average/median step) with the tolerances of
-the chosen profile (env ``PARITY_PERF_TOL_*`` overrides them; see :mod:`harness.baselines.perf`).
-The baseline is :meth:`PerfBaselines.for_platform` of this hardware: the perf overlay
-``<baselines>/platforms/perf/<platform>.json`` (or base scenarios that name this platform).
+**A/B** (``--perf-base SPEC``, ``parity perf BASE HEAD``): each case's own pipeline target is HEAD,
+``SPEC`` is BASE; both are prepared in pools of their own on the same devices and run interleaved
+until every figure has a verdict (:mod:`harness.perf.ab`): passed, failed, or inconclusive at the
+cap. This is the verdict that holds on a shared machine: both sides see the same machine at the
+same moments, so only their ratio is judged.
 
-On by default only where such a baseline exists: timings are a property of one machine, and
-gating a CPU runner against numbers from another machine (or from itself on a noisy day) would
-fail CI on noise. Where none exists the gate says so and how to make one. ``--perf`` forces
-the stage: every case is measured and, without a baseline, reported skipped with that reason;
-its results.json then carries the measurements (top-level ``perf``) that
-``parity recalibrate perf`` turns into a new overlay. ``--no-perf`` turns it off.
+**Absolute** (otherwise): ``runs`` timed runs per case, their medians against this machine's perf
+baseline (``<baselines>/platforms/perf/<platform>.json``, sglang's schema), raw, as sglang's CI
+does on its dedicated runners: ``actual <= expected * (1 + tol)`` per value with the profile's
+tolerances (``PARITY_PERF_TOL_*`` override them). On only where such a baseline exists; ``--perf``
+measures anyway, for ``parity recalibrate perf``.
+
+Both modes also run the perf contract cases of ``<cases>/perf`` (ratios timed side by side on the
+contract target) unless the caller times pipelines only.
 """
 
 from __future__ import annotations
@@ -20,31 +21,47 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from harness.baselines.perf import CALIBRATION, NORMALISED_PROFILE, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
+from harness.baselines.perf import AB_PROFILE, E2E, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
 from harness.baselines.platforms import hardware_name, platform_name
+from harness.baselines.tolerances import Tolerances
 from harness.cases.contract import load_cases, platform_of_device
-from harness.cases.image import ImageCase, image_case_dir, load_image_cases
+from harness.cases.image import ImageCase, check_case_on, image_case_dir, load_image_cases, select_image_cases
 from harness.contracts.case import Case
-from harness.gate.contracts import run_contract_cases
-from harness.gate.calibration import machine_factor
 from harness.files.reading import is_directory_present, is_present
-from harness.gate.pipeline_runs import time_case
-from harness.gate.stage import GateContext, case_params, run_each_case
+from harness.gate.contracts import run_contract_cases
+from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_case
+from harness.perf import absolute
+from harness.perf.ab import ORDER, Comparison, compare
+from harness.perf.figures import WALL
+from harness.perf.sides import BASE, HEAD, Revisions, Side
+from harness.perf.stats import METHOD
+from harness.pipelines.sessions import PipelineRun, Session
 from harness.report.console import Column, figure_column, result_table
-from harness.results import FAILED, PASSED, SKIPPED, CaseResult, StageResult, summary_line
+from harness.results import FAILED, INCONCLUSIVE, PASSED, SKIPPED, CaseResult, StageResult, summary_line
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
 RATIO_CASES_DIR = "perf"
 ABSOLUTE_PROFILE = "pr_test"
-PERF_COLUMNS: tuple[Column, ...] = (
-    figure_column("e2e ms", "e2e_ms"), figure_column("expected", "expected_e2e_ms"), figure_column("× machine", "machine_factor"),
-    figure_column("denoise ms", "denoise_ms"),
-    figure_column("step ms", "median_step_ms"), figure_column("peak MB", "peak_memory_mb"),
+POOL_TAGS = {BASE: "perf-base", HEAD: "perf-head"}
+ABSOLUTE_COLUMNS: tuple[Column, ...] = (
+    figure_column("e2e ms", "e2e_ms"), figure_column("expected", "expected_e2e_ms"), figure_column("wall ms", "wall_ms"),
+    figure_column("denoise ms", "denoise_ms"), figure_column("step ms", "median_step_ms"),
+    figure_column("peak MB", "peak_memory_mb"),
+)
+AB_COLUMNS: tuple[Column, ...] = (
+    figure_column("base e2e ms", "e2e_base_ms"), figure_column("head e2e ms", "e2e_head_ms"),
+    figure_column("head/base", "e2e_ratio"), ("interval", lambda r: _interval(r.figures)),
+    figure_column("pairs", "pairs"),
 )
 
 
+def _interval(figures: dict[str, Any]) -> str:
+    low, high = figures.get("e2e_ratio_low"), figures.get("e2e_ratio_high")
+    return f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
+
+
 def how_to_create(platform: str) -> str:
-    """The commands that give a machine its perf baseline."""
+    """The commands that give a dedicated runner its absolute perf baseline."""
     return (f"to create one, run `parity gate --perf --report DIR` 3 times on this machine, then "
             f"`parity recalibrate perf --results DIR*/results.json --write` (writes platforms/perf/{platform}.json)")
 
@@ -54,6 +71,12 @@ def machine_baseline(ctx: GateContext, platform: str) -> PerfBaselines | None:
     if not is_present(ctx.options.baselines_dir / PERF_BASE_FILE):
         return None
     return PerfBaselines.for_platform(ctx.options.baselines_dir, platform)
+
+
+def ab_tolerances(ctx: GateContext) -> Tolerances:
+    """The A/B profile of the baselines' perf file where it has one, else the built-in one (env overrides either)."""
+    baseline = machine_baseline(ctx, platform_name(ctx.device))
+    return (baseline or PerfBaselines.from_json({}, "built-in")).tolerances(AB_PROFILE)
 
 
 def failed_checks(checks: list[PerfCheck]) -> list[str]:
@@ -71,88 +94,144 @@ def failed_checks(checks: list[PerfCheck]) -> list[str]:
 
 
 class PerfStage:
-    """Timings of every image case under ``<cases>/images`` against this machine's perf baseline, and the
-    perf contracts of ``<cases>/perf`` (ratios timed side by side: they need no baseline)."""
+    """The timings of the image cases (A/B or absolute, see the module docstring) and the perf contract cases."""
 
     name = "perf"
 
+    def __init__(self) -> None:
+        self._ratio_cases: list[Case] | None = None
+        self._cases: list[ImageCase] | None = None
+
     def skip_reason(self, ctx: GateContext) -> str | None:
-        choice = ctx.options.perf.enabled
-        if choice is False:
+        perf = ctx.options.perf
+        if perf.enabled is False:
             return "--no-perf"
         directory = image_case_dir(ctx.options.cases_root)
         if not is_directory_present(directory):
             return f"no image cases to time ({directory} does not exist)"
-        if choice:
+        if perf.enabled or perf.base is not None:
             return None
         platform = platform_name(ctx.device)
         baseline = machine_baseline(ctx, platform)
-        if baseline is None:
-            return f"no {PERF_BASE_FILE} in {ctx.options.baselines_dir}"
-        if not baseline.scenario_ids:
-            return f"no perf baseline for hardware '{platform}'; {how_to_create(platform)}"
+        if baseline is None or not baseline.scenario_ids:
+            where = f"no {PERF_BASE_FILE} in {ctx.options.baselines_dir}" if baseline is None else \
+                f"no perf baseline for hardware '{platform}'"
+            return (f"{where}; time HEAD against BASE side by side with `--perf-base SPEC` (or `parity perf BASE HEAD`), "
+                    f"or, on a dedicated runner, {how_to_create(platform)}")
         return None
 
     def preflight(self, ctx: GateContext) -> None:
-        """The baseline files, the env tolerances and the perf contract cases are read before any stage
-        runs: a bad one exits 2 at once."""
-        baseline = machine_baseline(ctx, platform_name(ctx.device))
-        if baseline is not None:
-            for profile in {ctx.options.perf.profile or ABSOLUTE_PROFILE, ctx.options.perf.profile or NORMALISED_PROFILE}:
-                baseline.tolerances(profile)
+        """Cases, tolerances and the BASE side are read before any stage runs: a bad one exits 2 at once."""
+        perf = ctx.options.perf
+        self._cases = _image_cases(ctx)
+        if perf.base is not None:
+            ab_tolerances(ctx)
+            for case in self._cases:
+                check_case_on(case, perf.base.target, perf.base.args, "--perf-base")
+        else:
+            baseline = machine_baseline(ctx, platform_name(ctx.device))
+            if baseline is not None:
+                baseline.tolerances(perf.profile or ABSOLUTE_PROFILE)
         self._ratio_cases = _ratio_cases(ctx)
 
-    _ratio_cases: list[Case] | None = None
-
     def run(self, ctx: GateContext) -> StageResult:
-        options, perf = ctx.options, ctx.options.perf
+        options = ctx.options
         platform = platform_name(ctx.device)
-        baseline = machine_baseline(ctx, platform)
-        cases = sorted(load_image_cases(options.cases_root, options.pipeline, options.pipeline_args), key=lambda c: c.world_size)
-        timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
-        measured_all: dict[str, dict[str, Any]] = {}
-
-        def judge(case: ImageCase) -> CaseResult:
-            measured = time_case(case, ctx.pools, runs=perf.runs, warmup=perf.warmup, timeout=timeout).measured()
-            measured_all[case.id] = measured
-            expected = baseline.scenario(case.id) if baseline is not None else None
-            result = CaseResult(case.id, f"perf.{case.kind}", SKIPPED, params=case_params(case), target=case.target,
-                                figures=_figures(measured))
-            if baseline is None or expected is None:
-                result.reason = f"no perf baseline for scenario '{case.id}' on '{platform}'"
-                return result
-            return _judge(result, measured, expected, baseline, perf.profile)
-
-        results, wall = run_each_case(ctx, self.name, cases, "perf", judge)
+        cases, self._cases = self._cases if self._cases is not None else _image_cases(ctx), None
         ratio_cases, self._ratio_cases = self._ratio_cases if self._ratio_cases is not None else _ratio_cases(ctx), None
+        if options.perf.base is not None:
+            results, wall, extra, top = self._run_ab(ctx, cases)
+            title = f"perf: HEAD against BASE {options.perf.base.target} ({platform}, {ORDER} pairs)"
+            columns = AB_COLUMNS
+        else:
+            results, wall, extra, top = self._run_absolute(ctx, cases, platform)
+            title = f"perf: against the stored baseline ({platform}, median of {options.perf.runs} raw runs)"
+            columns = ABSOLUTE_COLUMNS
         if ratio_cases:
             ratios = run_contract_cases(ratio_cases, options.run, ctx.pools, ctx.err, "perf ratios")
             results += ratios.results
             wall += ratios.wall_s
-        ctx.out.print(result_table(results, f"gate: perf ({platform}, median of {perf.runs} after {perf.warmup} warm-up)",
-                                   PERF_COLUMNS))
+        ctx.out.print(result_table(results, title, columns))
         ctx.out.print(f"perf: {summary_line(results, wall)}")
-        return StageResult(
-            self.name, results, wall,
-            extra={
-                "platform": platform,
-                "baseline_files": baseline.paths if baseline is not None else [],
-                "profile": perf.profile or f"{NORMALISED_PROFILE} where calibrated, else {ABSOLUTE_PROFILE}",
-                "pool_startup_s": {str(w): s for w, s in sorted(ctx.pools.startup_s.items())},
-            },
-            top_level={"platform": platform, "device_name": hardware_name(ctx.device), "perf": measured_all},
-        )
+        extra.update(platform=platform, pool_startup_s=dict(sorted(ctx.pools.startup_s.items())))
+        return StageResult(self.name, results, wall, extra=extra,
+                           top_level={"platform": platform, "device_name": hardware_name(ctx.device), **top})
+
+    def _run_ab(self, ctx: GateContext, cases: list[ImageCase]) -> tuple[list[CaseResult], float, dict[str, Any], dict[str, Any]]:
+        perf, timeout = ctx.options.perf, ctx.options.run.timeout or DEFAULT_CASE_TIMEOUT_S
+        assert perf.base is not None
+        tolerances = ab_tolerances(ctx)
+        with Revisions() as revisions:
+            base = revisions.resolve(perf.base)
+            heads = {c.id: revisions.resolve(Side(c.target, c.target_args)) for c in cases}
+
+            def runs_of(case: ImageCase) -> list[tuple[PipelineRun, str]]:
+                return [(base_run(base, case), POOL_TAGS[BASE]), (base_run(heads[case.id], case), POOL_TAGS[HEAD])]
+
+            def judge(case: ImageCase) -> CaseResult:
+                (base_spec, base_tag), (head_spec, head_tag) = runs_of(case)
+                with Session(base_spec, ctx.pools, tag=base_tag, timeout=timeout) as b, \
+                        Session(head_spec, ctx.pools, tag=head_tag, timeout=timeout) as h:
+                    comparison = compare(b, h, perf.sampling, tolerances)
+                return ab_result(case, comparison, base, heads[case.id], perf.sampling.confidence, tolerances)
+
+            results, wall = run_each_case(ctx, self.name, cases, "perf", judge, runs_of)
+        extra = {"mode": "ab", "base": base.describe(), "method": METHOD, "order": ORDER,
+                 "sampling": dataclasses.asdict(perf.sampling), "tolerances": dataclasses.asdict(tolerances),
+                 "inconclusive": perf.inconclusive}
+        return results, wall, extra, {}
+
+    def _run_absolute(self, ctx: GateContext, cases: list[ImageCase],
+                      platform: str) -> tuple[list[CaseResult], float, dict[str, Any], dict[str, Any]]:
+        perf, timeout = ctx.options.perf, ctx.options.run.timeout or DEFAULT_CASE_TIMEOUT_S
+        baseline = machine_baseline(ctx, platform)
+        measured_all: dict[str, dict[str, Any]] = {}
+
+        def judge(case: ImageCase) -> CaseResult:
+            with Session(case.pipeline_run, ctx.pools, timeout=timeout) as session:
+                measured = {**absolute.measure(session, runs=perf.runs, warmup=perf.sampling.warmup),
+                            "world_size": case.world_size}
+            measured_all[case.id] = measured
+            expected = baseline.scenario(case.id) if baseline is not None else None
+            result = CaseResult(case.id, f"perf.{case.kind}", SKIPPED, params=case_params(case), target=case.target,
+                                figures=_absolute_figures(measured))
+            if baseline is None or expected is None:
+                result.reason = f"no perf baseline for scenario '{case.id}' on '{platform}'"
+                return result
+            return _judge_absolute(result, measured, expected, baseline.tolerances(perf.profile or ABSOLUTE_PROFILE))
+
+        results, wall = run_each_case(ctx, self.name, cases, "perf", judge, own_pipeline)
+        extra = {"mode": "absolute", "baseline_files": baseline.paths if baseline is not None else [],
+                 "profile": perf.profile or ABSOLUTE_PROFILE}
+        return results, wall, extra, {"perf": measured_all}
+
+
+def base_run(side: Side, case: ImageCase) -> PipelineRun:
+    """The case's fields on ``side``'s pipeline target."""
+    return PipelineRun(side.target, side.args, case.fields, case.world_size)
+
+
+def _image_cases(ctx: GateContext) -> list[ImageCase]:
+    """The image cases to time (``PerfOptions.cases`` of them, when given), fewest ranks first."""
+    options = ctx.options
+    cases = load_image_cases(options.cases_root, options.pipeline, options.pipeline_args)
+    chosen = select_image_cases(cases, options.perf.cases) if options.perf.cases else cases
+    return sorted(chosen, key=lambda c: c.world_size)
 
 
 def _ratio_cases(ctx: GateContext) -> list[Case]:
-    """The perf contract cases (``<cases>/perf/*.toml``: ratios timed side by side), with this platform's overlay."""
+    """The perf contract cases (``<cases>/perf/*.toml``: ratios timed side by side), with this platform's overlay,
+    unless the run times pipelines only."""
     directory = ctx.options.cases_root / RATIO_CASES_DIR
-    return load_cases(directory, platform_of_device(ctx.device)) if directory.is_dir() else []
+    if not ctx.options.perf.ratio_contracts or not directory.is_dir():
+        return []
+    return load_cases(directory, platform_of_device(ctx.device))
 
 
-def _figures(measured: dict[str, Any]) -> dict[str, Any]:
+def _absolute_figures(measured: dict[str, Any]) -> dict[str, Any]:
     return {
-        "e2e_ms": measured["expected_e2e_ms"],
+        "e2e_ms": measured[E2E],
+        "wall_ms": measured[WALL],
         "denoise_ms": measured["stages_ms"].get("DenoisingStage"),
         "median_step_ms": measured.get("expected_median_denoise_ms"),
         "peak_memory_mb": measured["peak_memory_mb"],
@@ -162,28 +241,43 @@ def _figures(measured: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _judge(result: CaseResult, measured: dict[str, Any], expected: dict[str, Any], baseline: PerfBaselines,
-           profile: str | None) -> CaseResult:
-    """The verdict against the baseline scenario: normalised by the machine factor where both sides carry a
-    calibration, else absolute; the figures say which gated and why."""
-    figures = result.figures
-    calibrated = CALIBRATION in expected and CALIBRATION in measured
-    if calibrated:
-        machine = machine_factor(measured[CALIBRATION], expected[CALIBRATION])
-        factor, tolerances = machine.value, baseline.tolerances(profile or NORMALISED_PROFILE)
-        figures.update(gated="normalised", machine_factor=factor, factor_from=machine.how, probe_ratios=machine.ratios,
-                       calibration_baseline=expected[CALIBRATION])
-        how = f"normalised: expected × {factor:.3g} ({machine.how})"
-    else:
-        factor, tolerances = 1.0, baseline.tolerances(profile or ABSOLUTE_PROFILE)
-        missing = "the baseline has no calibration" if CALIBRATION not in expected else "this run has no calibration"
-        figures.update(gated="absolute", why_absolute=missing)
-        how = f"absolute ({missing}: re-record it with `parity recalibrate perf`)"
-    checks = check_perf(expected, measured, tolerances, factor=factor)
+def _judge_absolute(result: CaseResult, measured: dict[str, Any], expected: dict[str, Any],
+                    tolerances: Tolerances) -> CaseResult:
+    """The raw measurement against the stored scenario, value by value."""
+    checks = check_perf(expected, measured, tolerances)
     problems = failed_checks(checks)
-    figures["expected_e2e_ms"] = expected["expected_e2e_ms"] * factor
-    figures["tolerances"] = dataclasses.asdict(tolerances)
-    figures["values"] = [dataclasses.asdict(c) for c in checks]
-    result.status, result.reason = (FAILED, "; ".join(problems) + f" [{how}]") if problems else (PASSED, None)
-    result.bound = f"{len(checks)} values within their tolerance, {how}"
+    result.figures.update(expected_e2e_ms=expected[E2E], tolerances=dataclasses.asdict(tolerances),
+                          values=[dataclasses.asdict(c) for c in checks])
+    result.status, result.reason = (FAILED, "; ".join(problems) + " [raw times against the stored baseline]") if problems \
+        else (PASSED, None)
+    result.bound = f"{len(checks)} raw values within their tolerance of the stored baseline"
+    return result
+
+
+def ab_result(case: ImageCase, comparison: Comparison, base: Side, head: Side, confidence: float,
+              tolerances: Tolerances) -> CaseResult:
+    """An A/B as a case result: failed if any figure is slower beyond its limit, inconclusive if any is undecided."""
+    figures: dict[str, Any] = {"mode": "ab", "pairs": comparison.pairs, "confidence": confidence, "method": METHOD,
+                               "order": ORDER, "base": base.describe(), "head": head.describe()}
+    for key, label in (("e2e", E2E), ("wall", WALL)):
+        verdict = comparison.verdict(label)
+        if verdict is not None and verdict.interval is not None:
+            figures.update({f"{key}_base_ms": verdict.base_ms, f"{key}_head_ms": verdict.head_ms,
+                            f"{key}_ratio": verdict.interval.ratio, f"{key}_ratio_low": verdict.interval.low,
+                            f"{key}_ratio_high": verdict.interval.high})
+    figures.update(figures_judged={v.label: v.to_json() for v in comparison.verdicts}, unpaired=comparison.unpaired,
+                   peak_memory_mb=comparison.peak_memory_mb, tolerances=dataclasses.asdict(tolerances),
+                   samples=comparison.samples)
+    result = CaseResult(case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=case.target, figures=figures)
+    result.bound = (f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "
+                    f"({comparison.pairs} {ORDER} pairs)")
+    if comparison.failed:
+        result.status = FAILED
+        result.reason = "HEAD is slower than BASE: " + "; ".join(v.describe() for v in comparison.failed)
+    elif comparison.undecided:
+        result.status = INCONCLUSIVE
+        shown = comparison.undecided[:3]
+        more = f"; and {len(comparison.undecided) - 3} more" if len(comparison.undecided) > 3 else ""
+        result.reason = (f"undecided after {comparison.pairs} pairs (the cap): "
+                         + "; ".join(v.describe() for v in shown) + more)
     return result

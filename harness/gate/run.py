@@ -31,7 +31,8 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
     from harness.errors import ConfigError
     from harness.files.atomic import check_writable
 
-    if not options.baselines_dir.is_dir():
+    perf_ab_only = options.stages == ("perf",) and options.perf.base is not None  # reads no baseline it needs
+    if not perf_ab_only and not options.baselines_dir.is_dir():
         raise ConfigError("no such baselines directory", path=options.baselines_dir, key="--baselines")
     check_device(options.run.device)
     check_env_tolerances()  # even when perf is skipped: a lane's bad override is a configuration error
@@ -43,7 +44,7 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
     out = human_console(options.json_path)
     with PoolSet(options.run.device) as pools:
         ctx = GateContext(options, out, make_console(stderr=True), pools)
-        plan = [(stage, stage.skip_reason(ctx)) for stage in stages()]
+        plan = [(stage, stage.skip_reason(ctx)) for stage in stages() if not options.stages or stage.name in options.stages]
         for stage, reason in plan:
             if not reason:
                 stage.preflight(ctx)
@@ -53,11 +54,13 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
                 out.print(f"{stage.name}: skipped ({reason})")
             else:
                 outcome[stage.name] = stage.run(ctx)
-    document = results_document("gate", environment(options.run.target, options.run.device, options.run.load().version()), outcome,
-                                time.perf_counter() - start)
-    write_reports(options, document, {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)})
-    print_verdict(out, "gate", {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)},
-                  options.report_dir / "index.html" if options.report_dir else None)
+    inconclusive_fails = options.perf.inconclusive == "fail"
+    document = results_document(options.command, environment(options.run.target, options.run.device, options.run.load().version()),
+                                outcome, time.perf_counter() - start, inconclusive_fails)
+    results = {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)}
+    write_reports(options, document, results)
+    print_verdict(out, options.command, results, options.report_dir / "index.html" if options.report_dir else None,
+                  inconclusive_fails)
     return document
 
 
@@ -72,7 +75,7 @@ def write_reports(options: GateOptions, document: dict[str, Any], results: dict[
         write_results(report / "results.json", document)
     for path in (options.junit_path, report / "junit.xml" if report else None):
         if path:
-            write_junit(path, results, name="parity gate")
+            write_junit(path, results, f"parity {options.command}", options.perf.inconclusive == "fail")
     if report:
         from harness.report.html import write_index
 

@@ -18,29 +18,39 @@ from rich.console import Console
 
 from harness.cases.image import ImageCase
 from harness.contracts.runner import RunOptions
-from harness.gate.pipeline_runs import needs_ranks, unavailable
+from harness.perf.ab import Sampling
+from harness.perf.sides import Side
+from harness.pipelines.sessions import PipelineRun
 from harness.ranks import PoolSet, RankFailure
 from harness.report.console import progress
 from harness.results import FAILED, SKIPPED, CaseResult, StageResult, Status
 from harness.targets.base import PipelineFailed
 from harness.targets.loader import TargetArgs
 
-PERF_PROFILES = ("pr_test", "long_term", "normalised")
+PERF_PROFILES = ("pr_test", "long_term")
+INCONCLUSIVE_POLICIES = ("fail", "pass")
 
 
 @dataclass(frozen=True)
 class PerfOptions:
-    """``enabled`` None: the perf stage runs only where this machine has a perf baseline.
+    """The perf stage. ``base`` set: an A/B of every image case, BASE against the case's own pipeline (HEAD),
+    sampled by ``sampling``; else absolute: ``runs`` timed runs per case against this machine's stored
+    baseline (``profile``: its tolerances, default pr_test).
 
-    ``profile`` None: ``normalised`` for a scenario whose baseline has a calibration, ``pr_test`` otherwise.
-    ``runs`` 5: on an H200 host one 1-rank case's consecutive runs took 37.9, 60.9 and 52.2 ms,
-    and a median of three such runs is one of them.
+    ``enabled`` None: on in an A/B, else only where this machine has a perf baseline. ``inconclusive``:
+    ``fail`` (an undecided A/B is not a pass: exit 3 when nothing failed) or ``pass``. ``cases``:
+    globs of the image cases to time (all when empty). ``ratio_contracts``: also the perf contract
+    cases of ``<cases>/perf`` (the gate runs them; ``parity perf`` times pipelines only).
     """
 
     enabled: bool | None = None
     runs: int = 5
-    warmup: int = 1
     profile: str | None = None
+    base: Side | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    inconclusive: str = "fail"
+    cases: tuple[str, ...] = ()
+    ratio_contracts: bool = True
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,8 @@ class GateOptions:
     perf: PerfOptions = field(default_factory=PerfOptions)
     keep_outputs: bool = False  # save the candidates of passing image cases too (failing ones always are)
     pipeline_args: TargetArgs = ()  # the factory arguments of ``pipeline`` (--pipeline-target-arg)
+    stages: tuple[str, ...] = ()  # the stages to run (every stage when empty): ``parity perf`` runs the perf stage alone
+    command: str = "gate"  # the verb the results document and the last line name
 
 
 @dataclass
@@ -82,28 +94,39 @@ class Stage(Protocol):
     def run(self, ctx: GateContext) -> StageResult: ...
 
 
+def own_pipeline(case: ImageCase) -> list[tuple[PipelineRun, str]]:
+    """What most stages run for a case: its own pipeline target, in the untagged pools."""
+    return [(case.pipeline_run, "")]
+
+
 def run_each_case(ctx: GateContext, label: str, cases: Sequence[ImageCase], check: str,
-                  judge: Callable[[ImageCase], CaseResult]) -> tuple[list[CaseResult], float]:
+                  judge: Callable[[ImageCase], CaseResult],
+                  runs_of: Callable[[ImageCase], Sequence[tuple[PipelineRun, str]]] = own_pipeline) -> tuple[list[CaseResult], float]:
     """``judge(case)`` for every case in the gate's pools, with a progress bar; the results and the wall time.
 
-    A case's duration excludes starting its group. A case its target cannot run on this machine
-    is skipped with the target's reason. A rank that fails (raises, dies, hangs), or a pipeline
-    that fails in a way its target explains (:class:`PipelineFailed`), fails that case with the
-    traceback or stderr; the stage goes on with the next case.
+    ``runs_of`` says which pipelines a case runs, each with the tag of its pools (an A/B runs two).
+    A case's duration excludes starting its groups. A case that a target cannot run on this
+    machine is skipped with the target's reason. A rank that fails (raises, dies, hangs), or a
+    pipeline that fails in a way its target explains (:class:`PipelineFailed`), fails that case with
+    the traceback or stderr; the stage goes on with the next case.
     """
     start = time.perf_counter()
     results: list[CaseResult] = []
-    skips = {c.id: unavailable(c, ctx.device) for c in cases}
+    plans = {c.id: runs_of(c) for c in cases}
+    skips = {c.id: next((r for run, _ in plans[c.id] if (r := run.unavailable(ctx.device))), None) for c in cases}
     with progress(ctx.err, len(cases), label) as advance:
-        ctx.pools.prestart(c.world_size for c in cases if not skips[c.id] and needs_ranks(c))
+        for tag in sorted({tag for plan in plans.values() for _, tag in plan}):
+            ctx.pools.prestart((run.world_size for c in cases if not skips[c.id] for run, t in plans[c.id]
+                                if t == tag and run.in_ranks), tag)
         for case in cases:
             t0 = time.perf_counter()
             try:
                 if skips[case.id]:
                     result = _failed_or_skipped(case, check, SKIPPED, skips[case.id] or "")
                 else:
-                    if needs_ranks(case):
-                        ctx.pools.get(case.world_size)
+                    for run, tag in plans[case.id]:
+                        if run.in_ranks:
+                            ctx.pools.get(run.world_size, tag)
                     t0 = time.perf_counter()
                     result = judge(case)
             except (RankFailure, PipelineFailed) as exc:

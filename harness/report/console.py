@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.report.format import STATUS_STYLE, figure
-from harness.results import FAILED, PASSED, CaseResult
+from harness.results import FAILED, INCONCLUSIVE, PASSED, CaseResult
 
 _LOG_WIDTH = 180  # CI logs are not terminals: rich would fold every table to 80 columns
 
@@ -93,19 +93,32 @@ CONTRACT_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def print_verdict(console: Console, verb: str, stages: Mapping[str, Sequence[CaseResult]], report: Path | None = None) -> None:
-    """The last lines of a run: each failing case with its reason and the command that shows it, the report
-    page, then ``gate: FAILED (2 failing cases: a, b)`` (or ``gate: PASSED``) as the very last line."""
-    failing = [(stage, r) for stage, results in stages.items() for r in results if r.status == FAILED]
-    if failing:
-        console.print(f"failing cases ({len(failing)}):")
-    for stage, r in failing:
-        reason = (r.reason or "failed").splitlines()[0]
-        console.print(escape(f"  {stage}/{r.case_id}: {reason}"), soft_wrap=True)
-        if r.next_step:
-            console.print(escape(f"    -> {r.next_step}"), soft_wrap=True)
+def print_verdict(console: Console, verb: str, stages: Mapping[str, Sequence[CaseResult]], report: Path | None = None,
+                  inconclusive_fails: bool = True) -> None:
+    """The last lines of a run: each failing (then undecided) case with its reason and the command that shows it,
+    the report page, then ``gate: FAILED (2 failing cases: a, b)``, ``gate: INCONCLUSIVE (...)`` or
+    ``gate: PASSED`` as the very last line."""
+    listed = {status: [(stage, r) for stage, results in stages.items() for r in results if r.status == status]
+              for status in (FAILED, INCONCLUSIVE)}
+    for status, title in ((FAILED, "failing cases"), (INCONCLUSIVE, "inconclusive cases")):
+        if listed[status]:
+            console.print(f"{title} ({len(listed[status])}):")
+        for stage, r in listed[status]:
+            reason = (r.reason or str(status)).splitlines()[0]
+            console.print(escape(f"  {stage}/{r.case_id}: {reason}"), soft_wrap=True)
+            if r.next_step:
+                console.print(escape(f"    -> {r.next_step}"), soft_wrap=True)
     if report is not None:
         console.print(escape(f"report: {report}"), soft_wrap=True)
-    names = ", ".join(r.case_id for _, r in failing)
-    verdict = f"FAILED ({len(failing)} failing case{'s' if len(failing) != 1 else ''}: {names})" if failing else "PASSED"
+    failing, undecided = listed[FAILED], listed[INCONCLUSIVE]
+
+    def named(cases: list[tuple[str, CaseResult]], what: str) -> str:
+        return f"{len(cases)} {what} case{'s' if len(cases) != 1 else ''}: {', '.join(r.case_id for _, r in cases)}"
+
+    if failing:
+        verdict = f"FAILED ({named(failing, 'failing')})"
+    elif undecided and inconclusive_fails:
+        verdict = f"INCONCLUSIVE ({named(undecided, 'undecided')}; exit 3)"
+    else:
+        verdict = "PASSED" + (f" ({named(undecided, 'undecided')}, counted as passed)" if undecided else "")
     console.print(escape(f"{verb}: {verdict}"), soft_wrap=True)

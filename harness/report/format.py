@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-STATUS_COLOUR = {"passed": "#1a7f37", "failed": "#cf222e", "skipped": "#9a6700", "xfailed": "#6e7781"}
-STATUS_STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow", "xfailed": "dim"}
+STATUS_COLOUR = {"passed": "#1a7f37", "failed": "#cf222e", "skipped": "#9a6700", "xfailed": "#6e7781", "inconclusive": "#8250df"}
+STATUS_STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow", "xfailed": "dim", "inconclusive": "bold magenta"}
 
 
 def figure(value: Any, digits: int = 4) -> str:
@@ -24,7 +24,7 @@ def figure(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-OUTCOME_WORD = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "skipped": "skip"}
+OUTCOME_WORD = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "skipped": "skip", "inconclusive": "undecided"}
 
 
 def outcome_cell(status: str, figures: dict[str, Any] | None) -> str:

@@ -160,7 +160,7 @@ def _stage_details(name: str, stage: Mapping[str, Any]) -> str:
     for r in stage.get("records", []):
         status = str(r.get("status", ""))
         case_id = str(r.get("case_id", "?"))
-        name_html = (f"<a href='#{anchor(name, case_id)}'>{_e(case_id)}</a>" if status == "failed" else _e(case_id))
+        name_html = (f"<a href='#{anchor(name, case_id)}'>{_e(case_id)}</a>" if status in _LOOK_AT else _e(case_id))
         candidate = (r.get("artifacts") or {}).get("candidate")
         output = f"<a href='{_e(candidate)}'><img class='thumb' src='{_e(candidate)}' alt='{_e(case_id)} candidate'></a>" if candidate else ""
         duration = r.get("duration_s")
@@ -169,6 +169,9 @@ def _stage_details(name: str, stage: Mapping[str, Any]) -> str:
                     f"<td class='num'>{'' if duration is None else f'{duration * 1000:.0f}'}</td><td>{output}</td></tr>")
     timing = f" in {wall:.1f} s" if isinstance(wall, (int, float)) else ""
     return f"<details><summary>{_e(name)}: {_e(summary or 'no cases')}{timing}</summary><table>{''.join(rows)}</table></details>"
+
+
+_LOOK_AT = ("failed", "inconclusive")  # the records a reader must look at: listed first, each with its section
 
 
 def _records(document: Mapping[str, Any], status: str) -> list[tuple[str, Mapping[str, Any]]]:
@@ -182,14 +185,16 @@ def _first_line(text: str | None, limit: int = 240) -> str:
 
 
 def _failure_tables(document: Mapping[str, Any]) -> str:
-    failed = _records(document, "failed")
     parts = []
-    if failed:
+    for status, title, table_id in (("failed", "Failures", "failures"), ("inconclusive", "Inconclusive", "inconclusive")):
+        records = _records(document, status)
+        if not records:
+            continue
         rows = ["<tr><th>stage</th><th>case</th><th>check</th><th>reason</th><th>next step</th></tr>"]
         rows += [f"<tr><td class='id'>{_e(s)}</td><td class='id'><a href='#{anchor(s, str(r.get('case_id')))}'>{_e(r.get('case_id'))}</a></td>"
                  f"<td class='id'>{_e(r.get('check', ''))}</td><td class='text'>{_e(_first_line(r.get('reason')))}</td>"
-                 f"<td class='text'>{'<code>' + _e(r['next_step']) + '</code>' if r.get('next_step') else ''}</td></tr>" for s, r in failed]
-        parts.append(f"<h2>Failures ({len(failed)})</h2><table id='failures'>{''.join(rows)}</table>")
+                 f"<td class='text'>{'<code>' + _e(r['next_step']) + '</code>' if r.get('next_step') else ''}</td></tr>" for s, r in records]
+        parts.append(f"<h2>{title} ({len(records)})</h2><table id='{table_id}'>{''.join(rows)}</table>")
     skipped = _records(document, "skipped") + _records(document, "xfailed")
     stage_skips = [(n, s["skipped"]) for n, s in (document.get("stages") or {}).items() if "skipped" in s]
     if skipped or stage_skips:
@@ -209,7 +214,13 @@ def _banner(document: Mapping[str, Any]) -> str:
     for stage, _ in failed:
         by_stage[stage] = by_stage.get(stage, 0) + 1
     detail = ", ".join(f"{n} in {s}" for s, n in by_stage.items())
-    verdict = "PASSED" if passed else f"FAILED: {len(failed)} failing case{'s' if len(failed) != 1 else ''}" + (f" ({detail})" if detail else "")
+    undecided = _records(document, "inconclusive")
+    if passed:
+        verdict = "PASSED" + (f" ({len(undecided)} inconclusive, counted as passed)" if undecided else "")
+    elif failed:
+        verdict = f"FAILED: {len(failed)} failing case{'s' if len(failed) != 1 else ''}" + (f" ({detail})" if detail else "")
+    else:
+        verdict = f"INCONCLUSIVE: {len(undecided)} undecided case{'s' if len(undecided) != 1 else ''}"
     env = [f"{k} {document[k]}" for k in _STAGE_ORDER_KEYS if document.get(k) is not None]
     git = document.get("git") or {}
     if git.get("commit"):
@@ -223,7 +234,7 @@ def _banner(document: Mapping[str, Any]) -> str:
 
 def render_index(document: Mapping[str, Any]) -> str:
     """The report page for a results document."""
-    failing = "".join(_case_section(s, r) for s, r in _records(document, "failed"))
+    failing = "".join(_case_section(s, r) for status in _LOOK_AT for s, r in _records(document, status))
     stages = "".join(_stage_details(n, s) for n, s in (document.get("stages") or {}).items())
     body = (_banner(document) + _failure_tables(document)
             + (f"<h2>Failing cases</h2>{failing}" if failing else "")

@@ -1,7 +1,8 @@
 """JUnit XML for CI systems: one testsuite per stage, one testcase per case result.
 
 An expected failure (a known upstream divergence that failed as recorded) is reported as
-skipped with its reason, as pytest reports an xfail.
+skipped with its reason, as pytest reports an xfail. An inconclusive timing is a failure of type
+``inconclusive`` where it counts against the run (the default), else skipped with its reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness.results import FAILED, SKIPPED, XFAILED, CaseResult, json_safe
+from harness.results import FAILED, INCONCLUSIVE, SKIPPED, XFAILED, CaseResult, json_safe
 
 
 def _details(result: CaseResult) -> str:
@@ -19,30 +20,32 @@ def _details(result: CaseResult) -> str:
     return text + (f"\n{result.traceback}" if result.traceback else "")
 
 
-def junit_xml(stages: Mapping[str, Sequence[CaseResult]], name: str = "parity") -> bytes:
+def junit_xml(stages: Mapping[str, Sequence[CaseResult]], name: str = "parity", inconclusive_fails: bool = True) -> bytes:
+    failing = (FAILED, INCONCLUSIVE) if inconclusive_fails else (FAILED,)
     root = ET.Element("testsuites", name=name)
     for suite, results in stages.items():
         element = ET.SubElement(
             root, "testsuite", name=suite, tests=str(len(results)),
-            failures=str(sum(r.status == FAILED for r in results)),
-            skipped=str(sum(r.status in (SKIPPED, XFAILED) for r in results)),
+            failures=str(sum(r.status in failing for r in results)),
+            skipped=str(sum(r.status not in failing and r.status in (SKIPPED, XFAILED, INCONCLUSIVE) for r in results)),
             errors="0", time=f"{sum(r.duration_s for r in results):.3f}",
         )
         for r in results:
             case = ET.SubElement(element, "testcase", classname=r.check, name=r.case_id, time=f"{r.duration_s:.3f}")
             details = _details(r)
-            if r.status == FAILED:
-                ET.SubElement(case, "failure", message=r.reason or "failed").text = details
-            elif r.status in (SKIPPED, XFAILED):
-                prefix = "expected failure: " if r.status == XFAILED else ""
+            if r.status in failing:
+                ET.SubElement(case, "failure", message=r.reason or str(r.status), type=str(r.status)).text = details
+            elif r.status in (SKIPPED, XFAILED, INCONCLUSIVE):
+                prefix = {XFAILED: "expected failure: ", INCONCLUSIVE: "inconclusive: "}.get(r.status, "")
                 ET.SubElement(case, "skipped", message=prefix + (r.reason or "skipped"))
-            if r.status != FAILED:
+            if r.status not in failing:
                 ET.SubElement(case, "system-out").text = details
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
-def write_junit(path: str | Path, stages: Mapping[str, Sequence[CaseResult]], name: str = "parity") -> None:
+def write_junit(path: str | Path, stages: Mapping[str, Sequence[CaseResult]], name: str = "parity",
+                inconclusive_fails: bool = True) -> None:
     from harness.files.atomic import write_bytes_atomic
 
-    write_bytes_atomic(path, junit_xml(stages, name))
+    write_bytes_atomic(path, junit_xml(stages, name, inconclusive_fails))

@@ -16,9 +16,11 @@ loaded with ``local_files_only=True``: a gate never reaches a hub. An image case
 Output: ``output_type="np"`` (floats in [0, 1]) to uint8 as diffusers' ``numpy_to_pil`` rounds it,
 ``[H, W, 3]`` or ``[T, H, W, 3]``; NaN/Inf values are counted first (``nonfinite``: the run fails).
 
-Timings (``perf_counter``; on CUDA every mark synchronizes the device first), from four marks
-per run: the call, ``encode_prompt`` (the method is wrapped on the instance), the transformer's
-first forward (a forward pre-hook) and ``callback_on_step_end`` after every step:
+Timings from four marks per run (CUDA events on a GPU, recorded on the stream without a sync and
+read once the call returned, so the pipeline keeps its host/device overlap; ``perf_counter`` on the
+CPU): the call, ``encode_prompt`` (the method is wrapped on the instance), the transformer's first
+forward (a forward pre-hook) and ``callback_on_step_end`` after every step. ``e2e_ms`` is the
+host's wall clock of the call, the device synchronised at its end:
 
 - ``TextEncodingStage``: time inside ``encode_prompt`` (tokenizers and text encoders). Absent
   when the pipeline never calls it; its time is then in ``PreparationStage``.
@@ -30,7 +32,8 @@ first forward (a forward pre-hook) and ``callback_on_step_end`` after every step
 - ``DecodingStage``: from the last callback to the return of the call: latent unpacking, VAE
   decode, post-processing to numpy.
 
-The four stages partition the run: they add up to ``e2e_ms``.
+The four stages partition the run: they add up to ``e2e_ms`` (on a GPU to the device's timeline of
+the call, which ``e2e_ms`` contains).
 
 Parallelism: at W ranks every rank loads the whole pipeline and diffusers' own context
 parallelism shards the transformer (``transformer.enable_parallelism(ContextParallelConfig(
@@ -193,49 +196,60 @@ class DiffusersPipelineTarget(PipelineTarget):
 
 @dataclass
 class _Clock:
-    """The marks of one run (module docstring); ``sync`` makes device work visible to the host clock."""
+    """The marks of one run (module docstring): CUDA events on ``cuda_device``, else ``perf_counter`` readings."""
 
-    sync: Callable[[], None]
-    text_ms: float | None = None
-    first_forward: float | None = None
-    step_ends: list[float] = field(default_factory=list)
+    cuda_device: str | None
+    text: list[tuple[Any, Any]] = field(default_factory=list)
+    first_forward: Any = None
+    step_ends: list[Any] = field(default_factory=list)
 
-    def now(self) -> float:
-        self.sync()
-        return time.perf_counter()
+    @property
+    def name(self) -> str:
+        return "cuda_events (stages), perf_counter (e2e)" if self.cuda_device else "perf_counter"
+
+    def mark(self) -> Any:
+        if self.cuda_device is None:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ms(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end)) if self.cuda_device else (end - start) * 1000
 
     def reset(self) -> None:
-        self.text_ms, self.first_forward, self.step_ends = None, None, []
+        self.text, self.first_forward, self.step_ends = [], None, []
 
     def wrap_text_encoding(self, encode: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(encode)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = self.now()
+            start = self.mark()
             try:
                 return encode(*args, **kwargs)
             finally:
-                self.text_ms = (self.text_ms or 0.0) + (self.now() - start) * 1000
+                self.text.append((start, self.mark()))
 
         return timed
 
     def on_forward(self, module: torch.nn.Module, args: Any) -> None:
         if self.first_forward is None:
-            self.first_forward = self.now()
+            self.first_forward = self.mark()
 
     def on_step_end(self, pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
-        self.step_ends.append(self.now())
+        self.step_ends.append(self.mark())
         return {}  # nothing replaced: the pipeline keeps its own tensors
 
-    def timings(self, start: float, end: float, clock: str) -> Timings:
+    def timings(self, start: Any, end: Any, wall_ms: float) -> Timings:
+        """The run's stages from its marks (every event has completed: the caller synchronised)."""
         if self.first_forward is None or not self.step_ends:
             raise RuntimeError("the pipeline reported no denoising step (no transformer forward or no callback_on_step_end)")
         marks = [self.first_forward, *self.step_ends]
-        steps = [(b - a) * 1000 for a, b in zip(marks, marks[1:])]
-        text = self.text_ms or 0.0
-        stages = {"TextEncodingStage": text} if self.text_ms is not None else {}
-        stages.update(PreparationStage=(self.first_forward - start) * 1000 - text, DenoisingStage=sum(steps),
-                      DecodingStage=(end - self.step_ends[-1]) * 1000)
-        return Timings((end - start) * 1000, stages, steps, clock)
+        steps = [self.ms(a, b) for a, b in zip(marks, marks[1:])]
+        text = sum(self.ms(a, b) for a, b in self.text)
+        stages = {"TextEncodingStage": text} if self.text else {}
+        stages.update(PreparationStage=self.ms(start, self.first_forward) - text, DenoisingStage=sum(steps),
+                      DecodingStage=self.ms(self.step_ends[-1], end))
+        return Timings(wall_ms, stages, steps, self.name)
 
 
 def _to_uint8(result: Any, video: bool) -> tuple[np.ndarray, int]:
@@ -271,9 +285,8 @@ class _Prepared:
             from diffusers import ContextParallelConfig
 
             pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
-        cuda = device.startswith("cuda")
-        self.clock = _Clock((lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None))
-        self.clock_name = "perf_counter, cuda-synchronized" if cuda else "perf_counter"
+        self.device = device
+        self.clock = _Clock(device if device.startswith("cuda") else None)
         if hasattr(pipe, "encode_prompt"):
             pipe.encode_prompt = self.clock.wrap_text_encoding(pipe.encode_prompt)
         self.hook = pipe.transformer.register_forward_pre_hook(self.clock.on_forward)
@@ -283,12 +296,18 @@ class _Prepared:
 
     def run(self) -> PipelineOutput:
         self.clock.reset()
-        start = self.clock.now()
+        if self.clock.cuda_device:
+            torch.cuda.synchronize(self.device)  # the run's wall clock starts with an idle device
+        wall_start = time.perf_counter()
+        start = self.clock.mark()
         result = self.pipe(**self.kwargs, generator=torch.Generator("cpu").manual_seed(self.seed), output_type="np",
                            return_dict=True, callback_on_step_end=self.clock.on_step_end)
-        end = self.clock.now()
+        end = self.clock.mark()
+        if self.clock.cuda_device:
+            torch.cuda.synchronize(self.device)
+        wall_ms = (time.perf_counter() - wall_start) * 1000 if self.clock.cuda_device else self.clock.ms(start, end)
         output, nonfinite = _to_uint8(result, self.info.video)
-        return PipelineOutput(output, self.clock.timings(start, end, self.clock_name), dict(self.backends), nonfinite)
+        return PipelineOutput(output, self.clock.timings(start, end, wall_ms), dict(self.backends), nonfinite)
 
     def close(self) -> None:
         self.hook.remove()

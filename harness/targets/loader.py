@@ -22,17 +22,21 @@ from harness.targets.base import CAPABILITIES, PipelineTarget, Target
 
 # name -> (module, factory attribute, one-line description)
 BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
-    "reference": ("harness.targets.reference", "factory", "reference_impl USPAttention (default)"),
+    "reference": ("harness.targets.reference.attention", "factory", "reference_impl USPAttention (default)"),
     "sglang": ("harness.targets.sglang", "factory", "sglang's multimodal_gen USPAttention on sglang's parallel state (layer=MODULE:CLASS)"),
     "yunchang": ("harness.targets.yunchang", "factory", "yunchang 0.6.4 LongContextAttention (Ulysses x ring; CUDA only)"),
     "yunchang-ulysses": ("harness.targets.yunchang", "ulysses_factory", "yunchang 0.6.4 UlyssesAttention (CUDA only)"),
     "diffusers": ("harness.targets.diffusers", "factory", "diffusers dispatch_attention_fn under ContextParallelConfig (backend=NAME)"),
 }
 BUILTIN_PIPELINES: dict[str, tuple[str, str, str]] = {
-    "reference": ("harness.targets.reference", "pipeline_factory", "reference_impl tiny seeded pipeline (default)"),
+    "reference": ("harness.targets.reference.pipeline", "factory", "reference_impl tiny seeded pipeline (default)"),
     "diffusers": ("harness.targets.diffusers_pipeline", "factory", "a diffusers DiffusionPipeline from a local directory (path=DIR)"),
     "command": ("harness.targets.command_pipeline", "factory", "an external command writing PNGs and timings (template='...')"),
 }
+#: ``rev:GITREV``: the reference pipeline as a commit of parity's checkout has it (a perf A/B side).
+REVISION_PREFIX = "rev:"
+REVISION_PIPELINE = ("harness.targets.reference.revision", "factory",
+                     "rev:GITREV: the reference pipeline at another commit of parity's checkout (a side of parity perf)")
 
 TargetArgs = tuple[tuple[str, str], ...]
 T = TypeVar("T", Target, PipelineTarget)
@@ -75,6 +79,9 @@ def _load(spec: str, args: TargetArgs, builtin: dict[str, tuple[str, str, str]],
 def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str) -> T:
     if spec in builtin:
         module_name, attr, _ = builtin[spec]
+    elif kind is PipelineTarget and spec.startswith(REVISION_PREFIX):
+        module_name, attr, _ = REVISION_PIPELINE
+        args = {**args, "rev": spec[len(REVISION_PREFIX):]}
     elif ":" in spec:
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr:

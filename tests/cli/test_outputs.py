@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from harness.cli import VERBS, build_parser, main
 from harness.paths import parity_version
 from harness.report.console import CONTRACT_COLUMNS, result_table
 from harness.results import PASSED, CaseResult
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(300)
 PRECEDENCE = '[cases.precedence]\ncontract = "backend.selection_precedence"\nworld_size = 1\n'
@@ -71,8 +74,13 @@ def test_help_texts_have_no_docstring_markup(capsys: pytest.CaptureFixture[str])
         assert not re.search(r"``|:(func|mod|class|meth|data):", text), (words, text)
 
 
-def test_list_shows_contract_cases_image_cases_and_perf_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["list", "--json", "-"]) == 0
+def test_list_shows_contract_cases_image_cases_and_perf_scenarios(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    baselines = tmp_path / "baselines"
+    shutil.copytree(REPO / "baselines", baselines)
+    overlay = baselines / "platforms" / "perf" / "h200.json"
+    overlay.parent.mkdir(parents=True, exist_ok=True)
+    overlay.write_text(json.dumps({"metadata": {"platform": "h200"}, "scenarios": {"zimage_t2i_1rank": {"expected_e2e_ms": 54.6}}}))
+    assert main(["list", "--json", "-", "--baselines", str(baselines)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {"zimage_t2i_1rank", "hunyuan_t2v_2ranks"} <= {c["id"] for c in data["image_cases"]}
     assert any(p["id"] == "zimage_t2i_1rank" and p["platform"] == "h200" for p in data["perf_scenarios"])

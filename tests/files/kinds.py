@@ -37,7 +37,7 @@ PERF_BASE = {"metadata": {"hardware": "none"}, "tolerances": {"pr_test": dict(_P
 SCENARIO = {"expected_e2e_ms": 10.0, "stages_ms": {"TextEncodingStage": 1.0, "DenoisingStage": 5.0},
             "denoise_step_ms": {"0": 2.5, "1": 2.5}, "expected_avg_denoise_ms": 2.5, "expected_median_denoise_ms": 2.5}
 PERF_OVERLAY = {"metadata": {"hardware": "a test box", "platform": PLATFORM},
-                "scenarios": {CASE: {**SCENARIO, "calibration": {"module_us": 30.0, "comm_us": 100.0, "step_ms": 1.0}}}}
+                "scenarios": {CASE: {**SCENARIO, "dispersion": {"expected_e2e_ms": 0.02, "denoise_step_ms.0": 0.05}}}}
 RESULTS = {
     "command": "gate", "platform": PLATFORM, "passed": True, "stages": {},
     "cases": {CASE: {"kind": "image", "passed": True,

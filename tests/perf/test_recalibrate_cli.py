@@ -55,7 +55,7 @@ def _rows(text: str) -> dict[tuple[str, str], list[str]]:
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("│┃").split("│")]
-        if len(cells) == 6 and cells[0] not in ("case", "scenario"):
+        if len(cells) in (6, 7) and cells[0] not in ("case", "scenario"):  # thresholds, perf (with its spread)
             rows[(cells[0], cells[1])] = cells[2:]
     return rows
 
@@ -210,13 +210,14 @@ def test_perf_creates_the_machine_overlay_from_medians(baselines: Path, tmp_path
     runs = _perf_runs(tmp_path, "h200", [
         _measured(20.123456, 1.11111, 15.5, 3.3, [3.0, 4.0]),
         _measured(22.0, 1.2, 16.0, 3.4, [3.5, 4.5]),
-        _measured(40.0, 5.0, 30.0, 5.0, [9.0, 9.0]),  # one slow outlier: the median ignores it
+        _measured(23.0, 1.3, 16.5, 3.5, [3.6, 4.6]),
     ])
     argv = ["recalibrate", "perf", "--baselines", str(baselines), "--results", *map(str, runs)]
     assert main(argv) == 0
     rows = _rows(capsys.readouterr().out)
-    assert rows[("zimage_t2i_1rank", "expected_e2e_ms")] == ["-", "22", "22", "added"]
-    assert rows[("zimage_t2i_1rank", "stages_ms.TextEncodingStage")] == ["-", "1.2", "1.2", "added"]
+    # the spread: the largest distance of a run from the median, (22 - 20.123456) / 22 and (1.3 - 1.2) / 1.2
+    assert rows[("zimage_t2i_1rank", "expected_e2e_ms")] == ["-", "22", "22", "±8.5%", "added"]
+    assert rows[("zimage_t2i_1rank", "stages_ms.TextEncodingStage")] == ["-", "1.2", "1.2", "±8.3%", "added"]
     overlay = baselines / "platforms" / "perf" / "h200.json"
     assert not overlay.exists()  # dry run
     assert main([*argv, "--write"]) == 0
@@ -227,10 +228,28 @@ def test_perf_creates_the_machine_overlay_from_medians(baselines: Path, tmp_path
         "expected_e2e_ms": 22.0,
         "stages_ms": {"TextEncodingStage": 1.2, "DenoisingStage": 16.0, "DecodingStage": 3.4},
         "denoise_step_ms": {"0": 3.5, "1": 4.5},
-        "expected_avg_denoise_ms": 4.0,  # medians of 3.5, 4.0, 9.0
+        "expected_avg_denoise_ms": 4.0,  # medians of 3.5, 4.0, 4.1
         "expected_median_denoise_ms": 4.0,
+        "dispersion": {"expected_e2e_ms": 0.085, "stages_ms.TextEncodingStage": 0.083, "stages_ms.DenoisingStage": 0.031,
+                       "stages_ms.DecodingStage": 0.029, "denoise_step_ms.0": 0.143, "denoise_step_ms.1": 0.111,
+                       "expected_avg_denoise_ms": 0.125, "expected_median_denoise_ms": 0.125},
     }
     assert "tolerances" not in doc  # the overlay holds this machine's numbers; tolerances stay in the base
+
+
+def test_perf_refuses_a_tolerance_inside_the_measured_noise(baselines: Path, tmp_path: Path, capsys) -> None:
+    """One gate of three read 40 ms where the others read 20-22: a tolerance that cannot hold this machine's
+    noise (this file gives e2e 30 %), so the baseline is not written (exit 2), and the table marks the values it could not hold."""
+    runs = _perf_runs(tmp_path, "h200", [_measured(20.1, 1.1, 15.5, 3.3, [3.0, 4.0]), _measured(22.0, 1.2, 16.0, 3.4, [3.5, 4.5]),
+                                         _measured(40.0, 5.0, 30.0, 5.0, [9.0, 9.0])])
+    argv = ["recalibrate", "perf", "--baselines", str(baselines), "--results", *map(str, runs)]
+    assert main(argv) == 0  # a dry run shows it
+    assert _rows(capsys.readouterr().out)[("zimage_t2i_1rank", "expected_e2e_ms")] == ["-", "22", "22", "±81.8% ≥ tol 30%", "added"]
+    assert main([*argv, "--write"]) == 2
+    err = capsys.readouterr().err
+    assert "inside the measured noise" in err and "zimage_t2i_1rank.expected_e2e_ms: - -> 22 (median 22): runs spread ±81.8%, " \
+        "tolerance 30.0%" in " ".join(err.split())
+    assert not (baselines / "platforms" / "perf" / "h200.json").exists()
 
 
 def test_perf_margin_rounding_loosening_and_machines(baselines: Path, tmp_path: Path, capsys) -> None:

@@ -1,8 +1,7 @@
-"""Timing of image cases: medians by hand, peak memory that really resets, SP cases timed on their ranks."""
+"""Timing of image cases: medians by hand, peak memory that really resets, SP cases timed on their ranks by sessions."""
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -10,23 +9,33 @@ import pytest
 
 from harness.baselines.perf import Tolerances, check_perf, validate_scenario
 from harness.cases.image import load_image_case_file
-from harness.gate.calibration import PROBES
-from harness.gate.pipeline_runs import _peak_memory_bytes, _reset_peak_memory, median_scenario, time_case
+from harness.perf import absolute
+from harness.perf.figures import WALL, run_figures
+from harness.pipelines.sessions import Session, TimedRun, _peak_memory_bytes, _reset_peak_memory
 from harness.ranks import PoolSet
 from harness.targets import Timings
 
 ZERO = Tolerances(e2e=0.0, denoise_stage=0.0, non_denoise_stage=0.0, denoise_step=0.0, denoise_agg=0.0)
 
 
-def _t(text: float, steps: tuple[float, ...], decode: float) -> Timings:
+def _run(text: float, steps: tuple[float, ...], decode: float, wall: float = 0.0) -> dict[str, float]:
     denoise = sum(steps)
     stages = {"TextEncodingStage": text, "DenoisingStage": denoise, "DecodingStage": decode}
-    return Timings(text + denoise + decode, stages, list(steps), "perf_counter")
+    timings = Timings(text + denoise + decode, stages, list(steps), "perf_counter")
+    return run_figures(TimedRun(timings, wall or timings.e2e_ms + 1.0, (), "not_measured"))
+
+
+def test_a_run_as_figures_by_hand() -> None:
+    figures = _run(1.0, (10.0, 20.0, 30.0), 5.0, wall=70.0)
+    assert figures == {WALL: 70.0, "expected_e2e_ms": 66.0, "stages_ms.TextEncodingStage": 1.0,
+                       "stages_ms.DenoisingStage": 60.0, "stages_ms.DecodingStage": 5.0, "denoise_step_ms.0": 10.0,
+                       "denoise_step_ms.1": 20.0, "denoise_step_ms.2": 30.0, "expected_avg_denoise_ms": 20.0,
+                       "expected_median_denoise_ms": 20.0}
 
 
 def test_median_of_each_value_by_hand() -> None:
-    runs = [_t(1.0, (10.0, 20.0, 30.0), 5.0), _t(3.0, (12.0, 8.0, 40.0), 6.0), _t(2.0, (11.0, 30.0, 20.0), 100.0)]
-    got = median_scenario(runs)
+    runs = [_run(1.0, (10.0, 20.0, 30.0), 5.0), _run(3.0, (12.0, 8.0, 40.0), 6.0), _run(2.0, (11.0, 30.0, 20.0), 100.0)]
+    got = absolute.median_scenario(runs)
     assert got["stages_ms"] == {"TextEncodingStage": 2.0, "DenoisingStage": 60.0, "DecodingStage": 6.0}
     # step i: median over runs of step i
     assert got["denoise_step_ms"] == {"0": 11.0, "1": 20.0, "2": 30.0}
@@ -35,14 +44,20 @@ def test_median_of_each_value_by_hand() -> None:
     # per run: mean of steps 20, 20, 20.333 -> 20; median of steps 20, 12, 20 -> 20
     assert got["expected_avg_denoise_ms"] == 20.0
     assert got["expected_median_denoise_ms"] == 20.0
-    skewed = [_t(1.0, (1.0, 1.0, 10.0), 1.0), _t(1.0, (2.0, 2.0, 2.0), 1.0), _t(1.0, (3.0, 9.0, 3.0), 1.0)]
-    got = median_scenario(skewed)
+    assert WALL not in got  # parity's clock is an extra of the measurement, not a scenario value
+    skewed = [_run(1.0, (1.0, 1.0, 10.0), 1.0), _run(1.0, (2.0, 2.0, 2.0), 1.0), _run(1.0, (3.0, 9.0, 3.0), 1.0)]
+    got = absolute.median_scenario(skewed)
     assert got["expected_avg_denoise_ms"] == 4.0  # per-run means 4, 2, 5
     assert got["expected_median_denoise_ms"] == 2.0  # per-run medians 1, 2, 3
-    with pytest.raises(ValueError, match="number of denoising steps"):
-        median_scenario([_t(1.0, (1.0,), 1.0), _t(1.0, (1.0, 2.0), 1.0)])
-    with pytest.raises(ValueError, match="at least one run"):
-        median_scenario([])
+
+
+@pytest.mark.parametrize(("runs", "message"), [
+    ([], "at least one run"),
+    ([_run(1.0, (1.0,), 1.0), _run(1.0, (1.0, 2.0), 1.0)], "number of denoising steps"),
+], ids=["no-run", "steps-differ"])
+def test_median_scenario_refuses(runs: list[dict[str, float]], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        absolute.median_scenario(runs)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS reset through /proc/self/clear_refs is Linux-only")
@@ -73,36 +88,43 @@ num_frames = 2
 """
 
 
-@pytest.mark.timeout(300)
-def test_cases_are_timed_on_their_ranks(tmp_path: Path) -> None:
-    path = tmp_path / "tiny.toml"
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[TimedRun], dict]]:
+    path = tmp_path_factory.mktemp("timing") / "tiny.toml"
     path.write_text(CASES)
-    sp_case, video_case = load_image_case_file(path)
+    out = {}
     with PoolSet("cpu") as pools:
-        sp = time_case(sp_case, pools, runs=2, warmup=1)
-        video = time_case(video_case, pools, runs=1, warmup=0)
-        with pytest.raises(ValueError, match="runs >= 1"):
-            time_case(video_case, pools, runs=0)
-    assert len(sp.timings) == 2 and len(sp.peak_memory_bytes) == 2  # rank 0's clock, both ranks' memory
-    assert len(video.timings) == 1 and len(video.peak_memory_bytes) == 1
-    for timing in (sp, video):
-        for run in timing.timings:
-            assert len(run.denoise_step_ms) == 3 and run.clock == "perf_counter"
-            # the three stages partition the run: they add up to the end-to-end time
-            assert sum(run.stages_ms.values()) == pytest.approx(run.e2e_ms, rel=1e-6)
-            assert run.stages_ms["DenoisingStage"] == pytest.approx(sum(run.denoise_step_ms), rel=1e-6)
-        assert all(b > 50 << 20 for b in timing.peak_memory_bytes)  # a rank with torch loaded holds > 50 MB
-    measured = sp.measured()
-    assert validate_scenario(measured, "<measured>", "perf") is measured  # sglang's scenario shape
-    assert (measured["runs"], measured["warmup"], measured["world_size"]) == (2, 1, 2)
-    assert measured["peak_memory_mb"] == round(max(sp.peak_memory_bytes) / 2**20, 1)
-    assert measured["peak_memory_kind"] == ("rss_peak" if sys.platform.startswith("linux") else "rss_lifetime_peak")
-    # the calibration: the group's all-to-all probe (two ranks only), every probe before and after,
-    # the synthetic step before each run; each run scaled by the step readings around it
-    assert measured["calibration"]["comm_us"] > 0 and "comm_us" not in video.measured()["calibration"]
-    readings = measured["calibration_readings"]
-    assert [set(r) for r in readings[1:-1]] == [{"step_ms"}] * 2 and set(readings[0]) == set(readings[-1]) == set(PROBES)
-    assert measured["calibration"]["step_ms"] == pytest.approx(statistics.median(r["step_ms"] for r in readings))
-    assert len(measured["run_scales"]) == 2 and len(measured["runs_e2e_ms"]) == 2
+        for case in load_image_case_file(path):
+            with Session(case.pipeline_run, pools) as session:
+                runs = [session.run() for _ in range(2)]
+                with pytest.raises(ValueError, match="runs >= 1"):
+                    absolute.measure(session, runs=0, warmup=0)
+                out[case.id] = (runs, absolute.measure(session, runs=2, warmup=1))
+    return out
+
+
+@pytest.mark.parametrize("case_id", ["tiny_2ranks", "tiny_video_1rank"])
+def test_a_session_times_its_runs_on_the_cases_ranks(measured: dict, case_id: str) -> None:
+    runs, _ = measured[case_id]
+    ranks = 2 if case_id == "tiny_2ranks" else 1
+    for run in runs:
+        assert len(run.peak_memory_bytes) == ranks  # rank 0's clock, every rank's memory
+        assert all(b > 50 << 20 for b in run.peak_memory_bytes)  # a rank with torch loaded holds > 50 MB
+        t = run.timings
+        assert len(t.denoise_step_ms) == 3 and t.clock == "perf_counter" and run.output is None
+        # the three stages partition the run: they add up to the end-to-end time (the pipeline's own wall clock) ...
+        assert sum(t.stages_ms.values()) == pytest.approx(t.e2e_ms, rel=1e-3)
+        assert t.stages_ms["DenoisingStage"] == pytest.approx(sum(t.denoise_step_ms), rel=1e-6)
+        assert t.e2e_ms <= run.wall_ms  # ... which parity's clock around the whole call contains
+
+
+@pytest.mark.parametrize("case_id", ["tiny_2ranks", "tiny_video_1rank"])
+def test_a_measurement_is_a_raw_scenario(measured: dict, case_id: str) -> None:
+    _, scenario = measured[case_id]
+    assert validate_scenario(scenario, "<measured>", "perf") is scenario  # sglang's scenario shape
+    assert (scenario["runs"], scenario["warmup"]) == (2, 1)
+    samples = scenario["samples"]
+    assert len(samples[WALL]) == 2 and scenario["expected_e2e_ms"] == pytest.approx(sum(samples["expected_e2e_ms"]) / 2)
+    assert scenario["peak_memory_kind"] == ("rss_peak" if sys.platform.startswith("linux") else "rss_lifetime_peak")
     # a measurement checked against itself passes every value at zero tolerance
-    assert all(c.passed for c in check_perf(measured, measured, ZERO))
+    assert all(c.passed for c in check_perf(scenario, scenario, ZERO))

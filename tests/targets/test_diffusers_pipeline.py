@@ -18,7 +18,8 @@ import torch
 
 from harness.cases.image import ImageCase
 from harness.errors import ParamError
-from harness.gate.pipeline_runs import generate, time_case
+from harness.perf import absolute
+from harness.pipelines.sessions import Session, generate
 from harness.ranks import PoolSet, run_on_ranks
 from harness.targets.diffusers_pipeline import CPU_REASON, DiffusersPipelineTarget, describe
 from tests.targets.tiny_flux import save_tiny_flux
@@ -116,20 +117,22 @@ def test_enable_parallelism_still_cannot_run_on_the_cpu(flux: Path) -> None:
 
 
 def test_seeded_generation_and_stage_timings_in_a_rank(flux: Path, pools: PoolSet) -> None:
-    first, again = generate(_case(flux), pools), generate(_case(flux), pools)
-    other_seed = generate(_case(flux, seed=1), pools)
+    first, again = generate(_case(flux).pipeline_run, pools), generate(_case(flux).pipeline_run, pools)
+    other_seed = generate(_case(flux, seed=1).pipeline_run, pools)
     assert first.output.shape == (32, 32, 3) and first.output.dtype == np.uint8 and first.output.std() > 20
     assert np.array_equal(first.output, again.output) and not np.array_equal(first.output, other_seed.output)
     assert first.backends == {"pipeline": "FluxPipeline", "transformer": "FluxTransformer2DModel", "attention": "native",
                               "context_parallel": "none"}
-    timing = time_case(_case(flux), pools, runs=2, warmup=1)
-    for run in timing.timings:
+    with Session(_case(flux).pipeline_run, pools) as session:
+        session.run()
+        runs = [session.run().timings for _ in range(2)]
+        measured = absolute.measure(session, runs=1, warmup=0)
+    for run in runs:
         assert list(run.stages_ms) == ["TextEncodingStage", "PreparationStage", "DenoisingStage", "DecodingStage"]
         assert all(ms > 0 for ms in run.stages_ms.values()) and len(run.denoise_step_ms) == 3
         assert sum(run.stages_ms.values()) == pytest.approx(run.e2e_ms, rel=1e-9)  # the stages partition the run
         assert run.stages_ms["DenoisingStage"] == pytest.approx(sum(run.denoise_step_ms), rel=1e-9)
         assert run.clock == "perf_counter"
-    measured = timing.measured()
     assert measured["peak_memory_kind"] in ("rss_peak", "rss_lifetime_peak") and measured["peak_memory_mb"] > 50
 
 

@@ -98,8 +98,8 @@ def test_command_target_gate_passes_then_fails_a_planted_multi_rank_error(tmp_pa
         assert images[case_id]["target"] == "command" and images[case_id]["params"]["target_args"] == {"template": template}
         assert "timings: timings.json" in images[case_id]["kernel"]
         assert perf[case_id]["target"] == "command" and perf[case_id]["figures"]["clock"] == "command timings.json"
-    measured = doc["perf"]["cmd_2ranks"]  # the command's own timings.json, brought to the case's typical step reading
-    assert measured["stages_ms"]["DenoisingStage"] == pytest.approx(1.5 * measured["run_scales"][0])
+    measured = doc["perf"]["cmd_2ranks"]  # the command's own timings.json, raw
+    assert measured["stages_ms"]["DenoisingStage"] == 1.5
     assert "2" not in doc["stages"]["images"]["pool_startup_s"]  # W=2 asked of the command, no 2-rank group
     assert 2 in [json.loads(line)["world_size"] for line in log.read_text().splitlines()]
 

@@ -1,24 +1,23 @@
 """Everything in the harness that knows ``reference_impl``: its attention target, pipeline target and model checks.
 
 No other part of the harness imports ``reference_impl`` (``reference_impl.platform``, the platform
-detector, excepted); contracts reach these through the target interface.
+detector, excepted); contracts reach these through the target interface. The package imports
+nothing itself (its names load on first use), so a rank that imports ``reference_impl`` from
+another commit (:mod:`.revision`) loads only the modules that side runs.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import Any
 
-from harness.targets.reference.attention import ReferenceAttention, ReferenceTarget, factory
-
-if TYPE_CHECKING:
-    from harness.targets.reference.pipeline import ReferencePipelineTarget
+_LAZY = {"ReferenceAttention": "attention", "ReferenceTarget": "attention", "factory": "attention"}
 
 
-def pipeline_factory() -> ReferencePipelineTarget:
-    """The reference pipeline target (imported on first use: the models are not needed for attention cases)."""
-    from harness.targets.reference.pipeline import ReferencePipelineTarget
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
 
-    return ReferencePipelineTarget()
 
-
-__all__ = ["ReferenceAttention", "ReferenceTarget", "factory", "pipeline_factory"]
+__all__ = ["ReferenceAttention", "ReferenceTarget", "factory"]

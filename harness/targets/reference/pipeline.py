@@ -108,6 +108,10 @@ class ReferencePipelineTarget(PipelineTarget):
         return _Prepared(pipeline_config(fields, device))  # runs in ranks: the group is the world
 
 
+def factory() -> ReferencePipelineTarget:
+    return ReferencePipelineTarget()
+
+
 # ------------------------------------------------------------------------ turbo drift
 
 

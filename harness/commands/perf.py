@@ -1,0 +1,62 @@
+"""parity perf: the perf stage alone, as an A/B: HEAD against BASE side by side in one run, a verdict per image case."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.commands._options import (
+    add_ab_sampling, add_baselines, add_cases, add_device, add_outputs, ab_sampling, baselines_dir, cases_root, seconds,
+)
+
+HELP = "time HEAD against BASE side by side (interleaved, paired): HEAD/BASE with an interval per figure, a verdict per case"
+DESCRIPTION = """\
+Time every image case (or the CASEs named) on two pipeline targets in one run: BASE and HEAD are
+prepared once on the same devices, warmed up, then run in pairs in ABBA order until each figure
+(e2e, parity's wall clock, each stage, each step, the step average and median) has a verdict:
+HEAD/BASE with its confidence interval (Hodges-Lehmann on the paired log ratios, Wilcoxon
+signed-rank interval) within 1 + tolerance (passed), beyond it (failed), or still straddling it
+at --max-pairs (inconclusive). Tolerances: the `ab` profile of the baselines' perf_baselines.json,
+else 5 % for e2e, the denoising stage and the step average/median, 15 % per step, 25 % for other
+stages, at least 0.5 ms (PARITY_PERF_TOL_* override them).
+
+BASE and HEAD are pipeline targets as --pipeline-target takes them (HEAD runs the cases that name
+no target; a case naming one runs it as HEAD), or rev:GITREV: the reference pipeline as that
+commit of parity's checkout has it (e.g. `parity perf rev:main reference`).
+exit codes: 0 passed, 1 HEAD slower (a regression), 2 usage or configuration error, 3 inconclusive."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("perf", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("base", metavar="BASE", help="the pipeline target timed as the baseline side")
+    parser.add_argument("head", metavar="HEAD", help="the pipeline target under test")
+    parser.add_argument("ids", nargs="*", metavar="CASE", help="image cases to time (default: every image case)")
+    parser.add_argument("--base-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="keyword argument for BASE's factory (repeatable), e.g. template='...' for command")
+    parser.add_argument("--head-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="keyword argument for HEAD's factory (repeatable)")
+    add_cases(parser)
+    add_baselines(parser)
+    add_device(parser)
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="S", help="per-run timeout in seconds (default 600)")
+    add_ab_sampling(parser.add_argument_group("sampling"), "")
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="write results.json, junit.xml and index.html here")
+    add_outputs(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.contracts.runner import RunOptions
+    from harness.gate.run import run_gate
+    from harness.gate.stage import GateOptions, PerfOptions
+    from harness.perf.sides import Side
+    from harness.results import EXIT_CODES
+    from harness.targets.loader import parse_target_args
+
+    perf = PerfOptions(enabled=True, base=Side(args.base, parse_target_args(args.base_arg, "--base-arg")),
+                       sampling=ab_sampling(args, ""), inconclusive=args.inconclusive, cases=tuple(args.ids),
+                       ratio_contracts=False)
+    options = GateOptions(cases_root(args), baselines_dir(args), RunOptions(device=args.device, timeout=args.timeout),
+                          args.head, args.report, args.json, args.junit, perf=perf,
+                          pipeline_args=parse_target_args(args.head_arg, "--head-arg"), stages=("perf",), command="perf")
+    return EXIT_CODES[run_gate(options)["verdict"]]

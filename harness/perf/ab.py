@@ -1,0 +1,183 @@
+"""BASE and HEAD side by side: interleaved runs on the same devices, a ratio with an interval per figure, a verdict.
+
+Both sides are prepared once (each in pools of its own), warmed up (``warmup`` untimed runs each,
+alternating), then run in pairs in ABBA order (base, head, head, base, ...): a slow drift of the
+machine lands on both runs of a pair and cancels in their ratio. Both runs of a pair run on the
+same cores, and each pair on the next cores (:func:`harness.pipelines.sessions.rank_cores`), so a
+slower core slows both sides alike instead of the one the scheduler happened to keep there. After each pair from
+``min_pairs`` on, every figure both sides recorded is judged (:func:`judge_figure`); sampling
+stops when every figure is decided or one has failed, else at ``max_pairs``, where a figure still
+undecided makes the case inconclusive.
+
+A figure's limit is ``1 + tolerance`` of its family (the ``ab`` profile), widened to
+``1 + abs_floor_ms / BASE median`` for figures so short that their jitter is the floor. It passes
+when the interval's upper end is within the limit (HEAD is at most that much slower, at the
+confidence asked), fails when the lower end is beyond it, and is undecided while the interval
+straddles it. The tolerance keeps a false failure unlikely at every look: the interval would
+have to miss the true ratio by the whole tolerance.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from harness.baselines.tolerances import Tolerances
+from harness.perf.figures import family, run_figures
+from harness.perf.stats import MAX_PAIRS, RatioInterval, min_pairs, paired_ratio
+from harness.pipelines.sessions import Session, TimedRun
+
+ORDER = "ABBA"  # pair i runs BASE first when i is even, HEAD first when it is odd
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How many runs an A/B makes: warm-up per side, the pairs before the first verdict, the cap, the confidence."""
+
+    warmup: int = 1
+    min_pairs: int = 10
+    max_pairs: int = 60
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.confidence < 1.0:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+        fewest = min_pairs(self.confidence)
+        if self.warmup < 0 or not fewest <= self.min_pairs <= self.max_pairs <= MAX_PAIRS:
+            raise ValueError(f"need warmup >= 0 and {fewest} <= min_pairs <= max_pairs <= {MAX_PAIRS} at confidence "
+                             f"{self.confidence:g}; got warmup={self.warmup}, min_pairs={self.min_pairs}, "
+                             f"max_pairs={self.max_pairs}")
+
+
+class FigureStatus(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    UNDECIDED = "undecided"
+
+
+@dataclass(frozen=True)
+class FigureVerdict:
+    """One figure of an A/B: both sides' medians, HEAD/BASE with its interval, the limit, the status."""
+
+    label: str
+    base_ms: float
+    head_ms: float
+    limit: float
+    interval: RatioInterval | None
+    status: FigureStatus
+
+    def describe(self) -> str:
+        """``stages_ms.DenoisingStage ×1.102 [1.081, 1.124], limit 1.05``."""
+        if self.interval is None:
+            return f"{self.label}: too few pairs for an interval"
+        i = self.interval
+        return f"{self.label} ×{i.ratio:.3f} [{i.low:.3f}, {i.high:.3f}], limit {self.limit:.3f}"
+
+    def to_json(self) -> dict[str, Any]:
+        i = self.interval
+        return {"base_median_ms": self.base_ms, "head_median_ms": self.head_ms, "ratio": i.ratio if i else None,
+                "ratio_low": i.low if i else None, "ratio_high": i.high if i else None, "limit": self.limit,
+                "coverage": i.coverage if i else None, "status": str(self.status)}
+
+
+def judge_figure(label: str, base: Sequence[float], head: Sequence[float], tolerances: Tolerances,
+                 confidence: float) -> FigureVerdict:
+    """The verdict on one figure from its paired values (rules in the module docstring)."""
+    base_ms, head_ms = statistics.median(base), statistics.median(head)
+    limit = 1.0 + max(tolerances.get(family(label)), tolerances.abs_floor_ms / base_ms)
+    interval = paired_ratio(base, head, confidence)
+    if interval is None:
+        status = FigureStatus.UNDECIDED
+    elif interval.high <= limit:
+        status = FigureStatus.PASSED
+    elif interval.low > limit:
+        status = FigureStatus.FAILED
+    else:
+        status = FigureStatus.UNDECIDED
+    return FigureVerdict(label, base_ms, head_ms, limit, interval, status)
+
+
+@dataclass
+class Comparison:
+    """What an A/B found: every paired figure's verdict, what could not be paired and why, the raw samples."""
+
+    pairs: int
+    verdicts: list[FigureVerdict]
+    unpaired: dict[str, str]
+    samples: dict[str, dict[str, list[float]]]  # label -> {"base": [...], "head": [...]}, in pair order
+    peak_memory_mb: dict[str, float | None] = field(default_factory=dict)
+    capped: bool = False  # sampling reached max_pairs
+
+    @property
+    def failed(self) -> list[FigureVerdict]:
+        return [v for v in self.verdicts if v.status == FigureStatus.FAILED]
+
+    @property
+    def undecided(self) -> list[FigureVerdict]:
+        return [v for v in self.verdicts if v.status == FigureStatus.UNDECIDED]
+
+    def verdict(self, label: str) -> FigureVerdict | None:
+        return next((v for v in self.verdicts if v.label == label), None)
+
+
+def _peak_mb(runs: Sequence[TimedRun]) -> float | None:
+    peaks = [p for r in runs for p in r.peak_memory_bytes]
+    return round(max(peaks) / 2**20, 1) if peaks else None
+
+
+def _paired(base: list[dict[str, float]], head: list[dict[str, float]]) -> tuple[list[str], dict[str, str]]:
+    """The labels every run of both sides recorded with a positive time, and why each other label is left out."""
+    seen = {label for run in base + head for label in run}
+    paired, unpaired = [], {}
+    for label in sorted(seen):
+        if not all(label in r for r in base):
+            unpaired[label] = "recorded by HEAD only" if not any(label in r for r in base) else "missing from some BASE runs"
+        elif not all(label in r for r in head):
+            unpaired[label] = "recorded by BASE only" if not any(label in r for r in head) else "missing from some HEAD runs"
+        elif any(r[label] <= 0 for r in base + head):
+            unpaired[label] = "a run recorded 0 ms: no ratio"
+        else:
+            paired.append(label)
+    return paired, unpaired
+
+
+def _judge(base: list[dict[str, float]], head: list[dict[str, float]], tolerances: Tolerances,
+           confidence: float) -> tuple[list[FigureVerdict], dict[str, str]]:
+    labels, unpaired = _paired(base, head)
+    verdicts = [judge_figure(label, [r[label] for r in base], [r[label] for r in head], tolerances, confidence)
+                for label in labels]
+    return verdicts, unpaired
+
+
+def compare(base: Session, head: Session, sampling: Sampling, tolerances: Tolerances,
+            on_pair: Callable[[int], None] | None = None) -> Comparison:
+    """Run both sides interleaved until the verdict is decided or capped (module docstring)."""
+    for i in range(sampling.warmup):
+        base.run(placement=i)
+        head.run(placement=i)
+    base_runs: list[TimedRun] = []
+    head_runs: list[TimedRun] = []
+    verdicts: list[FigureVerdict] = []
+    unpaired: dict[str, str] = {}
+    for i in range(sampling.max_pairs):
+        first, second = ((base, base_runs), (head, head_runs)) if i % 2 == 0 else ((head, head_runs), (base, base_runs))
+        first[1].append(first[0].run(placement=i))  # both runs of a pair on the same cores
+        second[1].append(second[0].run(placement=i))
+        if on_pair is not None:
+            on_pair(i + 1)
+        if i + 1 < sampling.min_pairs:
+            continue
+        base_figures, head_figures = [run_figures(r) for r in base_runs], [run_figures(r) for r in head_runs]
+        verdicts, unpaired = _judge(base_figures, head_figures, tolerances, sampling.confidence)
+        statuses = {v.status for v in verdicts}
+        if FigureStatus.FAILED in statuses or FigureStatus.UNDECIDED not in statuses:
+            break
+    base_figures, head_figures = [run_figures(r) for r in base_runs], [run_figures(r) for r in head_runs]
+    samples = {label: {"base": [r[label] for r in base_figures], "head": [r[label] for r in head_figures]}
+               for label in (v.label for v in verdicts)}
+    return Comparison(len(base_runs), verdicts, unpaired, samples,
+                      {"base": _peak_mb(base_runs), "head": _peak_mb(head_runs)},
+                      capped=len(base_runs) == sampling.max_pairs)

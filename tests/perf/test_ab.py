@@ -1,0 +1,238 @@
+"""The perf A/B end to end on the CPU, through the command line: BASE = HEAD passes, a planted 10 % slowdown fails,
+for a command whose time is sleep, for the built-in pipeline, and for the built-in pipeline at another commit
+(``rev:``); the verdict's exit codes on scripted timings; absolute mode fails a doubled step.
+
+Verdicts only: no test bounds a wall-clock time. The real-process cases may sample up to 200 pairs, so a
+busy CI box makes them slower, not flaky.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import main
+from harness.results import EXIT_CODES
+from tests.gate_project import gate_project
+
+pytestmark = pytest.mark.timeout(600)
+
+REPO = Path(__file__).resolve().parents[2]
+SLEEPER = REPO / "tests" / "targets" / "sleep_generator.py"
+TEMPLATE = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SLEEPER))} --out {{out_dir}} --height {{height}} "
+            "--width {width} --steps {steps} --step-ms {step_ms} --timings {timings}")
+MANY = ("--max-pairs", "200")
+SLEEPY = "[defaults]\nheight = 16\nwidth = 16\nsteps = 4\nstep_ms = 10\n\n[cases.sleepy]\n"
+FLAT = "[cases.flat]\nheight = 8\nwidth = 8\n"
+
+
+def _cases(root: Path, toml: str) -> Path:
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "cases.toml").write_text(toml)
+    return root
+
+
+@pytest.fixture(scope="module")
+def sleepy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _cases(tmp_path_factory.mktemp("sleepy"), SLEEPY)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _cases(tmp_path_factory.mktemp("tiny"), '[defaults]\nweights = "tiny-v1"\nprompt = "a cameraman"\nheight = 16\n'
+                                                   "width = 16\nsteps = 2\n\n[cases.tiny_1rank]\n")
+
+
+def _perf(cases: Path, out: Path, *argv: str) -> tuple[int, dict[str, Any]]:
+    code = main(["perf", *argv, "--cases", str(cases), "--json", str(out / "ab.json"), "--junit", str(out / "ab.xml")])
+    doc = json.loads((out / "ab.json").read_text())
+    return code, doc
+
+
+def _record(doc: dict[str, Any]) -> dict[str, Any]:
+    (record,) = doc["stages"]["perf"]["records"]
+    return record
+
+
+def test_a_command_against_itself_passes(sleepy: Path, tmp_path: Path) -> None:
+    code, doc = _perf(sleepy, tmp_path, "command", "command", "--base-arg", f"template={TEMPLATE}", "--head-arg",
+                      f"template={TEMPLATE}", *MANY)
+    record = _record(doc)
+    assert (code, doc["verdict"], record["status"]) == (0, "passed", "passed"), record["reason"]
+    figures = record["figures"]
+    assert figures["mode"] == "ab" and figures["order"] == "ABBA" and figures["pairs"] >= 10
+    assert figures["base"] == {"target": "command", "args": {"template": TEMPLATE}}
+    judged = figures["figures_judged"]
+    # the command's own timings and parity's clock of its process, each paired and judged
+    assert {"wall_ms", "expected_e2e_ms", "stages_ms.DenoisingStage", "denoise_step_ms.3"} <= set(judged)
+    assert all(f["status"] == "passed" and f["ratio_low"] <= f["ratio"] <= f["ratio_high"] <= f["limit"] for f in judged.values())
+    assert len(figures["samples"]["wall_ms"]["base"]) == figures["pairs"]
+
+
+def test_a_command_whose_steps_sleep_10_percent_longer_fails(sleepy: Path, tmp_path: Path) -> None:
+    code, doc = _perf(sleepy, tmp_path, "command", "command", "--base-arg", f"template={TEMPLATE}", "--head-arg",
+                      f"template={TEMPLATE} --slow 0.1", *MANY)
+    record = _record(doc)
+    assert (code, doc["verdict"], record["status"]) == (1, "failed", "failed")
+    assert record["reason"].startswith("HEAD is slower than BASE: ") and "stages_ms.DenoisingStage ×1." in record["reason"]
+    denoise = record["figures"]["figures_judged"]["stages_ms.DenoisingStage"]
+    assert denoise["status"] == "failed" and 1.05 < denoise["ratio_low"] <= denoise["ratio"]
+    failure = ET.parse(tmp_path / "ab.xml").find(".//testcase[@name='sleepy']/failure")
+    assert failure is not None and failure.get("type") == "failed"
+
+
+def test_the_builtin_pipeline_against_itself_passes(tiny: Path, tmp_path: Path) -> None:
+    code, doc = _perf(tiny, tmp_path, "reference", "reference", *MANY)
+    record = _record(doc)
+    assert (code, record["status"]) == (0, "passed"), record["reason"]
+    assert doc["stages"]["perf"]["pool_startup_s"].keys() == {"perf-base:1", "perf-head:1"}  # a pool per side
+
+
+def test_the_builtin_pipeline_with_a_planted_10_percent_delay_fails(tiny: Path, tmp_path: Path) -> None:
+    code, doc = _perf(tiny, tmp_path, "reference", "tests.targets.slow_pipeline:factory", "--head-arg", "fraction=0.1", *MANY)
+    record = _record(doc)
+    assert (code, record["status"]) == (1, "failed")
+    assert "stages_ms.DenoisingStage" in record["reason"] or "expected_avg_denoise_ms" in record["reason"]
+
+
+# --------------------------------------------------------------------------- rev:
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+PLANTED = ("            step_marks.append(clock.mark())\n",
+           "            time.sleep(0.1 * (time.perf_counter() - step_start))  # planted: every step 10 % slower\n"
+           "            step_marks.append(clock.mark())\n            step_start = time.perf_counter()\n")
+LOOP = ("        step_marks = [t_text]\n", "        step_marks = [t_text]\n        step_start = time.perf_counter()\n")
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkout with two commits of ``reference_impl``: as it is here, then every denoising step 10 % slower."""
+    repo = tmp_path_factory.mktemp("history")
+    shutil.copytree(REPO / "reference_impl", repo / "reference_impl", ignore=shutil.ignore_patterns("__pycache__"))
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "as here")
+    pipeline = repo / "reference_impl" / "pipeline.py"
+    text = pipeline.read_text()
+    assert PLANTED[0] in text and LOOP[0] in text  # the anchors of the plant
+    pipeline.write_text(text.replace(*PLANTED).replace(*LOOP))
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "slower")
+    return repo
+
+
+def test_a_commit_with_a_planted_delay_fails_against_its_parent(tiny: Path, history: Path, tmp_path: Path) -> None:
+    repo = f"repo={history}"
+    code, doc = _perf(tiny, tmp_path, "rev:HEAD~1", "rev:HEAD", "--base-arg", repo, "--head-arg", repo, *MANY)
+    record = _record(doc)
+    assert (code, record["status"]) == (1, "failed")
+    figures = record["figures"]
+    assert figures["base"]["commit"] == _git(history, "rev-parse", "HEAD~1")  # the commit, not the name
+    assert figures["head"]["commit"] == _git(history, "rev-parse", "HEAD") and "tree" not in figures["head"]["args"]
+    for commit in (figures["base"]["commit"], figures["head"]["commit"]):  # the exported trees are gone with the run
+        assert not list(Path(tempfile.gettempdir()).glob(f"parity-rev-{commit[:12]}-*"))
+
+
+def test_a_commit_against_the_working_tree_it_was_made_from_passes(tiny: Path, history: Path, tmp_path: Path) -> None:
+    code, doc = _perf(tiny, tmp_path, "rev:HEAD~1", "reference", "--base-arg", f"repo={history}", *MANY)
+    record = _record(doc)
+    assert (code, record["status"]) == (0, "passed"), record["reason"]
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("rev:no-such-ref", "rev:no-such-ref"), ("rev:-x", "does not name a revision"),
+], ids=["unknown-ref", "option-like"])
+def test_a_revision_that_names_no_commit_is_a_configuration_error(tiny: Path, history: Path, spec: str, message: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["perf", spec, "reference", "--cases", str(tiny), "--base-arg", f"repo={history}"]) == 2
+    assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- exact verdicts
+
+
+SCRIPTED = "tests.targets.scripted_pipeline:factory"
+
+
+@pytest.fixture(scope="module")
+def flat(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _cases(tmp_path_factory.mktemp("flat"), FLAT)
+
+
+@pytest.mark.parametrize(("head", "extra", "verdict", "pairs"), [
+    ("10", (), "passed", 10),  # every pair 1.0 exactly: decided at the first look
+    ("11", (), "failed", 10),  # every pair 1.1: beyond 5 %
+    ("9:11.6", ("--max-pairs", "12"), "inconclusive", 12),  # the interval straddles 1.05 up to the cap
+    ("9:11.6", ("--max-pairs", "12", "--inconclusive", "pass"), "passed", 12),
+], ids=["equal", "slower", "undecided", "undecided-counted-as-passed"])
+def test_the_verdict_and_its_exit_code_on_scripted_timings(flat: Path, tmp_path: Path, head: str, extra: tuple[str, ...],
+                                                           verdict: str, pairs: int, capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = _perf(flat, tmp_path, SCRIPTED, SCRIPTED, "--base-arg", "e2e=10", "--head-arg", f"e2e={head}", *extra)
+    assert (code, doc["verdict"]) == (EXIT_CODES[verdict], verdict)
+    record = _record(doc)
+    assert record["figures"]["pairs"] == pairs
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    if verdict == "inconclusive":
+        assert record["status"] == "inconclusive" and last == "perf: INCONCLUSIVE (1 undecided case: flat; exit 3)"
+        assert record["reason"].startswith("undecided after 12 pairs (the cap): ")
+        failure = ET.parse(tmp_path / "ab.xml").find(".//testcase/failure")
+        assert failure is not None and failure.get("type") == "inconclusive"
+    elif "pass" in extra:
+        assert record["status"] == "inconclusive" and last == "perf: PASSED (1 undecided case: flat, counted as passed)"
+        assert ET.parse(tmp_path / "ab.xml").find(".//testcase/skipped") is not None
+
+
+def test_the_gate_times_each_image_case_against_perf_base(tmp_path: Path) -> None:
+    cases, baselines = gate_project(tmp_path, flat=FLAT)
+    scripted = ("--pipeline-target", SCRIPTED, "--pipeline-target-arg", "e2e=11")
+    assert main(["bless", "--all", "--cases", str(cases), "--baselines", str(baselines), *scripted]) == 0
+    out = tmp_path / "gate.json"
+    code = main(["gate", "--cases", str(cases), "--baselines", str(baselines), *scripted, "--perf-base", SCRIPTED,
+                 "--perf-base-arg", "e2e=10", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert code == 1 and doc["verdict"] == "failed"
+    assert doc["stages"]["contracts"]["summary"]["passed"] == 1 and doc["stages"]["images"]["summary"]["passed"] == 1
+    perf = doc["stages"]["perf"]
+    assert perf["mode"] == "ab" and perf["base"] == {"target": SCRIPTED, "args": {"e2e": "10"}}
+    assert [r["status"] for r in perf["records"]] == ["failed"]  # HEAD (the gate's pipeline) 10 % slower than BASE
+
+
+def test_perf_base_arg_without_perf_base_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gate", "--perf-base-arg", "e2e=1"]) == 2
+    assert "--perf-base-arg needs --perf-base SPEC" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- absolute mode
+
+
+def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(tmp_path: Path) -> None:
+    """The doubled-step generator of the issue, on a stored baseline recorded here from 3 gates of the plain one."""
+    cases, baselines = gate_project(tmp_path, sleepy=SLEEPY)
+    shutil.copy(REPO / "baselines" / "perf_baselines.json", baselines)
+    where = ["--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", "command"]
+    plain = [*where, "--pipeline-target-arg", f"template={TEMPLATE}"]
+    assert main(["bless", "--all", *plain]) == 0
+    results = []
+    for i in range(3):
+        report = tmp_path / f"plain{i}"
+        assert main(["gate", *plain, "--perf", "--report", str(report)]) == 0
+        results.append(str(report / "results.json"))
+    assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", *results, "--write"]) == 0
+    assert main(["gate", *plain, "--report", str(tmp_path / "again")]) == 0  # the stored baseline turns the stage on
+    report = tmp_path / "doubled"
+    assert main(["gate", *where, "--pipeline-target-arg", f"template={TEMPLATE} --slow 1.0", "--report", str(report)]) == 1
+    record = next(r for r in json.loads((report / "results.json").read_text())["stages"]["perf"]["records"])
+    assert record["status"] == "failed" and "stages_ms.DenoisingStage" in record["reason"]
+    assert record["reason"].endswith("[raw times against the stored baseline]")

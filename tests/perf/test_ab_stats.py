@@ -1,0 +1,137 @@
+"""The A/B verdict's statistics against independent oracles: the signed-rank distribution by brute force and
+by the published critical values, the Hodges-Lehmann estimate by numpy, coverage by simulation; the sampling
+loop (ABBA order, stopping, unpaired figures) with scripted sessions."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from harness.baselines.perf import DEFAULT_AB_TOLERANCES
+from harness.perf.ab import FigureStatus, Sampling, compare, judge_figure
+from harness.perf.stats import _signed_rank_counts, min_pairs, paired_ratio, trimmed_per_side
+from harness.pipelines.sessions import TimedRun
+from harness.targets import Timings
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_the_signed_rank_distribution_is_the_count_of_sign_patterns(n: int) -> None:
+    sums = Counter(sum(rank for rank, on in zip(range(1, n + 1), signs) if on) for signs in itertools.product((0, 1), repeat=n))
+    assert _signed_rank_counts(n) == tuple(sums[t] for t in range(n * (n + 1) // 2 + 1))
+
+
+# Two-sided 5 % critical values of Wilcoxon's T (the largest T with P(T <= T) <= 0.025), as printed in the tables
+@pytest.mark.parametrize(("n", "critical"), [(6, 0), (7, 2), (8, 3), (9, 5), (10, 8), (11, 10), (12, 13), (13, 17), (14, 21),
+                                             (15, 25), (16, 29), (17, 34), (18, 40), (19, 46), (20, 52), (25, 89), (30, 137)])
+def test_the_interval_trims_the_published_critical_value_plus_one(n: int, critical: int) -> None:
+    assert trimmed_per_side(n, 0.95) == critical + 1
+
+
+@pytest.mark.parametrize(("confidence", "fewest"), [(0.9, 5), (0.95, 6), (0.99, 8)])
+def test_the_fewest_pairs_for_an_interval(confidence: float, fewest: int) -> None:
+    assert min_pairs(confidence) == fewest and trimmed_per_side(fewest - 1, confidence) == 0
+
+
+def test_the_estimate_is_the_median_of_walsh_averages_and_the_interval_inverts_the_ratio() -> None:
+    rng = np.random.default_rng(7)
+    base = list(rng.uniform(9, 11, 15))
+    head = list(np.array(base) * rng.lognormal(0.05, 0.04, 15))
+    got = paired_ratio(base, head, 0.95)
+    assert got is not None
+    logs = np.log(np.array(head) / np.array(base))
+    walsh = sorted((logs[i] + logs[j]) / 2 for i in range(15) for j in range(i, 15))
+    assert got.ratio == pytest.approx(math.exp(np.median(walsh)))
+    k = 25 + 1  # n = 15
+    assert (got.low, got.high) == (pytest.approx(math.exp(walsh[k - 1])), pytest.approx(math.exp(walsh[-k])))
+    assert got.low <= got.ratio <= got.high and got.coverage >= 0.95
+    swapped = paired_ratio(head, base, 0.95)
+    assert swapped is not None
+    assert (swapped.ratio, swapped.low, swapped.high) == (pytest.approx(1 / got.ratio), pytest.approx(1 / got.high),
+                                                           pytest.approx(1 / got.low))
+
+
+@pytest.mark.parametrize("noise", ["lognormal", "exponential"])
+def test_the_interval_covers_the_true_ratio_at_least_as_often_as_promised(noise: str) -> None:
+    """Each side's runs drawn with the same noise (skewed too: a pair's log ratio is then symmetric, which is
+    what the signed-rank interval needs); HEAD truly 8 % slower."""
+    rng = np.random.default_rng(2026)
+    covered, trials, n = 0, 600, 12
+    for _ in range(trials):
+        def runs(scale: float) -> np.ndarray:
+            jitter = rng.lognormal(0, 0.1, n) if noise == "lognormal" else 1 + rng.exponential(0.2, n)
+            return scale * jitter
+
+        got = paired_ratio(list(runs(10.0)), list(runs(10.8)), 0.95)
+        assert got is not None
+        covered += got.low <= 1.08 <= got.high
+    assert covered / trials >= 0.93  # exact coverage 0.958 at n = 12; 600 trials have a standard error of 0.008
+
+
+@pytest.mark.parametrize(("base", "head", "status"), [
+    ([10.0] * 10, [11.0 + 0.01 * i for i in range(10)], FigureStatus.FAILED),  # 10 % slower: beyond 5 %
+    ([10.0] * 10, [10.0 + 0.01 * (-1) ** i for i in range(10)], FigureStatus.PASSED),  # equal within noise
+    ([10.0] * 10, [9.0, 11.6] * 5, FigureStatus.UNDECIDED),  # the interval straddles 1.05
+    ([10.0] * 5, [10.0] * 5, FigureStatus.UNDECIDED),  # too few pairs for a 95 % interval
+    ([0.2] * 10, [0.3] * 10, FigureStatus.PASSED),  # 0.1 ms slower, under the 0.5 ms floor: limit 1 + 0.5 / 0.2
+], ids=["slower", "equal", "straddles", "too-few", "under-the-floor"])
+def test_a_figure_is_judged_by_its_interval_against_its_limit(base: list[float], head: list[float], status: FigureStatus) -> None:
+    verdict = judge_figure("expected_e2e_ms", base, head, DEFAULT_AB_TOLERANCES, 0.95)
+    assert verdict.status == status
+    assert verdict.limit == pytest.approx(1 + max(0.05, 0.5 / verdict.base_ms))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"min_pairs": 5}, "6 <= min_pairs"), ({"min_pairs": 20, "max_pairs": 10}, "min_pairs <= max_pairs"),
+    ({"max_pairs": 201}, "max_pairs <= 200"), ({"warmup": -1}, "warmup >= 0"), ({"confidence": 1.0}, "confidence"),
+], ids=["min-below-an-interval", "min-above-max", "max-above-the-exact-table", "negative-warmup", "confidence-one"])
+def test_sampling_refuses_what_cannot_give_a_verdict(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Sampling(**kwargs)
+
+
+class ScriptedSession:
+    """A session whose runs' timings come from ``times`` (ms, cycled), logging which side ran."""
+
+    def __init__(self, name: str, times: list[float], log: list[str], stages: tuple[str, ...] = ("DenoisingStage",)) -> None:
+        self.name, self.times, self.log, self.stages, self.i = name, times, log, stages, 0
+
+    def run(self, placement: int | None = None) -> TimedRun:
+        e2e = self.times[self.i % len(self.times)]
+        self.i += 1
+        self.log.append(self.name)
+        return TimedRun(Timings(e2e, {s: e2e / 2 for s in self.stages}, [e2e / 4, e2e / 4]), e2e + 1.0, (), "not_measured")
+
+
+def test_runs_alternate_in_abba_order_after_the_warm_up_and_stop_once_decided() -> None:
+    log: list[str] = []
+    comparison = compare(ScriptedSession("B", [10.0], log), ScriptedSession("H", [10.0], log),
+                         Sampling(warmup=2, min_pairs=6, max_pairs=50), DEFAULT_AB_TOLERANCES)
+    assert log[:4] == ["B", "H", "B", "H"]  # warm-up
+    assert "".join(log[4:]) == "BH" + "HB" + "BH" + "HB" + "BH" + "HB"  # ABBA: drift lands on both sides alike
+    assert comparison.pairs == 6 and not comparison.capped and not comparison.failed and not comparison.undecided
+    assert len(comparison.samples["expected_e2e_ms"]["base"]) == 6
+
+
+def test_an_undecided_figure_runs_to_the_cap_and_a_failed_one_stops_at_once() -> None:
+    log: list[str] = []
+    undecided = compare(ScriptedSession("B", [10.0], log), ScriptedSession("H", [9.0, 11.6], log),
+                        Sampling(warmup=0, min_pairs=6, max_pairs=9), DEFAULT_AB_TOLERANCES)
+    assert undecided.pairs == 9 and undecided.capped and undecided.undecided and not undecided.failed
+    slower = compare(ScriptedSession("B", [10.0], log), ScriptedSession("H", [12.0], log),
+                     Sampling(warmup=0, min_pairs=6, max_pairs=50), DEFAULT_AB_TOLERANCES)
+    assert slower.pairs == 6 and {v.label for v in slower.failed} >= {"expected_e2e_ms", "stages_ms.DenoisingStage"}
+
+
+def test_figures_only_one_side_records_are_listed_not_judged() -> None:
+    log: list[str] = []
+    comparison = compare(ScriptedSession("B", [10.0], log, ("DenoisingStage", "TextEncodingStage")),
+                         ScriptedSession("H", [10.0], log, ("DenoisingStage", "PreparationStage")),
+                         Sampling(warmup=0, min_pairs=6, max_pairs=6), DEFAULT_AB_TOLERANCES)
+    assert comparison.unpaired == {"stages_ms.PreparationStage": "recorded by HEAD only",
+                                   "stages_ms.TextEncodingStage": "recorded by BASE only"}
+    assert comparison.verdict("stages_ms.DenoisingStage") is not None
+    assert comparison.verdict("stages_ms.TextEncodingStage") is None
