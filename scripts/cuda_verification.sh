@@ -3,13 +3,11 @@
 # through gloo with host staging). Run from the repository root on a CUDA machine:
 #     OUT=cuda-out bash scripts/cuda_verification.sh PHASE...
 # Phases:
-#   baseline   3 gates with --perf (no perf overlay first), threshold and perf recalibration:
-#              the new baselines/platforms/perf/<gpu>.json, with each scenario's calibration
+#   ab         the perf A/B acceptance (scripts/perf_ab_acceptance.py): $AB_COPIES (default 10) independent
+#              A/Bs per pipeline with BASE = HEAD, and with every denoising step 10 % slower, for the
+#              built-in pipeline (zimage_t2i_1rank, zimage_t2i_2ranks) and a command pipeline
 #   thresholds 3 gates (images only) and a per-platform threshold recalibration: the new
 #              baselines/platforms/<gpu>.json, for when the image references were re-blessed
-#   verify     the committed baselines on this machine: $VERIFY_RUNS gates (default 1; each must pass),
-#              then the same gate with a planted 20% slowdown of every denoising step
-#              (tests/targets/slow_pipeline.py: must fail)
 #   tests      pytest tests/gpu (kernels by the FA rule, LSE paths, SP with ranks sharing the GPU)
 #   targets    the contract cases on --target diffusers and --target sglang on CUDA
 # Wheels in .whl/ (diffusers, sglang and what its import needs) are installed to a temp dir first;
@@ -34,23 +32,14 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.max.sm --format=csv >"$W/
 hostname >>"$W/gpu.txt"; nproc >>"$W/gpu.txt"; grep -m1 "model name" /proc/cpuinfo >>"$W/gpu.txt"
 for phase in "$@"; do
   case $phase in
-    baseline)
-      cp -r baselines "$W/baselines"
-      rm -f "$W"/baselines/platforms/perf/*.json   # measure from scratch: recalibration writes the overlay
-      for i in 1 2 3; do step "gate$i" $P gate --device cuda --perf --baselines "$W/baselines" --report "$W/gate$i"; done
-      step recal_thresholds $P recalibrate thresholds --baselines "$W/baselines" --results "$W"/gate?/results.json --per-platform --write
-      step recal_perf $P recalibrate perf --baselines "$W/baselines" --results "$W"/gate?/results.json --write
-      rm -rf "$W"/gate?/candidates "$W"/gate?/triptychs; pack
-      cp "$W"/baselines/platforms/perf/*.json baselines/platforms/perf/ ;;   # a later 'verify' here gates against them
+    ab)
+      step perf_ab python3 scripts/perf_ab_acceptance.py --device cuda --copies "${AB_COPIES:-10}" --out "$W/ab"
+      rm -rf "$W"/ab/builtin "$W"/ab/command; pack ;;
     thresholds)
       cp -r baselines "$W/baselines"
       for i in 1 2 3; do step "images$i" $P gate --device cuda --no-perf --baselines "$W/baselines" --report "$W/images$i"; done
       step recal_thresholds $P recalibrate thresholds --baselines "$W/baselines" --results "$W"/images?/results.json --per-platform --write
       rm -rf "$W"/images?/candidates "$W"/images?/triptychs; pack ;;
-    verify)
-      for i in $(seq 1 "${VERIFY_RUNS:-1}"); do step "verify_gate$i" $P gate --device cuda --report "$W/verify$i"; done
-      step verify_slow $P gate --device cuda --pipeline-target tests.targets.slow_pipeline:factory --report "$W/slow"
-      rm -rf "$W"/verify?/candidates "$W"/slow/candidates; pack ;;
     tests)
       step gpu_tests python3 -m pytest tests/gpu -q -s -p no:cacheprovider ;;
     targets)

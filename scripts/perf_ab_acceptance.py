@@ -1,0 +1,91 @@
+"""The perf A/B's acceptance run: N independent A/Bs per pipeline, BASE = HEAD and HEAD with every denoising step
+10 % slower, through `parity perf` itself; prints the verdict counts.
+
+The cases root holds N copies of each image case (``<case>__<i>``): each copy is an A/B of its own (both
+sides prepared, warmed up and sampled afresh) inside one `parity perf` run, so the rank groups start once.
+The same processes then serve all N copies, which makes a process that is slower for good (a busy
+core, a slow vCPU) show in every copy instead of hiding between runs: the false-alarm count is, if
+anything, pessimistic. Pipelines: the built-in one (``--cases`` of ``cases/images/pipelines.toml``,
+slowed by tests/targets/slow_pipeline.py) and a command (tests/targets/sleep_generator.py, slowed by
+sleeping 10 % longer per step).
+
+    python scripts/perf_ab_acceptance.py --device cuda --copies 10 --out DIR [--cases zimage_t2i_1rank ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SLEEPER = REPO / "tests" / "targets" / "sleep_generator.py"
+TEMPLATE = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SLEEPER))} --out {{out_dir}} --height {{height}} "
+            "--width {width} --steps {steps} --step-ms {step_ms} --timings {timings}")
+
+
+def toml_value(value: object) -> str:
+    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def write_copies(root: Path, defaults: dict, cases: dict[str, dict], copies: int) -> Path:
+    (root / "images").mkdir(parents=True)
+    lines = ["[defaults]", *(f"{k} = {toml_value(v)}" for k, v in defaults.items())]
+    for case_id, body in cases.items():
+        for i in range(copies):
+            lines += ["", f"[cases.{case_id}__{i}]", *(f"{k} = {toml_value(v)}" for k, v in body.items())]
+    (root / "images" / "copies.toml").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def perf(label: str, out: Path, cases: Path, device: str, *argv: str) -> dict[str, object]:
+    path = out / f"{label}.json"
+    command = [sys.executable, "-m", "harness.cli", "perf", *argv, "--cases", str(cases), "--device", device,
+               "--json", str(path)]
+    code = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL).returncode
+    records = json.loads(path.read_text())["stages"]["perf"]["records"]
+    by_case: dict[str, Counter[str]] = {}
+    for r in records:
+        by_case.setdefault(r["case_id"].rsplit("__", 1)[0], Counter())[r["status"]] += 1
+    pairs = sorted(r["figures"].get("pairs", 0) for r in records)
+    return {"label": label, "exit": code, "verdicts": {c: dict(v) for c, v in by_case.items()},
+            "median_pairs": pairs[len(pairs) // 2] if pairs else None,
+            "wall_s": json.loads(path.read_text())["wall_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--copies", type=int, default=10)
+    parser.add_argument("--cases", nargs="+", default=["zimage_t2i_1rank", "zimage_t2i_2ranks"],
+                        help="built-in image cases of cases/images/pipelines.toml to copy")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shipped = tomllib.loads((REPO / "cases" / "images" / "pipelines.toml").read_text())
+    chosen = {c: {k: v for k, v in shipped["cases"][c].items() if k != "description"} for c in args.cases}
+    builtin = write_copies(args.out / "builtin", shipped["defaults"], chosen, args.copies)
+    command = write_copies(args.out / "command", {"height": 16, "width": 16, "steps": 4, "step_ms": 10}, {"sleepy": {}},
+                           args.copies)
+    rows = [
+        perf("builtin_same", args.out, builtin, args.device, "reference", "reference"),
+        perf("builtin_slow", args.out, builtin, args.device, "reference", "tests.targets.slow_pipeline:factory",
+             "--head-arg", "fraction=0.1"),
+        perf("command_same", args.out, command, args.device, "command", "command", "--base-arg", f"template={TEMPLATE}",
+             "--head-arg", f"template={TEMPLATE}"),
+        perf("command_slow", args.out, command, args.device, "command", "command", "--base-arg", f"template={TEMPLATE}",
+             "--head-arg", f"template={TEMPLATE} --slow 0.1"),
+    ]
+    (args.out / "summary.json").write_text(json.dumps(rows, indent=2))
+    for row in rows:
+        print(f"{row['label']:14} exit {row['exit']}  median pairs {row['median_pairs']}  {row['wall_s']:.0f} s  "
+              + "  ".join(f"{case}: {dict(sorted(v.items()))}" for case, v in row["verdicts"].items()))
+
+
+if __name__ == "__main__":
+    main()
