@@ -90,7 +90,7 @@ def _run_on_rank(key: str, keep_output: bool, placement: int | None) -> tuple[Ti
 
     device = str(rank_device())
     if placement is not None:
-        _pin(rank_cores(placement, dist.get_rank(), dist.get_world_size(), device))
+        _pin(rank_cores(placement, dist.get_rank(), dist.get_world_size()))
     run = _timed_run(_PREPARED[key], device, in_ranks=True, barrier=dist.barrier, keep_output=keep_output)
     peak = run.peak_memory_bytes[0] if run.peak_memory_bytes else None
     return (run if dist.get_rank() == 0 else None), peak, run.peak_memory_kind
@@ -105,22 +105,22 @@ def _close_on_rank(key: str) -> None:
 _ALL_CORES: list[int] = []  # in a rank process: the cores it was started with, before any placement
 
 
-def rank_cores(placement: int, rank: int, world: int, device: str) -> list[int]:
-    """The cores rank ``rank`` runs on at ``placement``: as many as it runs intra-op threads on the CPU (its share
-    of the machine on CUDA, for the driver's threads), shifted by one block per placement.
+def rank_cores(placement: int, rank: int, world: int) -> list[int]:
+    """The cores rank ``rank`` runs on at ``placement``: as many as it runs intra-op threads (one by default),
+    a block of them per rank, shifted by one block per placement.
 
     An A/B runs both sides of a pair at the same placement and moves to the next one with each pair: a
-    core that is slower (a busy neighbour, a vCPU the host shares) then slows BASE and HEAD alike, where the
-    scheduler, left alone, can keep one side's process on it for the whole run (measured: BASE = HEAD read
-    ×1.56 [1.25, 1.93] on a loaded 2-core box).
+    core that is slower (a busy neighbour, a vCPU the host shares with other machines) then slows BASE and
+    HEAD alike, where the scheduler, left alone, keeps each side's process on its own core for minutes.
+    Measured: BASE = HEAD read HEAD ×1.56 [1.25, 1.93] on a loaded 2-core box, and ×1.19 to ×1.60 in 7 of
+    10 A/Bs of a launch-bound 1-rank case on an H200 host, then ×0.88 the other way.
     """
     import torch
 
     if not _ALL_CORES:
         _ALL_CORES.extend(sorted(os.sched_getaffinity(0)))
     cores = _ALL_CORES
-    share = max(1, len(cores) // world)
-    width = share if device.startswith("cuda") else max(1, min(share, torch.get_num_threads()))
+    width = max(1, min(len(cores) // world, torch.get_num_threads()))
     start = (placement + rank) * width
     return [cores[(start + i) % len(cores)] for i in range(width)]
 
