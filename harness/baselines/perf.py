@@ -79,6 +79,8 @@ from harness.baselines.platforms import find_overlay
 from harness.baselines.tolerances import (
     ABS_FLOOR,
     MAX_MS,
+    OPTIONAL_KEYS,
+    WALL,
     MAX_TOLERANCE,
     TOLERANCE_KEYS,
     Tolerances,
@@ -102,7 +104,7 @@ DISPERSION = "dispersion"
 #: The profile an A/B verdict reads (how much slower HEAD may be than BASE); built in where a file has none.
 AB_PROFILE = "ab"
 DEFAULT_AB_TOLERANCES = Tolerances(e2e=0.05, denoise_stage=0.05, non_denoise_stage=0.25, denoise_step=0.15,
-                                   denoise_agg=0.05, abs_floor_ms=0.5)
+                                   denoise_agg=0.05, abs_floor_ms=0.5, wall=0.10)
 
 PERF_BASE_FILE = "perf_baselines.json"
 PERF_OVERLAY_DIR = Path("platforms") / "perf"
@@ -246,7 +248,7 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
     for profile, values in tolerances.items():
         profile_key = join_key("tolerances", profile)
         values = expect_object(values, path, profile_key)
-        for name in (*TOLERANCE_KEYS, ABS_FLOOR):
+        for name in (*TOLERANCE_KEYS, *OPTIONAL_KEYS):
             if name in values:
                 expect_number(values[name], path, join_key(profile_key, name), lo=0.0,
                               hi=MAX_MS if name == ABS_FLOOR else MAX_TOLERANCE)
@@ -336,7 +338,9 @@ class PerfBaselines:
             raise ConfigError(
                 f"no tolerance profile {profile!r}; found {sorted(profiles)}", path=where, key="tolerances"
             )
-        values = {name: float(profiles[profile].get(name, 0.0)) for name in (*TOLERANCE_KEYS, ABS_FLOOR)}
+        given = profiles[profile]
+        values: dict[str, float | None] = {name: float(given.get(name, 0.0)) for name in (*TOLERANCE_KEYS, ABS_FLOOR)}
+        values[WALL] = float(given[WALL]) if WALL in given else None
         for name in TOLERANCE_KEYS:
             if name not in profiles[profile] and env_tolerance(name, env) is None:
                 raise ConfigError("missing tolerance", path=where, key=f"tolerances.{profile}.{name}")

@@ -18,7 +18,8 @@ HEAD/BASE with its confidence interval (Hodges-Lehmann on the paired log ratios,
 signed-rank interval) within 1 + tolerance (passed), beyond it (failed), or still straddling it
 at --max-pairs (inconclusive). Tolerances: the `ab` profile of the baselines' perf_baselines.json,
 else 5 % for e2e, the denoising stage and the step average/median, 15 % per step, 25 % for other
-stages, at least 0.5 ms (PARITY_PERF_TOL_* override them).
+stages, 10 % for parity's wall clock of the run (a command's start-up included), and at least
+0.5 ms (PARITY_PERF_TOL_* override them).
 
 BASE and HEAD are pipeline targets as --pipeline-target takes them (HEAD runs the cases that name
 no target; a case naming one runs it as HEAD), or rev:GITREV: the reference pipeline as that
