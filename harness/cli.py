@@ -6,6 +6,10 @@ adding a verb is adding a module and one name to :data:`VERBS`. Exit codes: 0 al
 inconclusive timing verdict with nothing failed (``gate``, ``perf``), 130 on
 SIGINT and 143 on SIGTERM: the signal unwinds the run like an exception, so every rank group is
 ended on the way out, and the run says so in one line instead of a traceback.
+
+Under torchrun or srun (``torchrun ... -m parity VERB``) rank 0 alone parses and runs the verb
+(:func:`harness.ranks.run_as_job`), every other rank hosts its ranks, and all exit with rank 0's
+code; a rank that is lost ends the job with exit 1 and one line saying which.
 """
 
 from __future__ import annotations
@@ -106,6 +110,26 @@ def _signals_unwind() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from harness.errors import ConfigError
+    from harness.ranks import JobLost, run_as_job
+
+    try:
+        with _signals_unwind():
+            return run_as_job(lambda: _run_verb(argv))
+    except ConfigError as exc:  # the job's variables themselves
+        print(f"parity: error: {exc}", file=sys.stderr)
+        return 2
+    except JobLost as exc:
+        print(f"parity: error: {exc}", file=sys.stderr)
+        return 1
+    except Interrupted as exc:
+        print(f"parity: stopped by {signal.Signals(exc.signum).name}; every rank was ended", file=sys.stderr)
+        return 128 + exc.signum
+
+
+def _run_verb(argv: Sequence[str] | None) -> int:
+    """Parse and run one verb; its exit code (errors and signals mapped, as the module docstring says)."""
+    from harness.errors import ConfigError
+    from harness.ranks import JobLost
 
     parser = build_parser()
     try:
@@ -114,11 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         check_platform_env()
-        with _signals_unwind():
-            return int(args.run(args))
+        return int(args.run(args))
     except ConfigError as exc:
         print(f"parity {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    except JobLost as exc:
+        print(f"parity {args.verb}: error: {exc}", file=sys.stderr)
+        return 1
     except Interrupted as exc:
         print(f"parity {args.verb}: stopped by {signal.Signals(exc.signum).name}; every rank was ended", file=sys.stderr)
         return 128 + exc.signum
