@@ -92,7 +92,7 @@ class Group:
 
     ``devices`` maps each rank this process starts to its device. Without ``rendezvous`` they are the
     whole group and meet in a store this process serves; with it, they are this job rank's part of a
-    larger group and ``interrupt()`` (polled while waiting) says when another part failed.
+    larger group, and ``interrupt()`` (polled while they start) says when another part failed.
     """
 
     def __init__(self, backend: str, devices: Mapping[int, str], startup_timeout: float, method: str, *,

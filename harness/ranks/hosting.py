@@ -73,6 +73,8 @@ class Host:
             return
         hosted.commands.put(command)
         if isinstance(command, Stop):
+            if command.now:
+                hosted.end_now()  # its thread may be waiting on a call that will never answer
             self._stopped.append(self._groups.pop(command.group))
 
     def _end_all(self, now: bool) -> None:

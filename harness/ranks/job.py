@@ -55,7 +55,7 @@ class Job:
         """Why a case of ``world_size`` ranks cannot run in this job, or None."""
         if world_size <= self.world_size:
             return None
-        return f"needs {world_size} ranks; {self.describe()} has {self.world_size}"
+        return f"needs {world_size} ranks; this {self.launcher.value} job has {self.world_size}"
 
 
 def current_job(environ: Mapping[str, str] | None = None) -> Job | None:

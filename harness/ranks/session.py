@@ -10,6 +10,7 @@ job it is just ``main()``.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -47,30 +48,40 @@ def capacity_reason(world_size: int) -> str | None:
 
 
 def run_as_job(main: Callable[[], int]) -> int:
-    """``main()``; under a launcher's job, on rank 0 only, while every other rank serves and then exits.
+    """``main()``; under a launcher's job, on rank 0 only, while every other rank serves until rank 0 is done.
 
-    On a rank other than 0 this does not return: the process ends with rank 0's code (without the
-    interpreter's teardown, seconds with torch loaded, so torchrun does not find a rank still
-    exiting once rank 0 has gone), or raises :class:`JobLost` when rank 0 or the store is gone.
+    Under a job this does not return once the job is over: every rank ends its process with rank 0's
+    code, SIGINT and SIGTERM ignored and without the interpreter's teardown (seconds with torch
+    loaded). torchrun stops an agent's other processes as soon as one exits non-zero, so a rank
+    still tearing down would be reported killed by SIGTERM instead of with the job's code. A rank
+    other than 0 raises :class:`JobLost` when rank 0 or the store is gone.
     """
     job = current_job()
     if job is None:
         return main()
     global _active
     with JobSession(job, lost_after_s()) as session:
-        if job.rank != 0:
+        if job.rank == 0:
+            _active = session
+            code = 1  # main() raised: the others must not wait for a code
+            try:
+                code = main()
+            finally:
+                _active = None
+                _ignore_signals()
+                session.finish(code)
+        else:
             code = session.host.serve()
+            _ignore_signals()
             session.channel.emit(Exited(job.rank))
-            session.close()
-            _exit(code)
-        _active = session
-        code = 1  # main() raised: the others must not wait for a code
-        try:
-            code = main()
-        finally:
-            _active = None
-            session.finish(code)
-    return code
+    _exit(code)
+
+
+def _ignore_signals() -> None:
+    """The job is decided: a signal now could only change the exit code that reports it."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _exit(code: int) -> NoReturn:
@@ -109,9 +120,6 @@ class JobSession:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def close(self) -> None:
         self._heartbeat.stop()
 
     def _serve_here(self) -> None:
