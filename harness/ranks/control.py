@@ -124,6 +124,12 @@ class Exited:
 Event = Answered | Alive | Exited
 
 
+def store_gone(job: Job, exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (f"the job's store at {job.master_addr}:{job.master_port} went away ({lines[0] if lines else type(exc).__name__}): "
+            "rank 0's node was lost or the job ended")
+
+
 def lost_after_s() -> float:
     """``PARITY_JOB_LOST_S``: how long a rank may stay silent before it counts as lost (checked before any work)."""
     text = os.environ.get(LOST_ENV, "").strip()

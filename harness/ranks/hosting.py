@@ -16,7 +16,9 @@ import traceback
 
 import torch.distributed as dist
 
-from harness.ranks.control import Abort, Answer, Answered, Beat, Call, Channel, Command, Exit, JobLost, Start, Stop
+from harness.ranks.control import (
+    Abort, Answer, Answered, Beat, Call, Channel, Command, Exit, JobLost, Start, Stop, store_gone,
+)
 from harness.ranks.group import FailureKind, Group, RankFailure, Rendezvous
 from harness.ranks.job import Job
 
@@ -52,8 +54,7 @@ class Host:
                     return command.code
                 self._dispatch(command)
         except dist.DistError as exc:
-            raise JobLost(f"job rank {self.job.rank}: the job's store at {self.job.master_addr}:{self.job.master_port} "
-                          f"went away ({_first_line(exc)}): rank 0's node was lost or the job ended") from None
+            raise JobLost(f"job rank {self.job.rank}: {store_gone(self.job, exc)}") from None
         finally:
             self._end_all(now)
 
@@ -139,9 +140,7 @@ class _HostedGroup:
             self._answer(channel, "start", Answer(failure=failure))
             return
         except Exception as exc:  # noqa: BLE001 - anything that stops this rank from starting is its failure
-            failure = RankFailure(f"job rank {rank} could not start its rank of the group: {_first_line(exc)}", rank,
-                                  traceback.format_exc())
-            self._answer(channel, "start", Answer(failure=failure))
+            self._answer(channel, "start", _broken(rank, "start its rank of the group", exc))
             return
         self._answer(channel, "start", Answer())
 
@@ -156,9 +155,14 @@ class _HostedGroup:
         except RankFailure as failure:
             self._answer(channel, call.step, Answer(failure=failure))
             return
+        except Exception as exc:  # noqa: BLE001 - answered, so rank 0 reports it instead of waiting for the timeout
+            self._answer(channel, call.step, _broken(self.job.rank, f"run {call.what}", exc))
+            return
         self._answer(channel, call.step, Answer(value))
 
 
-def _first_line(exc: BaseException) -> str:
+def _broken(rank: int, doing: str, exc: Exception) -> Answer:
+    """A failure of this job rank itself (not of its rank process), with the traceback, as its answer."""
     lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    first = lines[0] if lines else type(exc).__name__
+    return Answer(failure=RankFailure(f"job rank {rank} could not {doing}: {first}", rank, traceback.format_exc()))

@@ -14,13 +14,14 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
 import torch.distributed as dist
 
 from harness.ranks.control import (
-    Alive, Answer, Answered, Beat, Channel, Command, Event, Exit, Exited, Heartbeat, JobLost, lost_after_s,
+    Alive, Answer, Answered, Beat, Channel, Command, Event, Exit, Exited, Heartbeat, JobLost, lost_after_s, store_gone,
 )
 from harness.ranks.hosting import Host
 from harness.ranks.job import Job, current_job
@@ -123,16 +124,21 @@ class JobSession:
         self._heartbeat.stop()
 
     def _serve_here(self) -> None:
-        """Rank 0's own ranks, hosted like every other job rank's (a lost store is the driver's to report)."""
+        """Rank 0's own ranks, hosted like every other job rank's; if that fails, the driver says why."""
         try:
             self.host.serve()
-        except JobLost:
-            pass
+        except JobLost as exc:
+            self.inbox.fail(str(exc))
+        except BaseException:  # noqa: BLE001 - a bug here must end the run with its traceback, not a wait
+            self.inbox.fail(f"rank 0's host of its own ranks failed:\n{traceback.format_exc()}")
 
     def post(self, command: Command) -> None:
-        with self._lock:
-            self.channel.post(self._next_command, command)
-            self._next_command += 1
+        try:
+            with self._lock:
+                self.channel.post(self._next_command, command)
+                self._next_command += 1
+        except dist.DistError as exc:
+            raise JobLost(store_gone(self.job, exc)) from None
 
     def new_group_id(self, world_size: int) -> str:
         with self._lock:
@@ -143,7 +149,7 @@ class JobSession:
         """Tell every rank the exit code and wait (bounded) until each has taken it; then end rank 0's own ranks."""
         try:
             self.post(Exit(code))
-        except dist.DistError:
+        except JobLost:
             pass  # the store is gone: nobody is left to tell
         self.inbox.wait_for_exits(_EXIT_WAIT_S)
         if self._host_thread is not None:
@@ -176,9 +182,13 @@ class Inbox:
                 self._take(number, event)
                 number += 1
         except dist.DistError as exc:
-            with self.changed:
-                self._gone = f"the job's store at {self.job.master_addr}:{self.job.master_port} went away ({exc})"
-                self.changed.notify_all()
+            self.fail(store_gone(self.job, exc))
+
+    def fail(self, reason: str) -> None:
+        """The run cannot go on, for ``reason``: every caller waiting here raises :class:`JobLost` with it."""
+        with self.changed:
+            self._gone = self._gone or reason
+            self.changed.notify_all()
 
     def _take(self, number: int, event: Event) -> None:
         with self.changed:
