@@ -43,7 +43,8 @@ class JobLost(RuntimeError):
 
 @dataclass(frozen=True)
 class Start:
-    """Job ranks ``0..world_size-1`` each start their rank of ``group``; ``devices[local_rank]`` is its device."""
+    """Job ranks ``0..world_size-1`` each start their rank of ``group``; ``devices[local_rank]`` is its device,
+    ``preload`` what rank 0's preloaded server imports (so every job rank's server imports the same)."""
 
     group: str
     world_size: int
@@ -51,6 +52,7 @@ class Start:
     devices: tuple[str, ...]
     startup_timeout: float
     start_method: str
+    preload: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -124,9 +126,14 @@ class Exited:
 Event = Answered | Alive | Exited
 
 
-def store_gone(job: Job, exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception in one line (c10d's carry a C++ stack after it)."""
     lines = str(exc).strip().splitlines()
-    return (f"the job's store at {job.master_addr}:{job.master_port} went away ({lines[0] if lines else type(exc).__name__}): "
+    return lines[0] if lines else type(exc).__name__
+
+
+def store_gone(job: Job, exc: BaseException) -> str:
+    return (f"the job's store at {job.master_addr}:{job.master_port} went away ({first_line(exc)}): "
             "rank 0's node was lost or the job ended")
 
 
@@ -193,7 +200,7 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 self._send()
-            except dist.DistError:
+            except (dist.DistError, JobLost):
                 return  # the store is gone: whoever waits on it says so
             self._stop.wait(BEAT_S)
 

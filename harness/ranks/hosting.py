@@ -17,10 +17,11 @@ import traceback
 import torch.distributed as dist
 
 from harness.ranks.control import (
-    Abort, Answer, Answered, Beat, Call, Channel, Command, Exit, JobLost, Start, Stop, store_gone,
+    Abort, Answer, Answered, Beat, Call, Channel, Command, Exit, JobLost, Start, Stop, first_line, store_gone,
 )
 from harness.ranks.group import FailureKind, Group, RankFailure, Rendezvous
 from harness.ranks.job import Job
+from harness.ranks.starting import preload
 
 _JOIN_S = 15.0  # how long ending a job rank waits for each group's thread
 
@@ -96,14 +97,20 @@ class _HostedGroup:
         self.job, self.group_id = job, start.group
         self.commands: queue.Queue[Call | Stop] = queue.Queue()
         self.aborted: set[str] = set()
+        self._ending = threading.Event()
         self._group: Group | None = None
         self.thread = threading.Thread(target=self._run, args=(start,), daemon=True, name=f"parity-host-{start.group}")
         self.thread.start()
 
     def end_now(self) -> None:
+        """End this rank now, whatever its thread waits for (a start or a call that will never finish)."""
+        self._ending.set()
         group = self._group
         if group is not None:
             group.terminate()
+
+    def _interrupted(self, step: str) -> bool:
+        return self._ending.is_set() or step in self.aborted
 
     def _run(self, start: Start) -> None:
         try:
@@ -132,10 +139,11 @@ class _HostedGroup:
             if self.job.local_rank >= len(start.devices):
                 raise RuntimeError(f"job rank {rank} is local rank {self.job.local_rank} of its node, but rank 0's node "
                                    f"has {len(start.devices)} (the job's nodes must run as many ranks each)")
+            preload(start.preload)
             meeting = Rendezvous(self.job.master_addr, self.job.master_port, f"{self.job.prefix}{start.group}/pg/",
                                  start.world_size)
             self._group = Group(start.backend, {rank: start.devices[self.job.local_rank]}, start.startup_timeout,
-                                start.start_method, rendezvous=meeting, interrupt=lambda: "start" in self.aborted)
+                                start.start_method, rendezvous=meeting, interrupt=lambda: self._interrupted("start"))
         except RankFailure as failure:
             self._answer(channel, "start", Answer(failure=failure))
             return
@@ -151,7 +159,7 @@ class _HostedGroup:
             self._answer(channel, call.step, Answer(failure=ended))
             return
         try:
-            (value,) = self._group.send(call.payload, call.timeout, call.what, interrupt=lambda: call.step in self.aborted)
+            (value,) = self._group.send(call.payload, call.timeout, call.what, interrupt=lambda: self._interrupted(call.step))
         except RankFailure as failure:
             self._answer(channel, call.step, Answer(failure=failure))
             return
@@ -163,6 +171,4 @@ class _HostedGroup:
 
 def _broken(rank: int, doing: str, exc: Exception) -> Answer:
     """A failure of this job rank itself (not of its rank process), with the traceback, as its answer."""
-    lines = str(exc).strip().splitlines()
-    first = lines[0] if lines else type(exc).__name__
-    return Answer(failure=RankFailure(f"job rank {rank} could not {doing}: {first}", rank, traceback.format_exc()))
+    return Answer(failure=RankFailure(f"job rank {rank} could not {doing}: {first_line(exc)}", rank, traceback.format_exc()))

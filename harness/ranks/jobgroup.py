@@ -20,6 +20,7 @@ from typing import Any
 from harness.ranks.control import Abort, Answer, Call, JobLost, Start, Stop
 from harness.ranks.group import FailureKind, RankFailure, call_name, describe_failure, pickle_call, timed_out
 from harness.ranks.session import JobSession
+from harness.ranks.starting import preloaded_modules
 
 # A job rank answers within this of its own rank's timeout (the stack dump and the reaping included).
 _ANSWER_GRACE_S = 20.0
@@ -35,7 +36,7 @@ class JobGroup:
         self._calls = 0
         self._alive = True
         self.id = session.new_group_id(world_size)
-        session.post(Start(self.id, world_size, backend, tuple(devices), startup_timeout, method))
+        session.post(Start(self.id, world_size, backend, tuple(devices), startup_timeout, method, preloaded_modules()))
         self._collect("start", startup_timeout, "group start")
 
     @property

@@ -11,17 +11,17 @@ job it is just ``main()``.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import NoReturn
 
 import torch.distributed as dist
 
+from harness.errors import ConfigError
 from harness.ranks.control import (
-    Alive, Answer, Answered, Beat, Channel, Command, Event, Exit, Exited, Heartbeat, JobLost, lost_after_s, store_gone,
+    Alive, Answer, Answered, Beat, Channel, Command, Event, Exit, Exited, Heartbeat, JobLost, LOST_ENV, first_line,
+    lost_after_s, store_gone,
 )
 from harness.ranks.hosting import Host
 from harness.ranks.job import Job, current_job
@@ -74,8 +74,11 @@ def run_as_job(main: Callable[[], int]) -> int:
         else:
             code = session.host.serve()
             _ignore_signals()
-            session.channel.emit(Exited(job.rank))
-    _exit(code)
+            try:
+                session.channel.emit(Exited(job.rank))
+            except dist.DistError:
+                pass  # rank 0 is gone already: it waits for nobody
+    exit_without_teardown(code)
 
 
 def _ignore_signals() -> None:
@@ -83,11 +86,6 @@ def _ignore_signals() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
-
-
-def _exit(code: int) -> NoReturn:
-    sys.stdout.flush()
-    exit_without_teardown(code)
 
 
 class JobSession:
@@ -107,9 +105,17 @@ class JobSession:
     def __enter__(self) -> JobSession:
         self._server = None
         if self.job.serves_store:
-            self._server = dist.TCPStore(self.job.master_addr, self.job.master_port, self.job.world_size, is_master=True,
-                                         wait_for_workers=False)
-        self.channel = Channel(self.job)
+            try:
+                self._server = dist.TCPStore(self.job.master_addr, self.job.master_port, self.job.world_size,
+                                             is_master=True, wait_for_workers=False)
+            except dist.DistError as exc:
+                raise ConfigError(f"rank 0 cannot serve the job's store on port {self.job.master_port} ({first_line(exc)}); "
+                                  "set MASTER_PORT to a free port", key="MASTER_PORT") from None
+        try:
+            self.channel = Channel(self.job)
+        except dist.DistError as exc:
+            raise JobLost(f"job rank {self.job.rank}: the job's store at {self.job.master_addr}:{self.job.master_port} "
+                          f"cannot be reached ({first_line(exc)})") from None
         if self.job.rank == 0:
             self._heartbeat = Heartbeat(lambda: self.post(Beat()))
             threading.Thread(target=self.inbox.read, daemon=True, name="parity-job-inbox").start()
@@ -214,10 +220,13 @@ class Inbox:
         if self._gone:
             raise JobLost(self._gone)
         now = time.monotonic()
-        lost = [rank for rank, heard in self._heard.items() if now - heard > self.lost_after and rank not in self._exited]
-        if lost:
+        silent = {rank: now - heard for rank, heard in self._heard.items() if rank not in self._exited}
+        if any(s > self.lost_after for s in silent.values()):
+            # A node takes all its ranks: name every rank that has missed half the limit, not just the first one over.
+            lost = sorted(rank for rank, s in silent.items() if s > self.lost_after / 2)
             raise JobLost(f"job rank(s) {', '.join(map(str, lost))} stopped answering (no heartbeat for "
-                          f"{self.lost_after:g} s): a node was lost or its process killed")
+                          f"{', '.join(f'{silent[r]:.1f}' for r in lost)} s; the limit is {self.lost_after:g} s, "
+                          f"{LOST_ENV}): a node was lost or its process killed")
 
     def wait(self) -> None:
         """Until something changes, or a little while (hold ``changed``)."""
