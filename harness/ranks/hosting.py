@@ -13,6 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import traceback
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -35,11 +36,11 @@ class Host:
         self._groups: dict[str, _HostedGroup] = {}
         self._stopped: list[_HostedGroup] = []  # joined at the end, so a closing group does not hold up the log
 
-    def serve(self) -> int:
+    def serve(self, decided: Callable[[], None] = lambda: None) -> int:
         """Run rank 0's commands until it says exit; its exit code.
 
         Raises :class:`JobLost` when rank 0 falls silent or the job's store goes away. Every rank
-        this job rank started is ended on the way out, whatever the way.
+        this job rank started is ended on the way out, whatever the way, after ``decided()``.
         """
         now = True
         try:
@@ -57,6 +58,7 @@ class Host:
         except dist.DistError as exc:
             raise JobLost(f"job rank {self.job.rank}: {store_gone(self.job, exc)}") from None
         finally:
+            decided()
             self._end_all(now)
 
     def _dispatch(self, command: Command) -> None:

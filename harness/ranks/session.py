@@ -72,8 +72,8 @@ def run_as_job(main: Callable[[], int]) -> int:
                 _ignore_signals()
                 session.finish(code)
         else:
-            code = session.host.serve()
-            _ignore_signals()
+            # Decided either way: rank 0's code, or this rank's JobLost (exit 1); no signal may change it.
+            code = session.host.serve(decided=_ignore_signals)
             try:
                 session.channel.emit(Exited(job.rank))
             except dist.DistError:
