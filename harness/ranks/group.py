@@ -205,14 +205,14 @@ class Group:
             ready = wait([self._conns[i] for i in pending] + [self._procs[i].sentinel for i in pending], remaining)
             for i in sorted({index_of[obj] for obj in ready}):
                 answer = self._read(i)
+                if answer is not None and answer[0] != ERR:
+                    results[i] = answer[1]
+                    continue
                 failed.add(i)
                 if answer is None:
                     failures.append((self._ranks[i], True, self._death(i, what)))
-                elif answer[0] == ERR:
-                    failures.append((self._ranks[i], False, answer[1]))
                 else:
-                    results[i] = answer[1]
-                    failed.discard(i)
+                    failures.append((self._ranks[i], False, answer[1]))
             if failures:
                 listen_until = min(deadline, listen_until, time.monotonic() + _FAILURE_GRACE_S)
         if failures or len(results) < n:

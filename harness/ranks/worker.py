@@ -56,12 +56,8 @@ def current_device() -> torch.device:
     return _device
 
 
-def has_device() -> bool:
-    return _device is not None
-
-
 def set_device(device: torch.device) -> None:
-    """Record this process's rank device (the torchrun path of the launcher sets it too)."""
+    """Record this process's rank device."""
     global _device
     _device = device
     if device.type == "cuda":
