@@ -6,6 +6,10 @@ adding a verb is adding a module and one name to :data:`VERBS`. Exit codes: 0 al
 inconclusive timing verdict with nothing failed (``gate``, ``perf``), 130 on
 SIGINT and 143 on SIGTERM: the signal unwinds the run like an exception, so every rank group is
 ended on the way out, and the run says so in one line instead of a traceback.
+
+Under torchrun or srun (``torchrun ... -m parity VERB``) rank 0 alone parses and runs the verb
+(:func:`harness.ranks.run_as_job`), every other rank hosts its ranks, and all exit with rank 0's
+code; a rank that is lost ends the job with exit 1 and one line saying which.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
@@ -105,22 +109,45 @@ def _signals_unwind() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from harness.errors import ConfigError
+    from harness.ranks import run_as_job
 
+    def run() -> int:
+        with _signals_unwind():
+            return run_as_job(lambda: _run_verb(argv))
+
+    return _exit_code("parity", run)  # what is left for a rank that is not rank 0: the job's own errors
+
+
+def _run_verb(argv: Sequence[str] | None) -> int:
+    """Parse and run one verb (on rank 0 of a job); its exit code."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help exits 0, a usage error exits 2
         return int(exc.code or 0)
-    try:
+
+    def run() -> int:
         check_platform_env()
-        with _signals_unwind():
-            return int(args.run(args))
+        return int(args.run(args))
+
+    return _exit_code(f"parity {args.verb}", run)
+
+
+def _exit_code(who: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit code, an error or a signal mapped to its own (module docstring) and said in one line."""
+    from harness.errors import ConfigError
+    from harness.ranks import JobLost
+
+    try:
+        return run()
     except ConfigError as exc:
-        print(f"parity {args.verb}: error: {exc}", file=sys.stderr)
+        print(f"{who}: error: {exc}", file=sys.stderr)
         return 2
+    except JobLost as exc:
+        print(f"{who}: error: {exc}", file=sys.stderr)
+        return 1
     except Interrupted as exc:
-        print(f"parity {args.verb}: stopped by {signal.Signals(exc.signum).name}; every rank was ended", file=sys.stderr)
+        print(f"{who}: stopped by {signal.Signals(exc.signum).name}; every rank was ended", file=sys.stderr)
         return 128 + exc.signum
 
 

@@ -23,7 +23,7 @@ from harness.contracts.params import Params
 from harness.contracts.registry import RankContext, get_contract
 from harness.contracts.stats import RankOutcome
 from harness.errors import ConfigError, ParamError
-from harness.ranks import PoolSet, RankFailure, preload, rank_device
+from harness.ranks import PoolSet, RankFailure, capacity_reason, preload, rank_device
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
 from harness.targets.base import CAPABILITIES, Target, Unsupported
 from harness.targets.loader import TargetArgs, load_target
@@ -62,6 +62,9 @@ def precheck(case: Case, target: Target, options: RunOptions) -> str | None:
     reason = target.unavailable_reason(options.device)
     if reason:
         return f"target {options.target}: {reason}"
+    reason = capacity_reason(case.world_size)
+    if reason:
+        return reason
     missing = sorted(get_contract(case.contract_id).requirements(case.params) - target.capabilities())
     if missing:
         what = "; ".join(f"{m}: {CAPABILITIES[m]}" for m in missing)

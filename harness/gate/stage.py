@@ -21,7 +21,7 @@ from harness.contracts.runner import RunOptions
 from harness.perf.ab import Sampling
 from harness.perf.sides import Side
 from harness.pipelines.sessions import PipelineRun
-from harness.ranks import PoolSet, RankFailure
+from harness.ranks import PoolSet, RankFailure, capacity_reason
 from harness.report.console import progress
 from harness.results import FAILED, SKIPPED, CaseResult, StageResult, Status
 from harness.targets.base import PipelineFailed
@@ -106,14 +106,15 @@ def run_each_case(ctx: GateContext, label: str, cases: Sequence[ImageCase], chec
 
     ``runs_of`` says which pipelines a case runs, each with the tag of its pools (an A/B runs two).
     A case's duration excludes starting its groups. A case that a target cannot run on this
-    machine is skipped with the target's reason. A rank that fails (raises, dies, hangs), or a
-    pipeline that fails in a way its target explains (:class:`PipelineFailed`), fails that case with
-    the traceback or stderr; the stage goes on with the next case.
+    machine is skipped with the target's reason, one that needs more ranks than the job has with
+    that. A rank that fails (raises, dies, hangs), or a pipeline that fails in a way its target
+    explains (:class:`PipelineFailed`), fails that case with the traceback or stderr; the stage goes
+    on with the next case.
     """
     start = time.perf_counter()
     results: list[CaseResult] = []
     plans = {c.id: runs_of(c) for c in cases}
-    skips = {c.id: next((r for run, _ in plans[c.id] if (r := run.unavailable(ctx.device))), None) for c in cases}
+    skips = {c.id: next((r for run, _ in plans[c.id] if (r := _why_not(run, ctx.device))), None) for c in cases}
     with progress(ctx.err, len(cases), label) as advance:
         for tag in sorted({tag for plan in plans.values() for _, tag in plan}):
             ctx.pools.prestart((run.world_size for c in cases if not skips[c.id] for run, t in plans[c.id]
@@ -136,6 +137,11 @@ def run_each_case(ctx: GateContext, label: str, cases: Sequence[ImageCase], chec
             results.append(result)
             advance(result)
     return results, time.perf_counter() - start
+
+
+def _why_not(run: PipelineRun, device: str) -> str | None:
+    """Why a case's pipeline run cannot run here: its target's reason, or more ranks than the job has."""
+    return run.unavailable(device) or (capacity_reason(run.world_size) if run.in_ranks else None)
 
 
 def _failed_or_skipped(case: ImageCase, check: str, status: Status, reason: str, traceback: str | None = None) -> CaseResult:

@@ -4,7 +4,10 @@ A group ends exactly once, on every path (a failure, a timeout, close, an interr
 collection, interpreter exit), and ending it leaves nothing: every rank's process group is
 killed (the rank and whatever it started), every rank reaped, every pipe closed. The rendezvous
 is a TCPStore served by this process on a port the kernel picks, so concurrent groups cannot
-collide and no file outlives a parent that was killed.
+collide and no file outlives a parent that was killed. Under a job
+(:mod:`harness.ranks.hosting`) each job rank starts only its own rank of a group, which meets
+the others in the job's store under the group's own prefix; ``interrupt`` then ends this part
+of the group as soon as another job rank reports a failure of its own part.
 
 What a failure says: the rank that raised, with its traceback, or the rank that died and by which
 signal, or, on a timeout, the Python stack of every rank that had not answered (faulthandler, on
@@ -19,8 +22,10 @@ import signal
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from enum import Enum
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -29,6 +34,7 @@ import torch.distributed as dist
 
 from harness.ranks import starting
 from harness.ranks import worker as _rank_worker
+from harness.ranks.job import rank_environment
 from harness.ranks.worker import ERR, LOCALHOST, STACK_SIGNAL, STOP
 
 # After the first failure, keep listening this long so that a rank killed by a signal is
@@ -39,6 +45,14 @@ _CLOSE_TIMEOUT_S = 10.0
 _REAP_TIMEOUT_S = 5.0
 _STACK_WAIT_S = 3.0  # how long a timeout waits for the pending ranks' stacks
 _STACK_QUIET_S = 0.2  # a dump is complete once its pipe stays quiet this long
+_INTERRUPT_POLL_S = 0.05  # how often a job rank's part of a group asks whether another part failed
+
+
+class FailureKind(str, Enum):
+    RAISED = "raised"
+    DIED = "died"
+    TIMEOUT = "timeout"
+    ENDED = "ended"  # this part of a group was ended because another job rank's part failed
 
 
 class RankFailure(RuntimeError):
@@ -47,26 +61,48 @@ class RankFailure(RuntimeError):
     ``rank`` is the rank to blame (None when several ranks timed out together) and ``traceback``
     its traceback, how it died, or the pending ranks' stacks. The first line of the message says
     what happened in one line (a result's reason); the rest is the evidence, so a CI log shows the
-    cause without re-running.
+    cause without re-running. ``kind`` says which of those it is (how the failures of several
+    job ranks combine into one).
     """
 
-    def __init__(self, message: str, rank: int | None = None, traceback: str = "") -> None:
+    def __init__(self, message: str, rank: int | None = None, traceback: str = "",
+                 kind: FailureKind = FailureKind.RAISED) -> None:
         super().__init__(message)
         self.rank = rank
         self.traceback = traceback
+        self.kind = kind
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Exceptions pickle through their args by default, which would drop rank and traceback.
-        return (type(self), (str(self), self.rank, self.traceback))
+        return (type(self), (str(self), self.rank, self.traceback, self.kind))
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where a group's ranks meet: a store's address, the prefix of the group's keys in it, the group's size."""
+
+    host: str
+    port: int
+    prefix: str
+    world_size: int
 
 
 class Group:
-    """The ranks of one group, started by ``method`` (:mod:`harness.ranks.starting`), joined and ready."""
+    """Ranks of one group, started by ``method`` (:mod:`harness.ranks.starting`), joined and ready.
 
-    def __init__(self, backend: str, devices: Sequence[str], startup_timeout: float, method: str) -> None:
-        world_size = len(devices)
-        store = dist.TCPStore(LOCALHOST, 0, world_size, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=startup_timeout))
+    ``devices`` maps each rank this process starts to its device. Without ``rendezvous`` they are the
+    whole group and meet in a store this process serves; with it, they are this job rank's part of a
+    larger group, and ``interrupt()`` (polled while they start) says when another part failed.
+    """
+
+    def __init__(self, backend: str, devices: Mapping[int, str], startup_timeout: float, method: str, *,
+                 rendezvous: Rendezvous | None = None, interrupt: Callable[[], bool] | None = None) -> None:
+        store = None
+        if rendezvous is None:
+            store = dist.TCPStore(LOCALHOST, 0, len(devices), is_master=True, wait_for_workers=False,
+                                  timeout=timedelta(seconds=startup_timeout))
+            rendezvous = Rendezvous(LOCALHOST, store.port, "", len(devices))
+        self._ranks = sorted(devices)
         self._procs: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._stacks: list[Connection] = []  # raw text: faulthandler's dumps
@@ -74,15 +110,17 @@ class Group:
         # Also runs at interpreter exit or garbage collection, so a forgotten pool leaves no process.
         self._finalizer = weakref.finalize(self, _end_group, self._procs, pipes, [store])
         ctx = starting.context(method)
-        environ = dict(os.environ)
+        environ = rank_environment(os.environ)
+        meeting = (rendezvous.host, rendezvous.port, rendezvous.prefix)
         try:
-            for rank in range(world_size):
+            for rank in self._ranks:
                 parent_conn, child_conn = ctx.Pipe()
                 stack_r, stack_w = ctx.Pipe(duplex=False)
                 pipes += (parent_conn, stack_r)
                 proc = ctx.Process(
                     target=_rank_worker.worker_main,
-                    args=(rank, world_size, backend, devices[rank], store.port, startup_timeout, child_conn, stack_w, environ),
+                    args=(rank, rendezvous.world_size, backend, devices[rank], meeting, startup_timeout, child_conn,
+                          stack_w, environ),
                     name=f"parity-rank-{rank}",
                     daemon=True,
                 )
@@ -92,7 +130,7 @@ class Group:
                 self._stacks.append(stack_r)
                 child_conn.close()  # so that a dead rank reads as EOF here
                 stack_w.close()
-            self._gather(startup_timeout, "group start")
+            self._gather(startup_timeout, "group start", interrupt)
         except BaseException:
             self._finalizer()
             raise
@@ -108,14 +146,18 @@ class Group:
     def call(self, fn: Callable[..., Any], args: Sequence[Any], timeout: float) -> list[Any]:
         """``fn(*args)`` on every rank; the results in rank order, or RankFailure with the group ended."""
         # Pickled once, here: an unpicklable fn fails in the caller without touching the group.
-        payload = pickle.dumps((fn, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL)
+        return self.send(pickle_call(fn, args), timeout, call_name(fn))
+
+    def send(self, payload: bytes, timeout: float, what: str, interrupt: Callable[[], bool] | None = None) -> list[Any]:
+        """A call pickled by :func:`pickle_call` on every rank this process started; as :meth:`call`, and
+        ended early (RankFailure of kind ``ENDED``) once ``interrupt()`` says another part of the group failed."""
         try:
             for conn in self._conns:
                 try:
                     conn.send_bytes(payload)
                 except OSError:  # that rank is dead; _gather reports how it died
                     pass
-            return self._gather(timeout, f"call of {getattr(fn, '__qualname__', fn)!r}")
+            return self._gather(timeout, what, interrupt)
         except BaseException:
             self._finalizer()  # e.g. KeyboardInterrupt while waiting: never leave ranks behind
             raise
@@ -138,40 +180,50 @@ class Group:
         """End the group now, without asking the ranks."""
         self._finalizer()
 
-    def _gather(self, timeout: float, what: str) -> list[Any]:
-        """Wait for one answer per rank; on a failure or the timeout end the group and raise."""
+    def _gather(self, timeout: float, what: str, interrupt: Callable[[], bool] | None = None) -> list[Any]:
+        """Wait for one answer per rank; on a failure, the timeout or an interrupt end the group and raise.
+
+        Positions (``i``) index this process's ranks; messages name their ranks (``self._ranks[i]``)."""
         n = len(self._procs)
-        rank_of: dict[object, int] = {conn: r for r, conn in enumerate(self._conns)}
-        rank_of.update({proc.sentinel: r for r, proc in enumerate(self._procs)})
+        index_of: dict[object, int] = {conn: i for i, conn in enumerate(self._conns)}
+        index_of.update({proc.sentinel: i for i, proc in enumerate(self._procs)})
         results: dict[int, Any] = {}
         failures: list[tuple[int, bool, str]] = []  # (rank, died, text) in order of arrival
+        failed: set[int] = set()
         deadline = time.monotonic() + timeout
         listen_until = deadline
         while True:
-            pending = [r for r in range(n) if r not in results and all(f[0] != r for f in failures)]
+            pending = [i for i in range(n) if i not in results and i not in failed]
             remaining = listen_until - time.monotonic()
             if not pending or remaining <= 0:
                 break
-            ready = wait([self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending], remaining)
-            for r in sorted({rank_of[obj] for obj in ready}):
-                answer = self._read(r)
+            if interrupt is not None:
+                if interrupt():
+                    self._finalizer()
+                    raise RankFailure(f"ended in {what}: another rank of the group failed", None, "", FailureKind.ENDED)
+                remaining = min(remaining, _INTERRUPT_POLL_S)
+            ready = wait([self._conns[i] for i in pending] + [self._procs[i].sentinel for i in pending], remaining)
+            for i in sorted({index_of[obj] for obj in ready}):
+                answer = self._read(i)
+                if answer is not None and answer[0] != ERR:
+                    results[i] = answer[1]
+                    continue
+                failed.add(i)
                 if answer is None:
-                    failures.append((r, True, self._death(r, what)))
-                elif answer[0] == ERR:
-                    failures.append((r, False, answer[1]))
+                    failures.append((self._ranks[i], True, self._death(i, what)))
                 else:
-                    results[r] = answer[1]
+                    failures.append((self._ranks[i], False, answer[1]))
             if failures:
                 listen_until = min(deadline, listen_until, time.monotonic() + _FAILURE_GRACE_S)
         if failures or len(results) < n:
             error = describe_failure(failures, what) if failures else self._timeout(pending, timeout, what)
             self._finalizer()
             raise error
-        return [results[r] for r in range(n)]
+        return [results[i] for i in range(n)]
 
-    def _read(self, rank: int) -> tuple[str, Any] | None:
-        """The rank's answer, or None when it died without one (an answer sent just before dying counts)."""
-        conn = self._conns[rank]
+    def _read(self, i: int) -> tuple[str, Any] | None:
+        """The answer of rank ``i`` here, or None when it died without one (an answer sent just before dying counts)."""
+        conn = self._conns[i]
         try:
             if not conn.poll():
                 return None
@@ -181,10 +233,10 @@ class Group:
         try:
             return pickle.loads(message)
         except Exception:  # e.g. a result whose class only the rank can import
-            return ERR, f"the answer of rank {rank} could not be unpickled here:\n{traceback.format_exc()}"
+            return ERR, f"the answer of rank {self._ranks[i]} could not be unpickled here:\n{traceback.format_exc()}"
 
-    def _death(self, rank: int, what: str) -> str:
-        proc = self._procs[rank]
+    def _death(self, i: int, what: str) -> str:
+        proc, rank = self._procs[i], self._ranks[i]
         proc.join(_REAP_TIMEOUT_S)
         code = proc.exitcode
         if code is not None and code < 0:
@@ -195,16 +247,14 @@ class Group:
             text = f"rank {rank} (pid {proc.pid}) was killed by signal {name} ({-code}) in {what}"
         else:
             text = f"rank {rank} (pid {proc.pid}) exited with code {code} without answering in {what}"
-        crash = _read_available(self._stacks[rank])  # faulthandler's dump of a fatal error, if any
+        crash = _read_available(self._stacks[i])  # faulthandler's dump of a fatal error, if any
         return f"{text}\n{crash}" if crash else text
 
     def _timeout(self, pending: list[int], timeout: float, what: str) -> RankFailure:
         """The timeout error, with the Python stack of every rank that had not answered."""
         stacks = self._pending_stacks(pending)
-        head = f"timeout after {timeout:g}s in {what}: rank(s) {pending} had not answered"
-        evidence = "\n".join(f"--- rank {r} (pid {self._procs[r].pid}) stack:\n{stacks[r] or '(no stack came back)'}"
-                             for r in pending)
-        return RankFailure(f"{head}\n{evidence}", pending[0] if len(pending) == 1 else None, evidence)
+        return timed_out({self._ranks[i]: f"--- rank {self._ranks[i]} (pid {self._procs[i].pid}) stack:\n"
+                                          f"{stacks[i] or '(no stack came back)'}" for i in pending}, timeout, what)
 
     def _pending_stacks(self, pending: list[int]) -> dict[int, str]:
         """Ask each pending rank for its stacks (faulthandler answers from its C signal handler, GIL or not)."""
@@ -249,7 +299,15 @@ def _read_available(pipe: Connection) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def describe_failure(failures: list[tuple[int, bool, str]], what: str) -> RankFailure:
+def pickle_call(fn: Callable[..., Any], args: Sequence[Any]) -> bytes:
+    return pickle.dumps((fn, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def call_name(fn: Callable[..., Any]) -> str:
+    return f"call of {getattr(fn, '__qualname__', fn)!r}"
+
+
+def describe_failure(failures: Sequence[tuple[int, bool, str]], what: str) -> RankFailure:
     """The error for ranks that raised or died: one that died is blamed first (its peers' collectives
     break because of it); among ranks that raised the same error, the lowest rank."""
     died = [f for f in failures if f[1]]
@@ -263,7 +321,15 @@ def describe_failure(failures: list[tuple[int, bool, str]], what: str) -> RankFa
     others = [f"rank {r}: {_last_line(t)}" for r, _, t in failures if r != rank]
     if others:
         head += "\nalso failed: " + "; ".join(others)
-    return RankFailure(head, rank, text)
+    return RankFailure(head, rank, text, FailureKind.DIED if died else FailureKind.RAISED)
+
+
+def timed_out(stacks: Mapping[int, str], timeout: float, what: str) -> RankFailure:
+    """The timeout error; ``stacks`` holds the evidence (its stack) of every rank that had not answered."""
+    pending = sorted(stacks)
+    head = f"timeout after {timeout:g}s in {what}: rank(s) {pending} had not answered"
+    evidence = "\n".join(stacks[r] for r in pending)
+    return RankFailure(f"{head}\n{evidence}", pending[0] if len(pending) == 1 else None, evidence, FailureKind.TIMEOUT)
 
 
 def _last_line(text: str) -> str:
@@ -287,7 +353,7 @@ def _signal_rank_group(proc: BaseProcess, sig: int) -> None:
             pass
 
 
-def _end_group(procs: list[BaseProcess], pipes: list[Connection], store: list[object]) -> None:
+def _end_group(procs: list[BaseProcess], pipes: list[Connection], store: list[object | None]) -> None:
     """Terminate, then kill, every rank's process group; reap every rank; close the pipes; drop the store."""
     for proc in procs:
         _signal_rank_group(proc, signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""Run a function on N ranks of a real torch.distributed process group on one host.
+"""Run a function on N ranks of a real torch.distributed process group on one host, or on N ranks of a job.
 
 Parity checks must exercise the same collectives production uses, so every rank is a real
 process in a real group (gloo on CPU, NCCL with one GPU per rank). What this package adds is
@@ -7,26 +7,24 @@ timeout per call with the stacks of the ranks that hang, a failing rank's traceb
 error, every rank ended at once on any failure and no process ever left behind; and speed
 (:mod:`harness.ranks.starting`): ranks forked from a preloaded server instead of each importing
 torch. A :class:`RankPool` keeps one group alive so a small case costs milliseconds instead of a
-start. Under torchrun (multi-node) nothing is started: the env:// group of the calling process
-is used instead.
+start. Under torchrun or srun (:mod:`harness.ranks.session`) a pool's group is W of the job's
+ranks, each starting its own rank process (:mod:`harness.ranks.jobgroup`).
 """
 
 from __future__ import annotations
 
-import atexit
-import os
 import threading
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from harness.ranks import starting
 from harness.ranks import worker as _rank_worker
-from harness.ranks.group import Group, RankFailure, describe_failure
-from harness.ranks.worker import ERR, OK
+from harness.ranks.group import Group, RankFailure
+from harness.ranks.job import current_job
+from harness.ranks.jobgroup import JobGroup
+from harness.ranks.session import active_session
 
 __all__ = ["RankFailure", "RankPool", "choose_backend", "rank_device", "run_on_ranks"]
 
@@ -69,10 +67,8 @@ def run_on_ranks(
     ``fn`` must be a picklable module-level function and its results picklable (they come
     back through a pipe; return CPU tensors). ``timeout`` bounds the call of ``fn``; the
     start of the group is bounded by ``max(timeout, 60 s)``; ``start_method`` as for
-    :class:`RankPool`. Raises :class:`RankFailure`. Under torchrun see :class:`RankPool`.
+    :class:`RankPool`. Raises :class:`RankFailure`. Under a job see :class:`RankPool`.
     """
-    if _torchrun_world_size() is not None:
-        return _run_under_torchrun(fn, args, world_size, device)
     with RankPool(world_size, device, timeout, start_method=start_method) as pool:
         return pool.run(fn, *args)
 
@@ -86,29 +82,29 @@ class RankPool:
     ``start_method`` ("forkserver": forked from the preloaded server, or "spawn"; default
     ``$PARITY_START_METHOD``, else :func:`harness.ranks.starting.start_method`'s) is how ranks start.
 
-    Under torchrun (``RANK`` and ``WORLD_SIZE`` set) nothing is spawned: :meth:`run` joins
-    the env:// group once, runs ``fn`` in this process and returns every rank's result
-    gathered with ``all_gather_object``, so every torchrun rank must make the same calls;
-    there the per-call timeout is not enforced (the group's own timeout and torchrun's
-    agent end a hung job).
+    Under a job (torchrun, srun), on rank 0 inside :func:`harness.ranks.run_as_job`, the group is
+    job ranks ``0..world_size-1``, each running one rank process, with the same guarantees; a
+    ``world_size`` larger than the job's is a ValueError saying so.
     """
 
     def __init__(self, world_size: int, device: str = "cpu", timeout: float = 120.0, *,
                  start_method: str | None = None) -> None:
         choose_backend(device, world_size)  # refuse a bad world size or device before starting anything
+        self._session = active_session()
+        job = current_job() if self._session is None else self._session.job
+        if job is not None and self._session is None:
+            raise RuntimeError(f"rank pools of {job.describe()} are rank 0's, inside harness.ranks.run_as_job "
+                               "(the parity command runs there); every other rank serves them")
+        reason = job.capacity_reason(world_size) if job is not None else None
+        if reason:
+            raise ValueError(f"world_size={world_size}: {reason}")
         self.start_method = starting.start_method(device, start_method)
-        torchrun_world = _torchrun_world_size()
-        if torchrun_world is not None:
-            _check_torchrun_world_size(world_size, torchrun_world)
         self.world_size = world_size
         self.device = device
         self.timeout = timeout
-        self._under_torchrun = torchrun_world is not None
         self._lock = threading.Lock()
         self._closed = False
-        self._group: Group | None = None
-        if not self._under_torchrun:
-            self._group = self._start(timeout)
+        self._group: Group | JobGroup | None = self._start(timeout)
 
     @property
     def pids(self) -> list[int]:
@@ -124,8 +120,6 @@ class RankPool:
         """
         if self._closed:
             raise RuntimeError("RankPool.run() after close()")
-        if self._under_torchrun:
-            return _run_under_torchrun(fn, args, self.world_size, self.device)
         limit = self.timeout if timeout is None else timeout
         with self._lock:
             if self._group is None:
@@ -151,9 +145,14 @@ class RankPool:
         if group is not None:
             group.terminate()
 
-    def _start(self, timeout: float) -> Group:
+    def _start(self, timeout: float) -> Group | JobGroup:
+        startup = max(timeout, _MIN_STARTUP_TIMEOUT_S)
+        if self._session is not None:
+            # One device per local rank of this node; the job's nodes are alike (each job rank takes its own).
+            backend, devices = choose_backend(self.device, self._session.job.local_world_size)
+            return JobGroup(self._session, backend, devices, self.world_size, startup, self.start_method)
         backend, devices = choose_backend(self.device, self.world_size)
-        return Group(backend, devices, max(timeout, _MIN_STARTUP_TIMEOUT_S), self.start_method)
+        return Group(backend, dict(enumerate(devices)), startup, self.start_method)
 
     def __enter__(self) -> RankPool:
         return self
@@ -163,45 +162,3 @@ class RankPool:
             self.close()
         else:  # e.g. interrupted: the ranks' state does not matter, the time does
             self.terminate()
-
-
-def _torchrun_world_size() -> int | None:
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
-    return None
-
-
-def _check_torchrun_world_size(world_size: int, torchrun_world: int) -> None:
-    if world_size != torchrun_world:
-        raise ValueError(
-            f"world_size={world_size} but torchrun started WORLD_SIZE={torchrun_world} ranks; "
-            "under torchrun the group is torchrun's, so pass world_size=int(os.environ['WORLD_SIZE'])"
-        )
-
-
-def _destroy_group_if_alive() -> None:
-    """At exit, destroy the env:// group this module created (NCCL warns otherwise) unless the user did."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _run_under_torchrun(fn: Callable[..., Any], args: Sequence[Any], world_size: int, device: str) -> list[Any]:
-    """Run ``fn`` on this torchrun rank; every rank gets every rank's result (or the same RankFailure)."""
-    _check_torchrun_world_size(world_size, int(os.environ["WORLD_SIZE"]))
-    if not dist.is_initialized() or not _rank_worker.has_device():
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        backend, devices = choose_backend(device, local_world)
-        _rank_worker.set_device(torch.device(devices[int(os.environ.get("LOCAL_RANK", 0))]))
-        if not dist.is_initialized():  # a group the user initialised is used as it is
-            dist.init_process_group(backend, init_method="env://")
-            atexit.register(_destroy_group_if_alive)
-    try:
-        mine: tuple[str, Any] = (OK, fn(*args))
-    except Exception:  # shared with every rank below, so all of them raise the same RankFailure
-        mine = (ERR, traceback.format_exc())
-    everyone: list[Any] = [None] * world_size
-    dist.all_gather_object(everyone, mine)
-    failures = [(r, False, payload) for r, (kind, payload) in enumerate(everyone) if kind == ERR]
-    if failures:
-        raise describe_failure(failures, f"call of {getattr(fn, '__qualname__', fn)!r}")
-    return [payload for _, payload in everyone]

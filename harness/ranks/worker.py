@@ -56,12 +56,8 @@ def current_device() -> torch.device:
     return _device
 
 
-def has_device() -> bool:
-    return _device is not None
-
-
 def set_device(device: torch.device) -> None:
-    """Record this process's rank device (the torchrun path of the launcher sets it too)."""
+    """Record this process's rank device."""
     global _device
     _device = device
     if device.type == "cuda":
@@ -135,13 +131,15 @@ def worker_main(
     world_size: int,
     backend: str,
     device: str,
-    store_port: int,
+    meeting: tuple[str, int, str],
     startup_timeout: float,
     conn: Connection,
     stack_pipe: Connection,
     environ: Mapping[str, str],
 ) -> None:
-    """Join the group, then run every ``(fn, args)`` the parent sends until it says stop or goes away."""
+    """Join the group, then run every ``(fn, args)`` the parent sends until it says stop or goes away.
+
+    ``meeting`` is the rendezvous: the store's host and port and the prefix of this group's keys there."""
     _die_with_parent()
     _dump_stacks_to(stack_pipe)
     # Ctrl-C reaches the whole terminal process group; the parent handles it and ends us.
@@ -154,8 +152,10 @@ def worker_main(
         dev = torch.device(device)
         _check_fork_is_safe(dev)
         set_device(dev)
-        store = dist.TCPStore(LOCALHOST, store_port, world_size, is_master=False,
-                              timeout=timedelta(seconds=startup_timeout))
+        host, port, prefix = meeting
+        store: dist.Store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=startup_timeout))
+        if prefix:
+            store = dist.PrefixStore(prefix, store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     except BaseException:
         _answer(conn, ERR, traceback.format_exc())
@@ -176,17 +176,17 @@ def worker_main(
             reply = pickle.dumps((ERR, traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
         conn.send_bytes(reply)
     dist.destroy_process_group()
-    _exit_without_teardown()
+    exit_without_teardown(0)
 
 
-def _exit_without_teardown() -> NoReturn:
-    """Exit once the group is destroyed, skipping the interpreter's teardown.
+def exit_without_teardown(code: int) -> NoReturn:
+    """Exit with ``code``, skipping the interpreter's teardown (a rank, once its group is destroyed).
 
     With torch loaded that teardown costs about a second per rank on a 2-core machine and frees
-    nothing the OS does not. atexit hooks (e.g. coverage's) still run; threads that ``fn`` left
-    running are not waited for.
+    nothing the OS does not. atexit hooks (e.g. coverage's) still run; threads left running are not
+    waited for.
     """
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)

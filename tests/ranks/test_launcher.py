@@ -1,12 +1,10 @@
-"""harness.launcher on real gloo groups: results, failures of every kind, cleanup, concurrency, torchrun."""
+"""harness.launcher on real gloo groups: results, failures of every kind, cleanup, concurrency (jobs: test_job*.py)."""
 
 from __future__ import annotations
 
 import os
 import pickle
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -28,7 +26,6 @@ from .rank_fns import (
     sigkill_rank_1_while_rank_0_waits,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -184,71 +181,6 @@ def test_two_groups_started_at_once_do_not_collide() -> None:
     assert not errors, errors
     assert results == {1.0: [[2.0] * 20] * 2, 1000.0: [[2000.0] * 20] * 2}
     assert live_children() <= before
-
-
-# ---------------------------------------------------------------- torchrun
-
-
-TORCHRUN_SCRIPT = r"""
-import os
-import torch
-import torch.distributed as dist
-from harness.ranks import RankFailure, RankPool, rank_device, run_on_ranks
-
-
-def add_rank(x):
-    t = torch.tensor([x + dist.get_rank()])
-    dist.all_reduce(t)
-    return (dist.get_rank(), int(t.item()), str(rank_device()))
-
-
-def fail_on_rank_1():
-    if dist.get_rank() == 1:
-        raise ValueError("no")
-    return 0
-
-
-def say(text):
-    os.write(1, f"rank{os.environ['RANK']} {text}\n".encode())  # one write: the ranks share stdout
-
-
-if __name__ == "__main__":
-    say(f"run_on_ranks {run_on_ranks(add_rank, 10, world_size=2)}")
-    with RankPool(2) as pool:
-        say(f"pool {pool.run(add_rank, 20)}")
-        try:
-            pool.run(fail_on_rank_1)
-        except RankFailure as exc:
-            say(f"failure rank={exc.rank} {'fail_on_rank_1' in exc.traceback}")
-    try:
-        run_on_ranks(add_rank, 0, world_size=3)
-    except ValueError as exc:
-        say(f"ValueError {'WORLD_SIZE=2' in str(exc)}")
-"""
-
-
-def test_torchrun_path_runs_locally_and_gathers_every_rank(tmp_path: Path) -> None:
-    script = tmp_path / "under_torchrun.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=100)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[:6000]
-    lines = set(proc.stdout.splitlines())
-    for rank in (0, 1):
-        assert f"rank{rank} run_on_ranks [(0, 21, 'cpu'), (1, 21, 'cpu')]" in lines
-        assert f"rank{rank} pool [(0, 41, 'cpu'), (1, 41, 'cpu')]" in lines
-        assert f"rank{rank} failure rank=1 True" in lines
-        assert f"rank{rank} ValueError True" in lines
-
-
-def test_world_size_must_match_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match="WORLD_SIZE=2"):
-        run_on_ranks(add_rank, 0, world_size=4)
-    with pytest.raises(ValueError, match="WORLD_SIZE=2"):
-        RankPool(4)
 
 
 def test_a_chosen_thread_count_reaches_torch_in_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:

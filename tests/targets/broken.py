@@ -16,7 +16,11 @@ from harness.targets.base import AttentionSpec, Unsupported
 from harness.targets.reference import ReferenceAttention, ReferenceTarget
 from harness.targets.reference.pipeline import ReferencePipelineTarget
 
-ONE_SIDED_MESSAGE = "rank 1 cannot build its sequence-parallel layer (a deliberate one-sided failure)"
+def one_sided_message(rank: int) -> str:
+    return f"rank {rank} cannot build its sequence-parallel layer (a deliberate one-sided failure)"
+
+
+ONE_SIDED_MESSAGE = one_sided_message(1)
 
 
 class _Wrapped:
@@ -88,15 +92,18 @@ class DiesTarget(ReferenceTarget):
         os._exit(3)
 
 
-class RaisesOnRank1Target(ReferenceTarget):
-    """Rank 1 raises while building the SP layer, before any collective; rank 0 goes on into its all-to-all
-    and would wait there for rank 1 until the timeout."""
+class RaisesOnRankTarget(ReferenceTarget):
+    """One rank raises while building the SP layer, before any collective; the others go on into their
+    all-to-all and would wait there for it until the timeout."""
 
-    name = "raises_on_rank_1"
+    name = "raises_on_rank"
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
 
     def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
-        if dist.get_rank() == 1 and not spec.skip_sequence_parallel:
-            raise RuntimeError(ONE_SIDED_MESSAGE)
+        if dist.get_rank() == self.rank and not spec.skip_sequence_parallel:
+            raise RuntimeError(one_sided_message(self.rank))
         return super().make_attention(spec)
 
 
@@ -152,8 +159,12 @@ def dies() -> DiesTarget:
     return DiesTarget()
 
 
-def raises_on_rank_1() -> RaisesOnRank1Target:
-    return RaisesOnRank1Target()
+def raises_on_rank_1() -> RaisesOnRankTarget:
+    return RaisesOnRankTarget(1)
+
+
+def raises_on_rank(rank: str) -> RaisesOnRankTarget:
+    return RaisesOnRankTarget(int(rank))
 
 
 def skips_on_rank_1() -> SkipsOnRank1Target:
