@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness.contracts.params import MAX_WORLD_SIZE
@@ -25,15 +25,22 @@ def seconds(text: str) -> float:
     return value
 
 
-def world_size(text: str) -> int:
-    """argparse type of a world size: an integer in [1, MAX_WORLD_SIZE]."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= MAX_WORLD_SIZE:
-        raise argparse.ArgumentTypeError(f"must be in [1, {MAX_WORLD_SIZE}], got {value}")
-    return value
+def count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """argparse type of a count: an integer >= ``minimum`` (and <= ``maximum``)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"in [{minimum}, {maximum}]" if maximum is not None else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+world_size = count(1, MAX_WORLD_SIZE)  # argparse type of a world size
 
 
 def check_backends(options: RunOptions, backends: Sequence[tuple[str | None, str | None]], flags: Mapping[str, str]) -> None:
@@ -103,20 +110,6 @@ def add_pipeline_target(parser: argparse.ArgumentParser, what: str) -> None:
     )
     parser.add_argument("--pipeline-target-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for the pipeline target's factory (repeatable), e.g. path=DIR for diffusers")
-
-
-def count(minimum: int):
-    """argparse type of a count: an integer >= ``minimum``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def fraction(text: str) -> float:
