@@ -36,13 +36,12 @@ from harness.perf import absolute
 from harness.perf.ab import Sampling, compare
 from harness.pipelines.sessions import PipelineRun, Session
 from harness.ranks import PoolSet
+from tests.targets import sleep_generator
 
 REPO = Path(__file__).resolve().parents[1]
 SLOWDOWN = 0.1
 REFERENCE_FIELDS = {"weights": "tiny-v1", "prompt": "a cameraman", "height": 16, "width": 16, "steps": 2}
-COMMAND_FIELDS = {"height": 16, "width": 16, "steps": 4, "step_ms": 10}
-TEMPLATE = (f"{sys.executable} {REPO / 'tests/targets/sleep_generator.py'} --out {{out_dir}} --height {{height}} "
-            "--width {width} --steps {steps} --step-ms {step_ms} --timings {timings}")
+TEMPLATE = sleep_generator.template()
 PR_TEST = PerfBaselines.load(REPO / "baselines" / "perf_baselines.json").tolerances("pr_test")
 VERDICTS = ("failed", "inconclusive", "passed")
 
@@ -52,8 +51,8 @@ def workload(name: str) -> tuple[PipelineRun, PipelineRun]:
     if name == "reference":
         return (PipelineRun("reference", (), REFERENCE_FIELDS, 1),
                 PipelineRun("tests.targets.slow_pipeline:factory", (("fraction", str(SLOWDOWN)),), REFERENCE_FIELDS, 1))
-    return (PipelineRun("command", (("template", TEMPLATE),), COMMAND_FIELDS, 1),
-            PipelineRun("command", (("template", f"{TEMPLATE} --slow {SLOWDOWN}"),), COMMAND_FIELDS, 1))
+    return (PipelineRun("command", (("template", TEMPLATE),), sleep_generator.FIELDS, 1),
+            PipelineRun("command", (("template", f"{TEMPLATE} --slow {SLOWDOWN}"),), sleep_generator.FIELDS, 1))
 
 
 def absolute_verdict(session: Session, baseline: dict[str, Any], tolerances: Tolerances, runs: int) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import subprocess
 import sys
 import tomllib
@@ -24,9 +23,10 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SLEEPER = REPO / "tests" / "targets" / "sleep_generator.py"
-TEMPLATE = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SLEEPER))} --out {{out_dir}} --height {{height}} "
-            "--width {width} --steps {steps} --step-ms {step_ms} --timings {timings}")
+sys.path.insert(0, str(REPO))
+from tests.targets import sleep_generator  # noqa: E402 - the checkout's own test targets
+
+TEMPLATE = sleep_generator.template()  # the interpreter's whole start, as a real command has one
 
 
 def toml_value(value: object) -> str:
@@ -70,8 +70,7 @@ def main() -> None:
     shipped = tomllib.loads((REPO / "cases" / "images" / "pipelines.toml").read_text())
     chosen = {c: {k: v for k, v in shipped["cases"][c].items() if k != "description"} for c in args.cases}
     builtin = write_copies(args.out / "builtin", shipped["defaults"], chosen, args.copies)
-    command = write_copies(args.out / "command", {"height": 16, "width": 16, "steps": 4, "step_ms": 10}, {"sleepy": {}},
-                           args.copies)
+    command = write_copies(args.out / "command", sleep_generator.FIELDS, {"sleepy": {}}, args.copies)
     rows = [
         perf("builtin_same", args.out, builtin, args.device, "reference", "reference"),
         perf("builtin_slow", args.out, builtin, args.device, "reference", "tests.targets.slow_pipeline:factory",

@@ -9,7 +9,6 @@ busy CI box makes them slower, not flaky.
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import subprocess
 import sys
@@ -23,15 +22,14 @@ import pytest
 from harness.cli import main
 from harness.results import EXIT_CODES
 from tests.gate_project import gate_project
+from tests.targets import sleep_generator
 
 pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parents[2]
-SLEEPER = REPO / "tests" / "targets" / "sleep_generator.py"
-TEMPLATE = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SLEEPER))} --out {{out_dir}} --height {{height}} "
-            "--width {width} --steps {steps} --step-ms {step_ms} --timings {timings}")
+TEMPLATE = sleep_generator.template("-S", "-E")  # a fast start: parity's wall clock of it moves less
 MANY = ("--max-pairs", "200")
-SLEEPY = "[defaults]\nheight = 16\nwidth = 16\nsteps = 4\nstep_ms = 10\n\n[cases.sleepy]\n"
+SLEEPY = "[defaults]\n" + "".join(f"{k} = {v}\n" for k, v in sleep_generator.FIELDS.items()) + "\n[cases.sleepy]\n"
 FLAT = "[cases.flat]\nheight = 8\nwidth = 8\n"
 
 

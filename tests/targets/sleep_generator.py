@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import struct
 import sys
 import time
 import zlib
 from pathlib import Path
+
+FIELDS = {"height": 16, "width": 16, "steps": 4, "step_ms": 10}  # a case of 4 steps of 10 ms
+
+
+def template(*python_flags: str) -> str:
+    """Its ``command`` template (the case's fields: :data:`FIELDS`), run by this interpreter with ``python_flags``
+    (``-S -E`` start it in a quarter of the time: no site packages, which it does not need)."""
+    return (shlex.join([sys.executable, *python_flags, str(Path(__file__).resolve())])
+            + " --out {out_dir} --height {height} --width {width} --steps {steps} --step-ms {step_ms} --timings {timings}")
 
 
 def png(height: int, width: int, rgb: tuple[int, int, int]) -> bytes:
