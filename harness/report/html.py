@@ -116,21 +116,23 @@ _SHOWN_ELSEWHERE = ("thresholds", "threshold_source", "skipped_metrics", "frames
 
 
 def _case_section(stage: str, record: Mapping[str, Any]) -> str:
-    """The evidence of one failing case."""
+    """The evidence of one failing (or undecided) case; an A/B's raw samples folded under its verdicts."""
     case_id = str(record.get("case_id", "?"))
     figures: Mapping[str, Any] = record.get("figures") or {}
     is_image = "thresholds" in figures
     parts = [f"<article id='{anchor(stage, case_id)}' style='overflow-wrap: anywhere'><h3>{_e(case_id)} <small>({_e(stage)}: {_e(record.get('check', ''))})</small></h3>",
-             f"<p><span class='fail'>failed</span>: {_e(record.get('reason') or '')}</p>"]
+             f"<p><span class='fail'>{_e(record.get('status', 'failed'))}</span>: {_e(record.get('reason') or '')}</p>"]
     if record.get("next_step"):
         parts.append(f"<p>next: <code>{_e(record['next_step'])}</code></p>")
     if record.get("bound"):
         parts.append(f"<p>bound: {_e(record['bound'])}</p>")
     if is_image:
         parts.append(_metrics_table(figures))
-    rest = {k: v for k, v in figures.items() if not (is_image and k in _SHOWN_ELSEWHERE)}
+    rest = {k: v for k, v in figures.items() if not (is_image and k in _SHOWN_ELSEWHERE) and k != "samples"}
     if rest:
         parts.append("<details open><summary>figures</summary>" + _key_value_table(rest.items()) + "</details>")
+    if figures.get("samples"):
+        parts.append("<details><summary>every run (ms, in pair order)</summary>" + value_html(figures["samples"]) + "</details>")
     artifacts: Mapping[str, Any] = record.get("artifacts") or {}
     if artifacts.get("triptych"):
         caption = (f"{' | '.join(PANEL_LABELS)}: |diff| is the mean over RGB in levels of 255, black 0, white "

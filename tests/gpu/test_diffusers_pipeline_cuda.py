@@ -35,8 +35,9 @@ def test_gate_on_cuda_at_one_and_two_ranks(tmp_path: Path) -> None:
     one = images["flux_1rank"]
     assert one["status"] == "passed" and one["figures"]["backends"]["context_parallel"] == "none"
     assert perf["flux_1rank"]["clock"] == "cuda_events (stages), perf_counter (e2e)"
-    run = perf["flux_1rank"]  # the stages on the device's timeline fit inside the host's wall clock of the call
-    assert sum(run["stages_ms"].values()) <= run["expected_e2e_ms"] * 1.001
+    samples = perf["flux_1rank"]["samples"]  # run by run, the stages on the device's timeline fit in the call's wall clock
+    stages = [sum(run) for run in zip(*(v for k, v in samples.items() if k.startswith("stages_ms.")))]
+    assert all(s <= e2e for s, e2e in zip(stages, samples["expected_e2e_ms"])), (stages, samples["expected_e2e_ms"])
     print(f"FIGURE cuda flux_1rank {doc['cases']['flux_1rank']['metrics']} e2e {perf['flux_1rank']['expected_e2e_ms']:.2f} ms "
           f"stages {perf['flux_1rank']['stages_ms']} steps {perf['flux_1rank']['denoise_step_ms']}")
     two = images["flux_2ranks"]
