@@ -346,7 +346,8 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
 
 _attention_contract(
     "usp.skip_sequence_parallel_local",
-    "skip_sequence_parallel=True under an SP group (default W=2, ring 2) constructs, runs rank-locally "
-    "with no collective and equals local attention on the rank's own data, bitwise",
-    skip_sequence_parallel_local, bound=Bitwise(), ring=lambda p: p["world_size"], min_world_size=2,
+    "skip_sequence_parallel=True under an SP group (default Ulysses over W, which every sequence-parallel "
+    "target has; ring_degree for ring) constructs, runs rank-locally with no collective and equals local "
+    "attention on the rank's own data, bitwise",
+    skip_sequence_parallel_local, bound=Bitwise(), ring=1, min_world_size=2,
 )

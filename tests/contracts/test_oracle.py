@@ -96,3 +96,16 @@ def test_under_a_flashattention_bound_the_failure_is_said_once_with_the_oracles_
     assert result.reason.count("max|out − ref64|") == 2  # the case's bound (sharded) and the single-rank oracle
     assert "sharded output vs float64 attention" not in result.reason
     assert "sharded output: it is 1.5 times the attention" in result.reason
+
+
+@pytest.mark.parametrize("target", ["correct", "ignores_skip"])
+def test_every_sequence_parallel_target_is_held_to_skip_sequence_parallel(rank_pools: PoolSet, target: str) -> None:
+    """The shipped Ulysses cases run on a Ulysses-only target; one that shards the rank-local layer fails them."""
+    from harness.cases.contract import load_cases
+    from harness.paths import default_cases_dir
+
+    cases = [c for c in load_cases(default_cases_dir()) if c.contract_id == "usp.skip_sequence_parallel_local"]
+    results = run_cases(cases, RunOptions(f"{NAIVE}:{target}", allow_new_skips=True), rank_pools)
+    ran = {r.case_id: r.status for r in results if r.status != "skipped"}
+    assert set(ran) == {"skip_sequence_parallel_local[world_size=2]", "skip_sequence_parallel_local[world_size=4]"}
+    assert set(ran.values()) == ({PASSED} if target == "correct" else {FAILED}), results

@@ -1,4 +1,5 @@
-"""A Ulysses target written from scratch (no reference_impl), and four consistently wrong variants of it.
+"""A Ulysses target written from scratch (no reference_impl), and four consistently wrong variants of it
+(and one that ignores ``skip_sequence_parallel``).
 
 ``NaiveUlyssesTarget`` computes softmax(QKᵀ·scale)V in fp32 and rounds to the input dtype; under
 SP it all-to-alls the sequence shards into head shards and back (equal splits, torch.distributed
@@ -92,6 +93,15 @@ class NaiveUlyssesTarget(Target):
         return naive_attention(q, k, v, spec.causal, spec.softmax_scale)
 
 
+class IgnoresSkipTarget(NaiveUlyssesTarget):
+    """Shards under SP even when asked for the rank-local layer (``skip_sequence_parallel``)."""
+
+    name = "ignores_skip"
+
+    def make_attention(self, spec: AttentionSpec) -> NaiveAttention:
+        return NaiveAttention(self, spec, self.degree)
+
+
 class ZerosTarget(NaiveUlyssesTarget):
     name = "zeros"
 
@@ -122,6 +132,10 @@ class ScalesTarget(NaiveUlyssesTarget):
 
 def correct() -> NaiveUlyssesTarget:
     return NaiveUlyssesTarget()
+
+
+def ignores_skip() -> IgnoresSkipTarget:
+    return IgnoresSkipTarget()
 
 
 def zeros() -> ZerosTarget:
