@@ -27,6 +27,7 @@ from harness.contracts.params import Param, ParamError, Params, check_common, re
 from harness.contracts.stats import RankOutcome
 from harness.results import FAILED, PASSED, SKIPPED, CaseResult, Status
 from harness.targets.base import Attention, AttentionSpec, Target
+from harness.targets.interface import checked_attention
 
 
 @dataclass
@@ -61,7 +62,7 @@ class RankContext:
         return spec.with_(**changes)
 
     def attention(self, params: Params, **changes: Any) -> Attention:
-        return self.target.make_attention(self.spec(params, **changes))
+        return checked_attention(self.target.make_attention(self.spec(params, **changes)), self.target)
 
     def randn(self, params: Params, tokens: int, heads: int, seed: int) -> torch.Tensor:
         """Seeded on the CPU (identical on every rank and device), rounded to the dtype, then moved."""

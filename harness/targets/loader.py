@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from harness.errors import ConfigError
 from harness.targets.base import CAPABILITIES, PipelineTarget, Target
+from harness.targets.interface import InterfaceError, check_capabilities
 
 # name -> (module, factory attribute, one-line description)
 BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
@@ -111,7 +112,10 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
             f"{what} {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.{kind.__name__}", key="target"
         )
     if isinstance(target, Target):
-        unknown = set(target.capabilities()) - set(CAPABILITIES)
+        try:
+            unknown = check_capabilities(target) - set(CAPABILITIES)
+        except InterfaceError as exc:
+            raise ConfigError(str(exc), key="target") from exc
         if unknown:
             raise ConfigError(
                 f"target {spec!r} declares unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}",

@@ -89,6 +89,23 @@ def test_a_swallowed_guard_is_caught(rank_pools):
     assert verdict.figures["failed_checks"] == 3
 
 
+@pytest.mark.parametrize(("target", "rule"), [
+    ("no_kernel", "make_attention() returned _NoKernel, whose .kernel has none: an attention names its kernel as a str"),
+    ("returns_with_lse", "whose call returned a tuple of 2: attention(q, k, v) returns the output tensor alone"),
+])
+def test_a_target_that_breaks_the_attention_interface_is_told_which_rule(rank_pools, target, rule):
+    verdict = _run(rank_pools, "usp.ulysses_parity", f"tests.targets.broken:{target}", world_size=2)
+    assert verdict.status == FAILED
+    assert verdict.reason.startswith(f"rank 0 raised: harness.targets.interface.InterfaceError: target '{target}': ") and rule in verdict.reason
+
+
+def test_capabilities_that_are_not_a_set_are_refused_before_any_rank_starts():
+    from harness.targets.loader import load_target
+
+    with pytest.raises(ConfigError, match="capabilities\\(\\) must return a frozenset of capability names, not str"):
+        load_target("tests.targets.broken:string_capabilities")
+
+
 def test_ring_admission_exercises_the_layer_check(rank_pools):
     verdict = _run(rank_pools, "usp.ring_admission", "tests.targets.no_lse_backend:factory", world_size=2)
     assert verdict.status == PASSED, verdict.reason

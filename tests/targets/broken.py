@@ -83,6 +83,44 @@ class SwallowsGuardTarget(_Target):
     name, wrapper = "swallows_guard", _SwallowsGuard
 
 
+class _NoKernel:
+    """An attention that forgot to say which kernel runs."""
+
+    backend = "torch_sdpa"
+
+    def __init__(self, inner: ReferenceAttention) -> None:
+        self.inner = inner
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.inner(q, k, v, **kwargs)
+
+
+class _ReturnsWithLse(_Wrapped):
+    """Returns ``(out, lse)`` as flash-attn's functions do, instead of the output alone."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any:
+        out = self.inner(q, k, v, **kwargs)
+        return out, torch.zeros(out.shape[:-1])
+
+
+class NoKernelTarget(ReferenceTarget):
+    name = "no_kernel"
+
+    def make_attention(self, spec: AttentionSpec) -> Any:
+        return _NoKernel(super().make_attention(spec))
+
+
+class ReturnsWithLseTarget(_Target):
+    name, wrapper = "returns_with_lse", _ReturnsWithLse
+
+
+class StringCapabilitiesTarget(ReferenceTarget):
+    name = "string_capabilities"
+
+    def capabilities(self) -> Any:
+        return "ulysses"
+
+
 class DiesTarget(ReferenceTarget):
     """The rank process dies while building the layer (a segfault, the OOM killer)."""
 
@@ -153,6 +191,18 @@ def nan_output() -> NanTarget:
 
 def swallows_guard() -> SwallowsGuardTarget:
     return SwallowsGuardTarget()
+
+
+def no_kernel() -> NoKernelTarget:
+    return NoKernelTarget()
+
+
+def returns_with_lse() -> ReturnsWithLseTarget:
+    return ReturnsWithLseTarget()
+
+
+def string_capabilities() -> StringCapabilitiesTarget:
+    return StringCapabilitiesTarget()
 
 
 def dies() -> DiesTarget:
