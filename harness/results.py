@@ -122,14 +122,27 @@ def counts(results: Iterable[CaseResult]) -> dict[str, int]:
 
 
 def summary_line(results: Iterable[CaseResult], wall_s: float | None = None) -> str:
-    """``3 passed, 1 failed, 0 skipped`` (+ ``, 2 xfailed`` and ``, 1 inconclusive`` when any) ``in 4.2 s``."""
+    """``3 passed, 1 failed, 0 skipped`` (+ ``, 2 xfailed`` and ``, 1 inconclusive`` when any) ``in 4.2 s``
+    (+ ``; clip not measured in 3 cases (why)`` for each bound some case skipped)."""
+    results = list(results)
     tally = counts(results)
     parts = [f"{tally[s]} {s}" for s in (PASSED, FAILED, SKIPPED)]
     if tally[XFAILED]:
         parts.append(f"{tally[XFAILED]} {XFAILED} (known upstream divergences)")
     if tally[INCONCLUSIVE]:
         parts.append(f"{tally[INCONCLUSIVE]} {INCONCLUSIVE}")
-    return ", ".join(parts) + (f" in {wall_s:.1f} s" if wall_s is not None else "")
+    line = ", ".join(parts) + (f" in {wall_s:.1f} s" if wall_s is not None else "")
+    return line + "".join(f"; {metric} not measured in {n} case{'s' if n > 1 else ''} ({why})"
+                          for (metric, why), n in metric_skips(results).items())
+
+
+def metric_skips(results: Iterable[CaseResult]) -> dict[tuple[str, str], int]:
+    """How many cases skipped each bound, by metric and reason: a bound that was not measured is never a pass."""
+    tally: dict[tuple[str, str], int] = {}
+    for result in results:
+        for metric, why in (result.figures.get("skipped_metrics") or {}).items():
+            tally[metric, why] = tally.get((metric, why), 0) + 1
+    return tally
 
 
 # ----------------------------------------------------------------------------- the document

@@ -16,6 +16,8 @@ fields shared by its cases) and one table per case, keyed by its id::
     ring_degree = 1         # default 1
     kind = "image"          # optional: "image" or "video", checked against what the fields make
     target = "diffusers"    # optional (also in [defaults]): the pipeline target; default --pipeline-target
+    unmeasured = { clip = "no CLIP model configured" }  # optional (also in [defaults]): bounds that may go
+                            # unmeasured, with the words of the skip reason; any other unmeasured bound fails
     seed = 0                # every other key is a field of the pipeline target
 
     [cases.hunyuan_t2v_2ranks]
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.baselines.thresholds import METRICS
 from harness.cases.files import load_case_directory, read_case_tables
 from harness.contracts.case import CaseOrigin
 from harness.contracts.params import MAX_WORLD_SIZE
@@ -56,6 +59,9 @@ from harness.targets.loader import TargetArgs, load_pipeline_target
 KINDS = ("image", "video")
 _PER_CASE = ("description", "world_size", "ulysses_degree", "ring_degree", "kind")
 TARGET_KEY = "target"  # not a field: which pipeline target runs the case (per case or in [defaults])
+# Not a field: the metrics whose bound may go unmeasured, each with the words its skip reason must hold
+# (per case or in [defaults]); an unmeasured bound not pinned here fails the case.
+UNMEASURED_KEY = "unmeasured"
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class ImageCase(CaseOrigin):
     fields: dict[str, Any]
     target: str = "reference"
     target_args: TargetArgs = ()
+    unmeasured: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def pipeline_run(self) -> PipelineRun:
@@ -149,7 +156,8 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
         raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
     target, target_args, chosen_by = _case_target(path, case_id, body, defaults, default_target)
     pipeline = _load_target(path, case_id, target, target_args, chosen_by)
-    fields = {k: v for k, v in {**defaults, **body}.items() if k not in (*_PER_CASE, TARGET_KEY)}
+    fields = {k: v for k, v in {**defaults, **body}.items() if k not in (*_PER_CASE, TARGET_KEY, UNMEASURED_KEY)}
+    unmeasured = _unmeasured(path, case_id, body, defaults)
     try:
         kind = pipeline.check_case(fields, world)
     except ParamError as exc:
@@ -158,7 +166,25 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
     declared = body.get("kind", kind)
     if declared not in KINDS or declared != kind:
         raise ConfigError(f"case '{case_id}': kind {declared!r} but the case makes it {kind!r}", path=path, key=f"{where}.kind")
-    return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, source=str(path), description=description)
+    return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, unmeasured, source=str(path),
+                     description=description)
+
+
+def _unmeasured(path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, str]:
+    """The case's pinned metric skips: ``{metric: words its skip reason holds}`` (its own, else the file's)."""
+    where = f"cases.{case_id}.{UNMEASURED_KEY}" if UNMEASURED_KEY in body else f"defaults.{UNMEASURED_KEY}"
+    pins = body.get(UNMEASURED_KEY, defaults.get(UNMEASURED_KEY, {}))
+    if not isinstance(pins, dict):
+        raise ConfigError(f"case '{case_id}': a table of metric = \"words of its skip reason\", got {pins!r}", path=path,
+                          key=where)
+    for metric, words in pins.items():
+        if metric not in METRICS:
+            raise ConfigError(f"case '{case_id}': not a metric (known: {', '.join(METRICS)})", path=path,
+                              key=f"{where}.{metric}")
+        if not isinstance(words, str) or not words.strip():
+            raise ConfigError(f"case '{case_id}': the words the skip reason holds, as a non-empty string, got {words!r}",
+                              path=path, key=f"{where}.{metric}")
+    return dict(pins)
 
 
 def check_case_on(case: ImageCase, spec: str, args: TargetArgs, option: str) -> None:

@@ -41,7 +41,8 @@ from harness.cases.image import ImageCase, image_case_dir, load_image_cases
 from harness.files.reading import is_directory_present
 from harness.pipelines.sessions import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
-from harness.report.console import Column, figure_column, result_table
+from harness.report.console import Column, result_table
+from harness.report.format import figure
 from harness.results import FAILED, PASSED, CaseResult, StageResult, image_entry, summary_line
 
 if TYPE_CHECKING:  # metrics (scipy, transformers) load only when the stage runs
@@ -52,7 +53,8 @@ CANDIDATES_DIR = "candidates"  # <report>/candidates: the outputs a gate run sav
 TRIPTYCHS_DIR = "triptychs"
 IMAGE_COLUMNS: tuple[Column, ...] = (
     ("kind", lambda r: str(r.params.get("kind", ""))),
-    *(figure_column(name, metric) for name, metric in zip(("clip", "ssim", "psnr", "mad"), METRICS)),
+    *((name, lambda r, m=metric: "skipped" if m in (r.figures.get("skipped_metrics") or {}) else figure(r.figures.get(m)))
+      for name, metric in zip(("clip", "ssim", "psnr", "mad"), METRICS)),
 )
 
 
@@ -109,7 +111,10 @@ def judge_case(case: ImageCase, ref: np.ndarray, cand: np.ndarray, thresholds: T
         skipped["clip"] = clip_skip
     if skipped:
         figures["skipped_metrics"] = skipped
-    problems = [f"{m} is NaN: it can neither pass nor fail" for m in nan] + violations(metrics, thresholds)
+    unpinned = [f"{m} bound not measured ({why}), and the case does not pin it: measure it, or pin it with "
+                f"unmeasured = {{ {m} = \"{why}\" }} in {case.source}" for m, why in skipped.items()
+                if m not in nan and case.unmeasured.get(m, "\0") not in why]
+    problems = [f"{m} is NaN: it can neither pass nor fail" for m in nan] + unpinned + violations(metrics, thresholds)
     if problems:
         result.status, result.reason = FAILED, "; ".join(problems)
     return result

@@ -70,6 +70,9 @@ def test_defaults_apply_and_the_case_wins(tmp_path: Path) -> None:
         ("[cases.a]\ntarget = 'nope'\n", "cases.a.target", "unknown pipeline target 'nope'; built-in pipeline targets: reference, diffusers, command"),
         ("[defaults]\ntarget = 'no_such_module:factory'\n[cases.a]\n", "defaults.target", "cannot import module 'no_such_module'"),
         ("[cases.a]\ntarget = 'command'\nheight = 8\nwidth = 8\n", "cases.a.template", "no command"),
+        ("[cases.a]\nunmeasured = 'clip'\n", "cases.a.unmeasured", "a table of metric"),
+        ("[defaults]\nunmeasured = { lpips = 'x' }\n[cases.a]\n", "defaults.unmeasured.lpips", "not a metric"),
+        ("[cases.a]\nunmeasured = { clip = '' }\n", "cases.a.unmeasured.clip", "non-empty string"),
     ],
 )
 def test_mistakes_name_file_case_and_key(tmp_path: Path, text: str, key: str, message: str) -> None:

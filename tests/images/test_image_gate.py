@@ -21,7 +21,7 @@ from harness.baselines.images import load_reference, read_manifest
 from harness.cli import main
 from harness.report.triptych import heatmap, triptych
 from harness.results import load_results
-from tests.gate_project import gate_project
+from tests.gate_project import clip_pinned, gate_project
 from tests.images.tiny_clip import save_tiny_clip
 
 pytestmark = pytest.mark.timeout(300)
@@ -199,6 +199,21 @@ def test_bless_names_cases_and_dry_run_writes_nothing(project: Project, capsys: 
     assert manifest.read_bytes() == before
 
 
+def test_an_unmeasured_bound_fails_unless_the_case_pins_it(project: Project, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """No CLIP model: the clip bound is a skip of that metric; unpinned it fails, pinned it is counted, never a pass."""
+    cases = tmp_path / "cases"
+    shutil.copytree(project.cases, cases)
+    (cases / "images" / "tiny.toml").write_text(IMAGE_CASES)  # no `unmeasured`
+    assert main(["gate", "--no-perf", "--cases", str(cases), "--baselines", str(project.baselines)]) == 1
+    out = capsys.readouterr().out
+    assert "clip bound not measured (no CLIP model configured" in out and "does not pin it" in out
+    assert main(["gate", "--no-perf", "--cases", str(project.cases), "--baselines", str(project.baselines)]) == 0
+    out = capsys.readouterr().out
+    assert "images: 2 passed, 0 failed, 0 skipped in" in out and "; clip not measured in 2 cases (no CLIP model" in out
+    assert "│ skipped │" in out  # the clip column says so, not "-"
+
+
 def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gate_run(
     project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -206,7 +221,7 @@ def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gat
     cases = tmp_path / "cases"
     shutil.copytree(project.cases, cases)
     text = IMAGE_CASES.replace("[cases.img_1rank]\nworld_size = 1\n", "[cases.img_1rank]\nworld_size = 1\nseed = 5\n")
-    (cases / "images" / "tiny.toml").write_text(text + "\n[cases.img_new]\nseed = 7\n")
+    (cases / "images" / "tiny.toml").write_text(clip_pinned(text + "\n[cases.img_new]\nseed = 7\n"))
     copy = project.copy_baselines(tmp_path)
     where = ["--cases", str(cases), "--baselines", str(copy)]
     report = tmp_path / "report"

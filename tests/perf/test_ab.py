@@ -21,7 +21,7 @@ import pytest
 
 from harness.cli import main
 from harness.results import EXIT_CODES
-from tests.gate_project import gate_project
+from tests.gate_project import clip_pinned, gate_project
 from tests.targets import sleep_generator
 
 pytestmark = pytest.mark.timeout(600)
@@ -35,7 +35,7 @@ FLAT = "[cases.flat]\nheight = 8\nwidth = 8\n"
 
 def _cases(root: Path, toml: str) -> Path:
     (root / "images").mkdir(parents=True)
-    (root / "images" / "cases.toml").write_text(toml)
+    (root / "images" / "cases.toml").write_text(clip_pinned(toml))
     return root
 
 
