@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -309,15 +310,25 @@ def velocity(dit: nn.Module, latents: Tensor, sigma: float | Tensor, texts: list
     the valid text here, the tiny pipeline having one encoder) and the guidance scale ×1000.
     """
     b, device = latents.shape[0], latents.device
-    sigmas = torch.as_tensor(sigma, dtype=torch.float64).expand(b)
     if isinstance(dit, ZImageTransformer):
-        pred = dit(list(latents.unsqueeze(2).unbind(0)), (1.0 - sigmas).float().to(device), texts)
+        pred = dit(list(latents.unsqueeze(2).unbind(0)), _per_item(sigma, b, device, lambda s: 1.0 - s), texts)
         return -torch.stack(pred).squeeze(2)
-    lengths = [t.shape[0] for t in texts]
     text = torch.nn.utils.rnn.pad_sequence(texts, batch_first=True)
-    mask = (torch.arange(text.shape[1], device=device) < torch.tensor(lengths, device=device)[:, None]).long()
+    mask = torch.nn.utils.rnn.pad_sequence([torch.ones(t.shape[0], dtype=torch.long, device=device) for t in texts],
+                                           batch_first=True)
     pooled = torch.stack([t.mean(dim=0) for t in texts])
-    return dit(latents, (1000.0 * sigmas).float().to(device), text, mask, pooled, torch.full((b,), 1000.0 * GUIDANCE, device=device))
+    return dit(latents, _per_item(sigma, b, device, lambda s: 1000.0 * s), text, mask, pooled,
+               torch.full((b,), 1000.0 * GUIDANCE, device=device))
+
+
+def _per_item(sigma: float | Tensor, b: int, device: torch.device, of: Callable[[Any], Any]) -> Tensor:
+    """``of(sigma)`` per item as fp32 ``[B]`` on ``device``, computed in float64 first (as the pipelines do).
+
+    A float is filled on the device: a host tensor copied there would wait for the device every
+    step (a blocking copy), and the step is what the perf stage times."""
+    if isinstance(sigma, Tensor):
+        return of(sigma.to(torch.float64).expand(b)).float().to(device)
+    return torch.full((b,), of(float(sigma)), dtype=torch.float32, device=device)
 
 
 def _to_uint8(frames: Tensor) -> np.ndarray:
