@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from harness.commands._options import (
-    add_cases, add_outputs, add_target, cases_root, check_backends, run_options, world_size,
+    add_cases, add_outputs, add_target, cases_root, check_backends, project, run_options, world_size,
 )
 
 HELP = "run contract cases on a target and print the results"
@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
         if r.traceback and r.status == "failed":
             print(f"\n--- {r.case_id}: {r.reason}\n{r.traceback}", file=sys.stderr)
     if args.json is not None:
-        emit_json(args.json, results_document("check", environment(options.target, options.device, options.load().version()),
+        used = project(args)
+        emit_json(args.json, results_document("check", environment(options.target, options.device, options.load().version(),
+                                                                   used.file if used else None),
                                               {"contracts": stage}, stage.wall_s))
     if args.junit:
         write_junit(args.junit, {"contracts": results})

@@ -49,7 +49,7 @@ figure { margin: 0.5em 0 1em 0; }
 img { image-rendering: pixelated; border: 1px solid #d0d7de; max-width: 100%; }
 img.thumb { height: 48px; }
 """
-_STAGE_ORDER_KEYS = ("target", "device", "platform", "torch", "parity_version", "host")
+_STAGE_ORDER_KEYS = ("target", "device", "platform", "torch", "parity_version", "host", "project")
 
 
 def _e(value: Any) -> str:
