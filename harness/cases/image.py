@@ -180,6 +180,11 @@ def image_case_dir(cases_root: str | Path) -> Path:
     return Path(cases_root) / "images"
 
 
+def is_image_only(cases_root: str | Path) -> bool:
+    """A cases root with images/ and no contracts/: a project that gates images only has no contract stage."""
+    return image_case_dir(cases_root).is_dir() and not (Path(cases_root) / "contracts").is_dir()
+
+
 def load_image_cases(cases_root: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()) -> list[ImageCase]:
     """Every case of every ``<cases_root>/images/*.toml``; ids must be unique across files."""
     return load_case_directory(image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline, pipeline_args),

@@ -9,7 +9,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands._options import add_baselines, add_cases, add_json, baselines_dir, cases_root
+from harness.commands._options import add_baselines, add_cases, add_json, add_pipeline_target, baselines_dir, cases_root, pipeline_target
 from harness.report.output import emit_json, human_console
 
 HELP = "list the contracts, the contract cases, the image cases, the perf scenarios and the targets"
@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("list", help=HELP, description=HELP)
     add_cases(parser)
     add_baselines(parser)
+    add_pipeline_target(parser, "that reads the image cases")
     add_json(parser, "the lists (instead of the tables)")
     parser.set_defaults(run=run)
 
@@ -41,7 +42,7 @@ def perf_scenarios(baselines: Path) -> list[dict[str, Any]]:
 
 def inventory(args: argparse.Namespace) -> dict[str, Any]:
     from harness.cases.contract import load_cases
-    from harness.cases.image import image_case_dir, load_image_cases
+    from harness.cases.image import image_case_dir, is_image_only, load_image_cases
     from harness.contracts import all_contracts
     from harness.targets.loader import BUILTIN_TARGETS, load_target
 
@@ -57,11 +58,11 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
     ]
     cases = [
         {"id": c.id, "contract": c.contract_id, "world_size": c.world_size, "file": c.source, "params": dict(c.params)}
-        for c in load_cases(cases_root(args))
+        for c in (load_cases(cases_root(args)) if not is_image_only(cases_root(args)) else [])
     ]
     image_cases = [
         {"id": c.id, "kind": c.kind, "world_size": c.world_size, "file": c.source, "target": c.target, "fields": dict(c.fields)}
-        for c in (load_image_cases(cases_root(args))
+        for c in (load_image_cases(cases_root(args), *pipeline_target(args))
                   if image_case_dir(cases_root(args)).is_dir() else [])
     ]
     targets = []

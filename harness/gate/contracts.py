@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from harness.cases.contract import load_cases, platform_of_device
-from harness.cases.image import image_case_dir
+from harness.cases.image import is_image_only
 from harness.contracts.case import Case
 from harness.contracts.runner import RunOptions, run_cases, validate_for_target
 from harness.gate.stage import GateContext, GateOptions
@@ -65,9 +65,7 @@ class ContractStage:
         """An image-only cases root (images/, no contracts/) has no contract stage; any other root without
         contract cases is a configuration error, raised by the loader."""
         root = Path(ctx.options.cases_root)
-        if not (root / "contracts").is_dir() and image_case_dir(root).is_dir():
-            return f"no contract cases ({root / 'contracts'} does not exist)"
-        return None
+        return f"no contract cases ({root / 'contracts'} does not exist)" if is_image_only(root) else None
 
     def preflight(self, ctx: GateContext) -> None:
         self._cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
