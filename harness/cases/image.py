@@ -73,6 +73,12 @@ class ImageCase(CaseOrigin):
     fields: dict[str, Any]
     target: str = "reference"
     target_args: TargetArgs = ()
+    identity: dict[str, Any] | None = None  # what its reference is pinned to (PipelineTarget.identity); None: the fields
+
+    @property
+    def pinned(self) -> dict[str, Any]:
+        """The fields as fingerprinted and recorded with a reference: machine paths replaced by content hashes."""
+        return self.fields if self.identity is None else self.identity
 
     @property
     def pipeline_run(self) -> PipelineRun:
@@ -158,7 +164,8 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
     declared = body.get("kind", kind)
     if declared not in KINDS or declared != kind:
         raise ConfigError(f"case '{case_id}': kind {declared!r} but the case makes it {kind!r}", path=path, key=f"{where}.kind")
-    return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, source=str(path), description=description)
+    return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, pipeline.identity(fields),
+                     source=str(path), description=description)
 
 
 def check_case_on(case: ImageCase, spec: str, args: TargetArgs, option: str) -> None:

@@ -58,7 +58,7 @@ def _ids(args: argparse.Namespace) -> list[str]:
     if args.ids and args.all:
         raise ConfigError("name cases or pass --all, not both", key="--all")
     if args.from_results is not None:
-        saved = saved_candidates(args.from_results)
+        saved = saved_candidates(args.from_results, carried(args))
         if args.all:
             return saved
         if not args.ids:
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     directory = baselines / REFERENCES_DIR
     if args.from_results is not None:
-        blessings = blessings_from_results(cases, args.from_results)
+        blessings = blessings_from_results(cases, args.from_results, carried(args))
     else:
         check_device(device(args))
         with PoolSet(device(args)) as pools:

@@ -212,13 +212,13 @@ class ImageStage:
 def unjudged(case: ImageCase, ref: Reference | None, bounds: Thresholds, carried: Sequence[str] = ()) -> CaseResult | None:
     """The failed result of a case that has no reference, or whose fields changed since it was blessed; None
     when the reference is this case's (a reference blessed before fingerprints were recorded counts as this case's)."""
-    if ref is not None and ref.entry.fingerprint in (None, fingerprint(case.fields)):
+    if ref is not None and ref.entry.fingerprint in (None, fingerprint(case.pinned)):
         return None
     bless = command(["bless", case.id], carried)
     if ref is None:
         reason, state = f"no reference yet: run `{bless}`", "missing"
     else:
-        changes = "; ".join(changed_fields(ref.entry.fields, case.fields))
+        changes = "; ".join(changed_fields(ref.entry.fields, case.pinned))
         reason, state = f"case changed since it was blessed ({changes}): run `{bless}`", "changed"
     figures: dict[str, object] = {"reference": state, **dict.fromkeys(METRICS),
                                   "thresholds": {m: bounds.get(m) for m in METRICS}, "threshold_source": dict(bounds.source)}
@@ -248,7 +248,7 @@ def _regression_step(case: ImageCase, report: Path | None, carried: Sequence[str
 
 def save_candidate(report: Path, case: ImageCase, result: CaseResult, output: np.ndarray) -> None:
     """Keep ``output`` in ``<report>/candidates`` with the fields, world size and pipeline target it was made with."""
-    one = blessing(case.id, output, case.fields, case.world_size, case.target)
+    one = blessing(case.id, output, case.pinned, case.world_size, case.target)
     write_set(report / CANDIDATES_DIR, [one])
     result.artifacts["candidate"] = f"{CANDIDATES_DIR}/{next(iter(one.data))}"
 

@@ -141,3 +141,26 @@ def test_without_diffusers_a_case_is_a_configuration_error(flux: Path, monkeypat
     with pytest.raises(ParamError, match=r"diffusers is not installed \(pip install 'parity\[diffusers\]'\)") as info:
         DiffusersPipelineTarget(str(flux)).check_case(FIELDS, 1)
     assert info.value.key == "path"
+
+
+def test_a_model_directory_is_pinned_by_its_content_not_its_location(flux: Path, tmp_path: Path) -> None:
+    """A CI runner that mounts the models elsewhere gates the same cases: the fingerprint holds hashes, no path."""
+    from harness.baselines.images import fingerprint
+    from harness.cases.image import load_image_case_file
+
+    target = DiffusersPipelineTarget()
+    here = target.identity({**FIELDS, "path": str(flux)})
+    moved = tmp_path / "mounted" / "elsewhere"
+    shutil.copytree(flux, moved)
+    assert "path" not in here and str(flux) not in json.dumps(here) and target.identity({**FIELDS, "path": str(moved)}) == here
+    cases = tmp_path / "flux.toml"
+    cases.write_text(f'[defaults]\ntarget = "diffusers"\nprompt = "a red fox"\npath = {json.dumps(str(moved))}\n'
+                     'height = 32\nwidth = 32\nnum_inference_steps = 3\nmax_sequence_length = 16\n[cases.flux]\n')
+    (case,) = load_image_case_file(cases)
+    assert fingerprint(case.pinned) == fingerprint(here)  # what the manifest records and the gate compares
+    weights = next(moved.rglob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    changed = target.identity({**FIELDS, "path": str(moved)})["model"]
+    assert changed["weights_sha256"] != here["model"]["weights_sha256"] and changed["config_sha256"] == here["model"]["config_sha256"]
