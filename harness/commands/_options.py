@@ -90,6 +90,15 @@ def add_outputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write JUnit XML for CI")
 
 
+def add_tables(parser: argparse.ArgumentParser) -> None:
+    """``-q`` / ``--failures-only``: how much of the result tables to print (the summaries and the verdict always are)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", dest="tables", action="store_const", const="none", default="all",
+                       help="no result tables: the summary lines and the verdict with each failing case only")
+    group.add_argument("--failures-only", dest="tables", action="store_const", const="failures",
+                       help="result tables with the failing and undecided cases only")
+
+
 def add_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help=f"device of the ranks (default: {FROM_PROJECT} cpu)")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.commands._options import (
     add_ab_sampling, add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, ab_sampling, baselines_dir,
-    cases_root, count, perf_profile, pipeline_target, project, run_options,
+    add_tables, cases_root, count, perf_profile, pipeline_target, project, run_options,
 )
 
 HELP = "the CI gate: contract cases, image quality against references, timings (HEAD against BASE, or a stored baseline)"
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="with --report: save every image case's candidate in DIR/candidates (failing ones are always "
                         "saved), for the report and for `parity bless --from-results DIR`")
     add_outputs(parser)
+    add_tables(parser)
     parser.set_defaults(run=run)
 
 
@@ -74,6 +75,6 @@ def run(args: argparse.Namespace) -> int:
     pipeline, pipeline_args = pipeline_target(args)
     options = GateOptions(
         cases_root(args), baselines, run_options(args), pipeline, args.report, args.json, args.junit,
-        args.clip_model, perf, args.keep_outputs, pipeline_args, project=project(args),
+        args.clip_model, perf, args.keep_outputs, pipeline_args, project=project(args), tables=args.tables,
     )
     return EXIT_CODES[run_gate(options)["verdict"]]

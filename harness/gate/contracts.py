@@ -15,7 +15,7 @@ from harness.contracts.runner import RunOptions, run_cases, validate_for_target
 from harness.gate.stage import GateContext, GateOptions
 from harness.project.hints import command
 from harness.ranks import PoolSet
-from harness.report.console import CONTRACT_COLUMNS, progress, result_table
+from harness.report.console import CONTRACT_COLUMNS, print_results, progress
 from harness.results import FAILED, StageResult, summary_line
 
 
@@ -77,6 +77,6 @@ class ContractStage:
         for result in stage.results:
             if result.status == FAILED:
                 result.next_step = check_command(result.case_id, ctx.options)
-        ctx.out.print(result_table(stage.results, "gate: contracts", CONTRACT_COLUMNS))
+        print_results(ctx.out, stage.results, "gate: contracts", CONTRACT_COLUMNS, ctx.options.tables)
         ctx.out.print(f"contracts: {summary_line(stage.results, stage.wall_s)}")
         return stage

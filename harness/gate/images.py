@@ -43,7 +43,7 @@ from harness.files.reading import is_directory_present
 from harness.pipelines.sessions import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
 from harness.project.hints import command
-from harness.report.console import Column, figure_column, result_table
+from harness.report.console import Column, figure_column, print_results
 from harness.results import FAILED, PASSED, CaseResult, StageResult, image_entry, summary_line
 
 if TYPE_CHECKING:  # metrics (scipy, transformers) load only when the stage runs
@@ -194,7 +194,7 @@ class ImageStage:
             return result
 
         results, wall = run_each_case(ctx, self.name, inputs.cases, "images", judge)
-        ctx.out.print(result_table(results, "gate: images", IMAGE_COLUMNS))
+        print_results(ctx.out, results, "gate: images", IMAGE_COLUMNS, options.tables)
         ctx.out.print(f"images: {summary_line(results, wall)}")
         return StageResult(
             self.name, results, wall,

@@ -38,7 +38,7 @@ from harness.perf.sides import BASE, HEAD, Revisions, Side
 from harness.perf.stats import METHOD
 from harness.pipelines.sessions import PipelineRun, Session
 from harness.project.hints import command
-from harness.report.console import Column, figure_column, result_table
+from harness.report.console import Column, figure_column, print_results
 from harness.results import FAILED, INCONCLUSIVE, PASSED, SKIPPED, CaseResult, StageResult, summary_line
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
@@ -163,7 +163,7 @@ class PerfStage:
             ratios = run_contract_cases(ratio_cases, options.run, ctx.pools, ctx.err, "perf ratios")
             results += ratios.results
             wall += ratios.wall_s
-        ctx.out.print(result_table(results, title, columns))
+        print_results(ctx.out, results, title, columns, ctx.options.tables)
         ctx.out.print(f"perf: {summary_line(results, wall)}")
         extra.update(platform=platform, pool_startup_s=dict(sorted(ctx.pools.startup_s.items())))
         return StageResult(self.name, results, wall, extra=extra,

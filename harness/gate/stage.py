@@ -72,6 +72,7 @@ class GateOptions:
     stages: tuple[str, ...] = ()  # the stages to run (every stage when empty): ``parity perf`` runs the perf stage alone
     command: str = "gate"  # the verb the results document and the last line name
     project: Project | None = None  # the project file in effect: recorded, and what printed commands need not repeat
+    tables: str = "all"  # the result tables' rows: all, failures (--failures-only) or none (-q)
 
     def carried(self, *, target: bool = False, baselines: bool = True) -> list[str]:
         """The options a printed command must repeat to run on these cases, baselines, pipeline (and target) and device."""

@@ -213,9 +213,18 @@ class DiffusersPipelineTarget(PipelineTarget):
         return out
 
     def load(self, path: Path, dtype: torch.dtype, device: str) -> DiffusionPipeline:
-        """The pipeline on ``device``, from the directory only (no hub)."""
+        """The pipeline on ``device``, from the directory only (no hub), without the loaders' progress bars
+        (diffusers' and transformers' own tqdm bars would interleave with parity's on every rank)."""
         from diffusers import DiffusionPipeline
+        from diffusers.utils import logging as diffusers_logging
 
+        diffusers_logging.disable_progress_bar()
+        try:
+            from transformers.utils import logging as transformers_logging
+        except ImportError:  # a pipeline without transformers components
+            pass
+        else:
+            transformers_logging.disable_progress_bar()
         pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True).to(device)
         pipe.set_progress_bar_config(disable=True)
         return pipe

@@ -164,3 +164,16 @@ def test_a_model_directory_is_pinned_by_its_content_not_its_location(flux: Path,
     weights.write_bytes(bytes(data))
     changed = target.identity({**FIELDS, "path": str(moved)})["model"]
     assert changed["weights_sha256"] != here["model"]["weights_sha256"] and changed["config_sha256"] == here["model"]["config_sha256"]
+
+
+def test_loading_a_pipeline_draws_no_progress_bar(flux: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """diffusers' "Loading pipeline components" and transformers' "Loading weights" bars stay out of bless and gate."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.enable_progress_bar()  # as a fresh rank finds them, whatever ran before in this process
+    transformers_logging.enable_progress_bar()
+    capfd.readouterr()
+    DiffusersPipelineTarget().load(flux, torch.float32, "cpu")
+    err = capfd.readouterr().err
+    assert "it/s" not in err and "Loading" not in err, err
