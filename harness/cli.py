@@ -32,19 +32,6 @@ VERBS = ("init", "list", "check", "gate", "perf", "sweep", "matrix", "compare", 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.
 
-verbs:
-  init     write a project (parity.toml, example cases, empty baselines) into a repository of your own
-  list     the contracts, the contract cases, the image cases, the perf scenarios and the targets
-  check    run contract cases on a target and print a verdict table with figures
-  gate     the CI gate: contract cases, image quality vs references, timings (HEAD vs BASE, or a stored baseline)
-  perf     time HEAD against BASE side by side in one run: HEAD/BASE with an interval per figure, a verdict
-  sweep    run contracts over backend × dtype × world size on this machine (--json FILE keeps the cells)
-  matrix   merge sweep files from several machines into one markdown/HTML table
-  compare  two results files side by side: old, new, % change per case and figure; --fail-on METRIC:PCT
-  recalibrate  new thresholds / perf baselines from N gate results: a diff table, --write to write
-  bless    new reference images for named image cases: old -> new table, --dry-run, --from-results DIR
-  doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
-
 --json FILE writes a verb's machine output to FILE; --json - writes it to stdout (tables go to stderr).
 exit codes: 0 all passed, 1 any failure, 2 usage or configuration error, 3 inconclusive timings
 (gate, perf: nothing failed, but a timing verdict could not be decided).

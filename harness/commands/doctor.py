@@ -40,7 +40,7 @@ def diagnose(project: Project | None = None) -> dict[str, Any]:
 
     from harness.baselines.platforms import machine_record
     from harness.paths import HOME_ENV, default_baselines_dir, default_cases_dir, parity_home
-    from harness.targets.loader import BUILTIN_TARGETS, load_target
+    from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
     from harness.targets.reference.attention import backend_report
     from reference_impl.platform import PLATFORM_ENV
 
@@ -57,6 +57,8 @@ def diagnose(project: Project | None = None) -> dict[str, Any]:
          "reason": load_target(name).unavailable_reason(device), "device": device}
         for name in BUILTIN_TARGETS
     ]
+    pipelines = [{"name": name, "reason": load_pipeline_target(name).unavailable_reason(device), "device": device}
+                 for name in BUILTIN_PIPELINES]
     return {
         "python": machine["python"],
         "torch": machine["torch"],
@@ -67,6 +69,7 @@ def diagnose(project: Project | None = None) -> dict[str, Any]:
         "devices": devices,
         "backends": backends,
         "targets": targets,
+        "pipeline_targets": [{**p, "available": p["reason"] is None} for p in pipelines],
         "packages": {p: _version(p) for p in _PACKAGES},
         "project": None if project is None else {
             "file": str(project.file), "cases": _text(project.cases), "baselines": _text(project.baselines),
@@ -103,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
     for column in ("target", "available", "reason"):
         table.add_column(column, overflow="fold")
     for t in data["targets"]:
+        table.add_row(t["name"], "[green]yes[/]" if t["available"] else "[red]no[/]", escape(t["reason"] or ""))
+    console.print(table)
+    table = Table(title=f"pipeline targets on {data['targets'][0]['device']} (at one rank)")
+    for column in ("pipeline target", "available", "reason"):
+        table.add_column(column, overflow="fold")
+    for t in data["pipeline_targets"]:
         table.add_row(t["name"], "[green]yes[/]" if t["available"] else "[red]no[/]", escape(t["reason"] or ""))
     console.print(table)
     console.print(escape("packages: " + ", ".join(f"{k} {v or '-'}" for k, v in data["packages"].items())))

@@ -44,7 +44,7 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
     from harness.cases.contract import load_cases
     from harness.cases.image import image_case_dir, is_image_only, load_image_cases
     from harness.contracts import all_contracts
-    from harness.targets.loader import BUILTIN_TARGETS, load_target
+    from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
 
     contracts = [
         {
@@ -74,8 +74,10 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
             "capabilities": sorted(target.capabilities()),
             "unavailable_on_cpu": target.unavailable_reason("cpu"),
         })
+    pipelines = [{"name": name, "description": description, "unavailable_on_cpu": load_pipeline_target(name).unavailable_reason("cpu")}
+                 for name, (_, _, description) in BUILTIN_PIPELINES.items()]
     return {"contracts": contracts, "cases": cases, "image_cases": image_cases,
-            "perf_scenarios": perf_scenarios(baselines_dir(args)), "targets": targets}
+            "perf_scenarios": perf_scenarios(baselines_dir(args)), "targets": targets, "pipeline_targets": pipelines}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     for t in data["targets"]:
         table.add_row(t["name"], ", ".join(t["capabilities"]), escape(t["unavailable_on_cpu"] or "available"), escape(t["description"]))
     console.print(table)
+    console.print(_table("pipeline targets of the image cases (or --pipeline-target module:factory)", ("name", "on cpu", "description"),
+                         [(p["name"], p["unavailable_on_cpu"] or "available", p["description"]) for p in data["pipeline_targets"]]))
     return 0
 
 
