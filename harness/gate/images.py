@@ -187,10 +187,11 @@ class ImageStage:
             report = options.report_dir
             if report is not None and (result.status == FAILED or options.keep_outputs):
                 save_candidate(report, case, result, produced.output)
-            if result.status == FAILED and ref is not None and result.next_step is None:
+            if result.status == FAILED and ref is not None:  # a changed case too: its old reference against this run
                 if report is not None:
                     _write_triptych(report, result, ref.array, produced.output)
-                result.next_step = _regression_step(case, report, options.carried())
+                if result.next_step is None:
+                    result.next_step = _regression_step(case, report, options.carried())
             return result
 
         results, wall = run_each_case(ctx, self.name, inputs.cases, "images", judge)

@@ -222,6 +222,8 @@ def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gat
     assert new["reason"] == f"no reference yet: run `parity bless img_new {carried}`"
     assert new["next_step"] == f"parity bless img_new {carried}"
     assert stale["figures"]["reference"] == "changed" and stale["figures"]["psnr"] is None  # not judged on pixels
+    old_vs_new = triptych(load_reference(copy / "images", "img_1rank"), load_reference(report / "candidates", "img_1rank"))
+    assert np.array_equal(iio.imread(report / stale["artifacts"]["triptych"]), old_vs_new.picture)  # still shown side by side
     assert records["vid_2ranks"]["status"] == "passed" and records["vid_2ranks"]["artifacts"]["candidate"]
     lines = out.strip().splitlines()
     assert lines[-1] == "gate: FAILED (2 failing cases: img_1rank, img_new)"
