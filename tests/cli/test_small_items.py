@@ -47,3 +47,13 @@ def test_list_and_doctor_show_the_pipeline_targets(capsys: pytest.CaptureFixture
 @pytest.mark.parametrize("capability", list(CAPABILITIES))
 def test_the_readme_capability_table_has_every_capability(capability: str) -> None:
     assert f"\n| `{capability}` | " in README.read_text()
+
+
+def test_contract_parameters_are_documented_in_docs_contracts_md(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.contracts import all_contracts
+
+    assert main(["list", "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert all(f"| `{p.name}` |" in text.split(f"## `{c.id}`")[1].split("\n## ")[0] for c in all_contracts() for p in c.params)
+    docs = README.parent / "docs" / "contracts.md"
+    assert docs.read_text() == text, "docs/contracts.md is stale: parity list --markdown > docs/contracts.md"
