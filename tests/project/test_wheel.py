@@ -47,7 +47,7 @@ def factory():
     return reference()
 """
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # CI runs every marker
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -57,9 +57,13 @@ def _tree_digest(root: Path) -> dict[str, str]:
 
 
 def _install_from_a_wheel(root: Path) -> Path:
-    """A fresh venv with parity installed from a wheel built now; its python."""
+    """A fresh venv with parity installed from a wheel built now (from a copy of the tree: setuptools' build/
+    and egg-info stay out of the checkout); the venv."""
+    source = root / "source"
+    shutil.copytree(CHECKOUT, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
+                                                                    ".pytest_cache", ".hypothesis", "parity-report"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
-                    str(CHECKOUT)], check=True, capture_output=True)
+                    str(source)], check=True, capture_output=True)
     (wheel,) = (root / "dist").glob("parity-*.whl")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     python = root / "venv" / "bin" / "python"
