@@ -227,8 +227,8 @@ def existing_baselines_dir(args: argparse.Namespace) -> Path:
     if not directory.is_dir():
         p = project(args)
         if args.baselines is None and p is None:
-            raise ConfigError(f"parity's own baselines are not here: run `parity init` to make a project with its own "
-                              f"baselines, or set PARITY_HOME to a checkout of parity", path=directory)
+            raise ConfigError("parity's own baselines are not here: run `parity init` to make a project with its own "
+                              "baselines, or set PARITY_HOME to a checkout of parity", path=directory)
         raise ConfigError("no such baselines directory", path=directory, key="--baselines")
     return directory
 
