@@ -177,3 +177,14 @@ def test_loading_a_pipeline_draws_no_progress_bar(flux: Path, capfd: pytest.Capt
     DiffusersPipelineTarget().load(flux, torch.float32, "cpu")
     err = capfd.readouterr().err
     assert "it/s" not in err and "Loading" not in err, err
+
+
+def test_tiny_flux_saves_from_any_directory(tmp_path: Path) -> None:
+    """The README's worked example runs the saver as a script from a project's directory, not parity's."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).with_name("tiny_flux.py")
+    done = subprocess.run([sys.executable, str(script), "flux"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "flux" / "pipeline" / "model_index.json").is_file() and describe(str(tmp_path / "flux" / "pipeline"))
