@@ -22,32 +22,23 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 
 from harness.paths import parity_version
 
-VERBS = ("list", "check", "gate", "perf", "sweep", "matrix", "compare", "recalibrate", "bless", "doctor")
+VERBS = ("init", "list", "check", "gate", "perf", "sweep", "matrix", "compare", "recalibrate", "bless", "doctor")
 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.
 
-verbs:
-  list     the contracts, the contract cases, the image cases, the perf scenarios and the targets
-  check    run contract cases on a target and print a verdict table with figures
-  gate     the CI gate: contract cases, image quality vs references, timings (HEAD vs BASE, or a stored baseline)
-  perf     time HEAD against BASE side by side in one run: HEAD/BASE with an interval per figure, a verdict
-  sweep    run contracts over backend × dtype × world size on this machine (--json FILE keeps the cells)
-  matrix   merge sweep files from several machines into one markdown/HTML table
-  compare  two results files side by side: old, new, % change per case and figure; --fail-on METRIC:PCT
-  recalibrate  new thresholds / perf baselines from N gate results: a diff table, --write to write
-  bless    new reference images for named image cases: old -> new table, --dry-run, --from-results DIR
-  doctor   Python/torch versions, platform, devices, every attention backend and why it is unavailable
-
 --json FILE writes a verb's machine output to FILE; --json - writes it to stdout (tables go to stderr).
 exit codes: 0 all passed, 1 any failure, 2 usage or configuration error, 3 inconclusive timings
 (gate, perf: nothing failed, but a timing verdict could not be decided).
-data: cases/ and baselines/ are read from $PARITY_HOME, else from the checkout the package
-is installed from (pip install -e .); --cases / --baselines override.
+project: the nearest parity.toml, or pyproject.toml with [tool.parity], from the working directory
+upwards names the cases, baselines, targets, device and profile (`parity init` writes one; options
+override it); without one, parity's own cases/ and baselines/ are used ($PARITY_HOME, else the
+checkout of an editable install, else the read-only copy inside the installed package).
 """
 
 
@@ -127,7 +118,11 @@ def _run_verb(argv: Sequence[str] | None) -> int:
         return int(exc.code or 0)
 
     def run() -> int:
+        from harness.project import find_project, load_project
+
         check_platform_env()
+        found = find_project(Path.cwd())
+        args.project = load_project(found) if found is not None else None
         return int(args.run(args))
 
     return _exit_code(f"parity {args.verb}", run)

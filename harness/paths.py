@@ -1,8 +1,10 @@
-"""Which parity this is: its version, and where its data lives (``$PARITY_HOME``, else the checkout it was installed from).
+"""Which parity this is: its version, and where its own data lives.
 
-``pip install -e .`` leaves ``harness/`` inside the checkout, so its parent holds ``cases/``
-and ``baselines/``. A regular (non-editable) install has no such directories next to the
-package: set ``PARITY_HOME`` to a checkout, or pass ``--cases`` / ``--baselines``.
+parity's own cases and baselines (the defaults when no project file names others, see
+:mod:`harness.project`) are read from ``$PARITY_HOME``, else from the checkout an editable install
+(``pip install -e .``) points into, else from the copy a built wheel embeds as ``parity/_data``
+(``setup.py`` puts it there). That embedded copy is read-only: nothing is ever written inside the
+installed package (:func:`is_inside_package`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 HOME_ENV = "PARITY_HOME"
+PACKAGES = ("harness", "reference_impl", "parity")  # what the distribution installs
+EMBEDDED_DATA = Path("parity") / "_data"  # the wheel's copy of cases/ and baselines/, under the install root
+
+_INSTALL_ROOT = Path(__file__).resolve().parent.parent  # the checkout (editable install) or site-packages
 
 
 def parity_version() -> str:
@@ -22,9 +28,26 @@ def parity_version() -> str:
         return "0+unknown"
 
 
+def is_checkout() -> bool:
+    """Whether this parity runs from its source checkout (an editable install, or a bare checkout)."""
+    return (_INSTALL_ROOT / "pyproject.toml").is_file() and (_INSTALL_ROOT / "cases").is_dir()
+
+
 def parity_home() -> Path:
     env = os.environ.get(HOME_ENV, "").strip()
-    return Path(env) if env else Path(__file__).resolve().parent.parent
+    if env:
+        return Path(env)
+    if is_checkout() or not (_INSTALL_ROOT / EMBEDDED_DATA).is_dir():
+        return _INSTALL_ROOT
+    return _INSTALL_ROOT / EMBEDDED_DATA
+
+
+def is_inside_package(path: Path) -> bool:
+    """Whether ``path`` lies inside the installed (non-editable) package: a place parity must never write."""
+    if is_checkout():
+        return False
+    resolved = path.resolve()
+    return any(resolved.is_relative_to(_INSTALL_ROOT / name) for name in PACKAGES)
 
 
 def default_cases_dir() -> Path:

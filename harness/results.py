@@ -186,9 +186,10 @@ def git_state(directory: str | Path) -> dict[str, Any]:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
 
 
-def environment(target: str, device: str, target_version: str | None = None) -> dict[str, Any]:
+def environment(target: str, device: str, target_version: str | None = None, project: Path | None = None) -> dict[str, Any]:
     """Where and on what a run happened: what every results document records next to its results
-    (``git``: the checkout of the working directory, which is the tree under test)."""
+    (``git``: the checkout of the working directory, which is the tree under test; ``project``: the
+    project file in effect, None when parity's own cases and baselines ran)."""
     import platform
 
     import torch
@@ -198,7 +199,8 @@ def environment(target: str, device: str, target_version: str | None = None) -> 
 
     return {"target": target, "target_version": target_version, "device": device, "platform": current_platform.label(),
             "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
-            "parity_version": parity_version(), "git": git_state(Path.cwd())}
+            "parity_version": parity_version(), "git": git_state(Path.cwd()),
+            "project": None if project is None else str(project)}
 
 
 def verdict(results: Iterable[CaseResult], inconclusive_fails: bool = True) -> str:

@@ -80,6 +80,12 @@ class ImageCase(CaseOrigin):
     target: str = "reference"
     target_args: TargetArgs = ()
     unmeasured: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    identity: dict[str, Any] | None = None  # what its reference is pinned to (PipelineTarget.identity); None: the fields
+
+    @property
+    def pinned(self) -> dict[str, Any]:
+        """The fields as fingerprinted and recorded with a reference: machine paths replaced by content hashes."""
+        return self.fields if self.identity is None else self.identity
 
     @property
     def pipeline_run(self) -> PipelineRun:
@@ -166,8 +172,8 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
     declared = body.get("kind", kind)
     if declared not in KINDS or declared != kind:
         raise ConfigError(f"case '{case_id}': kind {declared!r} but the case makes it {kind!r}", path=path, key=f"{where}.kind")
-    return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, unmeasured, source=str(path),
-                     description=description)
+    return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, unmeasured,
+                     pipeline.identity(fields), source=str(path), description=description)
 
 
 def _unmeasured(path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, str]:
@@ -204,6 +210,11 @@ def check_case_on(case: ImageCase, spec: str, args: TargetArgs, option: str) -> 
 
 def image_case_dir(cases_root: str | Path) -> Path:
     return Path(cases_root) / "images"
+
+
+def is_image_only(cases_root: str | Path) -> bool:
+    """A cases root with images/ and no contracts/: a project that gates images only has no contract stage."""
+    return image_case_dir(cases_root).is_dir() and not (Path(cases_root) / "contracts").is_dir()
 
 
 def load_image_cases(cases_root: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()) -> list[ImageCase]:

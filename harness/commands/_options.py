@@ -10,8 +10,11 @@ from pathlib import Path
 from harness.contracts.params import MAX_WORLD_SIZE
 from harness.contracts.runner import RunOptions
 from harness.errors import ConfigError, ParamError
-from harness.paths import default_baselines_dir, default_cases_dir
+from harness.paths import default_baselines_dir, default_cases_dir, is_inside_package
+from harness.project import Project
 from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, TargetArgs, parse_target_args
+
+FROM_PROJECT = "the project file's, else"  # how a default that a project file can set reads in --help
 
 
 def seconds(text: str) -> float:
@@ -57,13 +60,13 @@ def check_backends(options: RunOptions, backends: Sequence[tuple[str | None, str
 def add_cases(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases", type=Path, default=None, metavar="DIR",
-        help="cases root (its contracts/ subdirectory holds the contract case files) or a directory of "
-        f"*.toml contract case files (default: {default_cases_dir()})",
+        help="cases root (contracts/ and images/ hold the case files) or a directory of *.toml contract case "
+        f"files (default: {FROM_PROJECT} {default_cases_dir()})",
     )
 
 
 def add_baselines(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baselines", type=Path, default=None, metavar="DIR", help=f"baselines directory (default: {default_baselines_dir()})")
+    parser.add_argument("--baselines", type=Path, default=None, metavar="DIR", help=f"baselines directory (default: {FROM_PROJECT} {default_baselines_dir()})")
 
 
 def json_target(text: str) -> Path | str:
@@ -87,14 +90,23 @@ def add_outputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write JUnit XML for CI")
 
 
+def add_tables(parser: argparse.ArgumentParser) -> None:
+    """``-q`` / ``--failures-only``: how much of the result tables to print (the summaries and the verdict always are)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", dest="tables", action="store_const", const="none", default="all",
+                       help="no result tables: the summary lines and the verdict with each failing case only")
+    group.add_argument("--failures-only", dest="tables", action="store_const", const="failures",
+                       help="result tables with the failing and undecided cases only")
+
+
 def add_device(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device of the ranks (default: cpu)")
+    parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help=f"device of the ranks (default: {FROM_PROJECT} cpu)")
 
 
 def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--target", default="reference", metavar="T",
-        help=f"implementation under test: {', '.join(BUILTIN_TARGETS)} (default: reference), or module:factory",
+        "--target", default=None, metavar="T",
+        help=f"implementation under test: {', '.join(BUILTIN_TARGETS)}, or module:factory (default: {FROM_PROJECT} reference)",
     )
     parser.add_argument("--target-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for the target's factory (repeatable), e.g. layer=pkg.mod:Class")
@@ -106,9 +118,9 @@ def add_target(parser: argparse.ArgumentParser) -> None:
 
 def add_pipeline_target(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
-        "--pipeline-target", default="reference", metavar="P",
-        help=f"pipeline {what} for image cases that name no `target`: {', '.join(BUILTIN_PIPELINES)} "
-        "(default: reference), or module:factory",
+        "--pipeline-target", default=None, metavar="P",
+        help=f"pipeline {what} for image cases that name no `target`: {', '.join(BUILTIN_PIPELINES)}, "
+        f"or module:factory (default: {FROM_PROJECT} reference)",
     )
     parser.add_argument("--pipeline-target-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for the pipeline target's factory (repeatable), e.g. path=DIR for diffusers")
@@ -155,27 +167,83 @@ def ab_sampling(args: argparse.Namespace, prefix: str):
         raise ConfigError(str(exc), key=f"--{prefix}min-pairs") from None
 
 
+def project(args: argparse.Namespace) -> Project | None:
+    """The project file in effect (found by the CLI from the working directory upwards before the verb runs)."""
+    return getattr(args, "project", None)
+
+
+def _chosen(args: argparse.Namespace, option: str, default: str) -> tuple[str, TargetArgs]:
+    """A target spec and its factory args: ``--X`` replaces the project file's spec and args, ``--X-arg``
+    alone only its args; else the project file's, else ``default`` without args."""
+    spec, items = getattr(args, option), getattr(args, f"{option}_arg")
+    given = parse_target_args(items, f"--{option.replace('_', '-')}-arg")
+    p = project(args)
+    if spec is not None:
+        return spec, given
+    return (getattr(p, option) if p else None) or default, given if items or p is None else getattr(p, f"{option}_args")
+
+
+def pipeline_target(args: argparse.Namespace) -> tuple[str, TargetArgs]:
+    """``--pipeline-target`` and its ``--pipeline-target-arg`` pairs (checked), or the project file's ``pipeline_target*``."""
+    return _chosen(args, "pipeline_target", "reference")
+
+
 def pipeline_args(args: argparse.Namespace) -> TargetArgs:
-    """The ``--pipeline-target-arg`` pairs, checked."""
-    return parse_target_args(args.pipeline_target_arg, "--pipeline-target-arg")
+    """The factory arguments of :func:`pipeline_target`."""
+    return pipeline_target(args)[1]
+
+
+def device(args: argparse.Namespace) -> str:
+    """``--device``, else the project file's ``device``, else cpu."""
+    p = project(args)
+    return args.device or (p and p.device) or "cpu"
+
+
+def perf_profile(value: str | None, args: argparse.Namespace) -> str | None:
+    """A perf tolerance profile given on the command line, else the project file's ``profile`` (None: the verb's default)."""
+    p = project(args)
+    return value or (p.profile if p else None)
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
-    """The typed run options of the ``--target/--target-arg/--device/--timeout`` arguments."""
-    return RunOptions(args.target, parse_target_args(args.target_arg), args.device, args.timeout, args.allow_new_skips)
+    """The typed run options of the ``--target/--target-arg/--device/--timeout`` arguments (and the project file)."""
+    spec, target_args = _chosen(args, "target", "reference")
+    return RunOptions(spec, target_args, device(args), args.timeout, args.allow_new_skips)
 
 
 def cases_root(args: argparse.Namespace) -> Path:
-    return args.cases or default_cases_dir()
+    p = project(args)
+    return args.cases or (p and p.cases) or default_cases_dir()
 
 
 def baselines_dir(args: argparse.Namespace) -> Path:
-    return args.baselines or default_baselines_dir()
+    p = project(args)
+    return args.baselines or (p and p.baselines) or default_baselines_dir()
 
 
 def existing_baselines_dir(args: argparse.Namespace) -> Path:
-    """:func:`baselines_dir`, refused (naming ``--baselines``) when it is not a directory: for verbs that read or write it."""
+    """:func:`baselines_dir`, refused when it is not a directory (naming ``--baselines`` or the project key that chose it)."""
     directory = baselines_dir(args)
     if not directory.is_dir():
+        p = project(args)
+        if args.baselines is None and p is None:
+            raise ConfigError("parity's own baselines are not here: run `parity init` to make a project with its own "
+                              "baselines, or set PARITY_HOME to a checkout of parity", path=directory)
         raise ConfigError("no such baselines directory", path=directory, key="--baselines")
+    return directory
+
+
+def writable_baselines_dir(args: argparse.Namespace) -> Path:
+    """:func:`existing_baselines_dir` for a verb that writes into it: never the installed package's embedded
+    defaults, and never parity's own baselines while a project file is in use (its writes belong to the project)."""
+    directory = existing_baselines_dir(args)
+    p = project(args)
+    if is_inside_package(directory):
+        raise ConfigError("these are the defaults inside the installed parity package, never written: run `parity init` "
+                          "to make a project (parity.toml) whose baselines take the writes, or set PARITY_HOME to a "
+                          "checkout of parity", path=directory, key="--baselines" if args.baselines else None)
+    if p is not None and directory.resolve().is_relative_to(default_baselines_dir().resolve()):
+        raise ConfigError(f"the project file {p.file} is in use, so writes go to its baselines"
+                          f"{f' ({p.baselines})' if p.baselines else ''}, not to parity's own", path=directory,
+                          key="--baselines" if args.baselines else p.key("baselines"))
     return directory

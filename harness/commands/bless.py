@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 from harness.commands._options import (
-    add_baselines, add_cases, add_device, add_json, add_pipeline_target, existing_baselines_dir, cases_root, pipeline_args, seconds,
+    add_baselines, add_cases, add_device, add_json, add_pipeline_target, baselines_dir, cases_root, device, existing_baselines_dir,
+    pipeline_target, project, seconds, writable_baselines_dir,
 )
 from harness.errors import ConfigError
+from harness.project.hints import command
 
 HELP = "write new reference images for named image cases (old -> new table; --dry-run; --from-results DIR)"
 DESCRIPTION = """\
@@ -56,16 +58,24 @@ def _ids(args: argparse.Namespace) -> list[str]:
     if args.ids and args.all:
         raise ConfigError("name cases or pass --all, not both", key="--all")
     if args.from_results is not None:
-        saved = saved_candidates(args.from_results)
+        saved = saved_candidates(args.from_results, carried(args))
         if args.all:
             return saved
         if not args.ids:
             failed = [c for c in failed_cases(args.from_results) if c in saved]
-            example = f"parity bless --from-results {args.from_results} {' '.join(failed or saved)}"
+            example = command(["bless", "--from-results", str(args.from_results), *(failed or saved)], carried(args))
             raise ConfigError(f"name the cases to bless (`{example}`) or pass --all; nothing was written", key="CASE")
     elif not args.ids and not args.all:
         raise ConfigError("name the image cases to bless, or pass --all to bless every one; nothing was written", key="CASE")
     return list(args.ids)
+
+
+def carried(args: argparse.Namespace) -> list[str]:
+    """The options of this bless that a printed bless command must repeat."""
+    from harness.project import carried_options
+
+    return carried_options(project(args), cases=cases_root(args), baselines=baselines_dir(args),
+                           pipeline=pipeline_target(args), device=device(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,17 +92,17 @@ def run(args: argparse.Namespace) -> int:
     from harness.report.output import emit_json, human_console
     from harness.targets.base import PipelineFailed
 
-    baselines = existing_baselines_dir(args)
+    baselines = existing_baselines_dir(args) if args.dry_run else writable_baselines_dir(args)
     ids = _ids(args)
-    cases = select_image_cases(load_image_cases(cases_root(args), args.pipeline_target, pipeline_args(args)), ids)
+    cases = select_image_cases(load_image_cases(cases_root(args), *pipeline_target(args)), ids)
     out = human_console(args.json)
     start = time.perf_counter()
     directory = baselines / REFERENCES_DIR
     if args.from_results is not None:
-        blessings = blessings_from_results(cases, args.from_results)
+        blessings = blessings_from_results(cases, args.from_results, carried(args))
     else:
-        check_device(args.device)
-        with PoolSet(args.device) as pools:
+        check_device(device(args))
+        with PoolSet(device(args)) as pools:
             try:
                 blessings = generate_blessings(cases, pools, args.timeout)
             except PipelineFailed as exc:  # an external command failed: nothing was written

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from harness.commands._options import (
-    add_cases, add_outputs, add_target, cases_root, check_backends, run_options, world_size,
+    add_cases, add_outputs, add_tables, add_target, cases_root, check_backends, project, run_options, world_size,
 )
 
 HELP = "run contract cases on a target and print the results"
@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", type=_dtype, default=None, metavar="D", help="override the dtype of every case (fp32, bf16, fp16)")
     parser.add_argument("--sdpa-kernel", default=None, choices=SDPA_KERNELS, help="pin torch SDPA to one kernel in every case")
     add_outputs(parser)
+    add_tables(parser)
     parser.set_defaults(run=run)
 
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.cases.contract import CaseSelection, select_cases
     from harness.gate.contracts import load_contract_cases, run_contract_cases
     from harness.ranks import PoolSet
-    from harness.report.console import CONTRACT_COLUMNS, make_console, print_verdict, result_table
+    from harness.report.console import CONTRACT_COLUMNS, make_console, print_results, print_verdict
     from harness.report.junit import write_junit
     from harness.report.output import check_outputs, emit_json, human_console
     from harness.results import EXIT_CODES, environment, results_document, summary_line, verdict
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     with PoolSet(options.device) as pools:
         stage = run_contract_cases(cases, options, pools, err, release_pools=True)
     results = stage.results
-    out.print(result_table(results, "contract results", CONTRACT_COLUMNS))
+    print_results(out, results, "contract results", CONTRACT_COLUMNS, args.tables)
     out.print(summary_line(results, stage.wall_s))
     starts = ", ".join(f"W={w} {t:.1f} s" for w, t in stage.extra["pool_startup_s"].items())
     out.print(f"cases {stage.extra['cases_s']:.1f} s; rank groups started in the background ({starts or 'none'})")
@@ -69,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
         if r.traceback and r.status == "failed":
             print(f"\n--- {r.case_id}: {r.reason}\n{r.traceback}", file=sys.stderr)
     if args.json is not None:
-        emit_json(args.json, results_document("check", environment(options.target, options.device, options.load().version()),
+        used = project(args)
+        emit_json(args.json, results_document("check", environment(options.target, options.device, options.load().version(),
+                                                                   used.file if used else None),
                                               {"contracts": stage}, stage.wall_s))
     if args.junit:
         write_junit(args.junit, {"contracts": results})

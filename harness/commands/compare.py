@@ -17,8 +17,8 @@ EPILOG = """\
 examples:
   parity compare main/results.json pr/results.json --fail-on e2e_ms:10 --fail-on psnr:1
 exit codes: 0 no --fail-on threshold passed; 1 a figure got worse past one; 2 a bad file or argument.
-A figure that got worse from 0 or from inf (bitwise broke, identical images differ) passes every
-threshold."""
+A figure that got worse from 0 or from inf (bitwise broke, identical images differ) has no
+percentage and fails every --fail-on rule on it, whatever PCT."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,12 +6,14 @@ import argparse
 import importlib.metadata
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands._options import add_json
+from harness.commands._options import add_json, project
+from harness.project import Project
 from harness.report.console import make_console
 from harness.report.output import emit_json
 
@@ -32,12 +34,13 @@ def _version(package: str) -> str | None:
         return None
 
 
-def diagnose() -> dict[str, Any]:
+def diagnose(project: Project | None = None) -> dict[str, Any]:
+    """Everything ``doctor`` shows; ``project`` is the project file in effect (its cases and baselines are the ones used)."""
     import torch
 
     from harness.baselines.platforms import machine_record
     from harness.paths import HOME_ENV, default_baselines_dir, default_cases_dir, parity_home
-    from harness.targets.loader import BUILTIN_TARGETS, load_target
+    from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
     from harness.targets.reference.attention import backend_report
     from reference_impl.platform import PLATFORM_ENV
 
@@ -54,6 +57,8 @@ def diagnose() -> dict[str, Any]:
          "reason": load_target(name).unavailable_reason(device), "device": device}
         for name in BUILTIN_TARGETS
     ]
+    pipelines = [{"name": name, "reason": load_pipeline_target(name).unavailable_reason(device), "device": device}
+                 for name in BUILTIN_PIPELINES]
     return {
         "python": machine["python"],
         "torch": machine["torch"],
@@ -64,14 +69,24 @@ def diagnose() -> dict[str, Any]:
         "devices": devices,
         "backends": backends,
         "targets": targets,
+        "pipeline_targets": [{**p, "available": p["reason"] is None} for p in pipelines],
         "packages": {p: _version(p) for p in _PACKAGES},
+        "project": None if project is None else {
+            "file": str(project.file), "cases": _text(project.cases), "baselines": _text(project.baselines),
+            "target": project.target, "target_args": dict(project.target_args), "pipeline_target": project.pipeline_target,
+            "pipeline_target_args": dict(project.pipeline_target_args), "device": project.device, "profile": project.profile},
         "paths": {HOME_ENV: os.environ.get(HOME_ENV), "home": str(parity_home()),
-                  "cases": str(default_cases_dir()), "baselines": str(default_baselines_dir())},
+                  "cases": str((project and project.cases) or default_cases_dir()),
+                  "baselines": str((project and project.baselines) or default_baselines_dir())},
     }
 
 
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
 def run(args: argparse.Namespace) -> int:
-    data = diagnose()
+    data = diagnose(project(args))
     if args.json is not None:
         emit_json(args.json, data)
         return 0
@@ -93,6 +108,15 @@ def run(args: argparse.Namespace) -> int:
     for t in data["targets"]:
         table.add_row(t["name"], "[green]yes[/]" if t["available"] else "[red]no[/]", escape(t["reason"] or ""))
     console.print(table)
+    table = Table(title=f"pipeline targets on {data['targets'][0]['device']} (at one rank)")
+    for column in ("pipeline target", "available", "reason"):
+        table.add_column(column, overflow="fold")
+    for t in data["pipeline_targets"]:
+        table.add_row(t["name"], "[green]yes[/]" if t["available"] else "[red]no[/]", escape(t["reason"] or ""))
+    console.print(table)
     console.print(escape("packages: " + ", ".join(f"{k} {v or '-'}" for k, v in data["packages"].items())))
+    used = data["project"]
+    console.print(escape(f"project file {used['file']}" if used else
+                         "project file: none (no parity.toml or [tool.parity] from here upwards; `parity init` writes one)"))
     console.print(escape(f"cases {data['paths']['cases']}, baselines {data['paths']['baselines']}"))
     return 0

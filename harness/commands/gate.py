@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.commands._options import (
     add_ab_sampling, add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, ab_sampling, baselines_dir,
-    cases_root, count, pipeline_args, run_options,
+    add_tables, cases_root, count, perf_profile, pipeline_target, project, run_options,
 )
 
 HELP = "the CI gate: contract cases, image quality against references, timings (HEAD against BASE, or a stored baseline)"
@@ -46,11 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     group.add_argument("--perf-runs", type=count(1), default=defaults.runs, metavar="N",
                        help=f"absolute: timed runs per case; their medians are checked (default {defaults.runs})")
     group.add_argument("--perf-profile", default=defaults.profile, choices=PERF_PROFILES,
-                       help="absolute: the stored baseline's tolerance profile (default pr_test)")
+                       help="absolute: the stored baseline's tolerance profile (default: the project file's, else pr_test)")
     parser.add_argument("--keep-outputs", action="store_true",
                         help="with --report: save every image case's candidate in DIR/candidates (failing ones are always "
                         "saved), for the report and for `parity bless --from-results DIR`")
     add_outputs(parser)
+    add_tables(parser)
     parser.set_defaults(run=run)
 
 
@@ -68,11 +69,12 @@ def run(args: argparse.Namespace) -> int:
     base_args = parse_target_args(args.perf_base_arg, "--perf-base-arg")
     if base_args and args.perf_base is None:
         raise ConfigError("--perf-base-arg needs --perf-base SPEC", key="--perf-base-arg")
-    perf = PerfOptions(args.perf, args.perf_runs, args.perf_profile,
+    perf = PerfOptions(args.perf, args.perf_runs, perf_profile(args.perf_profile, args),
                        Side(args.perf_base, base_args) if args.perf_base is not None else None,
                        ab_sampling(args, "perf-"), args.perf_inconclusive)
+    pipeline, pipeline_args = pipeline_target(args)
     options = GateOptions(
-        cases_root(args), baselines, run_options(args), args.pipeline_target, args.report, args.json, args.junit,
-        args.clip_model, perf, args.keep_outputs, pipeline_args(args),
+        cases_root(args), baselines, run_options(args), pipeline, args.report, args.json, args.junit,
+        args.clip_model, perf, args.keep_outputs, pipeline_args, project=project(args), tables=args.tables,
     )
     return EXIT_CODES[run_gate(options)["verdict"]]

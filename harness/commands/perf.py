@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from harness.commands._options import (
-    add_ab_sampling, add_baselines, add_cases, add_device, add_outputs, ab_sampling, baselines_dir, cases_root, seconds,
+    add_ab_sampling, add_baselines, add_cases, add_device, add_outputs, ab_sampling, baselines_dir, cases_root, device, project,
+    seconds,
 )
 
 HELP = "time HEAD against BASE side by side (interleaved, paired): HEAD/BASE with an interval per figure, a verdict per case"
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     perf = PerfOptions(enabled=True, base=Side(args.base, parse_target_args(args.base_arg, "--base-arg")),
                        sampling=ab_sampling(args, ""), inconclusive=args.inconclusive, cases=tuple(args.ids),
                        ratio_contracts=False)
-    options = GateOptions(cases_root(args), baselines_dir(args), RunOptions(device=args.device, timeout=args.timeout),
+    options = GateOptions(cases_root(args), baselines_dir(args), RunOptions(device=device(args), timeout=args.timeout),
                           args.head, args.report, args.json, args.junit, perf=perf,
-                          pipeline_args=parse_target_args(args.head_arg, "--head-arg"), stages=("perf",), command="perf")
+                          pipeline_args=parse_target_args(args.head_arg, "--head-arg"), stages=("perf",), command="perf",
+                          project=project(args))
     return EXIT_CODES[run_gate(options)["verdict"]]

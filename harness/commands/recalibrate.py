@@ -28,7 +28,7 @@ from rich.table import Table
 
 from harness.errors import ConfigError
 from harness.files.reading import is_present
-from harness.commands._options import add_baselines, existing_baselines_dir
+from harness.commands._options import add_baselines, existing_baselines_dir, perf_profile, project, writable_baselines_dir
 from harness.report.console import make_console
 
 HELP = "propose thresholds or perf baselines from N gate results (a diff table); --write writes them"
@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(perf)
     perf.add_argument("--platform", default=None, metavar="NAME",
                       help="write platforms/perf/NAME.json from all results (default: the 'platform' of each result)")
-    perf.add_argument("--profile", default="pr_test", metavar="P", help="tolerance profile whose tolerance/3 is the margin (default pr_test)")
+    perf.add_argument("--profile", default=None, metavar="P",
+                      help="tolerance profile whose tolerance/3 is the margin (default: the project file's, else pr_test)")
     perf.set_defaults(run=run_perf)
 
 
@@ -184,7 +185,7 @@ def run_thresholds(args: argparse.Namespace) -> int:
     from harness.baselines.thresholds import OVERLAYS_DIR, THRESHOLDS_FILE, ThresholdSet
     from harness.recalibrate import DEFAULT_POLICY, PROPOSAL_HEADER, apply_proposals, load_policy, proposal_rows, propose_thresholds
 
-    directory = existing_baselines_dir(args)
+    directory = writable_baselines_dir(args) if args.write else existing_baselines_dir(args)
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
     base = directory / THRESHOLDS_FILE
     groups = _group(args.results, _load(args), args.platform, args.per_platform)
@@ -215,21 +216,26 @@ def run_perf(args: argparse.Namespace) -> int:
     from harness.baselines.perf import PerfBaselines, perf_overlay_path
     from harness.recalibrate import PERF_PROPOSAL_HEADER, perf_proposal_rows, propose_perf
 
-    directory = existing_baselines_dir(args)
+    directory = writable_baselines_dir(args) if args.write else existing_baselines_dir(args)
+    profile = perf_profile(args.profile, args) or "pr_test"
     docs = _load(args)
     groups = _group(args.results, docs, args.platform, per_platform=True)
     if not any(doc.get("perf") for doc in docs):
         from harness.gate.perf import how_to_create
 
-        raise ConfigError(f"the results hold no timings (the perf stage did not run); {how_to_create(str(groups[0].platform))}",
+        from harness.project import carried_options
+
+        carried = carried_options(project(args), baselines=directory)
+        raise ConfigError(f"the results hold no timings (the perf stage did not run); "
+                          f"{how_to_create(str(groups[0].platform), carried, carried)}",
                           key="--results")
     plans = []
     for group in groups:
         assert group.platform is not None  # per_platform grouping always names one
         chain = PerfBaselines.for_platform(directory, group.platform)
-        proposals = propose_perf(chain, group.docs, chain.tolerances(args.profile))
+        proposals = propose_perf(chain, group.docs, chain.tolerances(profile))
         target = perf_overlay_path(directory, group.platform)
-        title = f"perf (margin: {args.profile} tolerance/3) -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
+        title = f"perf (margin: {profile} tolerance/3) -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
         _report(title, PERF_PROPOSAL_HEADER, perf_proposal_rows(proposals), proposals)
         plans.append((target, (chain, group), proposals))
 

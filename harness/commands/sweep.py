@@ -75,6 +75,6 @@ def run(args: argparse.Namespace) -> int:
         out.print(render_markdown([parse_sweep(document)]), markup=False, soft_wrap=True)
     else:
         emit_json(args.json, document)
-    where = "" if args.json is None else f"; wrote {args.json}"
+    where = "" if args.json in (None, "-") else f"; wrote {args.json}"
     out.print(f"{summary_line(results)}; platform {document['platform']['label']}{where}")
     return EXIT_CODES[verdict(results)]

@@ -25,6 +25,7 @@ from harness.errors import ConfigError
 from harness.files.jsonio import read_json
 from harness.gate.images import CANDIDATES_DIR, nonfinite_reason
 from harness.pipelines.sessions import generate
+from harness.project.hints import command
 from harness.ranks import PoolSet
 from harness.results import FAILED, stage_records
 
@@ -69,15 +70,17 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
                 raise ConfigError(f"refusing to bless: {nonfinite_reason(produced.nonfinite)}", path=case.source,
                                   key=f"cases.{case.id}")
             by_run[key] = produced.output
-        out.append(blessing(case.id, by_run[key], case.fields, 1, case.target))
+        out.append(blessing(case.id, by_run[key], case.pinned, 1, case.target))
     return out
 
 
-def saved_candidates(results_dir: Path) -> list[str]:
-    """The case ids a gate run saved candidates for (``<results_dir>/candidates``)."""
+def saved_candidates(results_dir: Path, carried: Sequence[str] = ()) -> list[str]:
+    """The case ids a gate run saved candidates for (``<results_dir>/candidates``); ``carried``: the options the
+    gate command of the message must repeat."""
     directory = results_dir / CANDIDATES_DIR
     if not (directory / MANIFEST).is_file():
-        raise ConfigError("holds no saved candidates: run `parity gate --report DIR` (failing image cases save theirs, "
+        gate = command(["gate", "--report", str(results_dir), "--keep-outputs"], carried)
+        raise ConfigError(f"holds no saved candidates: run `{gate}` (failing image cases save theirs, "
                           "--keep-outputs saves every case's)", path=results_dir, key="--from-results")
     return sorted(read_manifest(directory))
 
@@ -92,7 +95,7 @@ def failed_cases(results_dir: Path) -> list[str]:
     return sorted(case_id for (stage, case_id), r in records.items() if stage == "images" and r["status"] == FAILED)
 
 
-def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path) -> list[Blessing]:
+def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path, carried: Sequence[str] = ()) -> list[Blessing]:
     """The candidates a gate run saved, as new references of ``cases``; refused (nothing written) when one is unusable.
 
     A reference is a one-rank output, so an N-rank case takes the candidate of a one-rank case
@@ -104,20 +107,20 @@ def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path) -> lis
     one_rank = {e.fingerprint: e.case_id for e in saved.values() if e.world_size == 1 and e.fingerprint}
     problems, out = [], []
     for case in cases:
-        want = fingerprint(case.fields)
+        want = fingerprint(case.pinned)
         entry = saved.get(case.id)
         source = case.id if entry is not None and entry.world_size == 1 else one_rank.get(want)
         if entry is not None and entry.fingerprint != want:
-            problems.append(f"{case.id}: its fields changed after that run ({'; '.join(changed_fields(entry.fields, case.fields))})")
+            problems.append(f"{case.id}: its fields changed after that run ({'; '.join(changed_fields(entry.fields, case.pinned))})")
         elif source is None and entry is None:
             problems.append(f"{case.id}: that run saved no candidate for it")
         elif source is None:
             problems.append(f"{case.id}: its candidate ran on {entry.world_size} ranks and a reference is a one-rank "
-                            f"output; no one-rank case of that run has its fields: run `parity bless {case.id}`")
+                            f"output; no one-rank case of that run has its fields: run `{command(['bless', case.id], carried)}`")
         else:
             found = find_reference(directory, source)
             assert found is not None  # listed in the manifest just read
-            out.append(blessing(case.id, found.array, case.fields, 1, found.entry.pipeline))
+            out.append(blessing(case.id, found.array, case.pinned, 1, found.entry.pipeline))
     if problems:
         raise ConfigError("cannot bless from that run; nothing was written:\n  " + "\n  ".join(problems),
                           path=directory, key="--from-results")

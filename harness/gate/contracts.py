@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,11 +9,13 @@ from pathlib import Path
 from rich.console import Console
 
 from harness.cases.contract import load_cases, platform_of_device
+from harness.cases.image import is_image_only
 from harness.contracts.case import Case
 from harness.contracts.runner import RunOptions, run_cases, validate_for_target
-from harness.gate.stage import GateContext
+from harness.gate.stage import GateContext, GateOptions
+from harness.project.hints import command
 from harness.ranks import PoolSet
-from harness.report.console import CONTRACT_COLUMNS, progress, result_table
+from harness.report.console import CONTRACT_COLUMNS, print_results, progress
 from harness.results import FAILED, StageResult, summary_line
 
 
@@ -37,20 +38,9 @@ def run_contract_cases(cases: Sequence[Case], options: RunOptions, pools: PoolSe
     return StageResult(name, results, wall, extra=timing)
 
 
-def check_command(case_id: str, options: RunOptions, cases_root: Path) -> str:
+def check_command(case_id: str, options: GateOptions) -> str:
     """The ``parity check`` command line that runs one case again as this run did (figures, traceback)."""
-    from harness.paths import default_cases_dir
-
-    words = ["parity", "check", case_id]
-    if options.target != "reference":
-        words += ["--target", options.target]
-    for key, value in options.target_args:
-        words += ["--target-arg", f"{key}={value}"]
-    if options.device != "cpu":
-        words += ["--device", options.device]
-    if Path(cases_root).resolve() != default_cases_dir().resolve():
-        words += ["--cases", str(cases_root)]
-    return shlex.join(words)
+    return command(["check", case_id], options.carried(target=True, baselines=False))
 
 
 def check_device(device: str) -> None:
@@ -72,7 +62,10 @@ class ContractStage:
         self._cases: list[Case] | None = None
 
     def skip_reason(self, ctx: GateContext) -> str | None:
-        return None  # no contract cases is a configuration error, raised by the loader
+        """An image-only cases root (images/, no contracts/) has no contract stage; any other root without
+        contract cases is a configuration error, raised by the loader."""
+        root = Path(ctx.options.cases_root)
+        return f"no contract cases ({root / 'contracts'} does not exist)" if is_image_only(root) else None
 
     def preflight(self, ctx: GateContext) -> None:
         self._cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
@@ -83,7 +76,7 @@ class ContractStage:
         stage = run_contract_cases(cases, ctx.options.run, ctx.pools, ctx.err, self.name)
         for result in stage.results:
             if result.status == FAILED:
-                result.next_step = check_command(result.case_id, ctx.options.run, ctx.options.cases_root)
-        ctx.out.print(result_table(stage.results, "gate: contracts", CONTRACT_COLUMNS))
+                result.next_step = check_command(result.case_id, ctx.options)
+        print_results(ctx.out, stage.results, "gate: contracts", CONTRACT_COLUMNS, ctx.options.tables)
         ctx.out.print(f"contracts: {summary_line(stage.results, stage.wall_s)}")
         return stage

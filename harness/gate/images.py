@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,7 +42,8 @@ from harness.cases.image import ImageCase, image_case_dir, load_image_cases
 from harness.files.reading import is_directory_present
 from harness.pipelines.sessions import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
-from harness.report.console import Column, result_table
+from harness.project.hints import command
+from harness.report.console import Column, print_results
 from harness.report.format import figure
 from harness.results import FAILED, PASSED, CaseResult, StageResult, image_entry, summary_line
 
@@ -176,7 +178,7 @@ class ImageStage:
         def judge(case: ImageCase) -> CaseResult:
             produced = generate(case.pipeline_run, ctx.pools, timeout)
             ref = inputs.references[case.id]
-            result = unjudged(case, ref, inputs.bounds[case.id])
+            result = unjudged(case, ref, inputs.bounds[case.id], options.carried())
             if result is None:
                 assert ref is not None  # unjudged() answers for a missing reference
                 result = judge_case(case, ref.array, produced.output, inputs.bounds[case.id], inputs.scorer,
@@ -190,14 +192,15 @@ class ImageStage:
             report = options.report_dir
             if report is not None and (result.status == FAILED or options.keep_outputs):
                 save_candidate(report, case, result, produced.output)
-            if result.status == FAILED and ref is not None and result.next_step is None:
+            if result.status == FAILED and ref is not None:  # a changed case too: its old reference against this run
                 if report is not None:
                     _write_triptych(report, result, ref.array, produced.output)
-                result.next_step = _regression_step(case, report)
+                if result.next_step is None:
+                    result.next_step = _regression_step(case, report, options.carried())
             return result
 
         results, wall = run_each_case(ctx, self.name, inputs.cases, "images", judge)
-        ctx.out.print(result_table(results, "gate: images", IMAGE_COLUMNS))
+        print_results(ctx.out, results, "gate: images", IMAGE_COLUMNS, options.tables)
         ctx.out.print(f"images: {summary_line(results, wall)}")
         return StageResult(
             self.name, results, wall,
@@ -212,20 +215,21 @@ class ImageStage:
         )
 
 
-def unjudged(case: ImageCase, ref: Reference | None, bounds: Thresholds) -> CaseResult | None:
+def unjudged(case: ImageCase, ref: Reference | None, bounds: Thresholds, carried: Sequence[str] = ()) -> CaseResult | None:
     """The failed result of a case that has no reference, or whose fields changed since it was blessed; None
     when the reference is this case's (a reference blessed before fingerprints were recorded counts as this case's)."""
-    if ref is not None and ref.entry.fingerprint in (None, fingerprint(case.fields)):
+    if ref is not None and ref.entry.fingerprint in (None, fingerprint(case.pinned)):
         return None
+    bless = command(["bless", case.id], carried)
     if ref is None:
-        reason, state = f"no reference yet: run `parity bless {case.id}`", "missing"
+        reason, state = f"no reference yet: run `{bless}`", "missing"
     else:
-        changes = "; ".join(changed_fields(ref.entry.fields, case.fields))
-        reason, state = f"case changed since it was blessed ({changes}): run `parity bless {case.id}`", "changed"
+        changes = "; ".join(changed_fields(ref.entry.fields, case.pinned))
+        reason, state = f"case changed since it was blessed ({changes}): run `{bless}`", "changed"
     figures: dict[str, object] = {"reference": state, **dict.fromkeys(METRICS),
                                   "thresholds": {m: bounds.get(m) for m in METRICS}, "threshold_source": dict(bounds.source)}
     return CaseResult(case.id, f"images.{case.kind}", FAILED, reason, figures, describe_bounds(bounds),
-                      params=case_params(case), target=case.target, next_step=f"parity bless {case.id}")
+                      params=case_params(case), target=case.target, next_step=bless)
 
 
 def _name_reference_pipeline(result: CaseResult, ref: Reference, case: ImageCase) -> None:
@@ -236,12 +240,13 @@ def _name_reference_pipeline(result: CaseResult, ref: Reference, case: ImageCase
         result.reason = f"{result.reason} [reference blessed from pipeline target {ref.entry.pipeline!r}, this run: {case.target!r}]"
 
 
-def _regression_step(case: ImageCase, report: Path | None) -> str:
+def _regression_step(case: ImageCase, report: Path | None, carried: Sequence[str]) -> str:
     """Where to look, and how to bless if the change is intended (a saved candidate only serves a one-rank case)."""
-    bless = (f"parity bless --from-results {report} {case.id}" if report is not None and case.world_size == 1
-             else f"parity bless {case.id}")
+    bless = command(["bless", "--from-results", str(report), case.id] if report is not None and case.world_size == 1
+                    else ["bless", case.id], carried)
     if report is None:
-        return f"parity gate --report DIR  (writes the triptych of {case.id}); if the change is intended: {bless}"
+        return (f"{command(['gate', '--report', 'parity-report'], carried)}  (writes the triptych of {case.id}); "
+                f"if the change is intended: {bless}")
     from harness.report.html import anchor
 
     return f"see {report / 'index.html'}#{anchor('images', case.id)}; if the change is intended: {bless}"
@@ -249,7 +254,7 @@ def _regression_step(case: ImageCase, report: Path | None) -> str:
 
 def save_candidate(report: Path, case: ImageCase, result: CaseResult, output: np.ndarray) -> None:
     """Keep ``output`` in ``<report>/candidates`` with the fields, world size and pipeline target it was made with."""
-    one = blessing(case.id, output, case.fields, case.world_size, case.target)
+    one = blessing(case.id, output, case.pinned, case.world_size, case.target)
     write_set(report / CANDIDATES_DIR, [one])
     result.artifacts["candidate"] = f"{CANDIDATES_DIR}/{next(iter(one.data))}"
 

@@ -19,6 +19,7 @@ contract target) unless the caller times pipelines only.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from harness.baselines.perf import AB_PROFILE, E2E, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
@@ -36,7 +37,8 @@ from harness.perf.figures import WALL
 from harness.perf.sides import BASE, HEAD, Revisions, Side
 from harness.perf.stats import METHOD
 from harness.pipelines.sessions import PipelineRun, Session
-from harness.report.console import Column, figure_column, result_table
+from harness.project.hints import command
+from harness.report.console import Column, figure_column, print_results
 from harness.results import FAILED, INCONCLUSIVE, PASSED, SKIPPED, CaseResult, StageResult, summary_line
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
@@ -60,10 +62,13 @@ def _interval(figures: dict[str, Any]) -> str:
     return f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
 
 
-def how_to_create(platform: str) -> str:
-    """The commands that give a dedicated runner its absolute perf baseline."""
-    return (f"to create one, run `parity gate --perf --report DIR` 3 times on this machine, then "
-            f"`parity recalibrate perf --results DIR*/results.json --write` (writes platforms/perf/{platform}.json)")
+def how_to_create(platform: str, gate: Sequence[str], recalibrate: Sequence[str]) -> str:
+    """The commands that give a dedicated runner its absolute perf baseline, to paste as they are; ``gate`` and
+    ``recalibrate`` are the options each must carry (:func:`harness.project.carried_options`)."""
+    runs = [f"perf-run{i}" for i in (1, 2, 3)]
+    lines = [command(["gate", "--perf", "--report", run], gate) for run in runs]
+    lines.append(command(["recalibrate", "perf", "--results", *(f"{run}/results.json" for run in runs), "--write"], recalibrate))
+    return f"to create one on this machine, run `{' && '.join(lines)}` (writes platforms/perf/{platform}.json)"
 
 
 def machine_baseline(ctx: GateContext, platform: str) -> PerfBaselines | None:
@@ -93,6 +98,13 @@ def failed_checks(checks: list[PerfCheck]) -> list[str]:
     return lines
 
 
+def _baselines_only(ctx: GateContext) -> list[str]:
+    """What ``parity recalibrate perf`` must carry to write into this run's baselines."""
+    from harness.project import carried_options
+
+    return carried_options(ctx.options.project, baselines=ctx.options.baselines_dir)
+
+
 class PerfStage:
     """The timings of the image cases (A/B or absolute, see the module docstring) and the perf contract cases."""
 
@@ -117,7 +129,7 @@ class PerfStage:
             where = f"no {PERF_BASE_FILE} in {ctx.options.baselines_dir}" if baseline is None else \
                 f"no perf baseline for hardware '{platform}'"
             return (f"{where}; time HEAD against BASE side by side with `--perf-base SPEC` (or `parity perf BASE HEAD`), "
-                    f"or, on a dedicated runner, {how_to_create(platform)}")
+                    f"or, on a dedicated runner, {how_to_create(platform, ctx.options.carried(), _baselines_only(ctx))}")
         return None
 
     def preflight(self, ctx: GateContext) -> None:
@@ -151,7 +163,7 @@ class PerfStage:
             ratios = run_contract_cases(ratio_cases, options.run, ctx.pools, ctx.err, "perf ratios")
             results += ratios.results
             wall += ratios.wall_s
-        ctx.out.print(result_table(results, title, columns))
+        print_results(ctx.out, results, title, columns, ctx.options.tables)
         ctx.out.print(f"perf: {summary_line(results, wall)}")
         extra.update(platform=platform, pool_startup_s=dict(sorted(ctx.pools.startup_s.items())))
         return StageResult(self.name, results, wall, extra=extra,

@@ -42,6 +42,9 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
     start = time.perf_counter()
     outcome: dict[str, StageResult | str] = {}
     out = human_console(options.json_path)
+    if options.project is not None:
+        out.print(f"project {options.project.file}: cases {options.cases_root}, baselines {options.baselines_dir}",
+                  markup=False, highlight=False, soft_wrap=True)
     with PoolSet(options.run.device) as pools:
         ctx = GateContext(options, out, make_console(stderr=True), pools)
         plan = [(stage, stage.skip_reason(ctx)) for stage in stages() if not options.stages or stage.name in options.stages]
@@ -55,8 +58,9 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
             else:
                 outcome[stage.name] = stage.run(ctx)
     inconclusive_fails = options.perf.inconclusive == "fail"
-    document = results_document(options.command, environment(options.run.target, options.run.device, options.run.load().version()),
-                                outcome, time.perf_counter() - start, inconclusive_fails)
+    project = options.project.file if options.project else None
+    document = results_document(options.command, environment(options.run.target, options.run.device, options.run.load().version(),
+                                                              project), outcome, time.perf_counter() - start, inconclusive_fails)
     results = {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)}
     write_reports(options, document, results)
     print_verdict(out, options.command, results, options.report_dir / "index.html" if options.report_dir else None,

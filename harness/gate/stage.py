@@ -21,6 +21,7 @@ from harness.contracts.runner import RunOptions
 from harness.perf.ab import Sampling
 from harness.perf.sides import Side
 from harness.pipelines.sessions import PipelineRun
+from harness.project import Project
 from harness.ranks import PoolSet, RankFailure, capacity_reason
 from harness.report.console import progress
 from harness.results import FAILED, SKIPPED, CaseResult, StageResult, Status
@@ -70,6 +71,16 @@ class GateOptions:
     pipeline_args: TargetArgs = ()  # the factory arguments of ``pipeline`` (--pipeline-target-arg)
     stages: tuple[str, ...] = ()  # the stages to run (every stage when empty): ``parity perf`` runs the perf stage alone
     command: str = "gate"  # the verb the results document and the last line name
+    project: Project | None = None  # the project file in effect: recorded, and what printed commands need not repeat
+    tables: str = "all"  # the result tables' rows: all, failures (--failures-only) or none (-q)
+
+    def carried(self, *, target: bool = False, baselines: bool = True) -> list[str]:
+        """The options a printed command must repeat to run on these cases, baselines, pipeline (and target) and device."""
+        from harness.project import carried_options
+
+        return carried_options(self.project, cases=self.cases_root, baselines=self.baselines_dir if baselines else None,
+                               target=(self.run.target, self.run.target_args) if target else None,
+                               pipeline=None if target else (self.pipeline, self.pipeline_args), device=self.run.device)
 
 
 @dataclass

@@ -65,6 +65,24 @@ def _detail(result: CaseResult) -> str:
     return result.bound
 
 
+TABLES = ("all", "failures", "none")  # which rows a verb's result tables show: -q none, --failures-only failures
+
+
+def print_results(console: Console, results: Sequence[CaseResult], title: str, columns: Sequence[Column] = (),
+                  tables: str = "all") -> None:
+    """A stage's result table as ``tables`` asks: every row, the failing and undecided ones, or none."""
+    if tables == "none":
+        return
+    if tables == "failures":
+        shown = [r for r in results if r.status in (FAILED, INCONCLUSIVE)]
+        title = f"{title} (failures only: {len(shown)} of {len(results)})"
+        if not shown:
+            console.print(escape(title))
+            return
+        results = shown
+    console.print(result_table(results, title, columns))
+
+
 def result_table(results: Sequence[CaseResult], title: str, columns: Sequence[Column] = ()) -> Table:
     """case | W | status | the stage's columns | bound (passed) or reason | ms."""
     table = Table(title=escape(title))

@@ -49,7 +49,7 @@ figure { margin: 0.5em 0 1em 0; }
 img { image-rendering: pixelated; border: 1px solid #d0d7de; max-width: 100%; }
 img.thumb { height: 48px; }
 """
-_STAGE_ORDER_KEYS = ("target", "device", "platform", "torch", "parity_version", "host")
+_STAGE_ORDER_KEYS = ("target", "device", "platform", "torch", "parity_version", "host", "project")
 
 
 def _e(value: Any) -> str:
@@ -197,6 +197,12 @@ def _failure_tables(document: Mapping[str, Any]) -> str:
                  f"<td class='id'>{_e(r.get('check', ''))}</td><td class='text'>{_e(_first_line(r.get('reason')))}</td>"
                  f"<td class='text'>{'<code>' + _e(r['next_step']) + '</code>' if r.get('next_step') else ''}</td></tr>" for s, r in records]
         parts.append(f"<h2>{title} ({len(records)})</h2><table id='{table_id}'>{''.join(rows)}</table>")
+    return "".join(parts)
+
+
+def _skip_table(document: Mapping[str, Any]) -> str:
+    """The skipped and expected-failure cases, after the failing ones (a long list must not push them down)."""
+    parts = []
     skipped = _records(document, "skipped") + _records(document, "xfailed")
     stage_skips = [(n, s["skipped"]) for n, s in (document.get("stages") or {}).items() if "skipped" in s]
     if skipped or stage_skips:
@@ -236,11 +242,13 @@ def _banner(document: Mapping[str, Any]) -> str:
 
 def render_index(document: Mapping[str, Any]) -> str:
     """The report page for a results document."""
-    failing = "".join(_case_section(s, r) for status in _LOOK_AT for s, r in _records(document, status))
+    look_at = [(s, r) for status in _LOOK_AT for s, r in _records(document, status)]
+    pictured = [(s, r) for s, r in look_at if (r.get("artifacts") or {}).get("triptych")]  # image failures first
+    failing = "".join(_case_section(s, r) for s, r in pictured + [x for x in look_at if x not in pictured])
     stages = "".join(_stage_details(n, s) for n, s in (document.get("stages") or {}).items())
     body = (_banner(document) + _failure_tables(document)
             + (f"<h2>Failing cases</h2>{failing}" if failing else "")
-            + f"<h2>Every case, by stage</h2>{stages}")
+            + _skip_table(document) + f"<h2>Every case, by stage</h2>{stages}")
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>parity report</title>"
             f"<style>{_CSS}</style></head><body>\n{body}\n</body></html>\n")
 

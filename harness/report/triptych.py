@@ -28,7 +28,8 @@ TICKS = (0, 1, 4, 16, 64)
 PANEL_LABELS = ("reference", "candidate", "|diff|")
 _MIN_PANEL_PX = 192  # upscale small frames to about this height
 _GAP_PX = 6
-_TEXT_PX = 18  # height of a line of labels
+_FONT_PX = 15  # label size: readable at 100 % zoom (the bitmap default font is ~8 px)
+_TEXT_PX = 22  # height of a line of labels
 _BAR_PX = 12
 _BACKGROUND = 255
 
@@ -102,7 +103,7 @@ def triptych(ref: np.ndarray, cand: np.ndarray) -> Triptych:
     picture[bar_top:bar_top + _BAR_PX, bar_left:bar_left + pw] = heatmap(ramp)
     image = Image.fromarray(picture)
     draw = ImageDraw.Draw(image)
-    font = ImageFont.load_default()
+    font = ImageFont.load_default(size=_FONT_PX)
     for j, label in enumerate(PANEL_LABELS):
         draw.text((j * (pw + _GAP_PX) + 2, 3), label, fill=(0, 0, 0), font=font)
     for i, label in enumerate(labels):
@@ -111,7 +112,7 @@ def triptych(ref: np.ndarray, cand: np.ndarray) -> Triptych:
         x = bar_left + round(math.sqrt(tick / DIFF_MAX) * (pw - 1))
         draw.line([(x, bar_top + _BAR_PX), (x, bar_top + _BAR_PX + 3)], fill=(0, 0, 0))
         text = f"{tick}+" if tick == TICKS[-1] else str(tick)
-        draw.text((min(x, bar_left + pw - 8 * len(text)), bar_top + _BAR_PX + 4), text, fill=(0, 0, 0), font=font)
+        draw.text((min(x, bar_left + pw - draw.textlength(text, font=font)), bar_top + _BAR_PX + 4), text, fill=(0, 0, 0), font=font)
     draw.text((2, bar_top), f"|diff| in levels of 255, sqrt scale, white = {DIFF_MAX:g}+", fill=(0, 0, 0), font=font)
     return Triptych(np.asarray(image), panels, k)
 

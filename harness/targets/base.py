@@ -256,6 +256,11 @@ class PipelineTarget(ABC):
     def check_case(self, fields: Mapping[str, Any], world_size: int) -> str:
         """Validate an image case's fields (``ParamError`` naming the key) and return its kind: "image" or "video"."""
 
+    def identity(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """What a reference made from ``fields`` is pinned to (its fingerprint): the fields, with any that names a
+        place on this machine (a model directory) replaced by the content found there, so moving it changes nothing."""
+        return dict(fields)
+
     @abstractmethod
     def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> PreparedPipeline:
         """Build what a run needs. In a rank (``world_size`` None): sequence parallelism over the whole

@@ -46,6 +46,7 @@ are skipped with that reason and W = 1 runs.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import time
 from collections.abc import Callable, Mapping
@@ -95,6 +96,32 @@ def _read_object(path: Path) -> dict[str, Any]:
         return expect_object(read_json(path), path, "")
     except ConfigError as exc:
         raise ParamError("path", str(exc)) from None
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
+_DIGESTS: dict[tuple[str, int, int], str] = {}  # (file, size, mtime_ns) -> sha256: one read per file per process
+
+
+def _file_digest(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        _DIGESTS[key] = digest.hexdigest()
+    return _DIGESTS[key]
+
+
+def model_digest(root: Path) -> dict[str, str]:
+    """SHA-256 over the relative paths and contents of a pipeline directory's weight files (``weights_sha256``)
+    and of every other file, its configs (``config_sha256``): what the directory holds, not where it is."""
+    parts: dict[str, list[str]] = {"config_sha256": [], "weights_sha256": []}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and ".cache" not in p.relative_to(root).parts):
+        kind = "weights_sha256" if path.suffix in WEIGHT_SUFFIXES else "config_sha256"
+        parts[kind].append(f"{path.relative_to(root).as_posix()}\0{_file_digest(path)}")
+    return {kind: hashlib.sha256("\n".join(lines).encode()).hexdigest() for kind, lines in parts.items()}
 
 
 @functools.lru_cache(maxsize=32)
@@ -179,10 +206,25 @@ class DiffusersPipelineTarget(PipelineTarget):
                                            f"split it over {world_size} ranks")
         return "video" if info.video else "image"
 
-    def load(self, path: Path, dtype: torch.dtype, device: str) -> DiffusionPipeline:
-        """The pipeline on ``device``, from the directory only (no hub)."""
-        from diffusers import DiffusionPipeline
+    def identity(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields without ``path``, plus the content hashes of the pipeline directory it (or the factory's) names."""
+        out = {k: v for k, v in fields.items() if k != "path"}
+        out["model"] = model_digest(self._dir(fields).path)
+        return out
 
+    def load(self, path: Path, dtype: torch.dtype, device: str) -> DiffusionPipeline:
+        """The pipeline on ``device``, from the directory only (no hub), without the loaders' progress bars
+        (diffusers' and transformers' own tqdm bars would interleave with parity's on every rank)."""
+        from diffusers import DiffusionPipeline
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
+        try:
+            from transformers.utils import logging as transformers_logging
+        except ImportError:  # a pipeline without transformers components
+            pass
+        else:
+            transformers_logging.disable_progress_bar()
         pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True).to(device)
         pipe.set_progress_bar_config(disable=True)
         return pipe

@@ -18,7 +18,7 @@ HARNESS = Path(__file__).resolve().parents[2] / "harness"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "paths", "files"}),
     frozenset({"ranks", "targets", "pipelines"}),
-    frozenset({"contracts", "cases", "baselines", "results", "metrics", "report", "perf"}),
+    frozenset({"contracts", "cases", "baselines", "results", "metrics", "report", "perf", "project"}),
     frozenset({"gate", "sweep", "recalibrate"}),
     frozenset({"commands", "cli", "pytest_plugin"}),
 )

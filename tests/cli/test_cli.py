@@ -42,8 +42,8 @@ def sglang_cases(tmp_path: Path) -> Path:
 def test_help_explains_every_verb(capsys):
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
-    for verb in ("list", "check", "gate", "doctor"):
-        assert f"\n  {verb} " in text
+    for verb in ("init", "list", "check", "gate", "doctor"):
+        assert f"\n    {verb} " in text
     assert "exit codes: 0 all passed, 1 any failure, 2 usage or configuration error" in text
 
 

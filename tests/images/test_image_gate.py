@@ -232,16 +232,20 @@ def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gat
     out = capsys.readouterr().out
     records = {r["case_id"]: r for r in load_results(report / "results.json")["stages"]["images"]["records"]}
     stale, new = records["img_1rank"], records["img_new"]
-    assert stale["reason"] == "case changed since it was blessed (seed 5 added): run `parity bless img_1rank`"
-    assert new["reason"] == "no reference yet: run `parity bless img_new`" and new["next_step"] == "parity bless img_new"
+    carried = f"--cases {cases} --baselines {copy}"  # the hints repeat the options this gate ran with
+    assert stale["reason"] == f"case changed since it was blessed (seed 5 added): run `parity bless img_1rank {carried}`"
+    assert new["reason"] == f"no reference yet: run `parity bless img_new {carried}`"
+    assert new["next_step"] == f"parity bless img_new {carried}"
     assert stale["figures"]["reference"] == "changed" and stale["figures"]["psnr"] is None  # not judged on pixels
+    old_vs_new = triptych(load_reference(copy / "images", "img_1rank"), load_reference(report / "candidates", "img_1rank"))
+    assert np.array_equal(iio.imread(report / stale["artifacts"]["triptych"]), old_vs_new.picture)  # still shown side by side
     assert records["vid_2ranks"]["status"] == "passed" and records["vid_2ranks"]["artifacts"]["candidate"]
     lines = out.strip().splitlines()
     assert lines[-1] == "gate: FAILED (2 failing cases: img_1rank, img_new)"
-    assert "    -> parity bless img_1rank" in lines and f"report: {report / 'index.html'}" in lines
+    assert f"    -> parity bless img_1rank {carried}" in lines and f"report: {report / 'index.html'}" in lines
 
     assert main(["bless", "--from-results", str(report), *where]) == 2
-    assert f"parity bless --from-results {report} img_1rank img_new" in capsys.readouterr().err
+    assert f"parity bless --from-results {report} img_1rank img_new {carried}" in capsys.readouterr().err
     assert main(["bless", "--from-results", str(report), "vid_2ranks", *where]) == 2  # an SP=2 output is no reference
     assert "ran on 2 ranks and a reference is a one-rank output" in capsys.readouterr().err
     manifest = (copy / "images" / "manifest.json").read_bytes()

@@ -73,7 +73,12 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     reason = doc["stages"]["perf"]["skipped"]
     assert reason.startswith(f"no perf baseline for hardware '{PLATFORM}'; time HEAD against BASE side by side with "
                              "`--perf-base SPEC`")
-    assert "to create one, run `parity gate --perf" in reason and f"platforms/perf/{PLATFORM}.json" in reason
+    where = f"--cases {cases} --baselines {baselines}"  # the commands repeat the options this gate ran with
+    runs = " && ".join(f"parity gate --perf --report perf-run{i} {where}" for i in (1, 2, 3))
+    recalibrate = (f"parity recalibrate perf --results perf-run1/results.json perf-run2/results.json perf-run3/results.json "
+                   f"--write --baselines {baselines}")
+    assert f"to create one on this machine, run `{runs} && {recalibrate}`" in reason
+    assert f"(writes platforms/perf/{PLATFORM}.json)" in reason
     assert "perf: skipped (no perf baseline for hardware" in " ".join(out.split())
     assert "perf" not in doc
     # 2. --perf measures anyway (nothing to gate against: skipped per case, not failed), for recalibration

@@ -87,7 +87,7 @@ def test_index_puts_failures_first_and_folds_passing_cases(tmp_path: Path) -> No
     page = render_index(document)
     assert "FAILED: 1 failing case (1 in images)" in page and "commit 0123456789ab (dirty)" in page
     failures, section, stages = page.index("id='failures'"), page.index(f"id='{anchor('images', 'img')}'"), page.index("<details><summary>contracts")
-    assert failures < page.index("id='skips'") < section < stages
+    assert failures < section < page.index("id='skips'") < stages  # the failing cases' evidence before the skips
     assert f"<a href='#{anchor('images', 'img')}'>img</a>" in page and "<code>parity bless img</code>" in page
     assert "backend returns no LSE" in page and "no baseline for this hardware" in page  # skips with reasons
     assert "<img src='triptychs/img.png'" in page and "reference | candidate | |diff|" in page

@@ -141,3 +141,50 @@ def test_without_diffusers_a_case_is_a_configuration_error(flux: Path, monkeypat
     with pytest.raises(ParamError, match=r"diffusers is not installed \(pip install 'parity\[diffusers\]'\)") as info:
         DiffusersPipelineTarget(str(flux)).check_case(FIELDS, 1)
     assert info.value.key == "path"
+
+
+def test_a_model_directory_is_pinned_by_its_content_not_its_location(flux: Path, tmp_path: Path) -> None:
+    """A CI runner that mounts the models elsewhere gates the same cases: the fingerprint holds hashes, no path."""
+    from harness.baselines.images import fingerprint
+    from harness.cases.image import load_image_case_file
+
+    target = DiffusersPipelineTarget()
+    here = target.identity({**FIELDS, "path": str(flux)})
+    moved = tmp_path / "mounted" / "elsewhere"
+    shutil.copytree(flux, moved)
+    assert "path" not in here and str(flux) not in json.dumps(here) and target.identity({**FIELDS, "path": str(moved)}) == here
+    cases = tmp_path / "flux.toml"
+    cases.write_text(f'[defaults]\ntarget = "diffusers"\nprompt = "a red fox"\npath = {json.dumps(str(moved))}\n'
+                     'height = 32\nwidth = 32\nnum_inference_steps = 3\nmax_sequence_length = 16\n[cases.flux]\n')
+    (case,) = load_image_case_file(cases)
+    assert fingerprint(case.pinned) == fingerprint(here)  # what the manifest records and the gate compares
+    weights = next(moved.rglob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    changed = target.identity({**FIELDS, "path": str(moved)})["model"]
+    assert changed["weights_sha256"] != here["model"]["weights_sha256"] and changed["config_sha256"] == here["model"]["config_sha256"]
+
+
+def test_loading_a_pipeline_draws_no_progress_bar(flux: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """diffusers' "Loading pipeline components" and transformers' "Loading weights" bars stay out of bless and gate."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.enable_progress_bar()  # as a fresh rank finds them, whatever ran before in this process
+    transformers_logging.enable_progress_bar()
+    capfd.readouterr()
+    DiffusersPipelineTarget().load(flux, torch.float32, "cpu")
+    err = capfd.readouterr().err
+    assert "it/s" not in err and "Loading" not in err, err
+
+
+def test_tiny_flux_saves_from_any_directory(tmp_path: Path) -> None:
+    """The README's worked example runs the saver as a script from a project's directory, not parity's."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).with_name("tiny_flux.py")
+    done = subprocess.run([sys.executable, str(script), "flux"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "flux" / "pipeline" / "model_index.json").is_file() and describe(str(tmp_path / "flux" / "pipeline"))

@@ -101,3 +101,11 @@ def save_tiny_flux(directory: Path, seed: int = 0) -> Path:
                         text_encoder_2=t5, tokenizer_2=t5_tokenizer, transformer=transformer, vae=vae)
     pipe.save_pretrained(directory / "pipeline")
     return directory / "pipeline"
+
+
+if __name__ == "__main__":  # python tests/targets/tiny_flux.py DIR: from any directory, e.g. a project of one's own
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tiny_flux.py DIR   (writes DIR/pipeline)")
+    print(save_tiny_flux(Path(sys.argv[1])))

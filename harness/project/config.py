@@ -1,0 +1,137 @@
+"""The project file: where a project keeps its cases and baselines, and what it gates by default.
+
+Either ``parity.toml`` (its keys at the top level) or a ``[tool.parity]`` table in ``pyproject.toml``,
+found like pytest's rootdir: from the working directory upwards, the first directory that holds
+one (a ``pyproject.toml`` without ``[tool.parity]`` is passed over; both files in one directory is
+an error, so which one counts is never a guess)::
+
+    cases = "parity/cases"            # directories, relative to the file
+    baselines = "parity/baselines"
+    target = "mypkg.attn:factory"     # --target and its --target-arg pairs
+    target_args = { heads = "8" }
+    pipeline_target = "command"       # --pipeline-target and its --pipeline-target-arg pairs
+    pipeline_target_args = { template = "python gen.py --out {out_dir}" }
+    device = "cpu"                    # --device
+    profile = "pr_test"               # the perf tolerance profile (gate --perf-profile, recalibrate perf --profile)
+
+Every key is optional; a command-line option overrides its key (``--target`` replaces ``target``
+and ``target_args``, ``--target-arg`` alone only ``target_args``; the same for the pipeline keys).
+Everything is validated on read, with errors naming the file and the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.baselines.perf import PROFILES
+from harness.errors import ConfigError
+from harness.files.reading import is_present
+from harness.files.tomlio import read_toml
+from harness.targets.loader import TargetArgs, parse_target_args
+
+PROJECT_FILE = "parity.toml"
+PYPROJECT = "pyproject.toml"
+DEVICES = ("cpu", "cuda")
+_KEYS = ("cases", "baselines", "target", "target_args", "pipeline_target", "pipeline_target_args", "device", "profile")
+
+
+@dataclass(frozen=True)
+class Project:
+    """A project file as read: ``None`` (or empty args) where it leaves a key to the command line and the defaults."""
+
+    file: Path
+    table: str  # "tool.parity" in a pyproject.toml, "" in a parity.toml: the prefix of its keys in errors
+    cases: Path | None = None
+    baselines: Path | None = None
+    target: str | None = None
+    target_args: TargetArgs = ()
+    pipeline_target: str | None = None
+    pipeline_target_args: TargetArgs = ()
+    device: str | None = None
+    profile: str | None = None
+
+    @property
+    def root(self) -> Path:
+        return self.file.parent
+
+    def key(self, name: str) -> str:
+        """A key as the file spells it (``tool.parity.cases``), for errors."""
+        return f"{self.table}.{name}" if self.table else name
+
+
+def find_project(start: Path) -> Path | None:
+    """The project file that governs ``start``: the nearest ``parity.toml`` or ``pyproject.toml`` with
+    ``[tool.parity]`` in ``start`` or a directory above it; None when there is none."""
+    for directory in (start.resolve(), *start.resolve().parents):
+        own, pyproject = directory / PROJECT_FILE, directory / PYPROJECT
+        has_table = is_present(pyproject) and "parity" in _tool(read_toml(pyproject), pyproject)
+        if is_present(own) and has_table:
+            raise ConfigError(f"both {PROJECT_FILE} and [tool.parity] in {PYPROJECT} are here: keep one", path=directory)
+        if is_present(own):
+            return own
+        if has_table:
+            return pyproject
+    return None
+
+
+def _tool(document: Mapping[str, Any], path: Path) -> Mapping[str, Any]:
+    tool = document.get("tool", {})
+    if not isinstance(tool, dict):
+        raise ConfigError("must be a table", path=path, key="tool")
+    return tool
+
+
+def load_project(path: Path) -> Project:
+    """The project file at ``path``, every key checked (a directory must exist; a value must have its type)."""
+    path = path.resolve()
+    document = read_toml(path)
+    if path.name == PYPROJECT:
+        table, body = "tool.parity", _tool(document, path).get("parity")
+        if not isinstance(body, dict):
+            raise ConfigError("must be a table", path=path, key=table)
+    else:
+        table, body = "", document
+    project = Project(path, table)
+    unknown = sorted(set(body) - set(_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}", path=path,
+                          key=project.key(unknown[0]))
+
+    def text(name: str, choices: tuple[str, ...] = ()) -> str | None:
+        value = body.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"must be a non-empty string, got {value!r}", path=path, key=project.key(name))
+        if choices and value not in choices:
+            raise ConfigError(f"must be one of {', '.join(choices)}, got {value!r}", path=path, key=project.key(name))
+        return value
+
+    def directory(name: str) -> Path | None:
+        value = text(name)
+        if value is None:
+            return None
+        resolved = (path.parent / value).resolve()
+        if not resolved.is_dir():
+            raise ConfigError(f"no such directory: {resolved}", path=path, key=project.key(name))
+        return resolved
+
+    def pairs(name: str) -> TargetArgs:
+        value = body.get(name, {})
+        if not isinstance(value, dict):
+            raise ConfigError("must be a table of KEY = \"VALUE\" strings", path=path, key=project.key(name))
+        for key, item in value.items():
+            if not isinstance(item, str):
+                raise ConfigError(f"must be a string, as --target-arg passes it, got {item!r}", path=path,
+                                  key=project.key(f"{name}.{key}"))
+        try:
+            return parse_target_args([f"{k}={v}" for k, v in value.items()], project.key(name))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).removeprefix(f"key '{exc.key}': "), path=path, key=exc.key) from None
+
+    return Project(path, table, directory("cases"), directory("baselines"), text("target"), pairs("target_args"),
+                   text("pipeline_target"), pairs("pipeline_target_args"), text("device", DEVICES),
+                   text("profile", PROFILES))
