@@ -131,7 +131,7 @@ def test_an_image_only_project_gates_and_its_hint_blesses_verbatim(tmp_path: Pat
     assert main(["init", str(root), "--images-only"]) == 0
     assert "parity check" not in capsys.readouterr().out and not (root / "parity" / "cases" / "contracts").exists()
     (root / "parity" / "cases" / "images" / "example.toml").write_text(
-        '[defaults]\nprompt = "a lighthouse"\nseed = 3\nheight = 16\nwidth = 16\n\n[cases.gen_1rank]\n')
+        '[defaults]\nunmeasured = { clip = "no CLIP model configured" }\nprompt = "a lighthouse"\nseed = 3\nheight = 16\nwidth = 16\n\n[cases.gen_1rank]\n')
     template = f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} " \
                f"--height {{height}} --width {{width}} --out {{out_dir}}"
     with (root / "parity.toml").open("a") as fh:

@@ -30,6 +30,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 GENERATOR = CHECKOUT / "tests" / "targets" / "fake_generator.py"
 IMAGE_CASES = """\
 [defaults]
+unmeasured = { clip = "no CLIP model configured" }
 prompt = "a lighthouse at dusk"
 seed = 3
 height = 24
