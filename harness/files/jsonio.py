@@ -25,12 +25,13 @@ MAX_ID_LENGTH = 128
 _SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def read_json(path: str | Path, max_bytes: int = MAX_BYTES) -> Any:
+def read_json(path: str | Path, max_bytes: int = MAX_BYTES, within: str | Path | None = None) -> Any:
     """Parse a JSON file; any problem is a ConfigError naming the file: not a regular file, too large,
     not UTF-8, malformed (with line and column), nested too deep, a duplicate key, NaN/Infinity or
-    an integer outside 64 bits (with its key path)."""
+    an integer outside 64 bits (with its key path). ``within``: a file another program handed over,
+    read only as a regular file inside that directory (:func:`harness.files.reading.read_regular_bytes`)."""
     p = Path(path)
-    text = read_text(p, max_bytes)
+    text = read_text(p, max_bytes, within)
     try:
         data = json.loads(text, **JSON_HOOKS)
     except json.JSONDecodeError as exc:
