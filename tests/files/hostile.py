@@ -111,7 +111,7 @@ def file_level(kind: Kind) -> list[Hostile]:
     key = _extra_key(kind)
     kept = ACCEPT if kind.extra_ok else (kind.extra_refusal or key)
     out += [
-        Hostile(kind.name, "symlink_to_valid_file", _special("symlink_to_valid"), ACCEPT),
+        Hostile(kind.name, "symlink_to_valid_file", _special("symlink_to_valid"), ACCEPT if kind.links_ok else None),
         Hostile(kind.name, "empty", _text(""), empty),
         Hostile(kind.name, "whitespace_only", _text("  \n\t\n"), empty),
         Hostile(kind.name, "latin1_byte", _text(valid.encode() + b"\n\xe9"), None),
