@@ -137,7 +137,7 @@ def test_comments_and_sglangs_audio_bounds_are_kept(tmp_path: Path) -> None:
     ({"cases": {"c": {"psnr_treshold": 20}}}, "cases.c.psnr_treshold", "did you mean 'psnr_threshold'"),
     ({"cases": {"c": {"audio_threshold": "anything"}}}, "cases.c.audio_threshold", "unknown key"),
     ({"extra": [1]}, "extra", "unknown key"),
-    ({"default_clip_threshold": 0.9}, "default_clip_threshold", "did you mean 'default_clip_threshold_image'"),
+    ({"default_clip_threshold": 0.9}, "default_clip_threshold", "did you mean 'default_clip_threshold_"),
 ], ids=["misspelt_case_key", "unknown_case_key", "unknown_top_key", "default_without_kind"])
 def test_unknown_keys_are_refused_naming_file_and_key(doc: dict, key: str, hint: str, tmp_path: Path) -> None:
     path = _write(tmp_path, doc)
