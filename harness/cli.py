@@ -127,7 +127,12 @@ def _run_verb(argv: Sequence[str] | None) -> int:
         return int(exc.code or 0)
 
     def run() -> int:
+        from harness.ranks.starting import check_start_method_env
+        from harness.report.output import check_outputs
+
         check_platform_env()
+        check_start_method_env()
+        check_outputs((getattr(args, "json", None), "--json"))  # every verb that writes JSON: before any work
         return int(args.run(args))
 
     return _exit_code(f"parity {args.verb}", run)

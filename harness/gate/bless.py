@@ -101,7 +101,7 @@ def failed_cases(results_dir: Path) -> list[str]:
         records = stage_records(read_json(path, within=results_dir), path)
     except ConfigError:  # unreadable: the message that wanted the names does without them
         return []
-    return sorted(case_id for (stage, case_id), r in records.items() if stage == "images" and r["status"] == FAILED)
+    return sorted(case_id for (stage, case_id), r in records.items() if stage == "images" and r.record["status"] == FAILED)
 
 
 def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path) -> list[Blessing]:

@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
+from harness.errors import ConfigError
+
 PRELOADED, SPAWN = "forkserver", "spawn"
 START_METHODS = (PRELOADED, SPAWN)
 START_METHOD_ENV = "PARITY_START_METHOD"
@@ -65,6 +67,13 @@ def start_method(device: str, requested: str | None = None) -> str:
     if method == PRELOADED and PRELOADED not in multiprocessing.get_all_start_methods():
         return SPAWN  # e.g. Windows
     return method
+
+
+def check_start_method_env() -> None:
+    """A ``PARITY_START_METHOD`` that names no start method is a configuration error before any verb runs."""
+    method = os.environ.get(START_METHOD_ENV)
+    if method and method not in START_METHODS:
+        raise ConfigError(f"{method!r} is not a start method; valid: {', '.join(START_METHODS)}", key=START_METHOD_ENV)
 
 
 def start(proc: BaseProcess, method: str) -> None:

@@ -202,10 +202,12 @@ def test_load_results_decodes_and_validates(tmp_path: Path) -> None:
     assert info.value.path == str(path)
 
 
-def test_conflicting_kinds_across_runs_are_refused() -> None:
+def test_conflicting_kinds_across_runs_are_refused_naming_both_files() -> None:
     runs = _results({"c": _m(0.99, 0.9, 30.0, 1.0)}) + _results({"c": _m(0.99, 0.9, 30.0, 1.0)}, kind="video")
-    with pytest.raises(ConfigError, match="both as image and as video"):
-        propose_thresholds(ThresholdSet.load(BASE), runs)
+    with pytest.raises(ConfigError) as info:
+        propose_thresholds(ThresholdSet.load(BASE), runs, paths=["main/results.json", "pr/results.json"])
+    assert str(info.value) == ("pr/results.json: key 'cases.c.kind': case 'c' is recorded as video here but as image in "
+                               "main/results.json")
 
 
 # ------------------------------------------------------------------------------------- perf
