@@ -18,10 +18,13 @@ server that did initialise CUDA (a preloaded module did so at import) refuses to
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
+import signal
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import resource_tracker
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
@@ -30,7 +33,7 @@ from harness.errors import ConfigError
 PRELOADED, SPAWN = "forkserver", "spawn"
 START_METHODS = (PRELOADED, SPAWN)
 START_METHOD_ENV = "PARITY_START_METHOD"
-BASE_PRELOAD = ("torch", "torch.distributed", "harness.ranks.worker")
+BASE_PRELOAD = ("harness.ranks.server", "torch", "torch.distributed", "harness.ranks.worker")  # the server's set-up first
 
 _lock = threading.Lock()
 _preload: list[str] = list(BASE_PRELOAD)
@@ -81,7 +84,21 @@ def start(proc: BaseProcess, method: str) -> None:
     if method == SPAWN:
         _spawner.submit(proc.start).result()
     else:
+        _ensure_server()
         proc.start()
+
+
+def _ensure_server() -> None:
+    """Start the preloaded server (if it is not running) with SIGINT blocked: a signal mask outlives exec, so a
+    Ctrl-C in the server's first instants (before :mod:`harness.ranks.server` ignores it) cannot print a
+    traceback there; here the SIGINT stays pending and is handled as soon as the server is started. The
+    resource tracker starts first: starting it unblocks SIGINT and SIGTERM, whatever the mask was."""
+    resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def context(method: str) -> BaseContext:

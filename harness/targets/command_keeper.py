@@ -2,25 +2,26 @@
 
 ``python -I -S command_keeper.py STATUS_FD ARGV...`` runs ARGV in a session of its own and, when
 it exits, writes ``"<returncode> <wall ns>"`` to STATUS_FD, then kills every process the command
-left behind before exiting itself. The keeper is a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``):
+left behind before exiting itself. The keeper is a child subreaper (:mod:`harness.processes`):
 whatever the command starts stays its descendant even after a double fork or ``setsid()``, so
 none outlives the case, and none keeps the gate's pipes open (the gate reads them until EOF). On
 SIGTERM (the gate's timeout), SIGINT, SIGHUP or the gate's death (``PR_SET_PDEATHSIG``) it does
-the same at once. Standard library only, no ``harness`` import: it starts in a few milliseconds.
+the same at once. It imports nothing of parity but :mod:`harness.processes`: it starts in milliseconds.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-_KILL_ROUNDS_S = 10.0  # how long the tree is hunted down (a process in uninterruptible sleep may take a while)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the folder holding the harness package
+
+from harness.processes import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, kill_descendants, prctl  # noqa: E402
+
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -34,78 +35,14 @@ def _end(signum: int, frame: object) -> None:
     raise _Ended(signum)
 
 
-def _prctl(option: int, value: int) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(option, value, 0, 0, 0) == 0
-
-
-def _children_of() -> dict[int, list[int]]:
-    """Parent pid -> child pids of every process this user can see (``/proc/<pid>/stat``)."""
-    tree: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # the command name may hold spaces and parentheses
-        tree.setdefault(int(fields[1]), []).append(int(name))
-    return tree
-
-
-def _descendants(root: int) -> list[int]:
-    tree, out, todo = _children_of(), [], [root]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _reap() -> bool:
-    """Reap every child that has ended; False once the keeper has no child left."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        if pid == 0:
-            return True
-
-
-def kill_tree(session: int | None) -> None:
-    """Kill the command's session and every descendant of this keeper, until none is left."""
-    if session is not None:
-        try:
-            os.killpg(session, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    if not os.path.isdir("/proc"):
-        return
-    deadline = time.monotonic() + _KILL_ROUNDS_S
-    while time.monotonic() < deadline:
-        for pid in _descendants(os.getpid()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not _reap():
-            return
-        time.sleep(0.005)
-
-
 def main(argv: list[str]) -> int:
     status_fd, command = int(argv[0]), argv[1:]
     parent = os.getppid()
     for sig in _ENDING:
         signal.signal(sig, _end)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    proc = None
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    session = None
     try:
         if os.getppid() != parent:  # the gate died before the death signal was armed
             return 1
@@ -115,6 +52,7 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             os.write(status_fd, f"error {exc}\n".encode(errors="replace"))
             return 0
+        session = proc.pid
         code = proc.wait()
         os.write(status_fd, f"{code} {time.perf_counter_ns() - start}\n".encode())
         return 0
@@ -123,7 +61,12 @@ def main(argv: list[str]) -> int:
     finally:
         for sig in _ENDING:  # nothing interrupts the hunt
             signal.signal(sig, signal.SIG_IGN)
-        kill_tree(proc.pid if proc is not None else None)
+        if session is not None:
+            try:
+                os.killpg(session, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        kill_descendants()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""SIGINT and SIGTERM at every 0.5 s of the first 15 s of ``parity check``: 130 or 143, one line, nothing left.
+
+The run's first seconds are its imports (torch), the preloaded server's start and imports, the
+group's start and the ranks' first case. Its clock starts at parity's first instruction, when
+its handlers are set (seen in ``/proc/<pid>/status``; the interpreter's own start-up before it,
+which takes a second on a loaded box, runs no parity code). Each 0.5 s step from 0.5 to 15 s gets one delivery,
+SIGINT to the whole process group (what a terminal's Ctrl-C does) at 0.5, 1.5, ... 14.5 s and
+SIGTERM to the parity process (what ``kill``, ``timeout`` and CI runners send) at 1.0, 2.0, ...
+15.0 s. The case's ranks (``tests.targets.daemons``) each start a child and a daemon in a session of
+its own and then never return, so every delivery lands in a live run, and the runs cost little CPU
+once started. Every delivery must end its run with 130 or 143 and exactly one line on stderr, no
+traceback anywhere, no process left (all of them are found by an environment tag every descendant
+inherits) and nothing in its TMPDIR (the preloaded server's ``pymp-*`` listener included).
+
+The 30 runs go four at a time in one sweep, shared by the 30 test ids (run once per session even
+across xdist workers, behind a file lock); each id asserts its own delivery.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from filelock import FileLock
+
+from tests.ranks.procs import kill_tagged, tagged
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, setsid")]
+
+REPO = Path(__file__).resolve().parents[2]
+CASE = "ulysses[world_size=2,dtype=fp32,causal=false]"
+STEP_S, STEPS = 0.5, 30
+DELIVERIES = [(signal.SIGINT if i % 2 else signal.SIGTERM, round(i * STEP_S, 1)) for i in range(1, STEPS + 1)]
+CONCURRENT = 4
+TAG = "PARITY_SIGNAL_SWEEP_TAG"
+
+
+def _handlers_set(proc: subprocess.Popen[str]) -> float:
+    """When the run's SIGTERM handler was seen (its first instruction has run), polled every millisecond."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            break
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+        if caught & (1 << (signal.SIGTERM - 1)):
+            break
+        time.sleep(0.001)
+    return time.monotonic()
+
+
+def _deliver(sig: signal.Signals, at: float, root: Path) -> dict[str, Any]:
+    """One run of ``parity check`` with ``sig`` delivered ``at`` seconds after its start; what it left."""
+    tmp, marker, tag = root / "tmp", root / "marker", uuid.uuid4().hex
+    tmp.mkdir(parents=True)
+    marker.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), TAG: tag, "PYTHONUNBUFFERED": "1"}
+    launched = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "check", CASE, "--target", "tests.targets.daemons:factory",
+                             "--target-arg", f"marker={marker}", "--timeout", "300"], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        start = _handlers_set(proc)
+        time.sleep(max(0.0, at - (time.monotonic() - start)))
+        finished_first = proc.poll() is not None
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # as Ctrl-C does: the whole foreground process group
+        else:
+            os.kill(proc.pid, sig)
+        try:
+            out, err = proc.communicate(timeout=120)
+            hung = False
+        except subprocess.TimeoutExpired:
+            hung = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        deadline = time.monotonic() + 30
+        while tagged(TAG, tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = tagged(TAG, tag)
+    finally:
+        kill_tagged(TAG, tag)  # whatever happened, this test leaves nothing running
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return {"code": proc.returncode, "hung": hung, "startup_s": start - launched, "finished_first": finished_first, "out": out, "err": err,
+            "left": left, "files": sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")),
+            "ranks_started": len(list(marker.iterdir()))}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, dict[str, Any]]:
+    """Every delivery's outcome, by delivery id; computed once per session, whichever xdist worker asks first."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # the session's folder, shared by its workers
+    results = shared / "signal_sweep.json"
+    with FileLock(str(shared / "signal_sweep.lock")):
+        if not results.exists():
+            root = shared / "signal_sweep"
+            with ThreadPoolExecutor(CONCURRENT) as pool:
+                outcomes = pool.map(lambda d: _deliver(d[0], d[1], root / _id(d)), DELIVERIES)
+                results.write_text(json.dumps(dict(zip(map(_id, DELIVERIES), outcomes))))
+    return json.loads(results.read_text())
+
+
+def _id(delivery: tuple[signal.Signals, float]) -> str:
+    return f"{delivery[0].name}@{delivery[1]:.1f}s"
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES, ids=[_id(d) for d in DELIVERIES])
+def test_a_signal_at_any_moment_ends_the_run_in_one_line_leaving_nothing(
+        delivery: tuple[signal.Signals, float], sweep: dict[str, dict[str, Any]]) -> None:
+    sig, _ = delivery
+    outcome = sweep[_id(delivery)]
+    assert not outcome["finished_first"], "the run ended before the signal: the sweep no longer covers this moment"
+    assert not outcome["hung"], f"still running 120 s after {sig.name}: {outcome['err'][-2000:]}"
+    assert outcome["code"] == 128 + sig, outcome["out"][-2000:] + outcome["err"][-4000:]
+    assert "Traceback" not in outcome["out"] + outcome["err"], outcome["err"][-4000:]
+    lines = [line for line in outcome["err"].splitlines() if line.strip()]
+    assert len(lines) == 1 and re.fullmatch(rf"parity( check)?: stopped by {sig.name}; every rank was ended", lines[0]), lines
+    assert outcome["left"] == [], "processes left behind"
+    assert outcome["files"] == [], "files left in TMPDIR"
+
+
+def test_the_sweep_reached_the_ranks(sweep: dict[str, dict[str, Any]]) -> None:
+    """The later deliveries land while the ranks run the case (and hold their daemons): every phase is covered."""
+    assert sweep[_id(DELIVERIES[-1])]["ranks_started"] == 2
