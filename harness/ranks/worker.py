@@ -11,7 +11,8 @@ held, where no Python thread can run) and that teardown can end whatever it star
 
 - its own process group, so the parent ends the rank *and its children* with one ``killpg``;
 - a child subreaper (:mod:`harness.processes`): what it starts stays its descendant even in a
-  session of its own, so the parent's teardown finds and kills every one;
+  session of its own, so the parent's teardown finds and kills every one (and a rank told to stop
+  kills them itself before it exits);
 - ``PR_SET_PDEATHSIG`` (Linux): the kernel kills it when the process that started it dies. A rank
   forked by the preloaded server is that server's child; the server exits as soon as this parent
   is gone, once no rank holds its "alive" pipe, so a rank closes its copy of that pipe at once
@@ -42,7 +43,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from harness.processes import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
+from harness.processes import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, kill_descendants, prctl
 
 READY, OK, ERR = "ready", "ok", "err"
 STOP = b""
@@ -191,6 +192,7 @@ def worker_main(
             reply = pickle.dumps((ERR, traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
         _send(conn, reply)
     dist.destroy_process_group()
+    kill_descendants()  # what the calls started and left (a daemon in its own session too) ends with the rank
     exit_without_teardown(0)
 
 
