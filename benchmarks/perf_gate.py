@@ -36,9 +36,11 @@ from harness.perf import absolute
 from harness.perf.ab import Sampling, compare
 from harness.pipelines.sessions import PipelineRun, Session
 from harness.ranks import PoolSet
-from tests.targets import sleep_generator
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the checkout's test targets, as `parity perf` finds them from its root
+from tests.targets import sleep_generator  # noqa: E402
+
 SLOWDOWN = 0.1
 REFERENCE_FIELDS = {"weights": "tiny-v1", "prompt": "a cameraman", "height": 16, "width": 16, "steps": 2}
 TEMPLATE = sleep_generator.template()

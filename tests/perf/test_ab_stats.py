@@ -84,6 +84,17 @@ def test_a_figure_is_judged_by_its_interval_against_its_limit(base: list[float],
     assert verdict.limit == pytest.approx(1 + max(0.05, 0.5 / verdict.base_ms))
 
 
+def test_a_failure_is_claimed_over_every_figure_judged() -> None:
+    """Beyond the limit at 95 % for one figure, but not at 1 - 0.05/10 for one of ten: undecided, not failed."""
+    base, head = [10.0] * 12, [10.4, 11.5, 10.3, 11.8, 10.9, 11.2, 10.5, 11.6, 10.8, 11.1, 10.4, 11.4]
+    alone = judge_figure("expected_e2e_ms", base, head, DEFAULT_AB_TOLERANCES, 0.95)
+    among_ten = judge_figure("expected_e2e_ms", base, head, DEFAULT_AB_TOLERANCES, 0.95, figures=10)
+    assert alone.status == FigureStatus.FAILED and among_ten.status == FigureStatus.UNDECIDED
+    assert among_ten.interval == alone.interval and among_ten.interval is not None and among_ten.interval.low > 1.05
+    assert among_ten.claim is not None and among_ten.claim.low < 1.05 and among_ten.claim.coverage >= 0.995
+    assert "not beyond it at the 99.5% a claim over every figure needs: 1.040" in among_ten.describe()
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"min_pairs": 5}, "6 <= min_pairs"), ({"min_pairs": 20, "max_pairs": 10}, "min_pairs <= max_pairs"),
     ({"max_pairs": 201}, "max_pairs <= 200"), ({"warmup": -1}, "warmup >= 0"), ({"confidence": 1.0}, "confidence"),
@@ -123,7 +134,10 @@ def test_an_undecided_figure_runs_to_the_cap_and_a_failed_one_stops_at_once() ->
     assert undecided.pairs == 9 and undecided.capped and undecided.undecided and not undecided.failed
     slower = compare(ScriptedSession("B", [10.0], log), ScriptedSession("H", [12.0], log),
                      Sampling(warmup=0, min_pairs=6, max_pairs=50), DEFAULT_AB_TOLERANCES)
-    assert slower.pairs == 6 and {v.label for v in slower.failed} >= {"expected_e2e_ms", "stages_ms.DenoisingStage"}
+    # 7 figures (wall, e2e, the stage, 2 steps, their average and median): a failure is claimed at 1 - 0.05/7,
+    # whose interval needs 9 pairs; every pair reads exactly 1.2, so the 9th fails the figures beyond their limits
+    assert slower.pairs == min_pairs(1 - 0.05 / 7) == 9
+    assert {v.label for v in slower.failed} >= {"expected_e2e_ms", "stages_ms.DenoisingStage"}
 
 
 def test_figures_only_one_side_records_are_listed_not_judged() -> None:

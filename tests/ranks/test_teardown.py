@@ -124,6 +124,8 @@ def test_start_method_cpu_ranks_forked_cuda_ranks_spawned_unless_told(monkeypatc
 
 def test_a_pool_set_left_by_an_exception_ends_every_group_at_once() -> None:
     """An interrupted run: the started group and the one still starting are ended, nothing is waited for."""
+    with PoolSet() as pools:  # the preloaded server outlives every group by design: started before counting
+        pools.get(1)
     before = descendants(os.getpid())
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
@@ -179,3 +181,16 @@ def test_a_parent_sigkill_leaves_no_process_no_daemon_and_no_file(tmp_path: Path
         parent.kill()
         parent.wait()
         kill_tagged("PARITY_LEFTOVER_TAG", tag)
+
+
+def test_a_ranks_own_error_is_blamed_before_a_collective_its_leaving_broke() -> None:
+    """Rank 3 raised; rank 2's all-to-all then broke on the closed connection and answered first."""
+    from harness.ranks.group import describe_failure
+
+    broken = "Traceback...\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    own = "Traceback...\nRuntimeError: rank 3 cannot build its layer"
+    failure = describe_failure([(2, False, broken), (3, False, own)], "call of 'f'")
+    assert failure.rank == 3 and str(failure).startswith("rank 3 raised: RuntimeError: rank 3 cannot build its layer")
+    assert "also failed: rank 2: RuntimeError: [" in str(failure)
+    only_broken = describe_failure([(1, False, broken), (0, False, broken)], "call of 'f'")
+    assert only_broken.rank == 0
