@@ -80,7 +80,8 @@ def png_bytes(array: np.ndarray) -> bytes:
     return bytes(iio.imwrite("<bytes>", array, extension=".png"))
 
 
-REFERENCE = png_bytes(np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3))
+REFERENCE_PIXELS = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3)
+REFERENCE = png_bytes(REFERENCE_PIXELS)
 
 
 def manifest_for(png: bytes) -> dict[str, str]:
