@@ -3,16 +3,17 @@
 The run's first seconds are its imports (torch), the preloaded server's start and imports, the
 group's start and the ranks' first case. Its clock starts at parity's first instruction, when
 its handlers are set (seen in ``/proc/<pid>/status``; the interpreter's own start-up before it,
-which takes a second on a loaded box, runs no parity code). Each 0.5 s step from 0.5 to 15 s gets one delivery,
-SIGINT to the whole process group (what a terminal's Ctrl-C does) at 0.5, 1.5, ... 14.5 s and
-SIGTERM to the parity process (what ``kill``, ``timeout`` and CI runners send) at 1.0, 2.0, ...
-15.0 s. The case's ranks (``tests.targets.daemons``) each start a child and a daemon in a session of
+which takes a second on a loaded box, runs no parity code). Each 0.5 s step from 0.5 to 15 s gets two
+deliveries, each in a run of its own: SIGINT to the whole process group (what a terminal's Ctrl-C does:
+the preloaded server and the ranks get it at the same moment) and SIGTERM to the parity process (what
+``kill``, ``timeout`` and CI runners send). On a loaded box 15 s may all pass before the ranks start,
+so one more run per signal delivers it once both ranks hold their grandchildren. The case's ranks (``tests.targets.daemons``) each start a child and a daemon in a session of
 its own and then never return, so every delivery lands in a live run, and the runs cost little CPU
 once started. Every delivery must end its run with 130 or 143 and exactly one line on stderr, no
 traceback anywhere, no process left (all of them are found by an environment tag every descendant
 inherits) and nothing in its TMPDIR (the preloaded server's ``pymp-*`` listener included).
 
-The 30 runs go four at a time in one sweep, shared by the 30 test ids (run once per session even
+The 62 runs go four at a time in one sweep, shared by the 62 test ids (run once per session even
 across xdist workers, behind a file lock); each id asserts its own delivery.
 """
 
@@ -40,7 +41,10 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.skipif(not sys.platform.star
 REPO = Path(__file__).resolve().parents[2]
 CASE = "ulysses[world_size=2,dtype=fp32,causal=false]"
 STEP_S, STEPS = 0.5, 30
-DELIVERIES = [(signal.SIGINT if i % 2 else signal.SIGTERM, round(i * STEP_S, 1)) for i in range(1, STEPS + 1)]
+RANKS_RUN = None  # a delivery's moment: once both ranks have started their grandchildren, however long that took
+DELIVERIES: list[tuple[signal.Signals, float | None]] = [
+    *((sig, round(i * STEP_S, 1)) for i in range(1, STEPS + 1) for sig in (signal.SIGINT, signal.SIGTERM)),
+    (signal.SIGINT, RANKS_RUN), (signal.SIGTERM, RANKS_RUN)]
 CONCURRENT = 4
 TAG = "PARITY_SIGNAL_SWEEP_TAG"
 
@@ -60,8 +64,16 @@ def _handlers_set(proc: subprocess.Popen[str]) -> float:
     return time.monotonic()
 
 
-def _deliver(sig: signal.Signals, at: float, root: Path) -> dict[str, Any]:
-    """One run of ``parity check`` with ``sig`` delivered ``at`` seconds after its start; what it left."""
+def _ranks_ran(proc: subprocess.Popen[str], marker: Path) -> None:
+    """Wait until both ranks wrote their grandchildren's pids (or the run ended)."""
+    deadline = time.monotonic() + 120
+    while len(list(marker.iterdir())) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+
+
+def _deliver(sig: signal.Signals, at: float | None, root: Path) -> dict[str, Any]:
+    """One run of ``parity check`` with ``sig`` delivered ``at`` seconds after its start (None: once its ranks
+    run); what it left."""
     tmp, marker, tag = root / "tmp", root / "marker", uuid.uuid4().hex
     tmp.mkdir(parents=True)
     marker.mkdir()
@@ -72,7 +84,10 @@ def _deliver(sig: signal.Signals, at: float, root: Path) -> dict[str, Any]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         start = _handlers_set(proc)
-        time.sleep(max(0.0, at - (time.monotonic() - start)))
+        if at is RANKS_RUN:
+            _ranks_ran(proc, marker)
+        else:
+            time.sleep(max(0.0, at - (time.monotonic() - start)))
         finished_first = proc.poll() is not None
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)  # as Ctrl-C does: the whole foreground process group
@@ -114,13 +129,14 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str,
     return json.loads(results.read_text())
 
 
-def _id(delivery: tuple[signal.Signals, float]) -> str:
-    return f"{delivery[0].name}@{delivery[1]:.1f}s"
+def _id(delivery: tuple[signal.Signals, float | None]) -> str:
+    sig, at = delivery
+    return f"{sig.name}@{'ranks' if at is RANKS_RUN else f'{at:.1f}s'}"
 
 
 @pytest.mark.parametrize("delivery", DELIVERIES, ids=[_id(d) for d in DELIVERIES])
 def test_a_signal_at_any_moment_ends_the_run_in_one_line_leaving_nothing(
-        delivery: tuple[signal.Signals, float], sweep: dict[str, dict[str, Any]]) -> None:
+        delivery: tuple[signal.Signals, float | None], sweep: dict[str, dict[str, Any]]) -> None:
     sig, _ = delivery
     outcome = sweep[_id(delivery)]
     assert not outcome["finished_first"], "the run ended before the signal: the sweep no longer covers this moment"
@@ -133,6 +149,7 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_leaving_nothing(
     assert outcome["files"] == [], "files left in TMPDIR"
 
 
-def test_the_sweep_reached_the_ranks(sweep: dict[str, dict[str, Any]]) -> None:
-    """The later deliveries land while the ranks run the case (and hold their daemons): every phase is covered."""
-    assert sweep[_id(DELIVERIES[-1])]["ranks_started"] == 2
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_the_sweep_reached_the_ranks(sig: signal.Signals, sweep: dict[str, dict[str, Any]]) -> None:
+    """Whatever the box's load, one delivery of each signal lands while both ranks hold their grandchildren."""
+    assert sweep[_id((sig, RANKS_RUN))]["ranks_started"] == 2
