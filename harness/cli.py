@@ -168,6 +168,7 @@ def _stopped(who: str, signum: int) -> int:
 def _exit_code(who: str, run: Callable[[], int]) -> int:
     """``run()``'s exit code, an error or a signal mapped to its own (module docstring) and said in one line."""
     from harness.errors import ConfigError
+    from harness.report.format import inert_lines
 
     try:
         _Unwinding.armed = True
@@ -175,7 +176,7 @@ def _exit_code(who: str, run: Callable[[], int]) -> int:
             raise Interrupted(_Unwinding.signum)
         code = run()
     except ConfigError as exc:
-        print(f"{who}: error: {exc}", file=sys.stderr)
+        print(f"{who}: error: {inert_lines(exc)}", file=sys.stderr)
         code = 2
     except Interrupted as exc:
         return _stopped(who, exc.signum)
@@ -183,7 +184,7 @@ def _exit_code(who: str, run: Callable[[], int]) -> int:
         control = sys.modules.get("harness.ranks.control")  # only raised once the ranks were imported
         if control is None or not isinstance(exc, control.JobLost):
             raise
-        print(f"{who}: error: {exc}", file=sys.stderr)
+        print(f"{who}: error: {inert_lines(exc)}", file=sys.stderr)
         code = 1
     if _Unwinding.signum is not None:  # swallowed on the way by something that caught it
         return _stopped(who, _Unwinding.signum)

@@ -32,7 +32,6 @@ Chains work: sglang's gfx1250.json is an overlay on h100.json (``load(h100, [gfx
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from typing import Any
 
 from harness.baselines.named import NamedValues
 from harness.files.atomic import write_json_atomic
-from harness.files.jsonio import expect_id, expect_number, expect_object, join_key, read_json
+from harness.files.jsonio import expect_id, expect_known_key, expect_number, expect_object, join_key, read_json
 from harness.errors import ConfigError
 
 __all__ = [
@@ -115,16 +114,6 @@ _CASE_KEYS = tuple(case_key(m) for m in METRICS)
 _UPSTREAM_CASE_KEYS = tuple(case_key(m) for m in UPSTREAM_METRICS)
 
 
-def _known(key: str, own: Sequence[str], upstream: Sequence[str], path: str, where: str) -> None:
-    """Refuse a key that is none of parity's (``own``), sglang's (``upstream``) or a comment, naming the nearest one."""
-    if key in own or key in upstream or key.startswith("_"):
-        return
-    near = difflib.get_close_matches(key, [*own, *upstream], n=1, cutoff=0.6)
-    hint = f"did you mean {near[0]!r}? " if near else ""
-    raise ConfigError(f"unknown key: {hint}the keys here are {', '.join(own)}, sglang's {', '.join(upstream)} "
-                      "(kept, not gated) and comments starting with '_'", path=path, key=where)
-
-
 def _validate_value(metric: str, value: Any, path: str, key: str) -> float:
     """A bound within its metric's range; clip and SSIM bounds also >= 0 (a negative one bounds nothing)."""
     return expect_number(value, path, key, lo=0.0, hi=METRIC_RANGES[metric][1])
@@ -134,7 +123,7 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
     """Check types and ranges of every key parity understands; leave every other key alone."""
     doc = expect_object(doc, path, "")
     for key, value in doc.items():
-        _known(key, ("cases", *_DEFAULT_KEYS), _UPSTREAM_DEFAULT_KEYS, path, key)
+        expect_known_key(key, ("cases", *_DEFAULT_KEYS), _UPSTREAM_DEFAULT_KEYS, path, key)
         if key in _DEFAULT_KEYS:
             _validate_value(_DEFAULT_KEYS[key], value, path, key)
         elif key in _UPSTREAM_DEFAULT_KEYS:
@@ -145,7 +134,7 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
         expect_id(case_id, path, case_path)
         expect_object(case, path, case_path)
         for key, value in case.items():
-            _known(key, _CASE_KEYS, _UPSTREAM_CASE_KEYS, path, join_key(case_path, key))
+            expect_known_key(key, _CASE_KEYS, _UPSTREAM_CASE_KEYS, path, join_key(case_path, key))
             if key in _UPSTREAM_CASE_KEYS:
                 expect_number(value, path, join_key(case_path, key))
         for metric in METRICS:

@@ -37,6 +37,11 @@ def inert(text: Any) -> str:
                         str(text))
 
 
+def inert_lines(text: Any) -> str:
+    """:func:`inert`, line by line: a multi-line message or table keeps its line breaks, nothing else."""
+    return "\n".join(inert(line) for line in str(text).split("\n"))
+
+
 OUTCOME_WORD = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "skipped": "skip", "inconclusive": "undecided"}
 
 
