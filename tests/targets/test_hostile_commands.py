@@ -4,7 +4,8 @@
 Each row is a small shell script run as the case's command (``sh -c SCRIPT sh {out_dir}``): it
 writes one 8x8 PNG the honest way or not (a link to the blessed reference, an animated PNG, a
 FIFO), floods its output, leaves processes behind in its own session or holding its stdout, or
-outlives its timeout. The run must pass (honest output) or fail with a PipelineFailed naming what
+outlives its timeout (ignoring SIGTERM too). The run must pass (honest output), well within its
+timeout (never waiting on a pipe or a process its command left), or fail with a PipelineFailed naming what
 was wrong; in every case no process the command started is left (found by an environment tag
 each inherits), and memory stays bounded while gigabytes go through its pipes.
 """
@@ -15,6 +16,7 @@ import io
 import shlex
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -58,6 +60,10 @@ ROWS = [
     ("daemon_closing_its_output", f'setsid sh -c "exec sleep 300 >/dev/null 2>&1 </dev/null" & {HONEST}', 30, PASS),
     ("outlives_its_timeout_in_its_own_session", f'setsid sleep 300 & {HONEST}; sleep 300', 2, "timed out after 2 s"),
     ("killed_by_a_signal", 'kill -9 $$', 30, "exited with status -9"),
+    ("ignores_sigterm_past_its_timeout", "trap '' TERM; sleep 300 & wait; sleep 300", 2, "timed out after 2 s"),
+    ("daemon_ignoring_sigterm", f"setsid sh -c \"trap '' TERM; sleep 300\" & {HONEST}", 30, PASS),
+    ("two_hundred_children_left", f'for i in $(seq 200); do sleep 300 & done; {HONEST}', 30, PASS),
+    ("spawning_while_it_is_ended", f'setsid sh -c "while :; do sleep 300 & sleep 0.01; done" & {HONEST}', 30, PASS),
     ("timings_fifo", f'{HONEST}; mkfifo "$1/timings.json"', 30, "a FIFO"),
     ("timings_directory", f'{HONEST}; mkdir "$1/timings.json"', 30, "a directory"),
     ("timings_link_to_dev_zero", f'{HONEST}; ln -s /dev/zero "$1/timings.json"', 30, "a symlink to '/dev/zero'"),
@@ -100,6 +106,7 @@ def test_a_hostile_command_fails_or_passes_and_leaves_nothing(script: str, timeo
     fields = {"height": 8, "width": 8}
     assert target.check_case(fields, 1) == "image"
     prepared = target.prepare(fields, "cpu", 1)
+    started = time.monotonic()
     try:
         with bounded_memory():  # 3 GiB through a pipe must not be kept
             output = prepared.run()
@@ -110,4 +117,5 @@ def test_a_hostile_command_fails_or_passes_and_leaves_nothing(script: str, timeo
     else:
         assert expect is PASS, f"wrongly accepted (expected a failure saying {expect!r})"
         assert output.output.shape == (8, 8, 3)
+        assert time.monotonic() - started < timeout / 2, "the run waited on a pipe or a process its command left"
     assert wait_until_gone(tagged(TAG, hostile_env), 5) == [], "a process the command started outlived the case"
