@@ -1,8 +1,9 @@
 """The keeper of one external command: started by :mod:`harness.targets.command_run` as a script.
 
-``python -I -S command_keeper.py STATUS_FD ARGV...`` runs ARGV in a session of its own and, when
-it exits, writes ``"<returncode> <wall ns>"`` to STATUS_FD, then kills every process the command
-left behind before exiting itself. The keeper is a child subreaper (:mod:`harness.processes`):
+``python -I -S command_keeper.py STATUS_FD GATE_PID OUT_DIR ARGV...`` runs ARGV in a session of its own and,
+when it exits, writes ``"<returncode> <wall ns>"`` to STATUS_FD, then kills every process the command
+left behind before exiting itself. OUT_DIR is the command's output folder, which the gate removes; if
+the gate died first (a SIGKILL), the keeper removes it, so a killed run leaves no folder either. The keeper is a child subreaper (:mod:`harness.processes`):
 whatever the command starts stays its descendant even after a double fork or ``setsid()``, so
 none outlives the case, and none keeps the gate's pipes open (the gate reads them until EOF). On
 SIGTERM (the gate's timeout), SIGINT, SIGHUP or the gate's death (``PR_SET_PDEATHSIG``) it does
@@ -12,6 +13,7 @@ the same at once. It imports nothing of parity but :mod:`harness.processes`: it 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,15 +38,14 @@ def _end(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    status_fd, command = int(argv[0]), argv[1:]
-    parent = os.getppid()
+    status_fd, parent, out_dir, command = int(argv[0]), int(argv[1]), argv[2], argv[3:]
     for sig in _ENDING:
         signal.signal(sig, _end)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     session = None
     try:
-        if os.getppid() != parent:  # the gate died before the death signal was armed
+        if os.getppid() != parent:  # the gate died before the death signal was armed (while this interpreter started)
             return 1
         start = time.perf_counter_ns()
         try:
@@ -67,6 +68,8 @@ def main(argv: list[str]) -> int:
             except (ProcessLookupError, PermissionError):
                 pass
         kill_descendants()
+        if os.getppid() != parent:  # the gate is gone: nobody else will remove the folder
+            shutil.rmtree(out_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

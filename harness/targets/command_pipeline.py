@@ -188,14 +188,23 @@ class _PreparedCommand:
         self.shape = _shape(values)
 
     def run(self) -> PipelineOutput:
+        """One run in a fresh folder: removed after a pass and after an interrupt (a signal ends the run: nothing is
+        left), kept after a failure, whose message names it."""
         out_dir = Path(tempfile.mkdtemp(prefix="parity-command-"))
-        argv = [arg.format(**self.values, out_dir=str(out_dir), timings=str(out_dir / TIMINGS_FILE)) for arg in self.template]
-        wall_ms, tail = _run(argv, self.timeout, out_dir)
         try:
-            output = read_pngs(out_dir, self.shape)
-            timings, source = read_timings(out_dir, wall_ms)
-        except PipelineFailed as exc:
-            raise PipelineFailed(f"{exc.reason} (outputs kept in {out_dir})", tail) from None
+            argv = [arg.format(**self.values, out_dir=str(out_dir), timings=str(out_dir / TIMINGS_FILE))
+                    for arg in self.template]
+            wall_ms, tail = _run(argv, self.timeout, out_dir)
+            try:
+                output = read_pngs(out_dir, self.shape)
+                timings, source = read_timings(out_dir, wall_ms)
+            except PipelineFailed as exc:
+                raise PipelineFailed(f"{exc.reason} (outputs kept in {out_dir})", tail) from None
+        except PipelineFailed:
+            raise
+        except BaseException:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            raise
         shutil.rmtree(out_dir, ignore_errors=True)
         return PipelineOutput(output, timings, {"command": Path(argv[0]).name, "timings": source})
 
@@ -211,7 +220,7 @@ def _run(argv: list[str], timeout: float, out_dir: Path) -> tuple[float, str]:
     """Run ``argv`` (:func:`harness.targets.command_run.run_command`); its own wall time in ms and the tail of
     its stderr (of its stdout when stderr is empty), or PipelineFailed with that tail."""
     where = f"{shlex.join(argv)} (outputs kept in {out_dir})"
-    done = run_command(argv, timeout)
+    done = run_command(argv, timeout, out_dir)
     tail = _tail(done.stderr if done.stderr.strip() else done.stdout)
     if done.timed_out:
         raise PipelineFailed(f"command timed out after {timeout:g} s: {where}", tail)

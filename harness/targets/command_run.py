@@ -80,13 +80,14 @@ def _status(text: str) -> tuple[int | None, float | None, str | None]:
         return None, None, "its keeper ended without saying how the command ended"
 
 
-def run_command(argv: list[str], timeout: float) -> Finished:
-    """Run ``argv`` (stdin /dev/null) under a keeper; how it ended, within ``timeout`` seconds."""
+def run_command(argv: list[str], timeout: float, out_dir: Path) -> Finished:
+    """Run ``argv`` (stdin /dev/null) under a keeper; how it ended, within ``timeout`` seconds. ``out_dir``, the
+    command's output folder, is the caller's to remove; the keeper removes it only if the caller died."""
     status_r, status_w = os.pipe()
     try:
-        keeper = subprocess.Popen([sys.executable, "-I", "-S", KEEPER, str(status_w), *argv], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
-                                  start_new_session=True)
+        keeper = subprocess.Popen([sys.executable, "-I", "-S", KEEPER, str(status_w), str(os.getpid()), str(out_dir), *argv],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  pass_fds=(status_w,), start_new_session=True)
     except OSError as exc:
         os.close(status_r)
         return Finished(None, None, "", "", error=f"cannot start the command's keeper: {exc}")

@@ -153,3 +153,48 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_leaving_nothing(
 def test_the_sweep_reached_the_ranks(sig: signal.Signals, sweep: dict[str, dict[str, Any]]) -> None:
     """Whatever the box's load, one delivery of each signal lands while both ranks hold their grandchildren."""
     assert sweep[_id((sig, RANKS_RUN))]["ranks_started"] == 2
+
+
+COMMAND_CASE = """[cases.cmd]
+target = "command"
+template = "sh -c 'setsid sleep 300 & : > {marker}/started; sleep 300' sh {{out_dir}}"
+height = 8
+width = 8
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_signal_while_an_external_command_runs_leaves_no_process_and_no_folder(sig: signal.Signals,
+                                                                                 tmp_path: Path) -> None:
+    """``parity bless`` runs a ``command`` case in its own process (under a keeper): a signal there ends the command,
+    a daemon it started and the case's output folder; on a SIGKILL of parity the keeper, told by the kernel, does."""
+    cases, marker, tmp, tag = tmp_path / "cases", tmp_path / "marker", tmp_path / "tmp", uuid.uuid4().hex
+    for folder in (cases / "images", cases / "contracts", marker, tmp, tmp_path / "baselines"):
+        folder.mkdir(parents=True)
+    (cases / "images" / "c.toml").write_text(COMMAND_CASE.format(marker=marker))
+    (cases / "contracts" / "c.toml").write_text('[cases.u]\ncontract = "usp.ulysses_parity"\nworld_size = 1\n')
+    env = {**os.environ, "TMPDIR": str(tmp), TAG: tag}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "bless", "--all", "--dry-run", "--cases", str(cases),
+                             "--baselines", str(tmp_path / "baselines")], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (marker / "started").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert (marker / "started").exists(), "the command never ran"
+        assert len(tagged(TAG, tag)) >= 3, "the keeper, the command and its daemon"
+        os.killpg(proc.pid, sig) if sig == signal.SIGINT else os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while tagged(TAG, tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tagged(TAG, tag) == [], "a process the command started outlived the run"
+        assert sorted(p.name for p in tmp.rglob("*")) == [], "files left in TMPDIR"
+        assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + sig), err
+        if sig != signal.SIGKILL:
+            assert err.strip() == f"parity bless: stopped by {sig.name}; every rank was ended" and "Traceback" not in err
+    finally:
+        kill_tagged(TAG, tag)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
