@@ -9,6 +9,9 @@ elsewhere the import does nothing):
 - makes the server a child subreaper, so that a rank's descendants it adopts when the rank dies
   stay its descendants, and at the server's exit kills every descendant left (a rank's grandchild
   with a session of its own too): nothing outlives the parity process, even one killed by SIGKILL;
+- gives the ranks a temporary folder of their own (``parity-ranks-*``: :data:`tempfile.tempdir` of
+  every process it forks), removed at that exit: a rank ended by a signal while it held a temporary
+  file or folder (a command's output, a checkpoint a contract writes) leaves nothing;
 - removes, at that exit, the listener socket (``pymp-*/listener-*``) that the parity process would
   have removed had it not been killed.
 """
@@ -18,7 +21,9 @@ from __future__ import annotations
 import atexit
 import multiprocessing.forkserver
 import os
+import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -35,10 +40,11 @@ def _in_server() -> bool:
     return False
 
 
-def _at_exit(server: int, parent: int) -> None:
+def _at_exit(server: int, parent: int, ranks_tmp: str) -> None:
     if os.getpid() != server:  # a rank forked from the server inherited this hook
         return
     kill_descendants()
+    shutil.rmtree(ranks_tmp, ignore_errors=True)
     if os.getppid() == parent:
         return  # the parity process lives and removes its own temporary folder
     address = multiprocessing.forkserver._forkserver._forkserver_address  # noqa: SLF001 - set by the server's main
@@ -54,7 +60,8 @@ def _serve() -> None:
     # the server reaps the orphans it adopts in its own loop, which warns about every pid it did not fork
     warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    atexit.register(_at_exit, os.getpid(), os.getppid())
+    tempfile.tempdir = tempfile.mkdtemp(prefix="parity-ranks-")
+    atexit.register(_at_exit, os.getpid(), os.getppid(), tempfile.tempdir)
 
 
 if _in_server():
