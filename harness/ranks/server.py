@@ -9,9 +9,11 @@ elsewhere the import does nothing):
 - makes the server a child subreaper, so that a rank's descendants it adopts when the rank dies
   stay its descendants, and at the server's exit kills every descendant left (a rank's grandchild
   with a session of its own too): nothing outlives the parity process, even one killed by SIGKILL;
-- gives the ranks a temporary folder of their own (``parity-ranks-*``: :data:`tempfile.tempdir` of
-  every process it forks), removed at that exit: a rank ended by a signal while it held a temporary
-  file or folder (a command's output, a checkpoint a contract writes) leaves nothing;
+- gives the ranks a temporary folder of their own (:data:`tempfile.tempdir` of every process it forks):
+  ``ranks`` inside the parity process's multiprocessing folder (``pymp-*``, named in
+  :data:`RANKS_TMPDIR_ENV` by :func:`harness.ranks.starting.start`), which that process removes,
+  whole, as it exits, and which this server removes at its own exit: a rank ended by a signal while
+  it held a temporary file or folder (a checkpoint a contract writes) leaves nothing;
 - removes, at that exit, the listener socket (``pymp-*/listener-*``) that the parity process would
   have removed had it not been killed.
 """
@@ -28,6 +30,8 @@ import warnings
 from pathlib import Path
 
 from harness.processes import PR_SET_CHILD_SUBREAPER, kill_descendants, prctl
+
+RANKS_TMPDIR_ENV = "PARITY_RANKS_TMPDIR"  # set for the server's start only; the ranks do not inherit it
 
 
 def _in_server() -> bool:
@@ -60,8 +64,10 @@ def _serve() -> None:
     # the server reaps the orphans it adopts in its own loop, which warns about every pid it did not fork
     warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    tempfile.tempdir = tempfile.mkdtemp(prefix="parity-ranks-")
-    atexit.register(_at_exit, os.getpid(), os.getppid(), tempfile.tempdir)
+    ranks_tmp = os.environ.pop(RANKS_TMPDIR_ENV, "") or tempfile.mkdtemp(prefix="parity-ranks-")
+    os.makedirs(ranks_tmp, exist_ok=True)
+    tempfile.tempdir = ranks_tmp
+    atexit.register(_at_exit, os.getpid(), os.getppid(), ranks_tmp)
 
 
 if _in_server():

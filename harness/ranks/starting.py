@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -29,6 +30,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
 from harness.errors import ConfigError
+from harness.ranks.server import RANKS_TMPDIR_ENV
 
 PRELOADED, SPAWN = "forkserver", "spawn"
 START_METHODS = (PRELOADED, SPAWN)
@@ -92,11 +94,17 @@ def _ensure_server() -> None:
     """Start the preloaded server (if it is not running) with SIGINT blocked: a signal mask outlives exec, so a
     Ctrl-C in the server's first instants (before :mod:`harness.ranks.server` ignores it) cannot print a
     traceback there; here the SIGINT stays pending and is handled as soon as the server is started. The
-    resource tracker starts first: starting it unblocks SIGINT and SIGTERM, whatever the mask was."""
+    resource tracker starts first: starting it unblocks SIGINT and SIGTERM, whatever the mask was. The server is
+    told the ranks' temporary folder (:mod:`harness.ranks.server`): inside this process's own, removed at its exit."""
     resource_tracker.ensure_running()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        multiprocessing.forkserver.ensure_running()
+        with _lock:  # groups start in threads of their own: one sets the variable, starts the server, removes it
+            os.environ[RANKS_TMPDIR_ENV] = os.path.join(multiprocessing.util.get_temp_dir(), "ranks")
+            try:
+                multiprocessing.forkserver.ensure_running()
+            finally:
+                del os.environ[RANKS_TMPDIR_ENV]
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
