@@ -83,7 +83,7 @@ def _scaled(o: torch.Tensor, ref: torch.Tensor, allowed: float, what: str) -> st
     """``o`` is ``ref`` times a constant other than 1 (within ``allowed``); None otherwise."""
     ratio = float((o * ref).sum() / (ref * ref).sum()) if ref.any() else 0.0
     if abs(ratio - 1.0) > 1e-3 and float((o - ratio * ref).abs().max()) <= allowed:
-        return f"it is {ratio:.4g} times the {what}"
+        return f"it is {ratio:.3g} times the {what}"
     return None
 
 

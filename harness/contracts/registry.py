@@ -168,6 +168,9 @@ class Contract:
         return verdict(FAILED if reason else PASSED, reason, figures)
 
 
+_OUTPUTS = {"sharded": "sharded output", "single-rank": "single-rank output"}  # the forward contracts' oracle names
+
+
 def _judge_oracle(params: Params, outcomes: Sequence[RankOutcome], bound: Bound) -> tuple[list[str], dict[str, Any]]:
     """Each output's distance to float64 attention, merged over ranks and judged by the case's ``oracle`` rule.
 
@@ -184,10 +187,11 @@ def _judge_oracle(params: Params, outcomes: Sequence[RankOutcome], bound: Bound)
         reason = judge(rule, merged)
         if reason:
             hints = sorted({o.hints[name] for o in outcomes if name in o.hints})
+            label = _OUTPUTS.get(name, name)
             if name.startswith("sharded") and bound == rule:
-                problems += [f"{name} output: {'; '.join(hints)}"] if hints else []
+                problems += [f"{label}: {'; '.join(hints)}"] if hints else []
             else:
-                problems.append(f"{name} output vs float64 attention: {reason}" + (f" ({'; '.join(hints)})" if hints else ""))
+                problems.append(f"{label} vs float64 attention: {reason}" + (f" ({'; '.join(hints)})" if hints else ""))
     return problems, figures
 
 

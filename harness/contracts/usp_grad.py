@@ -21,12 +21,13 @@ from harness.contracts.bounds import judge, parse_bound
 from harness.contracts.layouts import Layout, LayoutFn
 from harness.contracts.oracles import diagnose_gradient, gradients_ref64, naive_gradients
 from harness.contracts.outputs import oracle_rule
-from harness.contracts.params import Params
+from harness.contracts.params import Param, Params
 from harness.contracts.registry import RankContext
 from harness.contracts.stats import RankOutcome, Stats, compare, digest
 from harness.contracts.usp import (
-    HYBRID, KV_PREFIX, MASKED, PREFIX, RING, SUFFIX, ULYSSES, VARLEN, _attention_contract, bitwise_unless_ring,
+    HYBRID, KV_PREFIX, MASKED, PREFIX, RING, SUFFIX, ULYSSES, VARLEN, _all_ranks_alive, _attention_contract, bitwise_unless_ring,
 )
+from harness.targets.base import Unsupported
 
 Tensor = torch.Tensor
 NAMES = ("dq", "dk", "dv")
@@ -128,4 +129,42 @@ _gradient_contract(
     "dq, dk, dv of cross attention on a replicated K/V prefix equal one rank's (bitwise without ring), the prefix's "
     "dk, dv whole and alike on every rank",
     layouts.replicated_kv_prefix, bound=bitwise_unless_ring, **KV_PREFIX,
+)
+
+
+def ring_backward_admission(ctx: RankContext, p: Params) -> RankOutcome:
+    """Ring attention asked for gradients with a kernel whose LSE has none is refused (no_backward) on every
+    rank before any collective; the target's own choice differentiates the same call; the group still answers."""
+    chosen = f"{p.no_grad_backend}[{p.no_grad_kernel}]" if p.no_grad_kernel else p.no_grad_backend
+    problems: list[str] = []
+    extra: dict[str, Any] = {}
+    inputs = [t.requires_grad_() for t in layouts.qkv(ctx, p, p.tokens_per_rank)]
+    with ctx.parallel(p.ulysses_degree, p.ring_degree):
+        refused = ctx.attention(p, backend=p.no_grad_backend, sdpa_kernel=p.no_grad_kernel or None)  # unavailable: a skip
+        try:
+            refused(*inputs)
+            problems.append(f"{chosen} ran ring attention under autograd instead of refusing it")
+        except Unsupported as exc:
+            if exc.kind != "no_backward":
+                problems.append(f"{chosen} was refused as {exc.kind}, not no_backward: {exc.reason}")
+            extra["refusal"] = exc.reason
+        except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
+            problems.append(f"{chosen}: {type(exc).__name__} instead of a no_backward refusal: {exc}")
+        out = ctx.attention(p)(*inputs)
+        grads = torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
+        if any(g is None or not torch.isfinite(g).all() for g in grads):
+            problems.append(f"the control ({p.backend or 'the target default'}) gave no or non-finite gradients")
+        problem = _all_ranks_alive(p.world_size)
+    return RankOutcome(problems=problems + ([problem] if problem else []), checks=3, extra=extra)
+
+
+_attention_contract(
+    "usp.ring_backward_admission",
+    "ring attention under autograd with a kernel whose log-sum-exp has no gradient is refused (no_backward) on every "
+    "rank before any collective; the target's own choice gives finite gradients",
+    ring_backward_admission, extra=(
+        Param("no_grad_backend", "str", "torch_sdpa", "a backend whose LSE has no gradient (with no_grad_kernel)"),
+        Param("no_grad_kernel", "str", "flash", "its pinned torch SDPA kernel (empty: none)"),
+    ),
+    requires=("ring", "backward", "backend_choice"), **RING,
 )

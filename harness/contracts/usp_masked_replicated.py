@@ -43,7 +43,7 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
     q, k, v = qkv(ctx, p, p.tokens_per_rank + p.replicated)
     mask = torch.ones(p.batch, q.shape[1], dtype=torch.bool, device=ctx.device)
     problems: list[str] = []
-    with ctx.parallel(p.world_size, 1):
+    with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p)
         for kind, kwarg in _REPLICATED_KWARGS.items():
             call, refused = f"attn_mask with {kwarg}={p.replicated}", kind in p.refused
@@ -66,9 +66,9 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
 
 _attention_contract(
     "usp.masked_rejects_replicated",
-    "attn_mask with replicated tokens under SP: each kind in `refused` is refused (mask_with_replicated) on every rank, "
-    "before any collective; the others run",
-    masked_rejects_replicated,
+    "attn_mask with replicated tokens under SP (Ulysses, ring or both): each kind in `refused` is refused "
+    "(mask_with_replicated) on every rank, before any collective; the others run",
+    masked_rejects_replicated, ring=1,
     extra=REPLICATED + (Param("refused", "str_list", list(_REPLICATED_KWARGS), "replicated kinds refused with a mask: prefix, suffix, kv_prefix"),),
     requires=("mask", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix"), checks=(_replicated_positive, _check_refused),
     min_world_size=2, timeout_s=60.0,
