@@ -45,9 +45,12 @@ class Status(StrEnum):
 
 
 PASSED, FAILED, SKIPPED, XFAILED, INCONCLUSIVE = Status.PASSED, Status.FAILED, Status.SKIPPED, Status.XFAILED, Status.INCONCLUSIVE
-#: A run's verdict as a process exit code: 0 passed, 1 failed (a regression), 3 inconclusive (nothing failed,
-#: but a verdict could not be decided and the run counts that against itself). 2 is a usage or configuration error.
-EXIT_CODES = {"passed": 0, "failed": 1, "inconclusive": 3}
+#: The statuses of a case that was checked (a skip checked nothing).
+RAN = frozenset({PASSED, FAILED, XFAILED, INCONCLUSIVE})
+#: A run's verdict as a process exit code: 0 passed, 1 failed (a regression), 2 empty (no case ran: as a usage or
+#: configuration error, since the selection, target or machine leaves nothing to check), 3 inconclusive (nothing
+#: failed, but a verdict could not be decided and the run counts that against itself).
+EXIT_CODES = {"passed": 0, "failed": 1, "empty": 2, "inconclusive": 3}
 
 
 @dataclass
@@ -129,10 +132,6 @@ def summary_line(results: Iterable[CaseResult], wall_s: float | None = None) -> 
     return ", ".join(parts) + (f" in {wall_s:.1f} s" if wall_s is not None else "")
 
 
-def any_failed(results: Iterable[CaseResult]) -> bool:
-    return any(r.status == FAILED for r in results)
-
-
 # ----------------------------------------------------------------------------- the document
 
 
@@ -150,9 +149,6 @@ class StageResult:
     def failed(self) -> int:
         return counts(self.results)[FAILED]
 
-    @property
-    def inconclusive(self) -> int:
-        return counts(self.results)[INCONCLUSIVE]
 
     def to_dict(self) -> dict[str, Any]:
         return {"summary": counts(self.results), "wall_s": self.wall_s,
@@ -192,13 +188,16 @@ def environment(target: str, device: str, target_version: str | None = None) -> 
             "parity_version": parity_version(), "git": git_state(Path.cwd())}
 
 
-def verdict(stages: Iterable[StageResult], inconclusive_fails: bool = True) -> str:
-    """``failed`` if any case failed, else ``inconclusive`` if any timing was undecided (and that counts),
-    else ``passed``: a key of :data:`EXIT_CODES`."""
-    stages = list(stages)
-    if any(s.failed for s in stages):
+def verdict(results: Iterable[CaseResult], inconclusive_fails: bool = True) -> str:
+    """A key of :data:`EXIT_CODES`: ``failed`` if any case failed, else ``empty`` if no case ran (every one
+    skipped, or none selected), else ``inconclusive`` if any timing was undecided (and that counts), else
+    ``passed``."""
+    statuses = {r.status for r in results}
+    if FAILED in statuses:
         return "failed"
-    return "inconclusive" if inconclusive_fails and any(s.inconclusive for s in stages) else "passed"
+    if not statuses & RAN:
+        return "empty"
+    return "inconclusive" if inconclusive_fails and INCONCLUSIVE in statuses else "passed"
 
 
 def results_document(command: str, environment: Mapping[str, Any], stages: Mapping[str, StageResult | str],
@@ -213,7 +212,7 @@ def results_document(command: str, environment: Mapping[str, Any], stages: Mappi
             continue
         sections[name] = stage.to_dict()
         top_level.update(json_safe(stage.top_level))
-    outcome = verdict((s for s in stages.values() if isinstance(s, StageResult)), inconclusive_fails)
+    outcome = verdict((r for s in stages.values() if isinstance(s, StageResult) for r in s.results), inconclusive_fails)
     return {"command": command, **environment, "wall_s": wall_s, "passed": outcome == "passed", "verdict": outcome,
             "stages": sections, **json_safe(extra), **top_level}
 

@@ -23,16 +23,28 @@ and only to the installed versions its entries name::
     versions = "<=0.5.23"
     platforms = ["cuda"]               # optional: only on these platform kinds (cpu, cuda, rocm, mps)
 
+    [expected_skips."ring*"]
+    because = "no CPU backend of sglang returns the LSE a ring merge needs"
+    platforms = ["cpu"]
+    reason = "Ring Attention requires"  # optional: the skip's reason must hold this text
+    when_missing = "flash_attn"         # optional: only while this module cannot be imported
+
 An expected failure is strict: the case is reported ``xfailed`` when it fails, and *failed* when
 it passes (upstream fixed it: narrow ``versions``), so the day a fix lands the run says so while
-a new divergence still fails. Globs: ``*`` and ``?``, brackets literal (matrix case ids contain
-them); each must match at least one case. Every problem is a ConfigError naming file and key.
+a new divergence still fails. An expected skip is strict the same way: a pinned case that runs
+fails ("remove it from the overlay"), one skipped for another reason fails, and a skip that no
+entry pins fails the case (:func:`harness.contracts.runner.expectations_applied`): a skip is a
+claim that the target cannot express the case. Known-broken behaviour is an expected failure,
+never a skip. ``distribution`` is needed only by entries with ``versions``. Globs: ``*`` and ``?``,
+brackets literal (matrix case ids contain them); each must match at least one case. Every
+problem is a ConfigError naming file and key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,13 +52,14 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from harness.contracts.case import Case, rebuilt
+from harness.contracts.case import Case, ExpectedSkip, rebuilt
 from harness.errors import ConfigError
 from harness.cases.files import case_glob
 from harness.files.tomlio import read_toml
 from reference_impl.platform import PLATFORM_KINDS
 
 _META = ("because", "versions", "platforms")
+_SKIP_KEYS = (*_META, "reason", "when_missing")
 
 
 def _tables(data: Mapping[str, Any], section: str, path: Path) -> dict[str, dict[str, Any]]:
@@ -123,14 +136,18 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
     validated but not applied.
     """
     data = read_toml(path)
-    unknown = set(data) - {"target", "overrides", "expected_failures"}
+    unknown = set(data) - {"target", "overrides", "expected_failures", "expected_skips"}
     if unknown:
-        raise ConfigError("a target overlay holds [target], [overrides.*] and [expected_failures.*]", path=path,
-                          key=sorted(unknown)[0])
-    target = data.get("target")
-    if not isinstance(target, dict) or not isinstance(target.get("distribution"), str):
-        raise ConfigError("needs [target] distribution = \"<installed distribution>\"", path=path, key="target.distribution")
-    version = version if version is not None else installed_version(target["distribution"])
+        raise ConfigError("a target overlay holds [target], [overrides.*], [expected_failures.*] and [expected_skips.*]",
+                          path=path, key=sorted(unknown)[0])
+    target = data.get("target", {})
+    distribution = target.get("distribution") if isinstance(target, dict) else None
+    if not isinstance(target, dict) or not isinstance(distribution, (str, type(None))):
+        raise ConfigError("must be a table with distribution = \"<installed distribution>\"", path=path, key="target")
+    if distribution is None and _uses_versions(data):
+        raise ConfigError("entries with 'versions' need [target] distribution = \"<installed distribution>\"", path=path,
+                          key="target.distribution")
+    version = version if version is not None else installed_version(distribution) if distribution else None
     cases = list(cases)
     for pattern, entry in _tables(data, "overrides", path).items():
         key = f"overrides.{pattern}"
@@ -148,6 +165,39 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
             raise ConfigError(f"unknown key; an expected failure has only {', '.join(_META)}", path=path, key=f"{key}.{extra[0]}")
         if _applies(entry, version, platform, path, key):
             for i in hits:
-                because = f"{entry['because']} ({target['distribution']} {version}; {path.name}: {key})"
+                because = f"{entry['because']} ({distribution} {version}; {path.name}: {key})"
                 cases[i] = dataclasses.replace(cases[i], expected_failure=because)
+    for pattern, entry in _tables(data, "expected_skips", path).items():
+        key = f"expected_skips.{pattern}"
+        hits = _hits(cases, pattern, path, key)
+        pin = _expected_skip(entry, path, key)
+        if _applies(entry, version, platform, path, key) and _module_missing(entry, path, key):
+            for i in hits:
+                cases[i] = dataclasses.replace(cases[i], expected_skip=pin)
     return cases
+
+
+def _uses_versions(data: Mapping[str, Any]) -> bool:
+    return any("versions" in entry for section in ("overrides", "expected_failures", "expected_skips")
+               for entry in (data.get(section) or {}).values() if isinstance(entry, dict))
+
+
+def _expected_skip(entry: Mapping[str, Any], path: Path, key: str) -> ExpectedSkip:
+    extra = sorted(set(entry) - set(_SKIP_KEYS))
+    if extra:
+        raise ConfigError(f"unknown key; an expected skip has only {', '.join(_SKIP_KEYS)}", path=path, key=f"{key}.{extra[0]}")
+    for name in ("reason", "when_missing"):
+        if name in entry and (not isinstance(entry[name], str) or not entry[name].strip()):
+            raise ConfigError("must be a non-empty string", path=path, key=f"{key}.{name}")
+    return ExpectedSkip(str(entry.get("because", "")), f"{path}: {key}", entry.get("reason"))
+
+
+def _module_missing(entry: Mapping[str, Any], path: Path, key: str) -> bool:
+    """Whether an entry with ``when_missing`` applies: that module cannot be imported here."""
+    module = entry.get("when_missing")
+    if module is None:
+        return True
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True

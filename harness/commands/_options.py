@@ -100,6 +100,8 @@ def add_target(parser: argparse.ArgumentParser) -> None:
                         help="keyword argument for the target's factory (repeatable), e.g. layer=pkg.mod:Class")
     add_device(parser)
     parser.add_argument("--timeout", type=seconds, default=None, metavar="S", help="per-case timeout in seconds, > 0 (default: the contract's)")
+    parser.add_argument("--allow-new-skips", action="store_true",
+                        help="a skip the target's overlay does not pin stays a skip instead of failing its case (an exploratory run)")
 
 
 def add_pipeline_target(parser: argparse.ArgumentParser, what: str) -> None:
@@ -160,7 +162,7 @@ def pipeline_args(args: argparse.Namespace) -> TargetArgs:
 
 def run_options(args: argparse.Namespace) -> RunOptions:
     """The typed run options of the ``--target/--target-arg/--device/--timeout`` arguments."""
-    return RunOptions(args.target, parse_target_args(args.target_arg), args.device, args.timeout)
+    return RunOptions(args.target, parse_target_args(args.target_arg), args.device, args.timeout, args.allow_new_skips)
 
 
 def cases_root(args: argparse.Namespace) -> Path:

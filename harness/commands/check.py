@@ -49,9 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from harness.report.console import CONTRACT_COLUMNS, make_console, print_verdict, result_table
     from harness.report.junit import write_junit
     from harness.report.output import check_outputs, emit_json, human_console
-    from harness.results import any_failed, environment, results_document, summary_line
+    from harness.results import EXIT_CODES, environment, results_document, summary_line, verdict
 
     options = run_options(args)
+    options.usable()
     check_backends(options, [(args.backend, args.sdpa_kernel)], {"backend": "--backend", "sdpa_kernel": "--sdpa-kernel"})
     check_outputs((args.json, "--json"), (args.junit, "--junit"))
     selection = CaseSelection(tuple(args.ids), args.world_size, args.backend, args.dtype, args.sdpa_kernel)
@@ -73,4 +74,4 @@ def run(args: argparse.Namespace) -> int:
     if args.junit:
         write_junit(args.junit, {"contracts": results})
     print_verdict(out, "check", {"contracts": results})
-    return 1 if any_failed(results) else 0
+    return EXIT_CODES[verdict(results)]

@@ -38,11 +38,12 @@ def run(args: argparse.Namespace) -> int:
     from harness.report.console import make_console, progress
     from harness.report.output import check_outputs, emit_json, human_console
     from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
-    from harness.results import CaseResult, any_failed, summary_line
+    from harness.results import EXIT_CODES, CaseResult, summary_line, verdict
     from harness.sweep.matrix import parse_sweep, render_markdown
 
     run = run_options(args)
     check_device(run.device)
+    run.usable()
     check_outputs((args.json, "--json"))
     cases = load_contract_cases(cases_root(args), run)
     if args.contracts:
@@ -76,4 +77,4 @@ def run(args: argparse.Namespace) -> int:
         emit_json(args.json, document)
     where = "" if args.json is None else f"; wrote {args.json}"
     out.print(f"{summary_line(results)}; platform {document['platform']['label']}{where}")
-    return 1 if any_failed(results) else 0
+    return EXIT_CODES[verdict(results)]

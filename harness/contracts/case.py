@@ -28,6 +28,16 @@ class CaseOrigin:
 
 
 @dataclass(frozen=True)
+class ExpectedSkip:
+    """A pinned skip (from a target overlay): the case may be skipped, for ``because``, with a reason holding
+    ``reason`` (any reason when None); ``where`` names the file and key that pin it."""
+
+    because: str
+    where: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Case(CaseOrigin):
     """One contract instantiated with parameters; ``raw`` keeps what was written (for overrides)."""
 
@@ -36,6 +46,8 @@ class Case(CaseOrigin):
     raw: Mapping[str, Any]
     # A known upstream divergence (from a target overlay): why this case is expected to fail.
     expected_failure: str | None = field(default=None, kw_only=True)
+    # What the target cannot express (from a target overlay): the skip this case is expected to end in.
+    expected_skip: ExpectedSkip | None = field(default=None, kw_only=True)
 
     @property
     def world_size(self) -> int:
@@ -65,10 +77,10 @@ def make_case(
 
 
 def rebuilt(case: Case, values: Mapping[str, Any], source: str | None = None) -> Case:
-    """``case`` with ``values`` over its raw parameters, re-validated; it keeps its expected failure."""
+    """``case`` with ``values`` over its raw parameters, re-validated; it keeps its expected failure and skip."""
     fresh = make_case(case.contract_id, {**case.raw, **values}, case_id=case.id, source=source or case.source,
                       description=case.description)
-    return dataclasses.replace(fresh, expected_failure=case.expected_failure)
+    return dataclasses.replace(fresh, expected_failure=case.expected_failure, expected_skip=case.expected_skip)
 
 
 def with_overrides(cases: Iterable[Case], **overrides: Any) -> list[Case]:

@@ -10,6 +10,9 @@ In a rank, an :class:`Unsupported` becomes the rank's answer (a skip when every 
 same, a failure when they disagree); any other exception propagates, so the launcher ends the
 whole group at once and the case fails with that rank's traceback: a peer waiting in a
 collective for the rank that raised is ended, not waited for until the timeout.
+
+Then the target overlay's expectations apply (:func:`expectations_applied`): a skip must be
+pinned, a pinned case must skip, a known divergence must fail.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from harness.contracts.stats import RankOutcome
 from harness.errors import ConfigError, ParamError
 from harness.ranks import PoolSet, RankFailure, capacity_reason, preload, rank_device
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
-from harness.targets.base import CAPABILITIES, Target, Unsupported
+from harness.targets.base import CAPABILITIES, REFERENCE_ONLY, Target, Unsupported
 from harness.targets.loader import TargetArgs, load_target
 
 
@@ -37,9 +40,19 @@ class RunOptions:
     target_args: TargetArgs = ()
     device: str = "cpu"
     timeout: float | None = None  # per case; None: the contract's own
+    allow_new_skips: bool = False  # an unpinned skip stays a skip instead of failing its case (exploratory runs)
 
     def load(self) -> Target:
         return load_target(self.target, self.target_args)
+
+    def usable(self) -> Target:
+        """The target, refused (ConfigError, exit 2) where it cannot run at all: a run whose every case would be
+        skipped for the target's absence checks nothing, and a CI whose install broke must not stay green."""
+        target = self.load()
+        reason = target.unavailable_reason(self.device)
+        if reason:
+            raise ConfigError(f"target {self.target!r} cannot run on {self.device}: {reason}", key="--target")
+        return target
 
 
 def run_case_in_rank(contract_id: str, params: dict, target_spec: str, target_args: TargetArgs) -> RankOutcome:
@@ -98,10 +111,15 @@ def run_cases(
     validate_for_target(cases, target)
     results: dict[int, CaseResult] = {}
     runnable: list[tuple[int, Case]] = []
+    overlay = target.overlay or target.name
     for index, case in enumerate(cases):
         reason = precheck(case, target, options)
         if reason:
-            results[index] = get_contract(case.contract_id).result(case.id, case.params, SKIPPED, reason, options.target)
+            skipped = get_contract(case.contract_id).result(case.id, case.params, SKIPPED, reason, options.target)
+            # A job with fewer ranks, or a check of reference_impl's own models, claims nothing about the target.
+            not_a_claim = capacity_reason(case.world_size) or _checks_reference_models(case, target)
+            results[index] = skipped if not_a_claim else expectations_applied(case, skipped, overlay,
+                                                                               options.allow_new_skips)
             if on_result:
                 on_result(results[index])
         else:
@@ -110,7 +128,7 @@ def run_cases(
     preload((__name__, *target.preload_modules()))  # before the first group starts: see harness.ranks.starting
     pools.prestart(c.world_size for _, c in runnable)
     for position, (index, case) in enumerate(runnable):
-        results[index] = expectation_applied(case, _run_one(case, pools, options))
+        results[index] = expectations_applied(case, _run_one(case, pools, options), overlay, options.allow_new_skips)
         if on_result:
             on_result(results[index])
         last_of_world = position + 1 == len(runnable) or runnable[position + 1][1].world_size != case.world_size
@@ -119,8 +137,41 @@ def run_cases(
     return [results[i] for i in range(len(cases))]
 
 
-def expectation_applied(case: Case, result: CaseResult) -> CaseResult:
-    """A known divergence (``case.expected_failure``) that failed is ``xfailed``; one that passed fails (strict)."""
+def _checks_reference_models(case: Case, target: Target) -> bool:
+    """Whether the case is skipped only because it checks reference_impl's own models (:data:`REFERENCE_ONLY`)."""
+    missing = get_contract(case.contract_id).requirements(case.params) - target.capabilities()
+    return bool(missing & REFERENCE_ONLY)
+
+
+def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new_skips: bool = False) -> CaseResult:
+    """The target overlay's word on a result (``overlay``: the target's overlay name, for the message).
+
+    A known divergence (``case.expected_failure``) that failed is ``xfailed``; one that passed fails
+    (strict). A skip must be pinned (``case.expected_skip``, with its reason): an unpinned one fails
+    the case (it stays a skip with ``allow_new_skips``), one for another reason than the pin's fails,
+    and a pinned case that ran fails: the overlay no longer says what the target can express.
+    """
+    pin = case.expected_skip
+    if result.status == SKIPPED:
+        reason = result.reason or ""
+        if pin is None and allow_new_skips:
+            result.reason = f"{reason} (not pinned; --allow-new-skips)"
+        elif pin is None:
+            result.status = FAILED
+            result.reason = (f"skipped, and this target was expected to run it: {reason}. If the target cannot express it, "
+                             f"pin it in cases/contracts/targets/{overlay}.toml [expected_skips] with the fact that "
+                             "justifies it (--allow-new-skips for an exploratory run)")
+        elif pin.reason is not None and pin.reason not in reason:
+            result.status = FAILED
+            result.reason = f"skipped for another reason than its pin ({pin.where}) expects ({pin.reason!r}): {reason}"
+        else:
+            result.reason = f"{reason} (pinned: {pin.because})"
+        return result
+    if pin is not None:
+        ran = f"it {result.status}" + (f": {result.reason}" if result.reason else "")
+        result.status = FAILED
+        result.reason = f"pinned to skip ({pin.where}: {pin.because}), but it ran ({ran}): remove it from the overlay"
+        return result
     if case.expected_failure is None:
         return result
     if result.status == FAILED:

@@ -76,7 +76,7 @@ class ContractStage:
 
     def preflight(self, ctx: GateContext) -> None:
         self._cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
-        validate_for_target(self._cases, ctx.options.run.load())
+        validate_for_target(self._cases, ctx.options.run.usable())
 
     def run(self, ctx: GateContext) -> StageResult:
         cases, self._cases = self._cases or load_contract_cases(ctx.options.cases_root, ctx.options.run), None

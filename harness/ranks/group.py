@@ -309,14 +309,16 @@ def call_name(fn: Callable[..., Any]) -> str:
 
 def describe_failure(failures: Sequence[tuple[int, bool, str]], what: str) -> RankFailure:
     """The error for ranks that raised or died: one that died is blamed first (its peers' collectives
-    break because of it); among ranks that raised the same error, the lowest rank."""
+    break because of it); then a rank's own error before a collective a peer left broken; among ranks that
+    raised the same error, the lowest rank."""
     died = [f for f in failures if f[1]]
     if died:
         rank, _, text = died[0]
         head = text
     else:
-        first_line = _last_line(failures[0][2])
-        rank, _, text = min((f for f in failures if _last_line(f[2]) == first_line), key=lambda f: f[0])
+        own = [f for f in failures if not _is_broken_collective(f[2])] or list(failures)
+        first_line = _last_line(own[0][2])
+        rank, _, text = min((f for f in own if _last_line(f[2]) == first_line), key=lambda f: f[0])
         head = f"rank {rank} raised: {first_line}\nin {what}:\n{text}"
     others = [f"rank {r}: {_last_line(t)}" for r, _, t in failures if r != rank]
     if others:
@@ -330,6 +332,15 @@ def timed_out(stacks: Mapping[int, str], timeout: float, what: str) -> RankFailu
     head = f"timeout after {timeout:g}s in {what}: rank(s) {pending} had not answered"
     evidence = "\n".join(stacks[r] for r in pending)
     return RankFailure(f"{head}\n{evidence}", pending[0] if len(pending) == 1 else None, evidence, FailureKind.TIMEOUT)
+
+
+# What a rank's collective raises when a peer left it: a consequence of another rank's failure, never blamed first.
+_BROKEN_COLLECTIVE = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "DistBackendError",
+                      "NCCL communicator was aborted", "Broken pipe")
+
+
+def _is_broken_collective(text: str) -> bool:
+    return any(marker in _last_line(text) for marker in _BROKEN_COLLECTIVE)
 
 
 def _last_line(text: str) -> str:

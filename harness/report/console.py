@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.report.format import STATUS_STYLE, figure
-from harness.results import FAILED, INCONCLUSIVE, PASSED, CaseResult
+from harness.results import FAILED, INCONCLUSIVE, PASSED, CaseResult, verdict
 
 _LOG_WIDTH = 180  # CI logs are not terminals: rich would fold every table to 80 columns
 
@@ -96,8 +96,9 @@ CONTRACT_COLUMNS: tuple[Column, ...] = (
 def print_verdict(console: Console, verb: str, stages: Mapping[str, Sequence[CaseResult]], report: Path | None = None,
                   inconclusive_fails: bool = True) -> None:
     """The last lines of a run: each failing (then undecided) case with its reason and the command that shows it,
-    the report page, then ``gate: FAILED (2 failing cases: a, b)``, ``gate: INCONCLUSIVE (...)`` or
-    ``gate: PASSED`` as the very last line."""
+    the report page, then the verdict (:func:`harness.results.verdict`) as the very last line:
+    ``gate: FAILED (2 failing cases: a, b)``, ``gate: NOTHING RAN (...)``, ``gate: INCONCLUSIVE (...)`` or
+    ``gate: PASSED``."""
     listed = {status: [(stage, r) for stage, results in stages.items() for r in results if r.status == status]
               for status in (FAILED, INCONCLUSIVE)}
     for status, title in ((FAILED, "failing cases"), (INCONCLUSIVE, "inconclusive cases")):
@@ -115,10 +116,15 @@ def print_verdict(console: Console, verb: str, stages: Mapping[str, Sequence[Cas
     def named(cases: list[tuple[str, CaseResult]], what: str) -> str:
         return f"{len(cases)} {what} case{'s' if len(cases) != 1 else ''}: {', '.join(r.case_id for _, r in cases)}"
 
-    if failing:
-        verdict = f"FAILED ({named(failing, 'failing')})"
-    elif undecided and inconclusive_fails:
-        verdict = f"INCONCLUSIVE ({named(undecided, 'undecided')}; exit 3)"
+    every = [r for results in stages.values() for r in results]
+    outcome = verdict(every, inconclusive_fails)
+    if outcome == "failed":
+        line = f"FAILED ({named(failing, 'failing')})"
+    elif outcome == "empty":
+        line = (f"NOTHING RAN ({len(every)} case{'s' if len(every) != 1 else ''}, every one skipped: nothing was checked; "
+                "exit 2)" if every else "NOTHING RAN (no case was selected; exit 2)")
+    elif outcome == "inconclusive":
+        line = f"INCONCLUSIVE ({named(undecided, 'undecided')}; exit 3)"
     else:
-        verdict = "PASSED" + (f" ({named(undecided, 'undecided')}, counted as passed)" if undecided else "")
-    console.print(escape(f"{verb}: {verdict}"), soft_wrap=True)
+        line = "PASSED" + (f" ({named(undecided, 'undecided')}, counted as passed)" if undecided else "")
+    console.print(escape(f"{verb}: {line}"), soft_wrap=True)

@@ -120,7 +120,9 @@ def run_sweep(cases: Sequence[Case], options: SweepOptions, on_result: Callable[
     device = options.run.device
     matrix = expand_matrix(cases, options.columns(), options.dtypes, options.world_sizes)
     with PoolSet(device) as pools:
-        results = run_cases([c for c, _ in matrix], options.run, pools, release_pools=True, on_result=on_result)
+        # a sweep explores: a cell its backend cannot serve here is a skip with the reason, its outcome, not a failure
+        explore = dataclasses.replace(options.run, allow_new_skips=True)
+        results = run_cases([c for c, _ in matrix], explore, pools, release_pools=True, on_result=on_result)
     document: dict[str, Any] = {
         "schema": SWEEP_SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -47,6 +47,11 @@ CAPABILITIES: dict[str, str] = {
 }
 
 
+#: Capabilities only reference_impl has: a contract requiring one checks reference_impl's own models, so
+#: every other target skips it by definition (a skip no overlay needs to pin).
+REFERENCE_ONLY = frozenset({"reference_models"})
+
+
 # Why a target refuses a case. Contracts branch on the kind, never on a message text or on an
 # implementation's exception class, so any stack's refusal can become a skip or a checked refusal.
 REFUSALS: dict[str, str] = {

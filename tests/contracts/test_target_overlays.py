@@ -1,4 +1,5 @@
-"""Target overlays: version-aware overrides and strict expected failures, on their own and through `parity check`."""
+"""Target overlays: version-aware overrides, strict expected failures and strict pinned skips, on their own and
+through `parity check`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from packaging.version import Version
 
 from harness.cases.overlays import apply_target_overlay
 from harness.cli import main
-from harness.contracts.case import make_case
-from harness.contracts.runner import expectation_applied
+import dataclasses
+
+from harness.contracts.case import ExpectedSkip, make_case
+from harness.contracts.runner import expectations_applied
 from harness.errors import ConfigError
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
 
@@ -55,11 +58,14 @@ def test_mistakes_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     assert info.value.key == key
 
 
-def test_a_missing_distribution_is_an_error(tmp_path: Path) -> None:
+def test_versions_need_a_distribution_and_nothing_else_does(tmp_path: Path) -> None:
     path = tmp_path / "x.toml"
-    path.write_text('[expected_failures."u1"]\nbecause = "x"\n')
-    with pytest.raises(ConfigError, match="distribution"):
+    path.write_text('[expected_failures."u1"]\nbecause = "x"\nversions = ">=1"\n')
+    with pytest.raises(ConfigError, match="distribution") as info:
         apply_target_overlay(_cases(), path)
+    assert info.value.key == "target.distribution"
+    path.write_text('[expected_skips."u1"]\nbecause = "the stack has no such mode"\n')
+    assert {c.id: c.expected_skip for c in apply_target_overlay(_cases(), path)}["u1"].because == "the stack has no such mode"
 
 
 def _result(status) -> CaseResult:
@@ -67,15 +73,63 @@ def _result(status) -> CaseResult:
 
 
 def test_expected_failures_are_strict() -> None:
-    known = make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t")
-    import dataclasses
-
-    known = dataclasses.replace(known, expected_failure="bug 7")
-    failed = expectation_applied(known, _result(FAILED))
+    known = dataclasses.replace(make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t"),
+                                expected_failure="bug 7")
+    failed = expectations_applied(known, _result(FAILED), "stack")
     assert failed.status == XFAILED and failed.reason == "expected failure: bug 7. It failed: not bitwise: 3 of 8 elements differ"
-    passed = expectation_applied(known, _result(PASSED))
+    passed = expectations_applied(known, _result(PASSED), "stack")
     assert passed.status == FAILED and passed.reason.startswith("expected to fail, but passed: bug 7.")
-    assert expectation_applied(known, _result(SKIPPED)).status == SKIPPED
+
+
+def _skipped(reason: str = "target stack does not support ring (ring: ...)") -> CaseResult:
+    return CaseResult("u1", "usp.ulysses_parity", SKIPPED, reason)
+
+
+PIN = ExpectedSkip("the stack has no ring", "stack.toml: expected_skips.u1", "does not support ring")
+
+
+@pytest.mark.parametrize(("pin", "result", "allow", "status", "reason"), [
+    (None, _skipped(), False, FAILED, "skipped, and this target was expected to run it: target stack does not support ring"),
+    (None, _skipped(), True, SKIPPED, "target stack does not support ring (ring: ...) (not pinned; --allow-new-skips)"),
+    (PIN, _skipped(), False, SKIPPED, "target stack does not support ring (ring: ...) (pinned: the stack has no ring)"),
+    (PIN, _skipped("sglang 0.5.23: a size mismatch"), False, FAILED,
+     "skipped for another reason than its pin (stack.toml: expected_skips.u1) expects ('does not support ring')"),
+    (PIN, CaseResult("u1", "usp.ulysses_parity", PASSED), False, FAILED,
+     "pinned to skip (stack.toml: expected_skips.u1: the stack has no ring), but it ran (it passed): remove it from the overlay"),
+    (dataclasses.replace(PIN, reason=None), _skipped("anything"), False, SKIPPED, "anything (pinned: the stack has no ring)"),
+], ids=["unpinned", "unpinned-allowed", "pinned", "pinned-other-reason", "pinned-but-ran", "pinned-any-reason"])
+def test_a_skip_is_a_claim_the_overlay_must_pin(pin: ExpectedSkip | None, result: CaseResult, allow: bool, status: str,
+                                                 reason: str) -> None:
+    case = dataclasses.replace(make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t"), expected_skip=pin)
+    got = expectations_applied(case, result, "stack", allow_new_skips=allow)
+    assert got.status == status and got.reason.startswith(reason), got.reason
+    if status == FAILED and pin is None:
+        assert "pin it in cases/contracts/targets/stack.toml [expected_skips]" in got.reason
+
+
+@pytest.mark.parametrize(("text", "applies"), [
+    ('because = "x"\n', True),
+    ('because = "x"\nplatforms = ["cuda"]\n', False),  # this run is on the CPU
+    ('because = "x"\nwhen_missing = "json"\n', False),  # json can be imported: the pin does not hold here
+    ('because = "x"\nwhen_missing = "no_such_module_here"\n', True),
+    ('because = "x"\nversions = ">=2"\n', False),
+], ids=["always", "another-platform", "module-present", "module-missing", "another-version"])
+def test_a_pin_holds_only_where_its_conditions_do(tmp_path: Path, text: str, applies: bool) -> None:
+    path = _overlay(tmp_path, f'[expected_skips."u1"]\n{text}')
+    pinned = {c.id: c.expected_skip for c in apply_target_overlay(_cases(), path, Version("1.0"), platform="cpu")}
+    assert (pinned["u1"] is not None) is applies and pinned["u2"] is None
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[expected_skips."u1"]\nreason = "x"\n', "expected_skips.u1.because"),
+    ('[expected_skips."u1"]\nbecause = "x"\nkind = "ring"\n', "expected_skips.u1.kind"),
+    ('[expected_skips."u1"]\nbecause = "x"\nreason = ""\n', "expected_skips.u1.reason"),
+    ('[expected_skips."none*"]\nbecause = "x"\n', "expected_skips.none*"),
+], ids=["no-because", "unknown-key", "empty-reason", "matches-nothing"])
+def test_pin_mistakes_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        apply_target_overlay(_cases(), _overlay(tmp_path, text), Version("1.0"))
+    assert info.value.key == key
 
 
 def test_check_with_a_target_overlay(tmp_path: Path, capsys) -> None:

@@ -123,6 +123,8 @@ def test_start_method_cpu_ranks_forked_cuda_ranks_spawned_unless_told(monkeypatc
 
 def test_a_pool_set_left_by_an_exception_ends_every_group_at_once() -> None:
     """An interrupted run: the started group and the one still starting are ended, nothing is waited for."""
+    with PoolSet() as pools:  # the preloaded server outlives every group by design: started before counting
+        pools.get(1)
     before = descendants(os.getpid())
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
@@ -150,3 +152,16 @@ def test_spawned_ranks_outlive_the_background_thread_that_started_them(monkeypat
         assert not [t for t in threading.enumerate() if t.name.startswith("pool-start")]
         assert pool.run(how_i_started, "PATH")[0][0] == os.getpid()
         assert pool.run(add_rank, 1) == [3, 3]
+
+
+def test_a_ranks_own_error_is_blamed_before_a_collective_its_leaving_broke() -> None:
+    """Rank 3 raised; rank 2's all-to-all then broke on the closed connection and answered first."""
+    from harness.ranks.group import describe_failure
+
+    broken = "Traceback...\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    own = "Traceback...\nRuntimeError: rank 3 cannot build its layer"
+    failure = describe_failure([(2, False, broken), (3, False, own)], "call of 'f'")
+    assert failure.rank == 3 and str(failure).startswith("rank 3 raised: RuntimeError: rank 3 cannot build its layer")
+    assert "also failed: rank 2: RuntimeError: [" in str(failure)
+    only_broken = describe_failure([(1, False, broken), (0, False, broken)], "call of 'f'")
+    assert only_broken.rank == 0

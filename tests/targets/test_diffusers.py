@@ -29,7 +29,7 @@ def _size_mismatch(text: str) -> bool:
 
 
 def _run(rank_pools, contract_id, target="diffusers", **params):
-    [verdict] = run_cases([make_case(contract_id, params, case_id=contract_id, source="test")], RunOptions(target), rank_pools)
+    [verdict] = run_cases([make_case(contract_id, params, case_id=contract_id, source="test")], RunOptions(target, allow_new_skips=True), rank_pools)
     return verdict
 
 
@@ -157,7 +157,7 @@ def test_ring_and_hybrid_with_an_lse_backend_are_within_the_flash_attention_rule
 )
 def test_refusals_are_skips_with_diffusers_text(rank_pools, contract_id, params, text):
     verdict = _run(rank_pools, contract_id, **{"world_size": 2, **params})
-    assert verdict.status == SKIPPED and verdict.reason.endswith(text), verdict.reason
+    assert verdict.status == SKIPPED and text in verdict.reason, verdict.reason
 
 
 @needs_diffusers
