@@ -1,8 +1,12 @@
-"""Independent oracles of attention: exact float64, and the naive low precision computation.
+"""Independent oracles of attention: exact float64, and the naive low precision computation, forward and backward.
 
 Written here, independent of any target, so they cannot share a target's bugs: every attention
 contract compares the target's output (single-rank and N-rank) with :func:`attention_ref64` by
-the FlashAttention rule, ``max|out − ref64| ≤ K·max|naive_lowprec − ref64| + floor``.
+the FlashAttention rule, ``max|out − ref64| ≤ K·max|naive_lowprec − ref64| + floor``, and every
+gradient contract the target's dq, dk, dv with :func:`gradients_ref64` (autograd through the
+float64 oracle for a seeded upstream gradient) by the same rule, the naive gradients being
+autograd through the naive computation, every op in the low precision dtype (as FlashAttention's
+tests take ``dq_pt``).
 """
 
 from __future__ import annotations
@@ -58,6 +62,43 @@ def naive_attention(q, k, v, causal=False, softmax_scale=None, attn_mask=None) -
     return _attention_in(q.dtype, q, k, v, causal, softmax_scale, attn_mask)
 
 
+def _gradients_in(dtype: torch.dtype, q, k, v, causal, softmax_scale, attn_mask, dout) -> tuple[torch.Tensor, ...]:
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        out = _attention_in(dtype, *leaves, causal, softmax_scale, attn_mask)
+        return torch.autograd.grad(out, leaves, dout.to(dtype))
+
+
+def gradients_ref64(q, k, v, causal=False, softmax_scale=None, attn_mask=None, *, dout) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) of exact float64 attention on the same inputs for the upstream gradient ``dout``."""
+    return _gradients_in(torch.float64, q, k, v, causal, softmax_scale, attn_mask, dout)
+
+
+def naive_gradients(q, k, v, causal=False, softmax_scale=None, attn_mask=None, *, dout) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) of the naive attention, forward and backward in ``q.dtype``."""
+    return _gradients_in(q.dtype, q, k, v, causal, softmax_scale, attn_mask, dout)
+
+
+def _scaled(o: torch.Tensor, ref: torch.Tensor, allowed: float, what: str) -> str | None:
+    """``o`` is ``ref`` times a constant other than 1 (within ``allowed``); None otherwise."""
+    ratio = float((o * ref).sum() / (ref * ref).sum()) if ref.any() else 0.0
+    if abs(ratio - 1.0) > 1e-3 and float((o - ratio * ref).abs().max()) <= allowed:
+        return f"it is {ratio:.3g} times the {what}"
+    return None
+
+
+def diagnose_gradient(grad: torch.Tensor, ref64: torch.Tensor, naive: torch.Tensor, rule: FlashAttentionRule) -> str | None:
+    """What a gradient that missed the oracle looks like instead: all zeros, or the float64 gradient times a
+    constant (a replicated gradient summed over W ranks is W times it). None: neither."""
+    g, ref = grad.detach().double().cpu(), ref64.detach().double().cpu()
+    if not torch.isfinite(g).all():
+        return None
+    if not g.any():
+        return "the gradient is all zeros"
+    allowed = rule.allowed(Stats(count=g.numel(), naive_err_ref64=float((naive.detach().double().cpu() - ref).abs().max())))
+    return _scaled(g, ref, allowed, "float64 gradient")
+
+
 def diagnose(
     out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
     attn_mask: torch.Tensor | None, pick: Callable[[torch.Tensor], torch.Tensor], rule: FlashAttentionRule,
@@ -90,7 +131,4 @@ def diagnose(
     for text, args in candidates:
         if explains(pick(attention_ref64(*args)).cpu()):
             return text
-    ratio = float((o * ref).sum() / (ref * ref).sum()) if ref.any() else 0.0
-    if abs(ratio - 1.0) > 1e-3 and explains(ratio * ref):
-        return f"it is {ratio:.4g} times the attention"
-    return None
+    return _scaled(o, ref, allowed, "attention")

@@ -15,6 +15,7 @@ merges the ranks' outcomes into one :class:`~harness.results.CaseResult`. Adding
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import torch
 
 from harness.contracts.bounds import AllChecks, Bound, FlashAttentionRule, judge
 from harness.contracts.params import Param, ParamError, Params, check_common, resolve
-from harness.contracts.stats import RankOutcome
+from harness.contracts.stats import RankOutcome, Stats
 from harness.results import FAILED, PASSED, SKIPPED, CaseResult, Status
 from harness.targets.base import Attention, AttentionSpec, Target
 from harness.targets.interface import checked_attention
@@ -71,6 +72,7 @@ class RankContext:
 
 
 Body = Callable[[RankContext, Params], RankOutcome]
+_REPLICATED_KINDS = frozenset({"replicated_prefix", "replicated_suffix", "replicated_kv_prefix"})
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ class Contract:
             needed.add("ring")
             if params.get("mask"):
                 needed.add("ring_mask")
+            if needed & _REPLICATED_KINDS:
+                needed.add("ring_replicated")
         # Sharded contracts without explicit degrees (replicated, varlen, masks) are Ulysses over W.
         ulysses = params.get("ulysses_degree", params.get("world_size", 1) if "tokens_per_rank" in params else 1)
         if ulysses > 1:
@@ -142,13 +146,16 @@ class Contract:
         stats_list = [o.stats for o in outcomes if o.stats is not None]
         reason = None
         if stats_list:
-            stats = stats_list[0]
-            for other in stats_list[1:]:
-                stats = stats.merge(other)
+            stats = functools.reduce(Stats.merge, stats_list)
             figures.update(stats.figures())
             if isinstance(bound, FlashAttentionRule) and stats.naive_err_ref64 is not None:
                 figures["allowed"] = bound.allowed(stats)
             reason = judge(bound, stats)
+        if any(o.parts for o in outcomes):
+            part_reasons, part_figures = _judge_parts(bound, outcomes)
+            figures.update(part_figures)
+            reason = "; ".join(([reason] if reason else []) + part_reasons) or None
+        problems += _not_alike(outcomes)
         if outcomes and outcomes[0].checks:
             figures["checks"] = outcomes[0].checks
             figures["failed_checks"] = len(problems)
@@ -162,6 +169,9 @@ class Contract:
         return verdict(FAILED if reason else PASSED, reason, figures)
 
 
+_OUTPUTS = {"sharded": "sharded output", "single-rank": "single-rank output"}  # the forward contracts' oracle names
+
+
 def _judge_oracle(params: Params, outcomes: Sequence[RankOutcome], bound: Bound) -> tuple[list[str], dict[str, Any]]:
     """Each output's distance to float64 attention, merged over ranks and judged by the case's ``oracle`` rule.
 
@@ -172,21 +182,55 @@ def _judge_oracle(params: Params, outcomes: Sequence[RankOutcome], bound: Bound)
     rule = oracle_rule(params)
     problems: list[str] = []
     figures: dict[str, Any] = {"bound": rule.describe()}
-    for name in dict.fromkeys(n for o in outcomes for n in o.oracle):
-        parts = [o.oracle[name] for o in outcomes if name in o.oracle]
-        merged = parts[0]
-        for part in parts[1:]:
-            merged = merged.merge(part)
+    for name, merged in _merged([o.oracle for o in outcomes]).items():
         figures[name] = {"err_ref64": merged.err_ref64, "naive_err_ref64": merged.naive_err_ref64,
                          "allowed": rule.allowed(merged)}
         reason = judge(rule, merged)
         if reason:
             hints = sorted({o.hints[name] for o in outcomes if name in o.hints})
-            if name == "sharded" and bound == rule:
-                problems += [f"{name} output: {'; '.join(hints)}"] if hints else []
+            label = _OUTPUTS.get(name, name)
+            if name.startswith("sharded") and bound == rule:
+                problems += [f"{label}: {'; '.join(hints)}"] if hints else []
             else:
-                problems.append(f"{name} output vs float64 attention: {reason}" + (f" ({'; '.join(hints)})" if hints else ""))
+                problems.append(f"{label} vs float64 attention: {reason}" + (f" ({'; '.join(hints)})" if hints else ""))
     return problems, figures
+
+
+def _merged(per_rank: Sequence[Mapping[str, Stats]]) -> dict[str, Stats]:
+    """Each name's Stats merged over the ranks that report it, in first-seen order."""
+    merged: dict[str, Stats] = {}
+    for named in per_rank:
+        for name, stats in named.items():
+            merged[name] = merged[name].merge(stats) if name in merged else stats
+    return merged
+
+
+def _judge_parts(bound: Bound, outcomes: Sequence[RankOutcome]) -> tuple[list[str], dict[str, Any]]:
+    """Every named comparison (dq, dk, dv) judged by the case's bound on its own, and the worst of them as the
+    headline figures (bitwise: all of them; max_abs: the largest)."""
+    parts = _merged([o.parts for o in outcomes])
+    reasons, figures = [], {}
+    for name, stats in parts.items():
+        figures[name] = stats.figures()
+        if isinstance(bound, FlashAttentionRule) and stats.naive_err_ref64 is not None:
+            figures[name]["allowed"] = bound.allowed(stats)
+        reason = judge(bound, stats)
+        if reason:
+            reasons.append(f"{name}: {reason}")
+    worst = functools.reduce(Stats.merge, parts.values())
+    figures.update({k: v for k, v in worst.figures().items() if k in ("bitwise", "max_abs", "mean_abs", "elements")})
+    return reasons, figures
+
+
+def _not_alike(outcomes: Sequence[RankOutcome]) -> list[str]:
+    """What every rank must hold alike (replicated outputs and gradients), compared by digest."""
+    problems = []
+    for name in dict.fromkeys(n for o in outcomes for n in o.replicated):
+        differ = [rank for rank, o in enumerate(outcomes) if o.replicated.get(name) != outcomes[0].replicated.get(name)]
+        if differ:
+            problems.append(f"the replicated {name} is not the same on every rank: rank{'s' if len(differ) > 1 else ''} "
+                            f"{', '.join(map(str, differ))} differ{'' if len(differ) > 1 else 's'} from rank 0")
+    return problems
 
 
 def _merge_problems(per_rank: Sequence[Sequence[str]]) -> list[str]:

@@ -7,6 +7,7 @@ N-rank case are the same as if one process had compared the whole output.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,3 +124,13 @@ class RankOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
     oracle: dict[str, Stats] = field(default_factory=dict)  # an output ("sharded", "single-rank") vs float64 attention
     hints: dict[str, str] = field(default_factory=dict)  # what an output that missed the oracle looks like instead
+    parts: dict[str, Stats] = field(default_factory=dict)  # named comparisons (dq, dk, dv), each judged by the case's bound
+    replicated: dict[str, str] = field(default_factory=dict)  # digests of what every rank must hold alike
+
+
+def digest(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and bytes: equal digests on two ranks mean the same tensor, bit for bit."""
+    t = tensor.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()

@@ -11,38 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from harness.contracts import layouts
 from harness.contracts.bounds import Bitwise, Bound, parse_bound
+from harness.contracts.layouts import LayoutFn, qkv
 from harness.contracts.outputs import ORACLE, Asked, check_oracle, judge_output
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Body, Contract, RankContext, register
-from harness.contracts.stats import RankOutcome, compare
+from harness.contracts.stats import RankOutcome, compare, digest
 from harness.targets.base import Unsupported
 
 Tensor = torch.Tensor
-_GARBAGE_SEED = 7919  # padding filler seed: a varlen path that reads padding changes the output
 
 
 def _bound(params: Params) -> Bound:
     return parse_bound(params.bound, params.dtype)
-
-
-def _qkv(ctx: RankContext, p: Params, q_tokens: int, kv_tokens: int | None = None, seed: int | None = None):
-    seed = p.seed if seed is None else seed
-    kv_tokens = q_tokens if kv_tokens is None else kv_tokens
-    return (
-        ctx.randn(p, q_tokens, p.heads, seed),
-        ctx.randn(p, kv_tokens, p.kv_heads, seed + 1),
-        ctx.randn(p, kv_tokens, p.kv_heads, seed + 2),
-    )
-
-
-def _shard(ctx: RankContext, p: Params) -> slice:
-    return slice(ctx.rank * p.tokens_per_rank, (ctx.rank + 1) * p.tokens_per_rank)
 
 
 def _all_ranks_alive(world_size: int) -> str | None:
@@ -53,45 +41,60 @@ def _all_ranks_alive(world_size: int) -> str | None:
 
 
 def _attention_contract(
-    contract_id: str, description: str, body: Body, *, bound: str | Bound | None = None, extra: tuple[Param, ...] = (),
-    ring: Callable[[Params], int] | int | None = None, requires: tuple[str, ...] = (),
+    contract_id: str, description: str, body: Body, *, bound: str | Bound | Callable[[Params], str] | None = None,
+    extra: tuple[Param, ...] = (), ring: Callable[[Params], int] | int | None = None, requires: tuple[str, ...] = (),
     checks: tuple[Callable[[Params], None], ...] = (), min_world_size: int = 1, timeout_s: float = 120.0,
 ) -> None:
     """Register a ``usp.*`` contract on the standard parameters (world size, [degrees,] shape, numerics, ``extra``).
 
-    ``bound``: a default for the case's ``bound`` parameter (text), a fixed Bound, or None (every check holds).
-    A contract with a bound judges outputs, so it also takes the ``oracle`` bound (:mod:`.outputs`).
+    ``bound``: a default for the case's ``bound`` parameter (text, or a function of the parameters
+    before it), a fixed Bound, or None (every check holds). A contract with a bound judges outputs,
+    so it also takes the ``oracle`` bound (:mod:`.outputs`).
     """
     params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + extra
     if bound is not None:
         params += (ORACLE,)
         checks += (check_oracle,)
     judged_by: Callable[[Params], Bound] | None = None
-    if isinstance(bound, str):
-        params += (bound_param(bound),)
-        judged_by = _bound
-    elif isinstance(bound, Bound):
+    if isinstance(bound, Bound):
         fixed = bound
         judged_by = lambda p: fixed  # noqa: E731
+    elif bound is not None:
+        params += (bound_param(bound),)
+        judged_by = _bound
     contract = Contract(contract_id, description, params, body, requires=frozenset(requires), checks=checks,
                         min_world_size=min_world_size, timeout_s=timeout_s)
     register(contract if judged_by is None else dataclasses.replace(contract, bound=judged_by))
 
 
-# ------------------------------------------------------------------ Ulysses / ring / hybrid
+def bitwise_unless_ring(p: Params) -> str:
+    """The default bound of a contract bitwise in single-rank key order: the ring merges blocks in another order."""
+    return "bitwise" if p["ring_degree"] == 1 else "fa:2"
 
 
-def sharded_parity(ctx: RankContext, p: Params) -> RankOutcome:
-    """Plain sharded attention at (ulysses_degree, ring_degree) against the single-rank output."""
-    q, k, v = _qkv(ctx, p, p.tokens)
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    sl = _shard(ctx, p)
-    with ctx.parallel(p.ulysses_degree, p.ring_degree):
-        # A backend without the LSE cannot rotate: the target refuses (kind "ring_needs_lse"), the
-        # case is skipped with its reason; that refusal itself is usp.ring_admission's subject.
+def output_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
+    """This rank's output of the case's layout against the single-rank output (and both against float64).
+
+    A ring case whose backend has no LSE is refused by the target (kind "ring_needs_lse") and
+    skipped with its reason; that refusal itself is usp.ring_admission's subject. Replicated
+    outputs must be the same on every rank, bit for bit.
+    """
+    case = layout(ctx, p)
+    ref = ctx.attention(p, skip_sequence_parallel=True)(case.asked.q, case.asked.k, case.asked.v, **case.single_kwargs)
+    with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
-        out = attn(q[:, sl], k[:, sl], v[:, sl])
-    return judge_output(p, Asked(q, k, v, p.causal), out, ref, lambda t: t[:, sl], attn.kernel, report_single=ctx.rank == 0)
+        out = attn(*case.local, **case.kwargs)
+    outcome = judge_output(p, case.asked, out, ref, case.pick_q, attn.kernel, report_single=ctx.rank == 0)
+    if case.replicated_q is not None:
+        outcome.replicated["output"] = digest(out[:, case.replicated_q])
+    return outcome
+
+
+def _output_contract(contract_id: str, description: str, layout: LayoutFn, **options: Any) -> None:
+    _attention_contract(contract_id, description, partial(output_parity, layout), **options)
+
+
+# ------------------------------------------------------------------ Ulysses / ring / hybrid
 
 
 def _ring_at_least(n: int) -> Callable[[Params], None]:
@@ -115,20 +118,24 @@ def _ring_only(p: Params) -> None:
         raise ParamError("ring_degree", "Ulysses-only contract: ring_degree must be 1 (see usp.ring_parity / usp.hybrid_parity)")
 
 
-_attention_contract(
+ULYSSES = dict(ring=1, checks=(_ring_only,))
+RING = dict(ring=lambda p: p["world_size"], checks=(_ring_at_least(2),), min_world_size=2)
+HYBRID = dict(ring=2, checks=(_ring_at_least(2), _ulysses_at_least(2)), min_world_size=4)
+
+_output_contract(
     "usp.ulysses_parity",
     "Ulysses SP output equals the single-rank output bitwise (the all-to-all keeps the reduction order)",
-    sharded_parity, bound="bitwise", ring=1, checks=(_ring_only,),
+    layouts.sharded, bound="bitwise", **ULYSSES,
 )
-_attention_contract(
+_output_contract(
     "usp.ring_parity",
     "ring attention (partials merged in fp32 through the LSE) within the FlashAttention rule, k=2",
-    sharded_parity, bound="fa:2", ring=lambda p: p["world_size"], checks=(_ring_at_least(2),), min_world_size=2,
+    layouts.sharded, bound="fa:2", **RING,
 )
-_attention_contract(
+_output_contract(
     "usp.hybrid_parity",
     "Ulysses × ring (e.g. W=4 as 2×2) within the FlashAttention rule, k=2",
-    sharded_parity, bound="fa:2", ring=2, checks=(_ring_at_least(2), _ulysses_at_least(2)), min_world_size=4,
+    layouts.sharded, bound="fa:2", **HYBRID,
 )
 
 
@@ -150,61 +157,30 @@ def _not_causal(why: str) -> Callable[[Params], None]:
     return check
 
 
-def replicated_suffix(ctx: RankContext, p: Params) -> RankOutcome:
-    """sglang: rank r holds [shard r, replicated tail]; the output must equal the single-rank one on both."""
-    total, rep = p.tokens, p.replicated
-    q, k, v = _qkv(ctx, p, total + rep)
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    sl = _shard(ctx, p)
-    pick = lambda t: torch.cat([t[:, sl], t[:, total:]], dim=1)  # noqa: E731
-    with ctx.parallel(p.world_size, 1):
-        attn = ctx.attention(p)
-        out = attn(pick(q), pick(k), pick(v), num_replicated_suffix=rep)
-    return judge_output(p, Asked(q, k, v, p.causal), out, ref, pick, attn.kernel, report_single=ctx.rank == 0)
+PREFIX_NOT_CAUSAL = _not_causal("the prefix order changes a causal mask: compare without causal")
+KV_PREFIX_NOT_CAUSAL = _not_causal("cross attention on cached K/V is not causal")
+SUFFIX = dict(extra=REPLICATED, ring=1, requires=("replicated_suffix",), checks=(_replicated_positive,))
+PREFIX = dict(extra=REPLICATED, ring=1, requires=("replicated_prefix",), checks=(_replicated_positive, PREFIX_NOT_CAUSAL))
+KV_PREFIX = dict(extra=REPLICATED, ring=1, requires=("replicated_kv_prefix",), checks=(_replicated_positive, KV_PREFIX_NOT_CAUSAL))
 
-
-def replicated_prefix(ctx: RankContext, p: Params) -> RankOutcome:
-    """sglang: [replicated head, shard r] against the reference computed in *suffix* order (bounded drift)."""
-    total, rep = p.tokens, p.replicated
-    q, k, v = _qkv(ctx, p, total + rep)
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    sl = _shard(ctx, p)
-    pick = lambda t: torch.cat([t[:, total:], t[:, sl]], dim=1)  # noqa: E731
-    with ctx.parallel(p.world_size, 1):
-        attn = ctx.attention(p)
-        out = attn(pick(q), pick(k), pick(v), num_replicated_prefix=rep)
-    return judge_output(p, Asked(q, k, v, p.causal), out, ref, pick, attn.kernel, report_single=ctx.rank == 0)
-
-
-def replicated_kv_prefix(ctx: RankContext, p: Params) -> RankOutcome:
-    """Cross attention on cached K/V: queries sharded, K/V = [replicated prefix, shard r]."""
-    total, rep = p.tokens, p.replicated
-    q, k, v = _qkv(ctx, p, total, rep + total)
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    sl = _shard(ctx, p)
-    kv_pick = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
-    with ctx.parallel(p.world_size, 1):
-        attn = ctx.attention(p)
-        out = attn(q[:, sl], kv_pick(k), kv_pick(v), num_replicated_kv_prefix=rep)
-    return judge_output(p, Asked(q, k, v), out, ref, lambda t: t[:, sl], attn.kernel, report_single=ctx.rank == 0)
-
-
-_attention_contract(
+_output_contract(
     "usp.replicated_suffix_bitwise",
-    "replicated suffix kept at the tail (order-preserving): shard and suffix outputs torch.equal to one rank",
-    replicated_suffix, bound="bitwise", extra=REPLICATED, requires=("replicated_suffix",), checks=(_replicated_positive,),
+    "replicated suffix kept at the tail (order-preserving): shard and suffix outputs torch.equal to one rank, the "
+    "suffix the same on every rank (under ring: the FlashAttention rule, the replicated queries' partials merged in "
+    "rank order)",
+    layouts.replicated_suffix, bound=bitwise_unless_ring, **SUFFIX,
 )
-_attention_contract(
+_output_contract(
     "usp.replicated_prefix_drift",
-    "replicated prefix path against the single-rank output computed in suffix order: max abs <= 1e-2",
-    replicated_prefix, bound="abs:1e-2", extra=REPLICATED, requires=("replicated_prefix",),
-    checks=(_replicated_positive, _not_causal("the prefix order changes a causal mask: compare without causal")),
+    "replicated prefix path against the single-rank output computed in suffix order: max abs <= 1e-2, the prefix "
+    "the same on every rank (also under ring)",
+    layouts.replicated_prefix, bound="abs:1e-2", **PREFIX,
 )
-_attention_contract(
+_output_contract(
     "usp.replicated_kv_prefix",
-    "cross attention on a replicated K/V prefix (queries sharded) equals one rank bitwise",
-    replicated_kv_prefix, bound="bitwise", extra=REPLICATED, requires=("replicated_kv_prefix",),
-    checks=(_replicated_positive, _not_causal("cross attention on cached K/V is not causal")),
+    "cross attention on a replicated K/V prefix (queries sharded) equals one rank bitwise (under ring: the "
+    "FlashAttention rule, the K/V prefix one more block merged through the LSE)",
+    layouts.replicated_kv_prefix, bound=bitwise_unless_ring, **KV_PREFIX,
 )
 
 
@@ -222,21 +198,6 @@ def _check_seq_lens(p: Params) -> None:
         raise ParamError("seq_lens", f"{lens}: each must be in [0, tokens_per_rank={p.tokens_per_rank}], not all 0")
 
 
-def varlen(ctx: RankContext, p: Params) -> RankOutcome:
-    """Uneven per-rank lengths, padded with garbage: valid tokens equal one rank, padding rows are zeros."""
-    lens, padded = p.seq_lens, p.tokens_per_rank
-    q, k, v = _qkv(ctx, p, sum(lens))
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    start, mine = sum(lens[: ctx.rank]), lens[ctx.rank]
-    garbage = _qkv(ctx, p, padded - mine, seed=p.seed + _GARBAGE_SEED)
-    inputs = [torch.cat([t[:, start : start + mine], g * 10], dim=1) for t, g in zip((q, k, v), garbage)]
-    pick = lambda t: torch.cat([t[:, start : start + mine], t.new_zeros(p.batch, padded - mine, *t.shape[2:])], dim=1)  # noqa: E731
-    with ctx.parallel(p.world_size, 1):
-        attn = ctx.attention(p)
-        out = attn(*inputs, seq_lens=lens)
-    return judge_output(p, Asked(q, k, v, p.causal), out, ref, pick, attn.kernel, report_single=ctx.rank == 0)
-
-
 MASK_KINDS = ("key_padding", "dense")
 
 
@@ -245,40 +206,21 @@ def _check_mask_kind(p: Params) -> None:
         raise ParamError("mask", f"unknown mask kind {p.mask!r}; valid: {', '.join(MASK_KINDS)}")
 
 
-def masked(ctx: RankContext, p: Params) -> RankOutcome:
-    """A key-padding mask ([B, S_k], sharded like the keys) or a dense [B, H, S, S] mask under SP."""
-    total = p.tokens
-    q, k, v = _qkv(ctx, p, total)
-    gen = torch.Generator().manual_seed(p.seed + 3)
-    if p.mask == "key_padding":
-        full = torch.rand(p.batch, total, generator=gen) > 0.3
-        full[:, 0] = True  # every query keeps a key, causal or not: no all-masked row
-    else:
-        full = torch.rand(p.batch, p.heads, total, total, generator=gen) > 0.4
-        full |= torch.eye(total, dtype=torch.bool)
-    full = full.to(ctx.device)
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v, attn_mask=full)
-    sl = _shard(ctx, p)
-    mine = full[:, sl] if p.mask == "key_padding" else full
-    with ctx.parallel(p.ulysses_degree, p.ring_degree):
-        attn = ctx.attention(p)
-        out = attn(q[:, sl], k[:, sl], v[:, sl], attn_mask=mine)
-    return judge_output(p, Asked(q, k, v, p.causal, full), out, ref, lambda t: t[:, sl], attn.kernel,
-                        report_single=ctx.rank == 0)
+VARLEN = dict(extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
+              requires=("varlen",), checks=(_check_seq_lens,))
+MASKED = dict(ring=1, extra=(Param("mask", "str", "key_padding", "key_padding or dense"),), requires=("mask",),
+              checks=(_check_mask_kind,))
 
-
-_attention_contract(
+_output_contract(
     "usp.varlen_parity",
     "seq_lens varlen (uneven per-rank lengths): valid tokens equal one rank bitwise, padding rows are zeros",
-    varlen, bound="bitwise", extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
-    requires=("varlen",), checks=(_check_seq_lens,),
+    layouts.varlen, bound="bitwise", **VARLEN,
 )
-_attention_contract(
+_output_contract(
     "usp.masked_parity",
     "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise "
     "(under ring: within the FlashAttention rule, bound fa:2)",
-    masked, bound="bitwise", ring=1, extra=(Param("mask", "str", "key_padding", "key_padding or dense"),),
-    requires=("mask",), checks=(_check_mask_kind,),
+    layouts.masked, bound=bitwise_unless_ring, **MASKED,
 )
 
 
@@ -331,7 +273,7 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     times: any hidden collective would mismatch or hang, and the final all_reduce would not complete.
     """
     tokens = p.tokens_per_rank + 3 * ctx.rank
-    q, k, v = _qkv(ctx, p, tokens, seed=p.seed + 1000 * (ctx.rank + 1))
+    q, k, v = qkv(ctx, p, tokens, seed=p.seed + 1000 * (ctx.rank + 1))
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p, skip_sequence_parallel=True)

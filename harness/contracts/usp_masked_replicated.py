@@ -10,14 +10,17 @@ refuse (``refused``); ``usp.masked_replicated_prefix_parity`` judges the legal p
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from harness.contracts.outputs import Asked, judge_output
+from harness.contracts import layouts
+from harness.contracts.layouts import qkv
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import RankContext
 from harness.contracts.stats import RankOutcome
 from harness.contracts.usp import (
-    REPLICATED, _all_ranks_alive, _attention_contract, _not_causal, _qkv, _replicated_positive, _shard,
+    PREFIX_NOT_CAUSAL, REPLICATED, _all_ranks_alive, _attention_contract, _replicated_positive, output_parity,
 )
 from harness.targets.base import Unsupported
 
@@ -37,10 +40,10 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
     """
     if "prefix" not in p.refused and "masked_replicated_prefix" not in ctx.target.capabilities():
         raise Unsupported("a masked replicated prefix is expected to run; this target does not declare masked_replicated_prefix")
-    q, k, v = _qkv(ctx, p, p.tokens_per_rank + p.replicated)
+    q, k, v = qkv(ctx, p, p.tokens_per_rank + p.replicated)
     mask = torch.ones(p.batch, q.shape[1], dtype=torch.bool, device=ctx.device)
     problems: list[str] = []
-    with ctx.parallel(p.world_size, 1):
+    with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p)
         for kind, kwarg in _REPLICATED_KWARGS.items():
             call, refused = f"attn_mask with {kwarg}={p.replicated}", kind in p.refused
@@ -63,35 +66,18 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
 
 _attention_contract(
     "usp.masked_rejects_replicated",
-    "attn_mask with replicated tokens under SP: each kind in `refused` is refused (mask_with_replicated) on every rank, "
-    "before any collective; the others run",
-    masked_rejects_replicated,
+    "attn_mask with replicated tokens under SP (Ulysses, ring or both): each kind in `refused` is refused "
+    "(mask_with_replicated) on every rank, before any collective; the others run",
+    masked_rejects_replicated, ring=1,
     extra=REPLICATED + (Param("refused", "str_list", list(_REPLICATED_KWARGS), "replicated kinds refused with a mask: prefix, suffix, kv_prefix"),),
     requires=("mask", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix"), checks=(_replicated_positive, _check_refused),
     min_world_size=2, timeout_s=60.0,
 )
 
 
-def masked_replicated_prefix(ctx: RankContext, p: Params) -> RankOutcome:
-    """[replicated prefix, shard r] with the matching slice of a key mask under SP equals the masked single-rank output."""
-    total, rep = p.tokens, p.replicated
-    q, k, v = _qkv(ctx, p, rep + total)
-    gen = torch.Generator().manual_seed(p.seed + 3)
-    full = torch.rand(p.batch, rep + total, generator=gen) > 0.3
-    full[:, 0] = True  # no all-masked row
-    full = full.to(ctx.device)
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v, attn_mask=full)
-    sl = _shard(ctx, p)
-    pick = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
-    with ctx.parallel(p.world_size, 1):
-        attn = ctx.attention(p)
-        out = attn(pick(q), pick(k), pick(v), attn_mask=pick(full), num_replicated_prefix=rep)
-    return judge_output(p, Asked(q, k, v, False, full), out, ref, pick, attn.kernel, report_single=ctx.rank == 0)
-
-
 _attention_contract(
     "usp.masked_replicated_prefix_parity",
     "a [B, n + S_local] key mask with a replicated prefix under SP equals the masked single-rank output bitwise",
-    masked_replicated_prefix, bound="bitwise", extra=REPLICATED, requires=("mask", "replicated_prefix", "masked_replicated_prefix"),
-    checks=(_replicated_positive, _not_causal("the prefix order changes a causal mask: compare without causal")),
+    partial(output_parity, layouts.masked_replicated_prefix), bound="bitwise", extra=REPLICATED,
+    requires=("mask", "replicated_prefix", "masked_replicated_prefix"), checks=(_replicated_positive, PREFIX_NOT_CAUSAL),
 )

@@ -38,10 +38,12 @@ CAPABILITIES: dict[str, str] = {
     "varlen": "forward(..., seq_lens=[one valid length per rank])",
     "mask": "forward(..., attn_mask=bool mask [B, S_k] or [B, 1|H, S_q, S_k])",
     "ring_mask": "attn_mask under ring attention (each rank holds the mask of its own K/V shard)",
+    "ring_replicated": "num_replicated_prefix / _suffix / _kv_prefix under ring attention (ring_degree > 1)",
     "masked_replicated_prefix": "forward(..., attn_mask=[B, n + S_k] key mask, num_replicated_prefix=n) under SP",
     "backend_choice": "AttentionSpec.backend names the kernel family to run",
     "backend_selection": "AttentionSpec.backend_config / default_backend / component / supported_backends",
     "reference_models": "the target is reference_impl itself: model-level checks (model.*, encoder.*, vae.*) run its models",
+    "backward": "the attention is differentiable: out.backward(dO) gives q, k and v (the rank's own) their gradients",
 }
 
 
@@ -57,6 +59,7 @@ REFUSALS: dict[str, str] = {
     "backend_unavailable": "the requested backend or pinned kernel is missing or cannot serve this case here",
     "ring_needs_lse": "ring attention needs a backend that returns the log-sum-exp; this one does not",
     "mask_with_replicated": "an attention mask together with replicated tokens under sequence parallelism",
+    "no_backward": "the target cannot differentiate this case (e.g. a ring merge through a log-sum-exp without a gradient)",
 }
 
 

@@ -15,6 +15,14 @@ a divergence is diffusers', never the adapter's. Refusals carry diffusers' own w
 diffusers has them: causal and GQA under CP raise from its templated CP entry, before any
 collective, and become skips with that text; causal and GQA stay declared because diffusers does
 them rank-locally and a release that lifts the guard needs no change here.
+
+Ring and hybrid layers of the target's ``native`` backend, whose ring forward op returns no LSE, run
+each block through a CPU kernel that returns it (:mod:`.diffusers_lse`, ``--target-arg
+lse_kernel=cpu_flash``, the default; ``none``: stock diffusers, ring refused), so diffusers' ring code
+is gated on the CPU, forward and backward; a case that names its backend gets that backend's own op. diffusers' context-parallel attention is autograd
+Functions: the target declares ``backward``; ``ulysses_anything`` (varlen) has no backward
+(``TemplatedUlyssesAnythingAttention.backward`` raises NotImplementedError, :2839), refused before
+the call as ``no_backward``.
 """
 
 from __future__ import annotations
@@ -27,12 +35,13 @@ import torch
 import torch.distributed as dist
 
 from harness.errors import ConfigError, ParamError
+from harness.targets import diffusers_lse
 from harness.targets.base import AttentionSpec, Target, Unsupported
 
 MIN_VERSION = "0.36"  # ContextParallelConfig and the templated CP attention first ship in 0.36.0
 NOT_INSTALLED = "diffusers is not installed (pip install 'parity[diffusers]')"
 
-_ALWAYS = frozenset({"ulysses", "ring", "gqa", "causal", "backend_choice"})
+_ALWAYS = frozenset({"ulysses", "ring", "gqa", "causal", "backend_choice", "backward"})
 # Capabilities that arrived after MIN_VERSION: (capability, first release, the upstream fact),
 # read from the 0.36.0-0.42.1 sources of models/attention_dispatch.py and _modeling_parallel.py.
 VERSIONED: tuple[tuple[str, str, str], ...] = (
@@ -83,13 +92,17 @@ def _check_backend_name(name: str) -> None:
 
 
 class DiffusersAttention:
-    """One attention layer: diffusers' dispatch with this spec's backend, causality and scale."""
+    """One attention layer: diffusers' dispatch with this spec's backend, causality and scale.
 
-    def __init__(self, spec: AttentionSpec, backend: str, parallel: _Parallel | None) -> None:
+    ``lse_kernel``: the ring's blocks run through :mod:`.diffusers_lse` (the backend's own op has no LSE).
+    """
+
+    def __init__(self, spec: AttentionSpec, backend: str, parallel: _Parallel | None, lse_kernel: bool = False) -> None:
         self.spec = spec
         self.backend = backend
         self._parallel = parallel
-        self.kernel = self._describe(anything=False)
+        self._lse_kernel = lse_kernel
+        self.kernel = self._describe(anything=False) + (f" [ring blocks: {diffusers_lse.KERNEL}]" if lse_kernel else "")
 
     def _describe(self, anything: bool) -> str:
         """What diffusers dispatches to, named after its own template (the branch its config selects)."""
@@ -109,6 +122,9 @@ class DiffusersAttention:
         seq_lens = kwargs.pop("seq_lens", None)
         if kwargs:
             raise Unsupported(f"diffusers' dispatch_attention_fn takes no {', '.join(sorted(kwargs))}")
+        if self._lse_kernel and q.device.type != "cpu":
+            raise Unsupported(f"the LSE kernel {diffusers_lse.KERNEL} runs on the CPU only; on {q.device.type} choose a "
+                              "diffusers backend that returns the LSE (_native_cudnn, flash)", kind="ring_needs_lse")
         if seq_lens is None:
             return self._dispatch(q, k, v, attn_mask, self._parallel.plain if self._parallel else None)
         if attn_mask is not None:
@@ -124,6 +140,9 @@ class DiffusersAttention:
         if len(seq_lens) <= position:
             raise ValueError(f"seq_lens {seq_lens} has no length for rank {position}")
         n = seq_lens[position]
+        if p is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise Unsupported(f"diffusers {installed_version()} has no backward for uneven lengths: "
+                              "TemplatedUlyssesAnythingAttention.backward raises NotImplementedError", kind="no_backward")
         self.kernel = self._describe(anything=p is not None)
         out = self._dispatch(q[:, :n], k[:, :n], v[:, :n], None, p.anything if p else None)
         return torch.cat([out, out.new_zeros(out.shape[0], q.shape[1] - n, *out.shape[2:])], dim=1)
@@ -133,6 +152,8 @@ class DiffusersAttention:
 
         gqa = k.shape[2] != q.shape[2]
         try:
+            if self._lse_kernel:
+                return diffusers_lse.ring_attention(q, k, v, attn_mask, self.spec.causal, self.spec.softmax_scale, gqa, config)
             return dispatch_attention_fn(
                 q, k, v, attn_mask=attn_mask, is_causal=self.spec.causal, scale=self.spec.softmax_scale,
                 enable_gqa=gqa, backend=self.backend, parallel_config=config,
@@ -169,7 +190,8 @@ class _Parallel:
 
 
 class DiffusersTarget(Target):
-    """``backend=NAME`` (a diffusers AttentionBackendName) picks the kernel family; default: diffusers' active one."""
+    """``backend=NAME`` (a diffusers AttentionBackendName) picks the kernel family; default: diffusers' active one.
+    ``lse_kernel=cpu_flash|none``: the kernel of the ring's blocks where ``native`` returns no LSE (default cpu_flash)."""
 
     name = "diffusers"
     overlay = "diffusers"  # variants (another backend, a test kernel) keep diffusers' version facts
@@ -177,7 +199,11 @@ class DiffusersTarget(Target):
     def version(self) -> str | None:
         return installed_version()
 
-    def __init__(self, backend: str | None = None) -> None:
+    def __init__(self, backend: str | None = None, lse_kernel: str = "cpu_flash") -> None:
+        if lse_kernel not in diffusers_lse.LSE_KERNELS:
+            raise ConfigError(f"{lse_kernel!r} is not an LSE kernel; valid: {', '.join(diffusers_lse.LSE_KERNELS)}",
+                              key="--target-arg lse_kernel")
+        self.lse_kernel = lse_kernel != "none"
         self.backend = backend
         self._version = installed_version()
         if backend is not None and self._version is not None:
@@ -237,7 +263,11 @@ class DiffusersTarget(Target):
                     kind="backend_unavailable",
                 )
             if parallel.ring > 1:
-                _refuse_ring_without_lse(name, spec)
+                # A case naming its backend gets that backend's own ring op (usp.ring_admission asks native's).
+                lse_kernel = self.lse_kernel and spec.backend is None and name == "native"
+                if not lse_kernel:
+                    _refuse_ring_without_lse(name, spec)
+                return DiffusersAttention(spec, name, parallel, lse_kernel)
         return DiffusersAttention(spec, name, parallel)
 
 
@@ -268,5 +298,5 @@ def _refuse_ring_without_lse(name: str, spec: AttentionSpec) -> None:
         ) from exc
 
 
-def factory(backend: str | None = None) -> DiffusersTarget:
-    return DiffusersTarget(backend)
+def factory(backend: str | None = None, lse_kernel: str = "cpu_flash") -> DiffusersTarget:
+    return DiffusersTarget(backend, lse_kernel)

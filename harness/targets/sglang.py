@@ -51,6 +51,8 @@ SINCE: dict[str, tuple[Version, str]] = {
     "varlen": (Version("0.5.18"), "PR #33923 added the seq_lens entry"),
     "backend_choice": (Version("0.5.20"), "USPAttention takes required_attention_backend"),
     "masked_replicated_prefix": (Version("0.5.20"), "PR #36735 made a key mask with a replicated prefix legal"),
+    "ring_replicated": (Version("0.5.18"), "replicated tokens keyed on the whole SP group: under ring the replicated K/V "
+                        "is one more LSE-merged partial (0.5.17 raised NotImplementedError under ring)"),
 }
 OLDEST = Version("0.5.16")  # USPAttention as this adapter calls it (forward's replicated kinds); only 0.5.23 was run
 

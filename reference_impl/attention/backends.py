@@ -62,6 +62,12 @@ class AttentionBackend(ABC):
         """True when ``forward(..., return_lse=True)`` works: ring attention merges through the LSE."""
         return False
 
+    def lse_has_gradient(self) -> bool:
+        """True when the LSE of ``forward(..., return_lse=True)`` carries its gradient, so a ring merge
+        through it can be differentiated. The aten kernels' LSE has none (derivatives.yaml declares
+        their logsumexp output not differentiable), nor has flash-attn's."""
+        return False
+
     @classmethod
     def supports_head_size(cls, head_size: int) -> bool:
         return 0 < head_size <= cls.max_head_size
@@ -109,6 +115,11 @@ class AttentionBackend(ABC):
             raise NotImplementedError(f"{self.enum.value} does not take an attention mask")
 
 
+def requires_grad(*tensors: Tensor) -> bool:
+    """Whether autograd records an op on ``tensors`` now (a backward will be asked for)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def expand_kv_heads(k: Tensor, v: Tensor, num_q_heads: int) -> tuple[Tensor, Tensor]:
     """Repeat KV heads for GQA on ``[B, S, H, D]``; each KV head serves a contiguous group of Q heads."""
     num_kv = k.shape[2]
@@ -154,6 +165,9 @@ class MathBackend(AttentionBackend):
     @classmethod
     def supports_ring_rotation(cls) -> bool:
         return True
+
+    def lse_has_gradient(self) -> bool:
+        return True  # torch arithmetic throughout
 
     def forward(self, q, k, v, causal=False, softmax_scale=None, return_lse=False, attn_mask=None):
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -218,7 +232,9 @@ class TorchSDPABackend(AttentionBackend):
     Ring-capable: with ``return_lse`` it calls the aten flash op that returns the LSE
     (``_scaled_dot_product_flash_attention_for_cpu`` on the CPU; on CUDA the flash, efficient
     or cudnn op, following the pinned kernel). A pinned ``math`` kernel has no LSE-returning
-    aten op, so that combination computes the LSE through the MATH backend.
+    aten op, so that combination computes the LSE through the MATH backend; so does an unpinned
+    one under autograd, because the aten ops' LSE has no gradient. A pinned flash, efficient or
+    cudnn kernel cannot give the LSE a gradient: ``lse_has_gradient`` is False and the ring refuses.
     """
 
     enum = AttentionBackendEnum.TORCH_SDPA
@@ -234,6 +250,9 @@ class TorchSDPABackend(AttentionBackend):
     @classmethod
     def supports_ring_rotation(cls) -> bool:
         return True
+
+    def lse_has_gradient(self) -> bool:
+        return self.kernel in (None, "math")
 
     def forward(self, q, k, v, causal=False, softmax_scale=None, return_lse=False, attn_mask=None):
         if return_lse:
@@ -255,7 +274,10 @@ class TorchSDPABackend(AttentionBackend):
         return out.transpose(1, 2)
 
     def _forward_with_lse(self, q, k, v, causal, softmax_scale, attn_mask):
-        if attn_mask is not None or self.kernel == "math" or q.dtype == torch.float64:
+        under_autograd = requires_grad(q, k, v)
+        if under_autograd and not self.lse_has_gradient():
+            raise PinnedKernelRefused(f"torch SDPA kernel {self.kernel} returns a log-sum-exp without a gradient")
+        if attn_mask is not None or self.kernel == "math" or q.dtype == torch.float64 or under_autograd:
             return MathBackend().forward(q, k, v, causal, softmax_scale, True, attn_mask)
         k, v = expand_kv_heads(k, v, q.shape[2])
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))

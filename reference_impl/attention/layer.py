@@ -2,9 +2,11 @@
 
 USPAttention takes ``[B, S_local, H, D]`` per rank. Under sequence parallelism it runs
 Ulysses (all-to-all heads↔sequence), ring (K/V blocks rotate, partials merged in fp32 through
-the LSE) or both; replicated tokens (identical on every rank) skip the all-to-all. The
-replicated suffix stays at the tail, so every query scans K/V in exactly the single-rank
+the LSE, :mod:`.ring`) or both; replicated tokens (identical on every rank) skip the all-to-all.
+The replicated suffix stays at the tail, so every query scans K/V in exactly the single-rank
 order: that is what makes the suffix output bitwise equal to one rank (sglang seed 001).
+Every path is differentiable (the collectives are autograd Functions, ``comm``); a replicated
+token's gradient is whole and identical on every rank, like its value.
 Guards refuse combinations that would silently corrupt output, on every rank *before* any
 collective, so a refused call can never leave a peer blocked.
 """
@@ -17,13 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference_impl.attention.backends import AttentionBackend, AttentionBackendEnum, TorchSDPABackend
+from reference_impl.attention import ring
+from reference_impl.attention.backends import AttentionBackend, AttentionBackendEnum, TorchSDPABackend, requires_grad
 from reference_impl.attention.selector import BackendSelection, select_attn_backend
 from reference_impl.forward_context import get_forward_context
 from reference_impl.parallel import comm
 from reference_impl.parallel.state import (
-    get_ring_group,
-    get_ring_rank,
     get_ring_world_size,
     get_sp_world_size,
     get_ulysses_group,
@@ -59,6 +60,18 @@ class MaskWithReplicatedError(NotImplementedError):
     """An attention mask with replicated tokens under SP: refused on every rank before any collective.
 
     The masked path gathers keys over ranks; replicated tokens would be duplicated W times.
+    """
+
+
+class RingUnsupportedError(NotImplementedError):
+    """A combination the ring path does not serve (varlen, masks, a causal K/V prefix), refused before any collective."""
+
+
+class RingBackwardError(RuntimeError):
+    """Ring attention asked for a gradient with a backend whose log-sum-exp has none (refused before any collective).
+
+    The ring merges its blocks by their LSE: a merge through an LSE without a gradient would treat
+    the merge weights as constants and return wrong gradients without an error.
     """
 
 
@@ -179,8 +192,7 @@ class USPAttention(_AttentionBase):
                 "duplicated on every rank and corrupt the output (num_replicated_prefix/suffix/kv_prefix "
                 f"= {num_replicated_prefix}/{num_replicated_suffix}/{num_replicated_kv_prefix})"
             )
-        if replicated and get_ring_world_size() > 1:
-            raise NotImplementedError("the replicated prefix/suffix/kv-prefix paths do not support ring parallelism yet")
+        self._check_ring(q, k, v, attn_mask, seq_lens, num_replicated_kv_prefix)
         self._check_heads(q.shape[2], k.shape[2])
         if seq_lens is not None:
             return self._forward_varlen(q, k, v, seq_lens)
@@ -193,6 +205,25 @@ class USPAttention(_AttentionBase):
         if num_replicated_kv_prefix:
             return self._forward_replicated_kv_prefix(q, k, v, num_replicated_kv_prefix)
         return self._forward_sharded(q, k, v)
+
+    def _check_ring(
+        self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, seq_lens: Sequence[int] | None, kv_prefix: int
+    ) -> None:
+        if get_ring_world_size() == 1:
+            return
+        if seq_lens is not None or attn_mask is not None:
+            raise RingUnsupportedError(f"{'seq_lens (varlen)' if seq_lens is not None else 'attn_mask'} does not support ring parallelism")
+        if kv_prefix and self.causal:
+            raise RingUnsupportedError("a causal layer with a replicated K/V prefix does not support ring parallelism")
+        if requires_grad(q, k, v) and not self.attn_impl.lse_has_gradient():
+            raise RingBackwardError(
+                f"{self.backend.value} cannot differentiate ring attention: the log-sum-exp it returns has no "
+                "gradient, so the merge of the ring's blocks would be wrong (choose math, or torch_sdpa unpinned)"
+            )
+
+    @property
+    def _blocks(self) -> ring.Blocks:
+        return ring.Blocks(self.attn_impl, self.causal, self.softmax_scale)
 
     # ------------------------------------------------------------------ paths
     def _forward_single_rank(
@@ -209,41 +240,12 @@ class USPAttention(_AttentionBase):
     def _forward_sharded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         group = get_ulysses_group()
         q, k, v = (comm.seq_to_head_all_to_all(t, group) for t in (q, k, v))
-        out = self._ring(q, k, v) if get_ring_world_size() > 1 else self._local(q, k, v)
+        out = ring.ring_attention(self._blocks, q, k, v) if get_ring_world_size() > 1 else self._local(q, k, v)
         return comm.head_to_seq_all_to_all(out, group)
-
-    def _ring(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Ring attention over the ring group; partials merged in fp32 through the LSE."""
-        group, world, rank = get_ring_group(), get_ring_world_size(), get_ring_rank()
-        out_acc: Tensor | None = None
-        lse_acc: Tensor | None = None
-        for step in range(world):
-            src = (rank - step) % world
-            if step:
-                k, v = comm.ring_shift([k, v], group)
-            if self.causal and src > rank:
-                continue  # a later block is entirely in the future of every local query
-            out, lse = self.attn_impl.forward(
-                q, k, v, causal=self.causal and src == rank, softmax_scale=self.softmax_scale, return_lse=True
-            )
-            out32 = out.float()
-            if out_acc is None:
-                out_acc, lse_acc = out32, lse
-                continue
-            assert lse_acc is not None
-            new_lse = torch.logaddexp(lse_acc, lse)
-            w_old = torch.exp(lse_acc - new_lse).nan_to_num(0.0).transpose(1, 2).unsqueeze(-1)
-            w_new = torch.exp(lse - new_lse).nan_to_num(0.0).transpose(1, 2).unsqueeze(-1)
-            out_acc = out_acc * w_old + out32 * w_new
-            lse_acc = new_lse
-        assert out_acc is not None
-        return out_acc.to(q.dtype)
 
     def _head_slice(self, t: Tensor) -> Tensor:
         """This Ulysses rank's heads of a replicated tensor (KV heads sliced by their own count)."""
-        world, rank = get_ulysses_world_size(), get_ulysses_rank()
-        per = t.shape[2] // world
-        return t[:, :, rank * per : (rank + 1) * per].contiguous()
+        return comm.split(t, dim=2, group=get_ulysses_group())
 
     def _forward_replicated(self, q: Tensor, k: Tensor, v: Tensor, num_rep: int, at_tail: bool) -> Tensor:
         """Sharded tokens go through the all-to-all; replicated ones keep their place (head-sliced)."""
@@ -255,12 +257,14 @@ class USPAttention(_AttentionBase):
             return (t[:, :-num_rep], t[:, -num_rep:]) if at_tail else (t[:, num_rep:], t[:, :num_rep])
 
         parts = [split(t) for t in (q, k, v)]
-        sharded = [comm.seq_to_head_all_to_all(s, group) for s, _ in parts]
-        reps = [self._head_slice(r) for _, r in parts]
-        joined = [torch.cat([s, r] if at_tail else [r, s], dim=1) for s, r in zip(sharded, reps)]
-        out = self._local(*joined)
-        n_shard = out.shape[1] - num_rep
-        out_shard, out_rep = (out[:, :n_shard], out[:, n_shard:]) if at_tail else (out[:, num_rep:], out[:, :num_rep])
+        sharded = tuple(comm.seq_to_head_all_to_all(s, group) for s, _ in parts)
+        reps = tuple(self._head_slice(r) for _, r in parts)
+        if get_ring_world_size() > 1:
+            out_shard, out_rep = ring.replicated_tokens(self._blocks, sharded, reps, at_tail)  # type: ignore[arg-type]
+        else:
+            out = self._local(*(torch.cat([s, r] if at_tail else [r, s], dim=1) for s, r in zip(sharded, reps)))
+            n_shard = out.shape[1] - num_rep
+            out_shard, out_rep = (out[:, :n_shard], out[:, n_shard:]) if at_tail else (out[:, num_rep:], out[:, :num_rep])
         out_shard = comm.head_to_seq_all_to_all(out_shard, group)
         out_rep = comm.all_gather(out_rep, dim=2, group=group)
         return torch.cat([out_shard, out_rep] if at_tail else [out_rep, out_shard], dim=1)
@@ -272,14 +276,15 @@ class USPAttention(_AttentionBase):
         group = get_ulysses_group()
         q = comm.seq_to_head_all_to_all(q, group)
         k_shard, v_shard = (comm.seq_to_head_all_to_all(t[:, num_rep:], group) for t in (k, v))
-        k = torch.cat([self._head_slice(k[:, :num_rep]), k_shard], dim=1)
-        v = torch.cat([self._head_slice(v[:, :num_rep]), v_shard], dim=1)
-        return comm.head_to_seq_all_to_all(self._local(q, k, v), group)
+        k_rep, v_rep = (self._head_slice(t[:, :num_rep]) for t in (k, v))
+        if get_ring_world_size() > 1:
+            out = ring.replicated_kv_prefix(self._blocks, q, (k_shard, v_shard), (k_rep, v_rep))
+        else:
+            out = self._local(q, torch.cat([k_rep, k_shard], dim=1), torch.cat([v_rep, v_shard], dim=1))
+        return comm.head_to_seq_all_to_all(out, group)
 
     def _forward_varlen(self, q: Tensor, k: Tensor, v: Tensor, seq_lens: Sequence[int]) -> Tensor:
         """Uneven per-rank lengths: rank r holds ``seq_lens[r]`` valid tokens, padded to a common length."""
-        if get_ring_world_size() > 1:
-            raise NotImplementedError("seq_lens (varlen) does not support ring parallelism")
         world = get_ulysses_world_size()
         lens = [int(n) for n in seq_lens]
         if len(lens) != world or any(n < 0 or n > q.shape[1] for n in lens):
@@ -290,8 +295,6 @@ class USPAttention(_AttentionBase):
 
     def _forward_masked(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor) -> Tensor:
         """Masked Ulysses: a ``[B, S_local]`` key mask is gathered; a full 4-D mask is head-sliced."""
-        if get_ring_world_size() > 1:
-            raise NotImplementedError("attn_mask does not support ring parallelism")
         group = get_ulysses_group()
         if attn_mask.dim() == 2:
             mask = comm.all_gather(attn_mask, dim=1, group=group)

@@ -1,8 +1,16 @@
-"""Collectives for sequence parallelism, on NCCL or gloo.
+"""Collectives for sequence parallelism, on NCCL or gloo, differentiable.
 
 gloo has ``all_to_all_single`` but no list ``all_to_all``, and it cannot move CUDA tensors
 for every op; when the group is gloo and a tensor lives on a GPU (several ranks sharing one
 GPU), the tensor is staged through host memory. That is pure data movement, so it is exact.
+
+Every collective is an autograd Function whose backward is its adjoint: an all-to-all runs
+reversed, a ring shift shifts back. Replicated tensors (identical on every rank) keep one rule
+in both directions, as in Megatron's tensor parallelism: their gradient is whole and identical on
+every rank. So ``all_gather`` of a replicated output hands each rank its slice of the (identical)
+gradient, ``split`` of a replicated input gathers the slices' gradients back, and
+``replicated_input`` sums the partial gradients of a replicated tensor that each rank used
+for its own part of the work (its queries, its K/V shard).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ def _needs_staging(tensor: Tensor, group: dist.ProcessGroup) -> bool:
     return tensor.is_cuda and dist.get_backend(group) == "gloo"
 
 
-def _all_to_all_flat(
+def _all_to_all_raw(
     send: Tensor, group: dist.ProcessGroup, out_numel: int, in_splits: list[int] | None, out_splits: list[int] | None
 ) -> Tensor:
     """all_to_all_single on a 1-D contiguous buffer, staged through the host when needed."""
@@ -29,6 +37,26 @@ def _all_to_all_flat(
     recv = torch.empty(out_numel, dtype=send.dtype, device=send.device)
     dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits, group=group)
     return recv.to(device)
+
+
+class _AllToAll(torch.autograd.Function):
+    """The adjoint of an all-to-all is the all-to-all with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, send, group, out_numel, in_splits, out_splits):  # type: ignore[override]
+        ctx.group, ctx.in_numel, ctx.splits = group, send.numel(), (in_splits, out_splits)
+        return _all_to_all_raw(send, group, out_numel, in_splits, out_splits)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        in_splits, out_splits = ctx.splits
+        return _all_to_all_raw(grad.contiguous(), ctx.group, ctx.in_numel, out_splits, in_splits), None, None, None, None
+
+
+def _all_to_all_flat(
+    send: Tensor, group: dist.ProcessGroup, out_numel: int, in_splits: list[int] | None, out_splits: list[int] | None
+) -> Tensor:
+    return _AllToAll.apply(send, group, out_numel, in_splits, out_splits)
 
 
 def seq_to_head_all_to_all(x: Tensor, group: dist.ProcessGroup) -> Tensor:
@@ -97,16 +125,78 @@ def head_to_seq_all_to_all_varlen(x: Tensor, seq_lens: Sequence[int], padded_len
     return out
 
 
-def all_gather(x: Tensor, dim: int, group: dist.ProcessGroup) -> Tensor:
-    """Concatenate every rank's ``x`` along ``dim`` in rank order."""
-    world = dist.get_world_size(group)
-    if world == 1:
-        return x
+def _all_gather_raw(x: Tensor, dim: int, group: dist.ProcessGroup) -> Tensor:
     device = x.device
     src = x.contiguous().cpu() if _needs_staging(x, group) else x.contiguous()
-    parts = [torch.empty_like(src) for _ in range(world)]
+    parts = [torch.empty_like(src) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, src, group=group)
     return torch.cat(parts, dim=dim).to(device)
+
+
+def _own_slice(x: Tensor, dim: int, group: dist.ProcessGroup) -> Tensor:
+    per = x.shape[dim] // dist.get_world_size(group)
+    return x.narrow(dim, dist.get_rank(group) * per, per).contiguous()
+
+
+class _AllGather(torch.autograd.Function):
+    """Forward: every rank's part, in rank order. Backward: this rank's slice of the replicated gradient."""
+
+    @staticmethod
+    def forward(ctx, x, dim, group):  # type: ignore[override]
+        ctx.dim, ctx.group = dim, group
+        return _all_gather_raw(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _own_slice(grad, ctx.dim, ctx.group), None, None
+
+
+class _Split(torch.autograd.Function):
+    """Forward: this rank's slice of a replicated tensor. Backward: every rank's slice gradient, gathered."""
+
+    @staticmethod
+    def forward(ctx, x, dim, group):  # type: ignore[override]
+        ctx.dim, ctx.group = dim, group
+        return _own_slice(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _all_gather_raw(grad, ctx.dim, ctx.group), None, None
+
+
+class _ReplicatedInput(torch.autograd.Function):
+    """Forward: the tensor itself. Backward: the ranks' partial gradients summed (all-reduce)."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        total = grad.contiguous().cpu() if _needs_staging(grad, ctx.group) else grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total.to(grad.device), None
+
+
+def all_gather(x: Tensor, dim: int, group: dist.ProcessGroup) -> Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` in rank order (a replicated result)."""
+    if dist.get_world_size(group) == 1:
+        return x
+    return _AllGather.apply(x, dim, group)
+
+
+def split(x: Tensor, dim: int, group: dist.ProcessGroup) -> Tensor:
+    """This rank's equal slice of a replicated ``x`` along ``dim`` (the inverse of :func:`all_gather`)."""
+    world = dist.get_world_size(group)
+    if x.shape[dim] % world:
+        raise ValueError(f"dim {dim} of size {x.shape[dim]} cannot be split over {world} ranks")
+    return x if world == 1 else _Split.apply(x, dim, group)
+
+
+def replicated_input(x: Tensor, group: dist.ProcessGroup) -> Tensor:
+    """A replicated ``x`` that each rank uses for its own part of the work: its gradient is summed over ``group``."""
+    return x if dist.get_world_size(group) == 1 else _ReplicatedInput.apply(x, group)
 
 
 def all_gather_object_list(value: object, group: dist.ProcessGroup) -> list[object]:
@@ -116,18 +206,58 @@ def all_gather_object_list(value: object, group: dist.ProcessGroup) -> list[obje
     return out
 
 
-def ring_shift(tensors: Sequence[Tensor], group: dist.ProcessGroup) -> list[Tensor]:
-    """Send each tensor to the next rank of the ring and receive the previous rank's."""
+def _shift(tensors: Sequence[Tensor], group: dist.ProcessGroup, step: int) -> list[Tensor]:
+    """Send each tensor ``step`` ranks on along the ring (+1 or -1) and receive from the other side."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if world == 1:
-        return list(tensors)
-    nxt = dist.get_global_rank(group, (rank + 1) % world)
-    prv = dist.get_global_rank(group, (rank - 1) % world)
+    to = dist.get_global_rank(group, (rank + step) % world)
+    frm = dist.get_global_rank(group, (rank - step) % world)
     device = tensors[0].device
     staged = _needs_staging(tensors[0], group)
     sends = [(t.cpu() if staged else t).contiguous() for t in tensors]
     recvs = [torch.empty_like(t) for t in sends]
-    ops = [dist.P2POp(dist.isend, t, nxt, group) for t in sends] + [dist.P2POp(dist.irecv, t, prv, group) for t in recvs]
+    ops = [dist.P2POp(dist.isend, t, to, group) for t in sends] + [dist.P2POp(dist.irecv, t, frm, group) for t in recvs]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
     return [t.to(device) for t in recvs]
+
+
+class _RingShift(torch.autograd.Function):
+    """The adjoint of a shift to the next rank is a shift back to the previous one."""
+
+    @staticmethod
+    def forward(ctx, group, *tensors):  # type: ignore[override]
+        ctx.group = group
+        return tuple(_shift(tensors, group, +1))
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        return (None, *_shift(grads, ctx.group, -1))
+
+
+def ring_shift(tensors: Sequence[Tensor], group: dist.ProcessGroup) -> list[Tensor]:
+    """Send each tensor to the next rank of the ring and receive the previous rank's."""
+    if dist.get_world_size(group) == 1:
+        return list(tensors)
+    return list(_RingShift.apply(group, *tensors))
+
+
+class _Anchor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out, *kept):  # type: ignore[override]
+        ctx.kept = [(t.shape, t.dtype, t.device) for t in kept]
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return (grad, *(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.kept))
+
+
+def anchor(out: Tensor, kept: Sequence[Tensor]) -> Tensor:
+    """``out``, with ``kept`` in its autograd graph (a zero gradient each).
+
+    A rank that received tensors through a collective but did not use them (a causal ring skips
+    the blocks in its future) must still run that collective's backward, or its peers wait for
+    it there forever: autograd runs only the backward of what the output depends on.
+    """
+    kept = [t for t in kept if t.requires_grad]
+    return _Anchor.apply(out, *kept) if kept and torch.is_grad_enabled() else out

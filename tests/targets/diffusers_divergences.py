@@ -33,13 +33,11 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def ring_key_padding(dtype: str) -> dict[str, float]:
-    """diffusers' ring (CPU LSE backend) with a key-padding mask, against what it should and what it does compute."""
-    from tests.targets.diffusers_cpu_lse import CpuLseTarget
-
+    """diffusers' ring (the target's CPU LSE kernel) with a key-padding mask, against what it should and what it does compute."""
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v, mask = _inputs(world, DTYPES[dtype])
     sl = slice(rank * S_LOCAL, (rank + 1) * S_LOCAL)
-    target = CpuLseTarget()
+    target = DiffusersTarget()
     spec = AttentionSpec(H, D, dtype=DTYPES[dtype])
     one_rank = target.make_attention(spec.with_(skip_sequence_parallel=True))(q, k, v, attn_mask=mask)
     target.init_parallel(1, world)
@@ -93,11 +91,11 @@ def dense_mask_ulysses(dtype: str) -> dict[str, Any]:
 
 
 def refusal_kinds() -> dict[str, tuple[str, str]]:
-    """(kind, reason) of each refusal the stock target makes under CP: ring on native, causal, GQA."""
+    """(kind, reason) of each refusal stock diffusers makes under CP (no LSE kernel): ring on native, causal, GQA."""
     world = dist.get_world_size()
     q = torch.randn(B, S_LOCAL, H, D)
     kv = q[:, :, : H // 2]
-    target = DiffusersTarget()
+    target = DiffusersTarget(lse_kernel="none")
     spec = AttentionSpec(H, D)
     refusals: dict[str, tuple[str, str]] = {}
     for label, degrees, call_spec, k in (

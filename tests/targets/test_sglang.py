@@ -58,7 +58,7 @@ def test_capabilities_follow_the_installed_version(monkeypatch, version, has_var
     monkeypatch.setattr(sglang_target, "installed_version", lambda: Version(version))
     caps = sglang_target.SglangTarget().capabilities()
     assert caps <= set(CAPABILITIES)
-    assert ("varlen" in caps) is has_varlen
+    assert ("varlen" in caps) is has_varlen and ("ring_replicated" in caps) is has_varlen  # both from 0.5.18
     assert ("masked_replicated_prefix" in caps) is has_0_5_20 and ("backend_choice" in caps) is has_0_5_20
     assert {"ulysses", "ring", "gqa", "causal", "mask", "replicated_suffix"} <= caps
     assert sglang_target.SglangTarget().version() == version

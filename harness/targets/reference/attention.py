@@ -23,7 +23,9 @@ from reference_impl.attention.backends import (
     PinnedKernelRefused,
     backend_class,
 )
-from reference_impl.attention.layer import MaskWithReplicatedError, RingAdmissionError, USPAttention
+from reference_impl.attention.layer import (
+    MaskWithReplicatedError, RingAdmissionError, RingBackwardError, RingUnsupportedError, USPAttention,
+)
 from reference_impl.attention.selector import BackendRefused, attention_backend_config, attention_component
 from reference_impl.forward_context import set_forward_context
 from reference_impl.parallel.state import destroy_sequence_parallel, init_sequence_parallel
@@ -57,6 +59,10 @@ def refusals_as_unsupported(forced_backend_refused: bool = False) -> Iterator[No
         raise Unsupported(str(exc), kind="ring_needs_lse") from exc
     except MaskWithReplicatedError as exc:
         raise Unsupported(str(exc), kind="mask_with_replicated") from exc
+    except RingBackwardError as exc:
+        raise Unsupported(str(exc), kind="no_backward") from exc
+    except RingUnsupportedError as exc:
+        raise Unsupported(str(exc)) from exc
     except PinnedKernelRefused as exc:
         raise Unsupported(str(exc), kind="backend_unavailable") from exc
     except BackendRefused as exc:
@@ -94,8 +100,8 @@ class ReferenceTarget(Target):
     def capabilities(self) -> frozenset[str]:
         return frozenset(
             {
-                "ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix",
-                "replicated_kv_prefix", "varlen", "mask", "backend_choice", "backend_selection", "reference_models",
+                "ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix",
+                "ring_replicated", "varlen", "mask", "backend_choice", "backend_selection", "reference_models", "backward",
             }
         )
 

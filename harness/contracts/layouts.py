@@ -1,0 +1,156 @@
+"""What a sequence-parallel attention case hands the target: its inputs in single-rank order and this rank's share.
+
+One :class:`Layout` per kind of case (sharded, replicated suffix / prefix / K/V prefix, varlen,
+masks). The forward contracts (:mod:`.usp`) compare the outputs it leads to, the gradient
+contracts (:mod:`.usp_grad`) the gradients of the inputs, through the same ``pick`` functions:
+a whole-sequence tensor (an output, dq, an upstream gradient) mapped to what this rank holds.
+Every rank generates the same seeded full-length inputs, so every rank can compute the
+single-rank reference itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.contracts.outputs import Asked
+from harness.contracts.params import Params
+from harness.contracts.registry import RankContext
+
+Tensor = torch.Tensor
+Pick = Callable[[Tensor], Tensor]
+GARBAGE_SEED = 7919  # padding filler seed: a varlen path that reads padding changes the output
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One case on one rank.
+
+    ``asked``: the whole sequence in single-rank order (the single-rank call and the oracle's inputs);
+    ``local``: this rank's q, k, v; ``pick_q`` / ``pick_kv``: a whole-sequence query-side / K/V-side
+    tensor as this rank holds it; ``replicated_q`` / ``replicated_kv``: where the replicated tokens
+    sit in this rank's tensors (their values and gradients must be the same on every rank).
+    """
+
+    asked: Asked
+    local: tuple[Tensor, Tensor, Tensor]
+    pick_q: Pick
+    pick_kv: Pick
+    degrees: tuple[int, int]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    replicated_q: slice | None = None
+    replicated_kv: slice | None = None
+
+    @property
+    def single_kwargs(self) -> dict[str, Any]:
+        return {} if self.asked.mask is None else {"attn_mask": self.asked.mask}
+
+
+LayoutFn = Callable[[RankContext, Params], Layout]
+
+
+def qkv(ctx: RankContext, p: Params, q_tokens: int, kv_tokens: int | None = None, seed: int | None = None):
+    seed = p.seed if seed is None else seed
+    kv_tokens = q_tokens if kv_tokens is None else kv_tokens
+    return (
+        ctx.randn(p, q_tokens, p.heads, seed),
+        ctx.randn(p, kv_tokens, p.kv_heads, seed + 1),
+        ctx.randn(p, kv_tokens, p.kv_heads, seed + 2),
+    )
+
+
+def shard(ctx: RankContext, p: Params) -> slice:
+    return slice(ctx.rank * p.tokens_per_rank, (ctx.rank + 1) * p.tokens_per_rank)
+
+
+def _same(pick: Pick, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return pick(q), pick(k), pick(v)
+
+
+def sharded(ctx: RankContext, p: Params) -> Layout:
+    """Plain sharded attention at (ulysses_degree, ring_degree)."""
+    q, k, v = qkv(ctx, p, p.tokens)
+    sl = shard(ctx, p)
+    pick = lambda t: t[:, sl]  # noqa: E731
+    return Layout(Asked(q, k, v, p.causal), _same(pick, q, k, v), pick, pick, (p.ulysses_degree, p.ring_degree))
+
+
+def replicated_suffix(ctx: RankContext, p: Params) -> Layout:
+    """sglang: rank r holds [shard r, replicated tail]; the single-rank sequence is [shards..., tail]."""
+    total, rep = p.tokens, p.replicated
+    q, k, v = qkv(ctx, p, total + rep)
+    sl = shard(ctx, p)
+    pick = lambda t: torch.cat([t[:, sl], t[:, total:]], dim=1)  # noqa: E731
+    tail = slice(p.tokens_per_rank, p.tokens_per_rank + rep)
+    return Layout(Asked(q, k, v, p.causal), _same(pick, q, k, v), pick, pick, (p.ulysses_degree, p.ring_degree),
+                  {"num_replicated_suffix": rep}, tail, tail)
+
+
+def replicated_prefix(ctx: RankContext, p: Params) -> Layout:
+    """sglang: [replicated head, shard r], against the single-rank sequence in *suffix* order (bounded drift)."""
+    total, rep = p.tokens, p.replicated
+    q, k, v = qkv(ctx, p, total + rep)
+    sl = shard(ctx, p)
+    pick = lambda t: torch.cat([t[:, total:], t[:, sl]], dim=1)  # noqa: E731
+    head = slice(0, rep)
+    return Layout(Asked(q, k, v, p.causal), _same(pick, q, k, v), pick, pick, (p.ulysses_degree, p.ring_degree),
+                  {"num_replicated_prefix": rep}, head, head)
+
+
+def replicated_kv_prefix(ctx: RankContext, p: Params) -> Layout:
+    """Cross attention on cached K/V: queries sharded, K/V = [replicated prefix, shard r]."""
+    total, rep = p.tokens, p.replicated
+    q, k, v = qkv(ctx, p, total, rep + total)
+    sl = shard(ctx, p)
+    pick_q = lambda t: t[:, sl]  # noqa: E731
+    pick_kv = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
+    return Layout(Asked(q, k, v), (pick_q(q), pick_kv(k), pick_kv(v)), pick_q, pick_kv, (p.ulysses_degree, p.ring_degree),
+                  {"num_replicated_kv_prefix": rep}, None, slice(0, rep))
+
+
+def varlen(ctx: RankContext, p: Params) -> Layout:
+    """Uneven per-rank lengths, padded with garbage: valid tokens as one rank, padding rows zeros."""
+    lens, padded = p.seq_lens, p.tokens_per_rank
+    q, k, v = qkv(ctx, p, sum(lens))
+    start, mine = sum(lens[: ctx.rank]), lens[ctx.rank]
+    garbage = qkv(ctx, p, padded - mine, seed=p.seed + GARBAGE_SEED)
+    inputs = tuple(torch.cat([t[:, start : start + mine], g * 10], dim=1) for t, g in zip((q, k, v), garbage))
+    pick = lambda t: torch.cat([t[:, start : start + mine], t.new_zeros(p.batch, padded - mine, *t.shape[2:])], dim=1)  # noqa: E731
+    return Layout(Asked(q, k, v, p.causal), inputs, pick, pick, (p.world_size, 1), {"seq_lens": lens})  # type: ignore[arg-type]
+
+
+def masked(ctx: RankContext, p: Params) -> Layout:
+    """A key-padding mask ([B, S_k], sharded like the keys) or a dense [B, H, S, S] mask under SP."""
+    total = p.tokens
+    q, k, v = qkv(ctx, p, total)
+    gen = torch.Generator().manual_seed(p.seed + 3)
+    if p.mask == "key_padding":
+        full = torch.rand(p.batch, total, generator=gen) > 0.3
+        full[:, 0] = True  # every query keeps a key, causal or not: no all-masked row
+    else:
+        full = torch.rand(p.batch, p.heads, total, total, generator=gen) > 0.4
+        full |= torch.eye(total, dtype=torch.bool)
+    full = full.to(ctx.device)
+    sl = shard(ctx, p)
+    pick = lambda t: t[:, sl]  # noqa: E731
+    mine = full[:, sl] if p.mask == "key_padding" else full
+    return Layout(Asked(q, k, v, p.causal, full), _same(pick, q, k, v), pick, pick, (p.ulysses_degree, p.ring_degree),
+                  {"attn_mask": mine})
+
+
+def masked_replicated_prefix(ctx: RankContext, p: Params) -> Layout:
+    """[replicated prefix, shard r] with the matching slice of a key mask ([B, n + S_local])."""
+    total, rep = p.tokens, p.replicated
+    q, k, v = qkv(ctx, p, rep + total)
+    gen = torch.Generator().manual_seed(p.seed + 3)
+    full = torch.rand(p.batch, rep + total, generator=gen) > 0.3
+    full[:, 0] = True  # no all-masked row
+    full = full.to(ctx.device)
+    sl = shard(ctx, p)
+    pick = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
+    head = slice(0, rep)
+    return Layout(Asked(q, k, v, False, full), _same(pick, q, k, v), pick, pick, (p.world_size, 1),
+                  {"attn_mask": pick(full), "num_replicated_prefix": rep}, head, head)

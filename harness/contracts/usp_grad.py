@@ -1,0 +1,170 @@
+"""Gradient contracts (``usp.*_grad``): dq, dk, dv of the N-rank layer against one rank and float64.
+
+Each mirrors a forward contract of :mod:`.usp` on the same :mod:`.layouts`: every rank builds the
+whole sequence and a seeded upstream gradient dO of the whole output, differentiates the
+single-rank layer for dO, then its own shard under SP for its share of dO, and compares the
+gradient of each of its inputs with its share of the single-rank one (the case's bound: bitwise
+where the reduction order is unchanged, the FlashAttention rule where the ring changes it) and,
+dtype and shape first, both with the gradients of float64 attention (the ``oracle`` rule). A
+replicated token's gradient, like its value, must be whole and the same on every rank.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+
+from harness.contracts import layouts
+from harness.contracts.bounds import judge, parse_bound
+from harness.contracts.layouts import Layout, LayoutFn
+from harness.contracts.oracles import diagnose_gradient, gradients_ref64, naive_gradients
+from harness.contracts.outputs import oracle_rule
+from harness.contracts.params import Param, Params
+from harness.contracts.registry import RankContext
+from harness.contracts.stats import RankOutcome, Stats, compare, digest
+from harness.contracts.usp import (
+    HYBRID, KV_PREFIX, MASKED, PREFIX, RING, SUFFIX, ULYSSES, VARLEN, _all_ranks_alive, _attention_contract, bitwise_unless_ring,
+)
+from harness.targets.base import Unsupported
+
+Tensor = torch.Tensor
+NAMES = ("dq", "dk", "dv")
+_DOUT_SEED = 4099  # the upstream gradient's seed offset: dO is not q, k or v
+
+
+def _grads(out: Tensor, inputs: list[Tensor], dout: Tensor, what: str) -> tuple[list[Tensor | None], list[str]]:
+    """The inputs' gradients for ``dout``, or the problems that prevent them (no graph, an input not reached)."""
+    if not out.requires_grad:
+        return [None] * 3, [f"the {what} output has no autograd graph: it cannot be differentiated"]
+    grads = list(torch.autograd.grad(out, inputs, dout, allow_unused=True))
+    return grads, [f"no gradient reached the {what} {n[1]}" for n, g in zip(NAMES, grads) if g is None]
+
+
+def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
+    """This rank's dq, dk, dv of the case's layout against the single-rank ones and float64's."""
+    case = layout(ctx, p)
+    asked = case.asked
+    dout = ctx.randn(p, asked.q.shape[1], p.heads, p.seed + _DOUT_SEED)
+    whole = [t.detach().clone().requires_grad_() for t in (asked.q, asked.k, asked.v)]
+    single_out = ctx.attention(p, skip_sequence_parallel=True)(*whole, **case.single_kwargs)
+    single, problems = _grads(single_out, whole, dout, "single-rank")
+    mine = [t.detach().clone().requires_grad_() for t in case.local]
+    with ctx.parallel(*case.degrees):
+        attn = ctx.attention(p)
+        out = attn(*mine, **case.kwargs)
+        sharded, sharded_problems = _grads(out, mine, case.pick_q(dout), "sharded")
+    problems += sharded_problems
+    if problems:
+        return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
+    outcome = judge_gradients(p, case, dout, sharded, single, attn.kernel, report_single=ctx.rank == 0)  # type: ignore[arg-type]
+    for name, grad, rows in zip(NAMES, sharded, (case.replicated_q, case.replicated_kv, case.replicated_kv)):
+        if rows is not None:
+            outcome.replicated[name] = digest(grad[:, rows])  # type: ignore[index]
+    return outcome
+
+
+def judge_gradients(
+    p: Params, case: Layout, dout: Tensor, sharded: list[Tensor], single: list[Tensor], kernel: str, *, report_single: bool,
+) -> RankOutcome:
+    """Each gradient: dtype and shape, then against its share of the single-rank one (the case's bound, per name)
+    and against float64 attention's (the ``oracle`` rule), with a diagnosis where the oracle is missed."""
+    asked, picks = case.asked, (case.pick_q, case.pick_kv, case.pick_kv)
+    problems = []
+    for name, grad, whole, local, full in zip(NAMES, sharded, single, case.local, (asked.q, asked.k, asked.v)):
+        for what, g, t in (("sharded", grad, local), ("single-rank", whole, full)):
+            if g.dtype != t.dtype or g.shape != t.shape:
+                problems.append(f"{what} {name} is {g.dtype} {tuple(g.shape)}, its input {t.dtype} {tuple(t.shape)}")
+    if problems:
+        return RankOutcome(problems=problems, checks=1, kernel=kernel)
+    args = (asked.q, asked.k, asked.v, asked.causal, asked.scale, asked.mask)
+    ref64, naive = gradients_ref64(*args, dout=dout), naive_gradients(*args, dout=dout)
+    bound, rule = parse_bound(p.bound, p.dtype), oracle_rule(p)
+    parts: dict[str, Stats] = {}
+    oracle: dict[str, Stats] = {}
+    hints: dict[str, str] = {}
+    for name, grad, whole, g64, gnaive, pick in zip(NAMES, sharded, single, ref64, naive, picks):
+        parts[name] = compare(grad, pick(whole), pick(g64), pick(gnaive)) if bound.needs_ref64 else compare(grad, pick(whole))
+        judged: dict[str, tuple[Tensor, Any]] = {f"sharded {name}": (grad, pick)}
+        if report_single:
+            judged[f"single-rank {name}"] = (whole, lambda t: t)
+        for label, (g, chooser) in judged.items():
+            oracle[label] = compare(g, chooser(g64), chooser(g64), chooser(gnaive))
+            if judge(rule, oracle[label]):
+                hint = diagnose_gradient(g, chooser(g64), chooser(gnaive), rule)
+                if hint:
+                    hints[label] = hint
+    return RankOutcome(parts=parts, oracle=oracle, hints=hints, kernel=kernel)
+
+
+def _gradient_contract(contract_id: str, description: str, layout: LayoutFn, **options: Any) -> None:
+    requires = options.pop("requires", ()) + ("backward",)
+    _attention_contract(contract_id, description, partial(gradient_parity, layout), requires=requires, **options)
+
+
+_gradient_contract("usp.ulysses_grad", "Ulysses dq, dk, dv equal one rank's bitwise (the adjoint all-to-all keeps the order)",
+                   layouts.sharded, bound="bitwise", **ULYSSES)
+_gradient_contract("usp.ring_grad", "ring attention's dq, dk, dv (the ring shifted back) within the FlashAttention rule",
+                   layouts.sharded, bound="fa:2", **RING)
+_gradient_contract("usp.hybrid_grad", "Ulysses × ring dq, dk, dv within the FlashAttention rule",
+                   layouts.sharded, bound="fa:2", **HYBRID)
+_gradient_contract("usp.varlen_grad", "varlen dq, dk, dv equal one rank's bitwise on valid tokens, zeros on padding",
+                   layouts.varlen, bound="bitwise", **VARLEN)
+_gradient_contract("usp.masked_grad", "masked dq, dk, dv under SP equal one rank's bitwise",
+                   layouts.masked, bound=bitwise_unless_ring, **MASKED)
+_gradient_contract(
+    "usp.replicated_suffix_grad",
+    "replicated-suffix dq, dk, dv equal one rank's (bitwise without ring), the suffix's whole and alike on every rank",
+    layouts.replicated_suffix, bound=bitwise_unless_ring, **SUFFIX,
+)
+_gradient_contract(
+    "usp.replicated_prefix_grad",
+    "replicated-prefix dq, dk, dv against one rank in suffix order (the FlashAttention rule), the prefix's whole and "
+    "alike on every rank",
+    layouts.replicated_prefix, bound="fa:2", **PREFIX,
+)
+_gradient_contract(
+    "usp.replicated_kv_prefix_grad",
+    "dq, dk, dv of cross attention on a replicated K/V prefix equal one rank's (bitwise without ring), the prefix's "
+    "dk, dv whole and alike on every rank",
+    layouts.replicated_kv_prefix, bound=bitwise_unless_ring, **KV_PREFIX,
+)
+
+
+def ring_backward_admission(ctx: RankContext, p: Params) -> RankOutcome:
+    """Ring attention asked for gradients with a kernel whose LSE has none is refused (no_backward) on every
+    rank before any collective; the target's own choice differentiates the same call; the group still answers."""
+    chosen = f"{p.no_grad_backend}[{p.no_grad_kernel}]" if p.no_grad_kernel else p.no_grad_backend
+    problems: list[str] = []
+    extra: dict[str, Any] = {}
+    inputs = [t.requires_grad_() for t in layouts.qkv(ctx, p, p.tokens_per_rank)]
+    with ctx.parallel(p.ulysses_degree, p.ring_degree):
+        refused = ctx.attention(p, backend=p.no_grad_backend, sdpa_kernel=p.no_grad_kernel or None)  # unavailable: a skip
+        try:
+            refused(*inputs)
+            problems.append(f"{chosen} ran ring attention under autograd instead of refusing it")
+        except Unsupported as exc:
+            if exc.kind != "no_backward":
+                problems.append(f"{chosen} was refused as {exc.kind}, not no_backward: {exc.reason}")
+            extra["refusal"] = exc.reason
+        except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
+            problems.append(f"{chosen}: {type(exc).__name__} instead of a no_backward refusal: {exc}")
+        out = ctx.attention(p)(*inputs)
+        grads = torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
+        if any(g is None or not torch.isfinite(g).all() for g in grads):
+            problems.append(f"the control ({p.backend or 'the target default'}) gave no or non-finite gradients")
+        problem = _all_ranks_alive(p.world_size)
+    return RankOutcome(problems=problems + ([problem] if problem else []), checks=3, extra=extra)
+
+
+_attention_contract(
+    "usp.ring_backward_admission",
+    "ring attention under autograd with a kernel whose log-sum-exp has no gradient is refused (no_backward) on every "
+    "rank before any collective; the target's own choice gives finite gradients",
+    ring_backward_admission, extra=(
+        Param("no_grad_backend", "str", "torch_sdpa", "a backend whose LSE has no gradient (with no_grad_kernel)"),
+        Param("no_grad_kernel", "str", "flash", "its pinned torch SDPA kernel (empty: none)"),
+    ),
+    requires=("ring", "backward", "backend_choice"), **RING,
+)
