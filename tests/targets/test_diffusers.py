@@ -45,16 +45,52 @@ def test_missing_or_old_diffusers_says_why(monkeypatch):
 
 
 def test_capabilities_follow_the_installed_version():
-    assert adapter.capabilities_for("0.36.0") == {"ulysses", "ring", "gqa", "causal", "backend_choice"}
+    """Masks are declared on every release (0.37-0.38's wrong masks are expected failures); varlen arrived in 0.37."""
+    assert adapter.capabilities_for("0.36.0") == {"ulysses", "ring", "gqa", "causal", "backend_choice", "mask", "ring_mask"}
     assert adapter.capabilities_for("0.38.0") - adapter.capabilities_for("0.36.0") == {"varlen"}
-    assert adapter.capabilities_for("0.42.1") - adapter.capabilities_for("0.38.0") == {"mask", "ring_mask"}
+    assert adapter.capabilities_for("0.42.1") == adapter.capabilities_for("0.38.0")
 
 
-def test_hybrid_is_refused_before_0_37_which_would_drop_ulysses(monkeypatch):
+class _Refusing036:
+    """0.36.0's ContextParallelConfig validation (_modeling_parallel.py:93), for a test without that release."""
+
+    def __init__(self, ring_degree: int, ulysses_degree: int) -> None:
+        if ring_degree > 1 and ulysses_degree > 1:
+            raise ValueError("Unified Ulysses-Ring attention is not yet supported. Please set either `ring_degree` or `ulysses_degree` to 1.")
+
+
+@needs_diffusers
+def test_hybrid_is_refused_in_diffusers_words_where_its_config_refuses_it(monkeypatch):
+    from diffusers.models import _modeling_parallel
+
+    monkeypatch.setattr(_modeling_parallel, "ContextParallelConfig", _Refusing036)
     target = adapter.DiffusersTarget()
-    monkeypatch.setattr(target, "_version", "0.36.0")
-    with pytest.raises(Unsupported, match=r"diffusers 0.36.0 has no unified Ulysses x ring attention \(it arrived in 0.37\)"):
+    with pytest.raises(Unsupported, match=r"Unified Ulysses-Ring attention is not yet supported"):
         target.init_parallel(2, 2)  # raised before any mesh or collective
+    target.init_parallel(1, 1)  # one rank: no config asked
+
+
+@needs_diffusers
+@pytest.mark.parametrize(("version", "refused"), [("0.36.0", True), ("0.37.0", False), ("0.42.1", False)])
+def test_a_mask_under_cp_is_a_refusal_only_where_diffusers_guards_it(monkeypatch, version: str, refused: bool) -> None:
+    """0.36's templated CP entry raises ValueError for any mask (a skip); from 0.37 a ValueError there is a failure."""
+    import torch
+    from diffusers.models import attention_dispatch
+    from harness.targets.base import AttentionSpec
+
+    def guarded(*args, **kwargs):
+        raise ValueError("Attention mask is not yet supported for templated attention.")
+
+    monkeypatch.setattr(adapter, "installed_version", lambda: version)
+    monkeypatch.setattr(attention_dispatch, "dispatch_attention_fn", guarded)
+    attn = adapter.DiffusersAttention(AttentionSpec(num_heads=2, head_dim=8), "native", parallel=None)
+    q = torch.zeros(1, 4, 2, 8)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    expected = Unsupported if refused else ValueError
+    with pytest.raises(expected, match="Attention mask is not yet supported"):
+        attn._dispatch(q, q, q, mask, config=object())
+    with pytest.raises(ValueError):  # without CP it is never a refusal
+        attn._dispatch(q, q, q, mask, config=None)
 
 
 @needs_diffusers
