@@ -237,3 +237,54 @@ def test_ring_applies_each_ranks_key_mask_to_every_kv_block(rank_pools, dtype):
 def test_hybrid_with_a_key_mask_raises_a_size_mismatch(rank_pools):
     verdict = _run(rank_pools, "usp.masked_parity", LSE, world_size=4, ring_degree=2, ulysses_degree=2, mask="key_padding", dtype="bf16", bound="fa:2")
     assert verdict.status == FAILED and "must match the existing size" in verdict.reason
+
+
+# ------------------------------------------------------------------ the overlay's version ranges, without ranks
+
+_KEY_MASK, _DENSE = "masked[world_size=2,mask=key_padding]", "masked[world_size=2,mask=dense]"
+
+
+@pytest.fixture(scope="module")
+def contract_cases():
+    from harness.cases import load_cases
+    from harness.paths import default_cases_dir
+
+    return [c for c in load_cases(default_cases_dir(), platform="cpu") if hasattr(c, "contract_id")]
+
+
+@pytest.mark.parametrize(("version", "key_mask", "dense", "gqa_words"), [
+    ("0.36.0", "skip:Attention mask is not yet supported", "skip:Attention mask is not yet supported", "Attention mask is not yet supported"),
+    ("0.37.1", "xfail:PR #13756", "xfail:PR #12970", "GQA is not yet supported"),
+    ("0.38.0", "xfail:PR #13756", "xfail:PR #12970", "GQA is not yet supported"),
+    ("0.39.0", None, "xfail:PR #12970", "GQA is not yet supported"),
+    ("0.42.1", None, "xfail:PR #12970", "GQA is not yet supported"),
+    ("0.43.0", None, None, "GQA is not yet supported"),  # unknown yet: judged as any case, so a fix or a regression shows
+])
+def test_overlay_ranges_follow_each_releases_masks(contract_cases, version: str, key_mask: str | None, dense: str | None,
+                                                   gqa_words: str) -> None:
+    """0.36 refuses masks under CP (pinned skips), 0.37-0.38 run them wrongly (strict xfails), 0.39 gathers the key mask."""
+    from pathlib import Path
+
+    from packaging.version import Version
+
+    from harness.cases.overlays import apply_target_overlay
+    from harness.paths import default_cases_dir
+
+    overlay = Path(default_cases_dir()) / "contracts" / "targets" / "diffusers.toml"
+    cases = {c.id: c for c in apply_target_overlay(contract_cases, overlay, Version(version), "cpu")}
+
+    def judged(case_id: str) -> str | None:
+        case = cases[case_id]
+        if case.expected_skip is not None:
+            return f"skip:{case.expected_skip.reason}"
+        return f"xfail:{case.expected_failure}" if case.expected_failure else None
+
+    for case_id, expected in ((_KEY_MASK, key_mask), (_DENSE, dense)):
+        got = judged(case_id)
+        if expected is None:
+            assert got is None, (case_id, got)
+        else:
+            kind, words = expected.split(":", 1)
+            assert got is not None and got.startswith(f"{kind}:") and words in got, (case_id, got)
+    assert gqa_words in cases["masked_gqa"].expected_skip.reason
+    assert cases["masked[world_size=1,mask=key_padding]"].expected_skip is None  # one rank takes masks on every release
