@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Make a CPU-only venv able to import sglang 0.5.23's multimodal_gen attention layer
+# Make a CPU-only venv able to import one sglang release's multimodal_gen attention layer
 # (sglang.multimodal_gen.runtime.layers.attention.layer.USPAttention), for `parity check --target sglang`.
 #
-#   bash scripts/install-sglang-cpu.sh           # the venv: $VIRTUAL_ENV if set, else <checkout>/.venv
-#   bash scripts/install-sglang-cpu.sh --verify  # also import the layer when nothing needed installing
+#   bash scripts/install-sglang-cpu.sh                  # the default release (the one CI runs), into
+#                                                       # $VIRTUAL_ENV if set, else <checkout>/.venv
+#   bash scripts/install-sglang-cpu.sh --version 0.5.17 # another release (--list: those known)
+#   bash scripts/install-sglang-cpu.sh --verify         # also import the layer when nothing needed installing
 #
 # torch is never replaced (sglang pins another one): every package that would pull it in is
 # installed with --no-deps, and pip runs under a constraint pinning the torch already there.
-# What is installed and why, and the stand-ins the .pth file wires in: scripts/sglang_cpu/README.md.
+# What each release needs (scripts/sglang_cpu/releases.toml), what is installed and why, and the
+# stand-ins the .pth file wires in: scripts/sglang_cpu/README.md. One venv per release: switching
+# a venv to another release leaves the first one's extra packages behind.
 # Idempotent: when every package is at its pinned version and the .pth file is in place, it
 # exits within a second without calling pip.
 set -euo pipefail
@@ -17,12 +21,18 @@ checkout="$(dirname "$here")"
 files="$here/sglang_cpu"
 layer="sglang.multimodal_gen.runtime.layers.attention.layer"
 verify=0
-for arg in "$@"; do
-  case "$arg" in
+release=()
+while [ $# -gt 0 ]; do
+  case "$1" in
     --verify) verify=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "install-sglang-cpu: unknown argument '$arg' (only --verify)" >&2; exit 2 ;;
+    --version) [ $# -ge 2 ] || { echo "install-sglang-cpu: --version needs a release (--list: those known)" >&2; exit 2; }
+               release=(--version "$2"); shift ;;
+    --version=*) release=(--version "${1#--version=}") ;;
+    --list) exec python3 "$files/resolve.py" --list ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "install-sglang-cpu: unknown argument '$1' (--version V, --list, --verify)" >&2; exit 2 ;;
   esac
+  shift
 done
 
 if [ -n "${VIRTUAL_ENV:-}" ]; then
@@ -42,13 +52,15 @@ torch_version="$(torch_of)" || {
   echo "install-sglang-cpu: torch is not installed in $venv; install it first (pip install torch==2.13.0)" >&2
   exit 2
 }
+reqs="$(mktemp -d)"; trap 'rm -rf "$reqs"' EXIT
+wanted="$("$py" "$files/resolve.py" "${release[@]}" "$reqs")" || exit 2
 site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 pth="$site/parity-sglang-cpu.pth"
 pth_text="$files/boot
 import parity_sglang_cpu"
 
 # Every line of both requirement files satisfied (name==version where pinned, present otherwise)?
-missing="$("$py" - "$files/requirements.txt" "$files/requirements-no-deps.txt" <<'EOF'
+missing="$("$py" - "$reqs/requirements.txt" "$reqs/requirements-no-deps.txt" <<'EOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -72,13 +84,13 @@ if [ -z "$missing" ] && [ "$(cat "$pth" 2>/dev/null)" = "$pth_text" ] && [ "$ver
 fi
 
 if [ -n "$missing" ]; then
-  echo "install-sglang-cpu: installing:"; echo "$missing" | sed 's/^/  /'
-  constraint="$(mktemp)"; trap 'rm -f "$constraint"' EXIT
+  echo "install-sglang-cpu: installing for sglang $wanted:"; echo "$missing" | sed 's/^/  /'
+  constraint="$reqs/constraint.txt"
   echo "torch==$torch_version" >"$constraint"
   start=$SECONDS
   # pip's resolver warns about sglang's unmet (deliberately uninstalled) requirements: not an error.
-  "$venv/bin/pip" install -q -c "$constraint" -r "$files/requirements.txt" 2>&1 | { grep -v -e '^WARNING: Location' -e 'requires' -e "dependency resolver" -e 'which is incompatible' || true; }
-  "$venv/bin/pip" install -q --no-deps -c "$constraint" -r "$files/requirements-no-deps.txt" 2>&1 | { grep -v -e '^WARNING: Location' -e 'requires' -e "dependency resolver" -e 'which is incompatible' || true; }
+  "$venv/bin/pip" install -q -c "$constraint" -r "$reqs/requirements.txt" 2>&1 | { grep -v -e '^WARNING: Location' -e 'requires' -e "dependency resolver" -e 'which is incompatible' || true; }
+  "$venv/bin/pip" install -q --no-deps -c "$constraint" -r "$reqs/requirements-no-deps.txt" 2>&1 | { grep -v -e '^WARNING: Location' -e 'requires' -e "dependency resolver" -e 'which is incompatible' || true; }
   echo "install-sglang-cpu: pip took $((SECONDS - start)) s"
 fi
 if [ "$(cat "$pth" 2>/dev/null)" != "$pth_text" ]; then

@@ -29,6 +29,10 @@ and only to the installed versions its entries name::
     reason = "Ring Attention requires"  # optional: the skip's reason must hold this text
     when_missing = "flash_attn"         # optional: only while this module cannot be imported
 
+Where one case's fact changes between releases, its glob takes an array of tables, one per
+version range (``[[expected_skips."hybrid[*"]]``, each with its own ``because`` and ``versions``);
+where several apply, the last one wins.
+
 An expected failure is strict: the case is reported ``xfailed`` when it fails, and *failed* when
 it passes (upstream fixed it: narrow ``versions``), so the day a fix lands the run says so while
 a new divergence still fails. An expected skip is strict the same way: a pinned case that runs
@@ -67,6 +71,25 @@ def _tables(data: Mapping[str, Any], section: str, path: Path) -> dict[str, dict
     if not isinstance(tables, dict) or not all(isinstance(v, dict) for v in tables.values()):
         raise ConfigError("must be a table of tables", path=path, key=section)
     return tables
+
+
+def _entries(data: Mapping[str, Any], section: str, path: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    """A target overlay section's (glob, key, entry) triples: per glob one table, or an array of tables
+    (``[[expected_skips."<glob>"]]``), one per version range, when a case's fact changes between releases."""
+    tables = data.get(section, {})
+    if not isinstance(tables, dict):
+        raise ConfigError("must be a table of tables", path=path, key=section)
+    if not all(isinstance(v, (dict, list)) for v in tables.values()):
+        raise ConfigError("must be a table of tables", path=path, key=section)
+    out = []
+    for pattern, value in tables.items():
+        if isinstance(value, dict):
+            out.append((pattern, f"{section}.{pattern}", value))
+        elif value and all(isinstance(e, dict) for e in value):
+            out += [(pattern, f"{section}.{pattern}[{i}]", e) for i, e in enumerate(value)]
+        else:
+            raise ConfigError("must be a table, or a non-empty array of tables", path=path, key=f"{section}.{pattern}")
+    return out
 
 
 def _hits(cases: list[Case], pattern: str, path: Path, key: str) -> list[int]:
@@ -144,21 +167,19 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
     distribution = target.get("distribution") if isinstance(target, dict) else None
     if not isinstance(target, dict) or not isinstance(distribution, (str, type(None))):
         raise ConfigError("must be a table with distribution = \"<installed distribution>\"", path=path, key="target")
-    if distribution is None and _uses_versions(data):
+    if distribution is None and _uses_versions(data, path):
         raise ConfigError("entries with 'versions' need [target] distribution = \"<installed distribution>\"", path=path,
                           key="target.distribution")
     version = version if version is not None else installed_version(distribution) if distribution else None
     cases = list(cases)
-    for pattern, entry in _tables(data, "overrides", path).items():
-        key = f"overrides.{pattern}"
+    for pattern, key, entry in _entries(data, "overrides", path):
         hits = _hits(cases, pattern, path, key)
         values = {k: v for k, v in entry.items() if k not in _META}
         if not values:
             raise ConfigError("names no parameter to override", path=path, key=key)
         if _applies(entry, version, platform, path, key):
             _override(cases, hits, values, path)
-    for pattern, entry in _tables(data, "expected_failures", path).items():
-        key = f"expected_failures.{pattern}"
+    for pattern, key, entry in _entries(data, "expected_failures", path):
         hits = _hits(cases, pattern, path, key)
         extra = sorted(set(entry) - set(_META))
         if extra:
@@ -167,8 +188,7 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
             for i in hits:
                 because = f"{entry['because']} ({distribution} {version}; {path.name}: {key})"
                 cases[i] = dataclasses.replace(cases[i], expected_failure=because)
-    for pattern, entry in _tables(data, "expected_skips", path).items():
-        key = f"expected_skips.{pattern}"
+    for pattern, key, entry in _entries(data, "expected_skips", path):
         hits = _hits(cases, pattern, path, key)
         pin = _expected_skip(entry, path, key)
         if _applies(entry, version, platform, path, key) and _module_missing(entry, path, key):
@@ -177,9 +197,9 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
     return cases
 
 
-def _uses_versions(data: Mapping[str, Any]) -> bool:
+def _uses_versions(data: Mapping[str, Any], path: Path) -> bool:
     return any("versions" in entry for section in ("overrides", "expected_failures", "expected_skips")
-               for entry in (data.get(section) or {}).values() if isinstance(entry, dict))
+               for _, _, entry in _entries(data, section, path))
 
 
 def _expected_skip(entry: Mapping[str, Any], path: Path, key: str) -> ExpectedSkip:

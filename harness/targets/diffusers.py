@@ -41,16 +41,19 @@ from harness.targets.base import AttentionSpec, Target, Unsupported
 MIN_VERSION = "0.36"  # ContextParallelConfig and the templated CP attention first ship in 0.36.0
 NOT_INSTALLED = "diffusers is not installed (pip install 'parity[diffusers]')"
 
-_ALWAYS = frozenset({"ulysses", "ring", "gqa", "causal", "backend_choice", "backward"})
+# Masks are declared on every release (a stack's wrong mask is an expected failure, not a missing
+# capability): one rank takes them everywhere, and where a release refuses them under CP its own
+# refusal is the skip (CP_MASK_SINCE).
+_ALWAYS = frozenset({"ulysses", "ring", "gqa", "causal", "backend_choice", "mask", "ring_mask", "backward"})
 # Capabilities that arrived after MIN_VERSION: (capability, first release, the upstream fact),
 # read from the 0.36.0-0.42.1 sources of models/attention_dispatch.py and _modeling_parallel.py.
 VERSIONED: tuple[tuple[str, str, str], ...] = (
     ("varlen", "0.37", "ContextParallelConfig(ulysses_anything=True): uneven per-rank lengths under Ulysses"),
-    ("mask", "0.39", "TemplatedUlyssesAttention all-gathers a key-padding mask [B, S_local]; "
-                     "0.36 refuses any mask under CP, 0.37-0.38 pass a local mask on ungathered"),
-    ("ring_mask", "0.39", "TemplatedRingAttention takes a mask and hands it to every rotated K/V block"),
 )
-HYBRID_SINCE = "0.37"  # 0.36 takes the ring branch when both degrees are > 1 and silently drops Ulysses
+# 0.36's _templated_context_parallel_attention opens with `if attn_mask is not None: raise
+# ValueError("Attention mask is not yet supported for templated attention.")`, before any collective;
+# PR #12970 (first in 0.37.0) removed the guard. Before this release that ValueError is a refusal.
+CP_MASK_SINCE = "0.37"
 
 # Context-parallel backends whose ring forward op cannot return the LSE, and that op's name
 # (0.42.1: attention_dispatch.py:876 native, :2082 NPU). The op itself is asked, rank-locally, so
@@ -159,10 +162,12 @@ class DiffusersAttention:
                 enable_gqa=gqa, backend=self.backend, parallel_config=config,
             )
         except ValueError as exc:
-            if config is None or not (self.spec.causal or gqa):
+            refused_mask = attn_mask is not None and not _at_least(installed_version() or MIN_VERSION, CP_MASK_SINCE)
+            if config is None or not (self.spec.causal or gqa or refused_mask):
                 raise
             # _templated_context_parallel_attention opens with `if is_causal: raise ValueError(...)`
-            # and `if enable_gqa: raise ValueError(...)` (:2924-2927), before any collective.
+            # and `if enable_gqa: raise ValueError(...)` (:2924-2927), and before 0.37 with the mask
+            # guard (CP_MASK_SINCE), all before any collective.
             raise Unsupported(f"diffusers {installed_version()} under context parallelism: {exc}") from exc
 
 
@@ -237,8 +242,7 @@ class DiffusersTarget(Target):
         if ulysses_degree * ring_degree == 1:
             return  # diffusers refuses a CP config of degree 1; one rank is plain dispatch, as without CP
         assert self._version is not None
-        if ring_degree > 1 and ulysses_degree > 1 and not _at_least(self._version, HYBRID_SINCE):
-            raise Unsupported(f"diffusers {self._version} has no unified Ulysses x ring attention (it arrived in {HYBRID_SINCE})")
+        _refuse_invalid_config(ulysses_degree, ring_degree)
         self._parallel = _Parallel(ulysses_degree, ring_degree, self._version)
 
     def destroy_parallel(self) -> None:
@@ -269,6 +273,20 @@ class DiffusersTarget(Target):
                     _refuse_ring_without_lse(name, spec)
                 return DiffusersAttention(spec, name, parallel, lse_kernel)
         return DiffusersAttention(spec, name, parallel)
+
+
+def _refuse_invalid_config(ulysses: int, ring: int) -> None:
+    """diffusers' own validation of the degrees (rank-local, before the mesh), as a skip in its words.
+
+    0.36's ContextParallelConfig refuses both degrees > 1 ("Unified Ulysses-Ring attention is not
+    yet supported"); PR #12693 (first in 0.37.0) added the unified attention.
+    """
+    from diffusers.models._modeling_parallel import ContextParallelConfig
+
+    try:
+        ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses)
+    except ValueError as exc:
+        raise Unsupported(f"diffusers {installed_version()}: {exc}") from exc
 
 
 def _refuse_unavailable(enum: Any) -> None:

@@ -39,8 +39,6 @@ from harness.targets.base import AttentionSpec, Target, Unsupported
 
 DISTRIBUTION = "sglang"
 LAYER_MODULE = "sglang.multimodal_gen.runtime.layers.attention.layer"
-# What sglang says when its backend cannot rotate K/V for ring attention (USPAttention.__init__).
-RING_REFUSAL = "supports_ring_rotation"
 INSTALL_HINT = "on a CPU-only machine run scripts/install-sglang-cpu.sh; elsewhere pip install 'sglang[diffusion]'"
 
 # The capabilities every release this adapter knows has, and those that came later. The first
@@ -54,7 +52,13 @@ SINCE: dict[str, tuple[Version, str]] = {
     "ring_replicated": (Version("0.5.18"), "replicated tokens keyed on the whole SP group: under ring the replicated K/V "
                         "is one more LSE-merged partial (0.5.17 raised NotImplementedError under ring)"),
 }
-OLDEST = Version("0.5.16")  # USPAttention as this adapter calls it (forward's replicated kinds); only 0.5.23 was run
+OLDEST = Version("0.5.16")  # USPAttention as this adapter calls it (forward's replicated kinds); run: docs/targets/versions.md
+# How USPAttention.__init__ words its ring refusal (no backend LSE), newest first: (first release, words).
+# PR #33928 (first in 0.5.18) made ring admission a backend capability; before it a list of backends was named.
+RING_REFUSALS: tuple[tuple[Version, str], ...] = (
+    (Version("0.5.18"), "(see AttentionBackend.supports_ring_rotation)"),
+    (OLDEST, "Ring Attention is only supported for FlashAttention or SageAttention backends"),
+)
 
 _REPLICATED = ("num_replicated_prefix", "num_replicated_suffix", "num_replicated_kv_prefix")
 _FORWARD_KWARGS = frozenset({"attn_mask", "seq_lens", *_REPLICATED})
@@ -71,6 +75,12 @@ def installed_version() -> Version | None:
 
 def capabilities_for(version: Version) -> frozenset[str]:
     return _BASE | {name for name, (since, _) in SINCE.items() if version >= since}
+
+
+def is_ring_refusal(version: Version | None, message: str) -> bool:
+    """Whether ``message`` is ``version``'s ring refusal at construction (:data:`RING_REFUSALS`)."""
+    words = next((words for since, words in RING_REFUSALS if version is not None and version >= since), None)
+    return words is not None and words in message
 
 
 @functools.cache
@@ -240,10 +250,10 @@ class SglangTarget(Target):
                 causal=spec.causal, skip_sequence_parallel=spec.skip_sequence_parallel, **chosen,
             )
         except RuntimeError as exc:
-            # sglang's ring admission, at construction: its message names the backend API that refused
-            # (AttentionBackend.supports_ring_rotation). Any other error, an OOM or a patched layer's
-            # bug, is the layer's failure, not a refusal.
-            if self._ring_degree > 1 and not spec.skip_sequence_parallel and RING_REFUSAL in str(exc):
+            # sglang's ring admission, at construction, in the installed release's words. Any other
+            # error (an OOM, a patched layer's bug, a ring refusal of a rank-local layer) is the
+            # layer's failure, not a refusal.
+            if self._ring_degree > 1 and not spec.skip_sequence_parallel and is_ring_refusal(installed_version(), str(exc)):
                 raise Unsupported(f"sglang {installed_version()}: {exc}", "ring_needs_lse") from exc
             raise
         except ValueError as exc:

@@ -132,6 +132,34 @@ def test_pin_mistakes_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     assert info.value.key == key
 
 
+_RANGES = ('[[expected_skips."u1"]]\nbecause = "refused before 2"\nversions = "<2"\nreason = "old words"\n'
+           '[[expected_skips."u1"]]\nbecause = "refused in 2.x"\nversions = ">=2,<3"\nreason = "new words"\n')
+
+
+@pytest.mark.parametrize(("version", "because", "reason"), [
+    ("1.9", "refused before 2", "old words"), ("2.0", "refused in 2.x", "new words"), ("3.0", None, None),
+], ids=["first-range", "second-range", "neither"])
+def test_one_glob_takes_an_entry_per_version_range(tmp_path: Path, version: str, because: str | None,
+                                                   reason: str | None) -> None:
+    path = _overlay(tmp_path, _RANGES)
+    pin = {c.id: c.expected_skip for c in apply_target_overlay(_cases(), path, Version(version))}["u1"]
+    if because is None:
+        assert pin is None
+    else:
+        assert (pin.because, pin.reason) == (because, reason)
+        assert pin.where.endswith("expected_skips.u1[1]" if version == "2.0" else "expected_skips.u1[0]")
+
+
+def test_a_version_range_entry_names_its_index_in_mistakes(tmp_path: Path) -> None:
+    path = _overlay(tmp_path, _RANGES + '[[expected_skips."u1"]]\nversions = "<1"\n')
+    with pytest.raises(ConfigError) as info:
+        apply_target_overlay(_cases(), path, Version("1.0"))
+    assert info.value.key == "expected_skips.u1[2].because"
+    with pytest.raises(ConfigError) as info:
+        apply_target_overlay(_cases(), _overlay(tmp_path, '[expected_failures]\nu1 = []\n'), Version("1.0"))
+    assert info.value.key == "expected_failures.u1"
+
+
 def test_check_with_a_target_overlay(tmp_path: Path, capsys) -> None:
     """The rotated-suffix target fails sglang's suffix case: recorded, it is xfailed (exit 0); a listed
     case that passes fails the run (exit 1)."""

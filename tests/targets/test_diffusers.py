@@ -48,16 +48,52 @@ def test_missing_or_old_diffusers_says_why(monkeypatch):
 
 
 def test_capabilities_follow_the_installed_version():
-    assert adapter.capabilities_for("0.36.0") == {"ulysses", "ring", "gqa", "causal", "backend_choice", "backward"}
+    """Masks are declared on every release (0.37-0.38's wrong masks are expected failures); varlen arrived in 0.37."""
+    assert adapter.capabilities_for("0.36.0") == {"ulysses", "ring", "gqa", "causal", "backend_choice", "mask", "ring_mask", "backward"}
     assert adapter.capabilities_for("0.38.0") - adapter.capabilities_for("0.36.0") == {"varlen"}
-    assert adapter.capabilities_for("0.42.1") - adapter.capabilities_for("0.38.0") == {"mask", "ring_mask"}
+    assert adapter.capabilities_for("0.42.1") == adapter.capabilities_for("0.38.0")
 
 
-def test_hybrid_is_refused_before_0_37_which_would_drop_ulysses(monkeypatch):
+class _Refusing036:
+    """0.36.0's ContextParallelConfig validation (_modeling_parallel.py:93), for a test without that release."""
+
+    def __init__(self, ring_degree: int, ulysses_degree: int) -> None:
+        if ring_degree > 1 and ulysses_degree > 1:
+            raise ValueError("Unified Ulysses-Ring attention is not yet supported. Please set either `ring_degree` or `ulysses_degree` to 1.")
+
+
+@needs_diffusers
+def test_hybrid_is_refused_in_diffusers_words_where_its_config_refuses_it(monkeypatch):
+    from diffusers.models import _modeling_parallel
+
+    monkeypatch.setattr(_modeling_parallel, "ContextParallelConfig", _Refusing036)
     target = adapter.DiffusersTarget()
-    monkeypatch.setattr(target, "_version", "0.36.0")
-    with pytest.raises(Unsupported, match=r"diffusers 0.36.0 has no unified Ulysses x ring attention \(it arrived in 0.37\)"):
+    with pytest.raises(Unsupported, match=r"Unified Ulysses-Ring attention is not yet supported"):
         target.init_parallel(2, 2)  # raised before any mesh or collective
+    target.init_parallel(1, 1)  # one rank: no config asked
+
+
+@needs_diffusers
+@pytest.mark.parametrize(("version", "refused"), [("0.36.0", True), ("0.37.0", False), ("0.42.1", False)])
+def test_a_mask_under_cp_is_a_refusal_only_where_diffusers_guards_it(monkeypatch, version: str, refused: bool) -> None:
+    """0.36's templated CP entry raises ValueError for any mask (a skip); from 0.37 a ValueError there is a failure."""
+    import torch
+    from diffusers.models import attention_dispatch
+    from harness.targets.base import AttentionSpec
+
+    def guarded(*args, **kwargs):
+        raise ValueError("Attention mask is not yet supported for templated attention.")
+
+    monkeypatch.setattr(adapter, "installed_version", lambda: version)
+    monkeypatch.setattr(attention_dispatch, "dispatch_attention_fn", guarded)
+    attn = adapter.DiffusersAttention(AttentionSpec(num_heads=2, head_dim=8), "native", parallel=None)
+    q = torch.zeros(1, 4, 2, 8)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    expected = Unsupported if refused else ValueError
+    with pytest.raises(expected, match="Attention mask is not yet supported"):
+        attn._dispatch(q, q, q, mask, config=object())
+    with pytest.raises(ValueError):  # without CP it is never a refusal
+        attn._dispatch(q, q, q, mask, config=None)
 
 
 @needs_diffusers
@@ -219,3 +255,54 @@ def test_ring_backward_sends_kv_gradients_the_wrong_way_from_ring_degree_3(rank_
     assert fixed.status == PASSED, fixed.reason
     assert fixed.kernel.endswith("[test-only: ring backward accumulators sent to rank - 1]")
     assert _run(rank_pools, "usp.ring_grad", **{**params, "world_size": 2, "ring_degree": 2}).status == PASSED  # next = previous
+
+
+# ------------------------------------------------------------------ the overlay's version ranges, without ranks
+
+_KEY_MASK, _DENSE = "masked[world_size=2,mask=key_padding]", "masked[world_size=2,mask=dense]"
+
+
+@pytest.fixture(scope="module")
+def contract_cases():
+    from harness.cases import load_cases
+    from harness.paths import default_cases_dir
+
+    return [c for c in load_cases(default_cases_dir(), platform="cpu") if hasattr(c, "contract_id")]
+
+
+@pytest.mark.parametrize(("version", "key_mask", "dense", "gqa_words"), [
+    ("0.36.0", "skip:Attention mask is not yet supported", "skip:Attention mask is not yet supported", "Attention mask is not yet supported"),
+    ("0.37.1", "xfail:PR #13756", "xfail:PR #12970", "GQA is not yet supported"),
+    ("0.38.0", "xfail:PR #13756", "xfail:PR #12970", "GQA is not yet supported"),
+    ("0.39.0", None, "xfail:PR #12970", "GQA is not yet supported"),
+    ("0.42.1", None, "xfail:PR #12970", "GQA is not yet supported"),
+    ("0.43.0", None, None, "GQA is not yet supported"),  # unknown yet: judged as any case, so a fix or a regression shows
+])
+def test_overlay_ranges_follow_each_releases_masks(contract_cases, version: str, key_mask: str | None, dense: str | None,
+                                                   gqa_words: str) -> None:
+    """0.36 refuses masks under CP (pinned skips), 0.37-0.38 run them wrongly (strict xfails), 0.39 gathers the key mask."""
+    from pathlib import Path
+
+    from packaging.version import Version
+
+    from harness.cases.overlays import apply_target_overlay
+    from harness.paths import default_cases_dir
+
+    overlay = Path(default_cases_dir()) / "contracts" / "targets" / "diffusers.toml"
+    cases = {c.id: c for c in apply_target_overlay(contract_cases, overlay, Version(version), "cpu")}
+
+    def judged(case_id: str) -> str | None:
+        case = cases[case_id]
+        if case.expected_skip is not None:
+            return f"skip:{case.expected_skip.reason}"
+        return f"xfail:{case.expected_failure}" if case.expected_failure else None
+
+    for case_id, expected in ((_KEY_MASK, key_mask), (_DENSE, dense)):
+        got = judged(case_id)
+        if expected is None:
+            assert got is None, (case_id, got)
+        else:
+            kind, words = expected.split(":", 1)
+            assert got is not None and got.startswith(f"{kind}:") and words in got, (case_id, got)
+    assert gqa_words in cases["masked_gqa"].expected_skip.reason
+    assert cases["masked[world_size=1,mask=key_padding]"].expected_skip is None  # one rank takes masks on every release
