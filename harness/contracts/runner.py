@@ -43,7 +43,13 @@ class RunOptions:
     allow_new_skips: bool = False  # an unpinned skip stays a skip instead of failing its case (exploratory runs)
 
     def load(self) -> Target:
-        return load_target(self.target, self.target_args)
+        """The target; a spec that does not load is the ``--target`` option's error (the key the user typed)."""
+        try:
+            return load_target(self.target, self.target_args)
+        except ConfigError as exc:
+            if exc.key != "target":
+                raise
+            raise ConfigError(str(exc).removeprefix("key 'target': "), key="--target") from None
 
     def usable(self) -> Target:
         """The target, refused (ConfigError, exit 2) where it cannot run at all: a run whose every case would be

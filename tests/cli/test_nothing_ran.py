@@ -32,3 +32,9 @@ def test_gate_on_a_stack_that_cannot_be_imported_exits_2_with_the_install_hint(t
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "key '--target': target 'sglang' cannot run on cpu: sglang" in proc.stderr
     assert "install-sglang-cpu.sh" in proc.stderr and "gate: PASSED" not in proc.stdout
+
+
+@pytest.mark.parametrize("verb", ["check", "gate", "sweep"])
+def test_a_target_that_does_not_load_is_the_target_options_error(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([verb, "--target", "no_such_module_xyz:factory"]) == 2
+    assert "error: key '--target': target 'no_such_module_xyz:factory': cannot import module" in capsys.readouterr().err
