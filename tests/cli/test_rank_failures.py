@@ -93,7 +93,7 @@ def test_ranks_that_disagree_on_a_skip_fail_with_the_waiting_ranks_stack(tmp_pat
     assert "0 passed, 1 failed, 0 skipped" in out
     assert "--- ulysses: timeout after 5s in call of 'run_case_in_rank': rank(s) [0] had not answered" in err
     waiting = err[err.index("--- rank 0 (pid") :]
-    assert "in all_to_all_single" in waiting and "in sharded_parity" in waiting  # where rank 0 waits for rank 1
+    assert "in all_to_all_single" in waiting and "in output_parity" in waiting  # where rank 0 waits for rank 1
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
