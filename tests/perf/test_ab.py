@@ -218,8 +218,14 @@ def test_perf_base_arg_without_perf_base_is_a_usage_error(capsys: pytest.Capture
 # --------------------------------------------------------------------------- absolute mode
 
 
-def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(tmp_path: Path) -> None:
-    """The doubled-step generator of the issue, on a stored baseline recorded here from 3 gates of the plain one."""
+def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doubled-step generator of the issue, on a stored baseline recorded here from 3 gates of the plain one.
+
+    Tolerances of 75 %: recalibration refuses a tolerance inside the runs' spread, and a shared test
+    machine's spread of a process's times can pass 30 %; a doubled step (×2) is still past them."""
+    for family in ("E2E", "DENOISE_STAGE", "NON_DENOISE_STAGE", "DENOISE_STEP", "DENOISE_AGG", "WALL"):
+        monkeypatch.setenv(f"PARITY_PERF_TOL_{family}", "0.75")
     cases, baselines = gate_project(tmp_path, sleepy=SLEEPY)
     shutil.copy(REPO / "baselines" / "perf_baselines.json", baselines)
     where = ["--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", "command"]
