@@ -102,21 +102,22 @@ def run(args: argparse.Namespace) -> int:
     for b in data["backends"]:
         table.add_row(b["name"], "[green]yes[/]" if b["available"] else "[red]no[/]", "yes" if b["returns_lse"] else "no", escape(b["reason"] or ""))
     console.print(table)
-    table = Table(title=f"targets on {data['targets'][0]['device']}")
-    for column in ("target", "available", "reason"):
-        table.add_column(column, overflow="fold")
-    for t in data["targets"]:
-        table.add_row(t["name"], "[green]yes[/]" if t["available"] else "[red]no[/]", escape(t["reason"] or ""))
-    console.print(table)
-    table = Table(title=f"pipeline targets on {data['targets'][0]['device']} (at one rank)")
-    for column in ("pipeline target", "available", "reason"):
-        table.add_column(column, overflow="fold")
-    for t in data["pipeline_targets"]:
-        table.add_row(t["name"], "[green]yes[/]" if t["available"] else "[red]no[/]", escape(t["reason"] or ""))
-    console.print(table)
+    device = data["targets"][0]["device"]
+    console.print(_availability(f"targets on {device}", "target", data["targets"]))
+    console.print(_availability(f"pipeline targets on {device} (at one rank)", "pipeline target", data["pipeline_targets"]))
     console.print(escape("packages: " + ", ".join(f"{k} {v or '-'}" for k, v in data["packages"].items())))
     used = data["project"]
     console.print(escape(f"project file {used['file']}" if used else
                          "project file: none (no parity.toml or [tool.parity] from here upwards; `parity init` writes one)"))
     console.print(escape(f"cases {data['paths']['cases']}, baselines {data['paths']['baselines']}"))
     return 0
+
+
+def _availability(title: str, kind: str, entries: list[dict[str, Any]]) -> Table:
+    """One row per target: whether it can run here, and why not."""
+    table = Table(title=title)
+    for column in (kind, "available", "reason"):
+        table.add_column(column, overflow="fold")
+    for t in entries:
+        table.add_row(t["name"], "[green]yes[/]" if t["available"] else "[red]no[/]", escape(t["reason"] or ""))
+    return table
