@@ -5,7 +5,10 @@ adding a verb is adding a module and one name to :data:`VERBS`. Exit codes: 0 al
 1 a failure or regression, 2 a usage or configuration error (argparse errors included), 3 an
 inconclusive timing verdict with nothing failed (``gate``, ``perf``), 130 on
 SIGINT and 143 on SIGTERM: the signal unwinds the run like an exception, so every rank group is
-ended on the way out, and the run says so in one line instead of a traceback.
+ended on the way out, and the run says so in one line instead of a traceback. The handlers are
+the first thing :func:`main` sets (this module imports nothing heavy before them), so a signal
+during the imports of torch or the start of the first group is handled like one during a case;
+a signal some library swallowed while unwinding still decides the exit code.
 
 Under torchrun or srun (``torchrun ... -m parity VERB``) rank 0 alone parses and runs the verb
 (:func:`harness.ranks.run_as_job`), every other rank hosts its ranks, and all exit with rank 0's
@@ -43,6 +46,8 @@ checkout of an editable install, else the read-only copy inside the installed pa
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from harness.paths import parity_version
+
     parser = argparse.ArgumentParser(
         prog="parity", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -79,34 +84,51 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+class _Unwinding:
+    """The signal this run received (None: none yet), whether a line has said so, and whether raising
+    :class:`Interrupted` may start (a signal before that is raised as soon as it may)."""
+
+    signum: int | None = None
+    reported = False
+    armed = False
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     for sig in _UNWINDING_SIGNALS:  # one unwinding, however many signals arrive during the cleanup
         signal.signal(sig, signal.SIG_IGN)
-    raise Interrupted(signum)
+    _Unwinding.signum = signum
+    if _Unwinding.armed:
+        raise Interrupted(signum)
 
 
 @contextmanager
-def _signals_unwind() -> Iterator[None]:
-    """SIGINT and SIGTERM raise :class:`Interrupted` for the block (signals reach the main thread only)."""
+def _signals_unwind(exiting: bool) -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the block (signals reach the main thread only).
+    ``exiting``: the process ends after the block, and they stay ignored until it has (its verdict stands
+    and its cleanup finishes); else the previous handlers come back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _UNWINDING_SIGNALS}
+    _Unwinding.signum, _Unwinding.reported, _Unwinding.armed = None, False, False
+    previous = {sig: signal.signal(sig, _on_signal) for sig in _UNWINDING_SIGNALS}
     try:
         yield
     finally:
+        _Unwinding.armed = False
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if exiting else handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from harness.ranks import run_as_job
+    """Run ``parity VERB ...`` (``argv`` None: this process's command line, and the process exits after it)."""
+    with _signals_unwind(exiting=argv is None):
+        return _exit_code("parity", lambda: _in_job(argv))  # what is left for a job rank but 0: the job's own errors
 
-    def run() -> int:
-        with _signals_unwind():
-            return run_as_job(lambda: _run_verb(argv))
 
-    return _exit_code("parity", run)  # what is left for a rank that is not rank 0: the job's own errors
+def _in_job(argv: Sequence[str] | None) -> int:
+    from harness.ranks import run_as_job  # torch: a signal during this import already unwinds
+
+    return run_as_job(lambda: _run_verb(argv))
 
 
 def _run_verb(argv: Sequence[str] | None) -> int:
@@ -119,8 +141,12 @@ def _run_verb(argv: Sequence[str] | None) -> int:
 
     def run() -> int:
         from harness.project import find_project, load_project
+        from harness.ranks.starting import check_start_method_env
+        from harness.report.output import check_outputs
 
         check_platform_env()
+        check_start_method_env()
+        check_outputs((getattr(args, "json", None), "--json"))  # every verb that writes JSON: before any work
         found = find_project(Path.cwd())
         args.project = load_project(found) if found is not None else None
         return int(args.run(args))
@@ -128,22 +154,37 @@ def _run_verb(argv: Sequence[str] | None) -> int:
     return _exit_code(f"parity {args.verb}", run)
 
 
+def _stopped(who: str, signum: int) -> int:
+    if not _Unwinding.reported:
+        _Unwinding.reported = True
+        print(f"{who}: stopped by {signal.Signals(signum).name}; every rank was ended", file=sys.stderr)
+    return 128 + signum
+
+
 def _exit_code(who: str, run: Callable[[], int]) -> int:
     """``run()``'s exit code, an error or a signal mapped to its own (module docstring) and said in one line."""
     from harness.errors import ConfigError
-    from harness.ranks import JobLost
+    from harness.report.format import inert_lines
 
     try:
-        return run()
+        _Unwinding.armed = True
+        if _Unwinding.signum is not None:  # it came before it could be raised
+            raise Interrupted(_Unwinding.signum)
+        code = run()
     except ConfigError as exc:
-        print(f"{who}: error: {exc}", file=sys.stderr)
-        return 2
-    except JobLost as exc:
-        print(f"{who}: error: {exc}", file=sys.stderr)
-        return 1
+        print(f"{who}: error: {inert_lines(exc)}", file=sys.stderr)
+        code = 2
     except Interrupted as exc:
-        print(f"{who}: stopped by {signal.Signals(exc.signum).name}; every rank was ended", file=sys.stderr)
-        return 128 + exc.signum
+        return _stopped(who, exc.signum)
+    except Exception as exc:
+        control = sys.modules.get("harness.ranks.control")  # only raised once the ranks were imported
+        if control is None or not isinstance(exc, control.JobLost):
+            raise
+        print(f"{who}: error: {inert_lines(exc)}", file=sys.stderr)
+        code = 1
+    if _Unwinding.signum is not None:  # swallowed on the way by something that caught it
+        return _stopped(who, _Unwinding.signum)
+    return code
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
 from harness.errors import ConfigError
@@ -296,14 +296,21 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     return out
 
 
-def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, str], dict[str, Any]]:
+class StageRecord(NamedTuple):
+    """One record of a results document and its key path there (``stages.images.records[3]``), for messages."""
+
+    key: str
+    record: dict[str, Any]
+
+
+def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, str], StageRecord]:
     """``{(stage, case id): record}`` of a results document (``parity gate`` or ``parity check``), checked enough
     to compare: ``stages`` an object, each run stage's ``records`` a list of objects with a ``case_id``,
-    a ``status`` and ``figures``."""
+    a ``status`` and ``figures``, and no case twice in a stage (the later record would hide the earlier)."""
     doc = expect_object(doc, path, "")
     if "stages" not in doc:
         raise ConfigError("missing required key 'stages' (not a results file of parity gate or parity check)", path=path)
-    out = {}
+    out: dict[tuple[str, str], StageRecord] = {}
     for name, stage in expect_object(doc["stages"], path, "stages").items():
         stage = expect_object(stage, path, join_key("stages", name))
         records = stage.get("records", [])
@@ -316,7 +323,10 @@ def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, st
             if record.get("status") not in tuple(str(s) for s in Status):
                 raise ConfigError(f"status must be one of {[str(s) for s in Status]}", path=path, key=join_key(key, "status"))
             expect_object(record.get("figures", {}), path, join_key(key, "figures"))
-            out[(name, case_id)] = record
+            if (name, case_id) in out:
+                raise ConfigError(f"a second record of case {case_id!r} (the first is {out[(name, case_id)].key})", path=path,
+                                  key=join_key(key, "case_id"))
+            out[(name, case_id)] = StageRecord(key, record)
     return out
 
 

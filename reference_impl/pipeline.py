@@ -22,6 +22,8 @@ the rotation, so positions are unchanged; only the order in which keys are scann
 
 from __future__ import annotations
 
+import os
+
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
@@ -107,6 +109,9 @@ class PipelineConfig(ModelConfig):
             raise self.error("suffix_mode", f"{self.suffix_mode!r} is not one of {', '.join(SUFFIX_MODES)}")
         if self.flow_shift <= 0:
             raise self.error("flow_shift", f"must be positive, got {self.flow_shift}")
+        if self.text_encoder_dir is not None and not os.path.isfile(os.path.join(self.text_encoder_dir, "config.json")):
+            raise self.error("text_encoder_dir", f"{self.text_encoder_dir!r}: not a transformers model directory "
+                                                 "(no config.json in it)")  # found now, not after the ranks started
         if self.weights is not None:
             if self.text_encoder_dir is not None:
                 raise self.error("text_encoder_dir", "a checkpoint (weights) brings the text encoder its DiT was trained on")

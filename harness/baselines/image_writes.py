@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 
 from harness.baselines.images import (
-    MANIFEST, PENDING, Entry, case_of_file, fingerprint, manifest_json, read_manifest, reference_files,
+    MANIFEST, PENDING, Entry, case_of_file, fingerprint, manifest_json, pending_set, read_manifest, reference_files,
 )
 from harness.errors import ConfigError
 from harness.files.atomic import dump_json, fsync_dir
 from harness.files.jsonio import expect_id, read_json
 from harness.files.png import encode_png
+from harness.files.reading import lstat_kind
 
 __all__ = ["Blessing", "bless", "blessing", "recover", "write_set"]
 
@@ -86,10 +87,10 @@ def _remove_empty_dirs(root: Path, names: Iterable[str]) -> None:
             pass
 
 
-def _dropped_names(path: Path) -> list[str]:
+def _dropped_names(path: Path, directory: Path) -> list[str]:
     """The reference files a staged set drops, each checked to be one (``<id>.png`` or ``<id>/frame_<i>.png``)
     before anything is deleted by its name."""
-    names = read_json(path)
+    names = read_json(path, within=directory)
     if not isinstance(names, list):
         raise ConfigError("must be a JSON list of reference file names", path=path)
     for i, name in enumerate(names):
@@ -100,26 +101,40 @@ def _dropped_names(path: Path) -> list[str]:
     return names
 
 
+def _staged_pngs(pending: Path) -> list[str]:
+    """The PNGs of a committed set, each a regular file parity staged (a symlink planted there is refused, never moved)."""
+    names = []
+    for folder, dirs, files in os.walk(pending):
+        for name in [*dirs, *files]:
+            path = Path(folder, name)
+            kind = lstat_kind(path)
+            if kind not in (None, "a directory"):
+                raise ConfigError(f"is {kind}, not a file staged by parity bless; remove {pending}", path=path)
+        names += [str(Path(folder, n).relative_to(pending)) for n in files if n.endswith(".png")]
+    return sorted(names)
+
+
 def recover(directory: str | Path) -> None:
     """Finish a bless killed after its commit (move the rest of :data:`PENDING` into place) and
-    delete the staging folders of blesses killed before it. A no-op on a clean directory."""
+    delete the staging folders of blesses killed before it. A no-op on a clean directory; anything
+    at :data:`PENDING` that parity did not stage is a ConfigError, never moved."""
     directory = Path(directory)
     for staging in directory.glob(_STAGING_GLOB):
         shutil.rmtree(staging, ignore_errors=True)
+    committed = pending_set(directory)  # refuses a symlink or a file at PENDING
     pending = directory / PENDING
-    if not pending.is_dir():
+    if lstat_kind(pending) == "nothing":
         return
-    if (pending / MANIFEST).is_file():
-        moved = sorted(str(p.relative_to(pending)) for p in pending.rglob("*.png"))
-        for name in moved:
+    if committed is not None:
+        for name in _staged_pngs(pending):
             (directory / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(pending / name, directory / name)
         fsync_dir(directory)
         os.replace(pending / MANIFEST, directory / MANIFEST)  # from here on the set in force is in place
         fsync_dir(directory)
     dropped_list = pending / _DROPPED
-    if dropped_list.is_file():
-        dropped = _dropped_names(dropped_list)
+    if lstat_kind(dropped_list) != "nothing":
+        dropped = _dropped_names(dropped_list, directory)
         for name in dropped:
             (directory / name).unlink(missing_ok=True)
         _remove_empty_dirs(directory, dropped)

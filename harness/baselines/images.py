@@ -28,7 +28,9 @@ a re-blessed video shows which frames moved, and the frame count needs no extra 
 A reference is only trusted if its bytes hash to the manifest entry: a mismatch, a file missing
 from the manifest, or a manifest entry whose file is missing is a ConfigError naming the file. A
 gate must never compare against a reference nobody blessed. Hash and decode read the same bytes,
-so what is verified is exactly what is compared.
+so what is verified is exactly what is compared. Every file of a set (manifest and PNGs; the
+references, or the candidates a gate run saved) is read as a regular file inside the set's
+directory, through no symlink, and its pixels must have the shape the manifest records.
 
 Writing is :mod:`harness.baselines.image_writes`: a new set is staged beside the old one and
 committed by one rename into :data:`PENDING`, then moved into place. A reader here also reads a
@@ -51,7 +53,7 @@ import numpy as np
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
 from harness.files.png import decode_rgb_png
-from harness.files.reading import is_present, read_regular_bytes
+from harness.files.reading import is_present, lstat_kind, read_regular_bytes
 
 __all__ = ["MANIFEST", "PENDING", "REFERENCES_DIR", "Entry", "Reference", "changed_fields", "case_of_file", "check_case_id",
            "find_reference", "fingerprint", "load_reference", "read_manifest", "reference_files"]
@@ -131,16 +133,29 @@ class Reference:
     array: np.ndarray = field(repr=False)
 
 
+def pending_set(directory: Path) -> Path | None:
+    """:data:`PENDING` when a committed set is in it (its manifest is there), None when there is none; anything at
+    that name but a directory parity made (a symlink planted there, a regular file) is a ConfigError, never read."""
+    pending = directory / PENDING
+    kind = lstat_kind(pending)
+    if kind == "nothing":
+        return None
+    if kind != "a directory":
+        raise ConfigError(f"is {kind or 'a regular file'}, not a set staged by parity bless (a directory); remove it",
+                          path=pending)
+    return pending if lstat_kind(pending / MANIFEST) is None else None
+
+
 def manifest_path(directory: Path) -> Path:
     """The manifest in force: the pending one while an interrupted switch-over holds it, else ``manifest.json``."""
-    pending = directory / PENDING / MANIFEST
-    return pending if pending.is_file() else directory / MANIFEST
+    pending = pending_set(directory)
+    return directory / MANIFEST if pending is None else pending / MANIFEST
 
 
 def file_path(directory: Path, name: str) -> Path:
     """Where a file of the set in force is: still in :data:`PENDING` if it has not been moved yet."""
-    pending = directory / PENDING / name
-    return pending if (directory / PENDING / MANIFEST).is_file() and pending.is_file() else directory / name
+    pending = pending_set(directory)
+    return pending / name if pending is not None and lstat_kind(pending / name) != "nothing" else directory / name
 
 
 def _ordered_files(case_id: str, files: dict[str, Any], path: Path, key: str) -> dict[str, str]:
@@ -160,15 +175,24 @@ def _ordered_files(case_id: str, files: dict[str, Any], path: Path, key: str) ->
 def _legacy_entries(doc: dict[str, Any], path: Path) -> dict[str, Entry]:
     """Format 1: ``{file: sha256}``; the case of a file is its name without ``.png`` or its folder."""
     by_case: dict[str, dict[str, str]] = {}
+    key_of: dict[str, str] = {}
     for name in doc:
-        by_case.setdefault(case_of_file(name) or name, {})[name] = doc[name]
-    return {case_id: Entry(check_case_id(case_id), _ordered_files(case_id, files, path, ""))  # format 1 keys are file names
-            for case_id, files in by_case.items()}
+        case_id = case_of_file(name) or name
+        by_case.setdefault(case_id, {})[name] = doc[name]
+        key_of.setdefault(case_id, name)
+    return {case_id: Entry(expect_id(case_id, path, key_of[case_id]), _ordered_files(case_id, files, path, ""))
+            for case_id, files in by_case.items()}  # format 1 keys are file names
+
+
+_ENTRY_KEYS = ("fingerprint", "fields", "world_size", "pipeline", "shape", "files")
 
 
 def _entry(case_id: str, raw: Any, path: Path) -> Entry:
     key = join_key("cases", case_id)
     raw = expect_object(raw, path, key)
+    unknown = sorted(set(raw) - set(_ENTRY_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key; a case holds {', '.join(_ENTRY_KEYS)}", path=path, key=join_key(key, unknown[0]))
     files = expect_object(raw.get("files"), path, join_key(key, "files"))
     if not files:
         raise ConfigError("a case needs at least one file", path=path, key=join_key(key, "files"))
@@ -180,9 +204,15 @@ def _entry(case_id: str, raw: Any, path: Path) -> Entry:
     world = raw.get("world_size", 1)
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ConfigError(f"must be a positive integer, got {world!r}", path=path, key=join_key(key, "world_size"))
-    shape = raw.get("shape")
+    shape, pipeline = raw.get("shape"), raw.get("pipeline")
+    if shape is not None and not (isinstance(shape, list) and len(shape) in (3, 4) and shape[-1] == 3
+                                  and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)):
+        raise ConfigError(f"must be [H, W, 3] or [T, H, W, 3] of positive integers, got {shape!r}", path=path,
+                          key=join_key(key, "shape"))
+    if pipeline is not None:
+        expect_str(pipeline, path, join_key(key, "pipeline"))
     return Entry(case_id, files, digest, None if fields is None else expect_object(fields, path, join_key(key, "fields")),
-                 world, raw.get("pipeline"), tuple(shape) if isinstance(shape, list) else None)
+                 world, pipeline, tuple(shape) if shape is not None else None)
 
 
 def read_manifest(directory: str | Path) -> dict[str, Entry]:
@@ -190,13 +220,16 @@ def read_manifest(directory: str | Path) -> dict[str, Entry]:
     path = manifest_path(Path(directory))
     if not is_present(path):
         return {}
-    doc = expect_object(read_json(path), path, "")
+    doc = expect_object(read_json(path, within=directory), path, "")
     if "format" not in doc:
         return _legacy_entries(doc, path)
     if doc["format"] != FORMAT:
         raise ConfigError(f"unknown manifest format {doc['format']!r} (this parity reads 1 and {FORMAT})", path=path, key="format")
+    unknown = sorted(set(doc) - {"format", "cases"})
+    if unknown:
+        raise ConfigError(f"unknown key (a manifest holds {{format, cases}})", path=path, key=unknown[0])
     cases = expect_object(doc.get("cases", {}), path, "cases")
-    return {check_case_id(case_id): _entry(case_id, raw, path) for case_id, raw in cases.items()}
+    return {expect_id(case_id, path, join_key("cases", case_id)): _entry(case_id, raw, path) for case_id, raw in cases.items()}
 
 
 def manifest_json(entries: Mapping[str, Entry]) -> dict[str, Any]:
@@ -208,7 +241,7 @@ def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
     path = file_path(directory, name)
     if not is_present(path):
         raise ConfigError(f"listed in {MANIFEST} but the file is missing", path=directory / name)
-    data = read_regular_bytes(path)
+    data = read_regular_bytes(path, within=directory)
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
         raise ConfigError(
@@ -233,10 +266,15 @@ def find_reference(directory: str | Path, case_id: str, manifest: Mapping[str, E
         return None
     arrays = [decode_rgb_png(_verified_bytes(directory, n, d), directory / n) for n, d in entry.files.items()]
     if list(entry.files) == [f"{case_id}.png"]:
-        return Reference(entry, arrays[0])
-    if len({a.shape for a in arrays}) != 1:
+        found = Reference(entry, arrays[0])
+    elif len({a.shape for a in arrays}) != 1:
         raise ConfigError(f"frames of video {case_id!r} differ in shape", path=directory / case_id)
-    return Reference(entry, np.stack(arrays))
+    else:
+        found = Reference(entry, np.stack(arrays))
+    if entry.shape is not None and found.array.shape != entry.shape:
+        raise ConfigError(f"its pixels are {list(found.array.shape)} but {MANIFEST} records shape {list(entry.shape)}",
+                          path=directory / next(iter(entry.files)))
+    return found
 
 
 def load_reference(directory: str | Path, case_id: str) -> np.ndarray:

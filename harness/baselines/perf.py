@@ -1,6 +1,6 @@
 """Performance baselines in sglang's ``perf_baselines.json`` schema, and the perf check.
 
-File schema (sglang's; unknown keys anywhere are kept and written back)::
+File schema (sglang's, so its published file loads as it is)::
 
     {
       "metadata": {"hardware": "CI H100 80GB", ...},
@@ -19,6 +19,14 @@ File schema (sglang's; unknown keys anywhere are kept and written back)::
         }
       }
     }
+
+Every key of a baselines file is one of these, else a ConfigError naming the file and key (with
+the nearest known key): a misspelt ``expected_e2e_mss`` or tolerance ``e2ee`` was ignored and the
+scenario gated on what was left. Kept as they are and written back, not read: comments (a key
+starting with ``_``, anywhere), ``metadata``'s free-form keys and what sglang's file holds that
+parity does not gate (:data:`UPSTREAM_TOP_KEYS`, :data:`UPSTREAM_PROFILE_KEYS`, :data:`UPSTREAM_SCENARIO_KEYS`, and
+``stages_ms.per_frame_generation``, a video's per-frame time or null, which sglang checks as a
+frame rate, not as a stage).
 
 Measured results use the *same shape as a scenario* (including the ``expected_`` key names), so
 the median of several measurements can be written back as a baseline without renaming anything::
@@ -90,7 +98,7 @@ from harness.baselines.tolerances import (
 )
 from harness.errors import ConfigError
 from harness.files.atomic import write_json_atomic
-from harness.files.jsonio import expect_id, expect_number, expect_object, expect_str, join_key, read_json
+from harness.files.jsonio import expect_id, expect_known_key, expect_number, expect_object, expect_str, join_key, read_json
 
 PROFILES: tuple[str, ...] = ("pr_test", "long_term")
 _MAX_STEP_DIGITS = 6  # step keys are indices "0", "1", ...: a million steps is already absurd
@@ -105,6 +113,16 @@ DISPERSION = "dispersion"
 AB_PROFILE = "ab"
 DEFAULT_AB_TOLERANCES = Tolerances(e2e=0.05, denoise_stage=0.05, non_denoise_stage=0.25, denoise_step=0.15,
                                    denoise_agg=0.05, abs_floor_ms=0.5, wall=0.10)
+
+#: sglang's keys (its perf_baselines.json and BaselineConfig of 2026) that parity keeps and writes back, not reads:
+#: sglang gates load time and peak VRAM, which parity's pipelines do not measure.
+UPSTREAM_TOP_KEYS: tuple[str, ...] = ("improvement_reporting", "sampling")
+UPSTREAM_PROFILE_KEYS: tuple[str, ...] = ("load", "load_peak_vram", "runtime_peak_vram")
+UPSTREAM_SCENARIO_KEYS: tuple[str, ...] = ("estimated_full_test_time_s", "expected_load_ms", "load_peak_vram_mb",
+                                           "runtime_peak_vram_mb")
+PER_FRAME = "per_frame_generation"  # in stages_ms: sglang's per-frame time of a video (a number or null), not a stage
+_TOP_KEYS = ("metadata", "tolerances", "scenarios")
+_SCENARIO_KEYS = (E2E, AVG, MEDIAN, STAGES, STEPS, DISPERSION)
 
 PERF_BASE_FILE = "perf_baselines.json"
 PERF_OVERLAY_DIR = Path("platforms") / "perf"
@@ -153,7 +171,8 @@ def tolerance_category(label: str) -> str:
 
 
 def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, Any]:
-    """Check a scenario (or a measured-results dict, same shape); unknown keys are left alone."""
+    """Check a scenario (or a measured-results dict, same shape, which adds its extras); unknown keys are
+    left alone here (a baselines file's are refused by :func:`_validate_document`)."""
     scenario = expect_object(scenario, path, key)
     if E2E not in scenario:
         raise ConfigError(f"missing required key '{E2E}'", path=path, key=key)
@@ -163,6 +182,8 @@ def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, An
     for group in (STAGES, STEPS):
         values = expect_object(scenario.get(group, {}), path, join_key(key, group))
         for name, ms in values.items():
+            if group == STAGES and name == PER_FRAME and ms is None:
+                continue
             if group == STEPS and not (name.isascii() and name.isdigit() and len(name) <= _MAX_STEP_DIGITS):
                 raise ConfigError(
                     f"step keys are string indices like \"0\", got {name[:40]!r}", path=path, key=join_key(key, group)
@@ -186,7 +207,8 @@ def scenario_values(scenario: Mapping[str, Any]) -> dict[str, float]:
         flat[E2E] = float(scenario[E2E])
     for group in (STAGES, STEPS):
         for name, ms in scenario.get(group, {}).items():
-            flat[f"{group}.{name}"] = float(ms)
+            if not (group == STAGES and name == PER_FRAME):
+                flat[f"{group}.{name}"] = float(ms)
     for name in (AVG, MEDIAN):
         if name in scenario:
             flat[name] = float(scenario[name])
@@ -241,14 +263,22 @@ def check_perf(
 
 def _validate_document(doc: Any, path: str) -> dict[str, Any]:
     doc = expect_object(doc, path, "")
+    for key in doc:
+        expect_known_key(key, _TOP_KEYS, UPSTREAM_TOP_KEYS, path, key)
+    for key in UPSTREAM_TOP_KEYS:
+        if key in doc:
+            expect_object(doc[key], path, key)
     metadata = expect_object(doc.get("metadata", {}), path, "metadata")
     if "hardware" in metadata:
         expect_str(metadata["hardware"], path, "metadata.hardware")
     tolerances = expect_object(doc.get("tolerances", {}), path, "tolerances")
     for profile, values in tolerances.items():
         profile_key = join_key("tolerances", profile)
+        expect_known_key(profile, (*PROFILES, AB_PROFILE), (), path, profile_key)
         values = expect_object(values, path, profile_key)
-        for name in (*TOLERANCE_KEYS, *OPTIONAL_KEYS):
+        for name in values:
+            expect_known_key(name, (*TOLERANCE_KEYS, *OPTIONAL_KEYS), UPSTREAM_PROFILE_KEYS, path, join_key(profile_key, name))
+        for name in (*TOLERANCE_KEYS, *OPTIONAL_KEYS, *UPSTREAM_PROFILE_KEYS):
             if name in values:
                 expect_number(values[name], path, join_key(profile_key, name), lo=0.0,
                               hi=MAX_MS if name == ABS_FLOOR else MAX_TOLERANCE)
@@ -256,8 +286,14 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
         expect_str(metadata["platform"], path, "metadata.platform")
     scenarios = expect_object(doc.get("scenarios", {}), path, "scenarios")
     for scenario_id, scenario in scenarios.items():
-        expect_id(scenario_id, path, join_key("scenarios", scenario_id), "scenario id")
-        validate_scenario(scenario, path, join_key("scenarios", scenario_id))
+        scenario_key = join_key("scenarios", scenario_id)
+        expect_id(scenario_id, path, scenario_key, "scenario id")
+        validate_scenario(scenario, path, scenario_key)
+        for key in scenario:
+            expect_known_key(key, _SCENARIO_KEYS, UPSTREAM_SCENARIO_KEYS, path, join_key(scenario_key, key))
+        for key in UPSTREAM_SCENARIO_KEYS:
+            if key in scenario:
+                expect_number(scenario[key], path, join_key(scenario_key, key), lo=0.0)
     return doc
 
 

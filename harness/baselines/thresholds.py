@@ -3,7 +3,7 @@
 Schema (sglang's, unchanged so its published files load as they are)::
 
     {
-      "_comment": "...",                                  # any extra key: kept and written back
+      "_comment": "...",                                  # a key starting with "_": a comment, kept
       "default_clip_threshold_image": 0.92, ...           # default_{metric}_threshold_{image,video}
       "cases": {
         "flux_image_t2i": {"clip_threshold": 0.92, "ssim_threshold": 0.95,
@@ -13,6 +13,13 @@ Schema (sglang's, unchanged so its published files load as they are)::
 
 Direction of each bound (what the gate compares): clip, ssim and psnr are lower bounds
 (``value >= threshold`` passes), mean_abs_diff is an upper bound (``value <= threshold``).
+
+Every key is one of these, else a ConfigError naming the file and key (with the nearest known
+key): a misspelt ``psnr_treshold`` silently gated the case at the default. Comments (a key
+starting with ``_``, anywhere) and the bounds sglang publishes for metrics parity does not gate
+(:data:`UPSTREAM_METRICS`, its audio metrics: ``default_<metric>_threshold`` at the top,
+``<metric>_threshold`` in a case) are kept as they are and written back; those bounds must be
+numbers too.
 
 Overlays: a platform file is merged over the base key by key. A case's keys override the base
 case's keys one at a time (anything absent keeps the base value); top-level keys (defaults,
@@ -33,7 +40,7 @@ from typing import Any
 
 from harness.baselines.named import NamedValues
 from harness.files.atomic import write_json_atomic
-from harness.files.jsonio import expect_id, expect_number, expect_object, join_key, read_json
+from harness.files.jsonio import expect_id, expect_known_key, expect_number, expect_object, join_key, read_json
 from harness.errors import ConfigError
 
 __all__ = [
@@ -99,6 +106,12 @@ def _check_kind(kind: str) -> str:
 
 
 _DEFAULT_KEYS = {default_key(m, k): m for m in METRICS for k in KINDS}
+#: Metrics sglang's files bound that parity does not gate (sglang 0.5.23's h100.json): kept, not read.
+UPSTREAM_METRICS: tuple[str, ...] = ("audio_spectral_similarity", "audio_waveform_correlation", "audio_rms_db_diff",
+                                     "audio_duration_diff")
+_UPSTREAM_DEFAULT_KEYS = tuple(f"default_{m}_threshold" for m in UPSTREAM_METRICS)
+_CASE_KEYS = tuple(case_key(m) for m in METRICS)
+_UPSTREAM_CASE_KEYS = tuple(case_key(m) for m in UPSTREAM_METRICS)
 
 
 def _validate_value(metric: str, value: Any, path: str, key: str) -> float:
@@ -110,13 +123,20 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
     """Check types and ranges of every key parity understands; leave every other key alone."""
     doc = expect_object(doc, path, "")
     for key, value in doc.items():
+        expect_known_key(key, ("cases", *_DEFAULT_KEYS), _UPSTREAM_DEFAULT_KEYS, path, key)
         if key in _DEFAULT_KEYS:
             _validate_value(_DEFAULT_KEYS[key], value, path, key)
+        elif key in _UPSTREAM_DEFAULT_KEYS:
+            expect_number(value, path, key)
     cases = expect_object(doc.get("cases", {}), path, "cases")
     for case_id, case in cases.items():
         case_path = join_key("cases", case_id)
         expect_id(case_id, path, case_path)
         expect_object(case, path, case_path)
+        for key, value in case.items():
+            expect_known_key(key, _CASE_KEYS, _UPSTREAM_CASE_KEYS, path, join_key(case_path, key))
+            if key in _UPSTREAM_CASE_KEYS:
+                expect_number(value, path, join_key(case_path, key))
         for metric in METRICS:
             if case_key(metric) in case:
                 _validate_value(metric, case[case_key(metric)], path, join_key(case_path, case_key(metric)))

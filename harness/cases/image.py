@@ -219,8 +219,22 @@ def is_image_only(cases_root: str | Path) -> bool:
 
 def load_image_cases(cases_root: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()) -> list[ImageCase]:
     """Every case of every ``<cases_root>/images/*.toml``; ids must be unique across files."""
-    return load_case_directory(image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline, pipeline_args),
-                               "image case")
+    cases = load_case_directory(image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline, pipeline_args),
+                                "image case")
+    check_pipeline_args_used(cases, pipeline, pipeline_args)
+    return cases
+
+
+def check_pipeline_args_used(cases: Sequence[ImageCase], pipeline: str, pipeline_args: TargetArgs) -> None:
+    """``--pipeline-target-arg`` reaches only the cases that run on ``--pipeline-target``; given with none of
+    ``cases`` doing so it would be ignored (a ``timeout=3`` for cases naming ``target = "command"``): refused."""
+    if not pipeline_args or any(c.target == pipeline for c in cases):
+        return
+    named = sorted({c.target for c in cases})
+    why = f"each names its own target ({', '.join(named)})" if named else "there are none"
+    raise ConfigError(f"no image case runs on --pipeline-target {pipeline!r}: {why}, so {', '.join(k for k, _ in pipeline_args)} "
+                      "would be ignored; set them as case fields, or pass --pipeline-target for those cases",
+                      key="--pipeline-target-arg")
 
 
 def select_image_cases(cases: Sequence[ImageCase], ids: Sequence[str]) -> list[ImageCase]:

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     from harness.baselines.image_writes import write_set
     from harness.baselines.images import MANIFEST, REFERENCES_DIR
-    from harness.cases.image import load_image_cases, select_image_cases
+    from harness.cases.image import check_pipeline_args_used, load_image_cases, select_image_cases
     from harness.gate.bless import blessings_from_results, changes, generate_blessings
     from harness.gate.contracts import check_device
     from harness.ranks import PoolSet
@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     baselines = existing_baselines_dir(args) if args.dry_run else writable_baselines_dir(args)
     ids = _ids(args)
     cases = select_image_cases(load_image_cases(cases_root(args), *pipeline_target(args)), ids)
+    check_pipeline_args_used(cases, *pipeline_target(args))
     out = human_console(args.json)
     start = time.perf_counter()
     directory = baselines / REFERENCES_DIR

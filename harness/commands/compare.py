@@ -17,8 +17,9 @@ EPILOG = """\
 examples:
   parity compare main/results.json pr/results.json --fail-on e2e_ms:10 --fail-on psnr:1
 exit codes: 0 no --fail-on threshold passed; 1 a figure got worse past one; 2 a bad file or argument.
-A figure that got worse from 0 or from inf (bitwise broke, identical images differ) has no
-percentage and fails every --fail-on rule on it, whatever PCT."""
+A figure that got worse from 0 or from inf (bitwise broke, identical images differ), that became
+nan, or that the new file no longer has, has no percentage and fails every --fail-on rule on it,
+whatever PCT."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,21 +43,24 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from harness.files.jsonio import read_json
-    from harness.report.compare import Rule, check_rules, compare
-    from harness.report.format import figure
+    from harness.report.compare import Records, Rule, check_rules, compare
+    from harness.report.format import figure, inert
     from harness.report.output import emit_json, human_console
     from harness.results import json_safe, stage_records
 
+    def safe(text: object) -> str:  # text read from the files: inert in the terminal, literal to rich
+        return escape(inert(text))
+
     rules = [Rule.parse(text) for text in args.fail_on]
     docs = [read_json(p) for p in (args.base, args.new)]
-    base, new = (stage_records(doc, path) for doc, path in zip(docs, (args.base, args.new)))
+    base, new = (Records(str(path), stage_records(doc, path)) for doc, path in zip(docs, (args.base, args.new)))
     deltas, statuses = compare(base, new)
     broken = check_rules(deltas, rules)
     out = human_console(args.json)
     for label, doc, path in (("base", docs[0], args.base), ("new", docs[1], args.new)):
         git = doc.get("git") or {}
         commit = f"commit {str(git['commit'])[:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "no commit recorded"
-        out.print(escape(f"{label}: {path} ({commit}, parity {doc.get('parity_version', '?')}, torch {doc.get('torch', '?')})"),
+        out.print(safe(f"{label}: {path} ({commit}, parity {doc.get('parity_version', '?')}, torch {doc.get('torch', '?')})"),
                   soft_wrap=True)
     bad = {id(d) for _, d in broken}
     table = Table(title="figures" + ("" if args.all else " that changed"))
@@ -65,13 +69,14 @@ def run(args: argparse.Namespace) -> int:
     shown = [d for d in deltas if args.all or d.old != d.new]
     for d in shown:
         style = "bold red" if id(d) in bad else ("yellow" if d.worse else "")
-        table.add_row(d.stage, escape(d.case_id), d.metric, figure(d.old), figure(d.new), f"[{style}]{_pct(d.change_pct)}[/]" if style else _pct(d.change_pct))
+        table.add_row(safe(d.stage), safe(d.case_id), safe(d.metric), figure(d.old), _new(d.new),
+                      f"[{style}]{_pct(d.change_pct)}[/]" if style else _pct(d.change_pct))
     out.print(table)
     for s in statuses:
-        out.print(escape(f"{s.stage}/{s.case_id}: {s.old or 'absent'} -> {s.new or 'absent'}"), soft_wrap=True)
+        out.print(safe(f"{s.stage}/{s.case_id}: {s.old or 'absent'} -> {s.new or 'absent'}"), soft_wrap=True)
     for rule, d in broken:
-        out.print(escape(f"FAIL {d.stage}/{d.case_id} {d.metric}: {figure(d.old)} -> {figure(d.new)} "
-                         f"({_pct(d.change_pct)}), worse than --fail-on {rule.metric}:{rule.pct:g}"), soft_wrap=True)
+        out.print(safe(f"FAIL {d.stage}/{d.case_id} {d.metric}: {figure(d.old)} -> {_new(d.new)} "
+                       f"({_pct(d.change_pct)}), worse than --fail-on {rule.metric}:{rule.pct:g}"), soft_wrap=True)
     changed = sum(d.old != d.new for d in deltas)
     out.print(f"{len(deltas)} figures compared, {changed} changed, {sum(d.worse for d in deltas)} worse, "
               f"{len(broken)} past a --fail-on threshold; {len(statuses)} status change(s)")
@@ -84,3 +89,10 @@ def run(args: argparse.Namespace) -> int:
             "passed": not broken,
         }))
     return 1 if broken else 0
+
+
+def _new(value: float | None) -> str:
+    """The new value of a figure; one the new run does not have is missing (and worse than any value)."""
+    from harness.report.format import figure
+
+    return "missing" if value is None else figure(value)

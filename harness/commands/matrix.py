@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.errors import ConfigError
     from harness.files.atomic import check_writable, write_bytes_atomic
     from harness.files.jsonio import read_json
+    from harness.report.format import inert_lines
     from harness.sweep import matrix, stacks
 
     if args.output:
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         sweeps = [matrix.load_sweep(f) for f in args.files]
         text = matrix.render_html(sweeps) if args.format == "html" else matrix.render_markdown(sweeps)
+    text = inert_lines(text)  # labels come from other machines' files: no escape sequence reaches a terminal
     if args.output:
         write_bytes_atomic(args.output, text.encode())
     else:

@@ -193,7 +193,7 @@ def run_thresholds(args: argparse.Namespace) -> int:
     for group in groups:
         target = base if group.platform is None else directory / OVERLAYS_DIR / f"{group.platform}.json"
         chain = ThresholdSet.load(base, [target] if target != base and is_present(target) else [])
-        proposals = propose_thresholds(chain, group.docs, policy)
+        proposals = propose_thresholds(chain, group.docs, policy, group.paths)
         title = f"thresholds -> {target}, from {len(group.docs)} results: {' '.join(map(str, group.paths))}"
         _report(title, PROPOSAL_HEADER, proposal_rows(proposals), proposals)
         plans.append((target, chain, proposals))

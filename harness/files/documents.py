@@ -75,10 +75,15 @@ JSON_HOOKS: dict[str, Any] = {
 toml_float = _float
 
 
-def check_document(value: Any, path: str | Path, key: str = "", depth: int = 0) -> None:
-    """Raise a ConfigError at the first marker, non-finite float, out-of-range int or nesting beyond MAX_DEPTH."""
+def check_document(value: Any, path: str | Path, key: str = "", depth: int = 0, nul_free: bool = False) -> None:
+    """Raise a ConfigError at the first marker, non-finite float, out-of-range int or nesting beyond MAX_DEPTH;
+    with ``nul_free`` also at a NUL character in a key or a string (configuration: its strings become paths,
+    arguments and names, which a NUL ends or breaks)."""
     if depth > MAX_DEPTH:
         raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", path=path, key=key or None)
+    if nul_free and isinstance(value, str) and "\x00" in value:
+        raise ConfigError("a NUL character in a string (it cannot be part of a path, an argument or a name)", path=path,
+                          key=key or None)
     if isinstance(value, Refused):
         raise ConfigError(str(value), path=path, key=key or None)
     if isinstance(value, float) and not math.isfinite(value):
@@ -87,7 +92,9 @@ def check_document(value: Any, path: str | Path, key: str = "", depth: int = 0) 
         raise ConfigError(out_of_range(value), path=path, key=key or None)
     if isinstance(value, dict):
         for k, v in value.items():
-            check_document(v, path, join_key(key, k), depth + 1)
+            if nul_free and "\x00" in k:
+                raise ConfigError("a NUL character in a key", path=path, key=join_key(key, repr(k)))
+            check_document(v, path, join_key(key, k), depth + 1, nul_free)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            check_document(v, path, join_key(key, i), depth + 1)
+            check_document(v, path, join_key(key, i), depth + 1, nul_free)

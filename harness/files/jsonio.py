@@ -7,9 +7,11 @@ shared by all readers so every format reports problems the same way (``ConfigErr
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +20,20 @@ from harness.files.documents import INT_MAX, INT_MIN, JSON_HOOKS, check_document
 from harness.files.reading import MAX_BYTES, read_text
 
 __all__ = ["read_json", "join_key", "expect_object", "expect_number", "expect_int", "expect_str", "expect_id",
-           "MAX_ID_LENGTH"]
+           "expect_known_key", "MAX_ID_LENGTH"]
 
 #: Ids become file names (``<id>.png`` plus a temp-file prefix): a safe alphabet and well under 255 bytes.
 MAX_ID_LENGTH = 128
 _SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def read_json(path: str | Path, max_bytes: int = MAX_BYTES) -> Any:
+def read_json(path: str | Path, max_bytes: int = MAX_BYTES, within: str | Path | None = None) -> Any:
     """Parse a JSON file; any problem is a ConfigError naming the file: not a regular file, too large,
     not UTF-8, malformed (with line and column), nested too deep, a duplicate key, NaN/Infinity or
-    an integer outside 64 bits (with its key path)."""
+    an integer outside 64 bits (with its key path). ``within``: a file another program handed over,
+    read only as a regular file inside that directory (:func:`harness.files.reading.read_regular_bytes`)."""
     p = Path(path)
-    text = read_text(p, max_bytes)
+    text = read_text(p, max_bytes, within)
     try:
         data = json.loads(text, **JSON_HOOKS)
     except json.JSONDecodeError as exc:
@@ -47,6 +50,18 @@ def expect_object(value: Any, path: str | Path, key: str) -> dict[str, Any]:
         where = key or "the document root"
         raise ConfigError(f"{where} must be a JSON object, got {_type_name(value)}", path=path, key=key or None)
     return value
+
+
+def expect_known_key(key: str, own: Sequence[str], upstream: Sequence[str], path: str | Path, where: str) -> None:
+    """Refuse a key that is none of parity's (``own``), sglang's (``upstream``: kept, not read) or a comment
+    (``_...``), naming the nearest known one: a misspelt key would otherwise be ignored and its default used."""
+    if key in own or key in upstream or key.startswith("_"):
+        return
+    near = difflib.get_close_matches(key, [*own, *upstream], n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    theirs = f", sglang's {', '.join(upstream)} (kept, not gated)" if upstream else ""
+    raise ConfigError(f"unknown key: {hint}the keys here are {', '.join(own)}{theirs} and comments starting with '_'",
+                      path=path, key=where)
 
 
 def expect_number(

@@ -9,6 +9,11 @@ most ``max_bytes``, UTF-8, and every refusal a ConfigError naming the file.
 :func:`is_present` is the check for optional files (platform overlays, a manifest not written
 yet): nothing there is a normal answer, anything there that is not a regular file is an error,
 never "absent" (a dangling overlay symlink must not silently mean "no overlay").
+
+A file that something outside parity handed over (a command's output directory, the candidates of
+a results directory) is read ``within`` that directory: every folder on the way and the file are
+opened without following a symlink (``O_NOFOLLOW``, one ``openat`` per component), so an output
+that is a link to the blessed reference, or a candidate linked to a file elsewhere, is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 from harness.errors import ConfigError
 
 __all__ = ["MAX_BYTES", "describe_non_regular", "is_present", "is_directory_present", "read_regular_bytes",
-           "read_text"]
+           "read_text", "lstat_kind"]
 
 #: The largest file parity reads (results and sweep files of big runs are a few MB).
 MAX_BYTES = 32 * 2**20
@@ -72,24 +77,82 @@ def is_directory_present(path: str | Path) -> bool:
     raise ConfigError(f"exists but is {kind or 'a regular file'}, not a directory", path=path)
 
 
-def read_regular_bytes(path: str | Path, max_bytes: int = MAX_BYTES) -> bytes:
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def lstat_kind(path: str | Path) -> str | None:
+    """What is at ``path`` itself, a symlink not followed: None for a regular file, else "nothing",
+    "a symlink to 'x'", "a directory", "a FIFO (named pipe)", ..."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "nothing"
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    except ValueError as exc:  # an embedded NUL byte
+        raise ConfigError(f"not a usable path: {exc}", path=repr(str(path))) from None
+    if stat.S_ISLNK(mode):
+        return f"a symlink to {os.readlink(path)!r}"
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _open_within(path: Path, root: Path) -> int:
+    """A descriptor of ``path`` opened one component at a time from ``root``, following no symlink."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    parts = Path(rel).parts
+    if not parts or parts[0] == os.pardir or rel == os.curdir:
+        raise ConfigError(f"is not a file inside {root}", path=path)
+    here = root
+    try:
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path=root) from None
+    try:
+        for i, part in enumerate(parts):
+            here = here / part
+            last = i == len(parts) - 1
+            kind = lstat_kind(here)
+            if kind == "nothing":
+                raise ConfigError("file not found", path=here)
+            if kind is not None and not (kind == "a directory" and not last):
+                raise ConfigError(f"is {kind}; parity reads only regular files that {root} itself holds", path=here)
+            flags = (_READ_FLAGS if last else os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) | _NOFOLLOW
+            try:
+                child = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:  # swapped for a symlink (ELOOP) or a non-directory (ENOTDIR) since the check
+                raise ConfigError(f"cannot read: {exc.strerror}", path=here) from None
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_bytes(path: str | Path, max_bytes: int = MAX_BYTES, within: str | Path | None = None) -> bytes:
     """The bytes of a regular file of at most ``max_bytes``; a ConfigError naming the file otherwise.
 
     The kind is checked before opening (opening a device can have side effects) and again on the
     open descriptor (the path may have been swapped in between); O_NONBLOCK keeps a FIFO that
-    slipped in from blocking the open.
+    slipped in from blocking the open. With ``within`` the file must lie in that directory and be
+    reached without any symlink (see the module docstring).
     """
     p = Path(path)
-    kind = describe_non_regular(p)
-    if kind == "nothing":
-        raise ConfigError("file not found", path=p)
-    if kind is not None:
-        raise ConfigError(f"is {kind}, not a regular file", path=p)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(p, flags)
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", path=p) from None
+    if within is not None:
+        fd = _open_within(p, Path(within))
+    else:
+        kind = describe_non_regular(p)
+        if kind == "nothing":
+            raise ConfigError("file not found", path=p)
+        if kind is not None:
+            raise ConfigError(f"is {kind}, not a regular file", path=p)
+        try:
+            fd = os.open(p, _READ_FLAGS)
+        except OSError as exc:
+            raise ConfigError(f"cannot read: {exc.strerror}", path=p) from None
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -105,9 +168,10 @@ def read_regular_bytes(path: str | Path, max_bytes: int = MAX_BYTES) -> bytes:
     return data
 
 
-def read_text(path: str | Path, max_bytes: int = MAX_BYTES) -> str:
-    """A regular file's text, which must be UTF-8 (a leading byte-order mark is dropped)."""
-    data = read_regular_bytes(path, max_bytes)
+def read_text(path: str | Path, max_bytes: int = MAX_BYTES, within: str | Path | None = None) -> str:
+    """A regular file's text, which must be UTF-8 (a leading byte-order mark is dropped); ``within`` as for
+    :func:`read_regular_bytes`."""
+    data = read_regular_bytes(path, max_bytes, within)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

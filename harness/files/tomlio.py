@@ -2,7 +2,8 @@
 
 The same guarantees as :func:`harness.files.jsonio.read_json`: a regular UTF-8 file under the
 size limit, no NaN/inf, integers within TOML's 64 bits, nesting within
-:data:`harness.files.documents.MAX_DEPTH` (duplicate keys are already an error in TOML itself).
+:data:`harness.files.documents.MAX_DEPTH` (duplicate keys are already an error in TOML itself), and
+no NUL character in a key or string (``"\u0000"`` is legal TOML, but a case field becomes an argument or a path).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def read_toml(path: str | Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
         raise ConfigError(f"invalid TOML: line {text.count(chr(10), 0, start) + 1}: an integer of "
                           f"{len(found.group())} digits is out of range", path=p,
                           key=_key_at(text, start, text[start:found.start()].partition("=")[0])) from None
-    check_document(data, p)
+    check_document(data, p, nul_free=True)
     return data
 
 

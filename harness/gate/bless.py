@@ -23,11 +23,13 @@ from harness.baselines.images import MANIFEST, changed_fields, find_reference, f
 from harness.cases.image import ImageCase
 from harness.errors import ConfigError
 from harness.files.jsonio import read_json
+from harness.files.reading import lstat_kind
 from harness.gate.images import CANDIDATES_DIR, nonfinite_reason
 from harness.pipelines.sessions import generate
 from harness.project.hints import command
 from harness.ranks import PoolSet
 from harness.results import FAILED, stage_records
+from harness.targets.loader import load_pipeline_target
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,21 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
     return out
 
 
+def _candidates(results_dir: Path) -> Path:
+    """``<results_dir>/candidates``, which must be a directory of its own (a symlink to one elsewhere is refused)."""
+    directory = results_dir / CANDIDATES_DIR
+    kind = lstat_kind(directory)
+    if kind not in ("a directory", "nothing"):
+        raise ConfigError(f"is {kind or 'a regular file'}, not the folder of candidates a gate run saves", path=directory,
+                          key="--from-results")
+    return directory
+
+
 def saved_candidates(results_dir: Path, carried: Sequence[str] = ()) -> list[str]:
     """The case ids a gate run saved candidates for (``<results_dir>/candidates``); ``carried``: the options the
     gate command of the message must repeat."""
-    directory = results_dir / CANDIDATES_DIR
-    if not (directory / MANIFEST).is_file():
+    directory = _candidates(results_dir)
+    if lstat_kind(directory / MANIFEST) == "nothing":
         gate = command(["gate", "--report", str(results_dir), "--keep-outputs"], carried)
         raise ConfigError(f"holds no saved candidates: run `{gate}` (failing image cases save theirs, "
                           "--keep-outputs saves every case's)", path=results_dir, key="--from-results")
@@ -89,10 +101,10 @@ def failed_cases(results_dir: Path) -> list[str]:
     """The image cases that failed in the gate run of ``results_dir`` (from its results.json), for messages."""
     path = results_dir / "results.json"
     try:
-        records = stage_records(read_json(path), path)
+        records = stage_records(read_json(path, within=results_dir), path)
     except ConfigError:  # unreadable: the message that wanted the names does without them
         return []
-    return sorted(case_id for (stage, case_id), r in records.items() if stage == "images" and r["status"] == FAILED)
+    return sorted(case_id for (stage, case_id), r in records.items() if stage == "images" and r.record["status"] == FAILED)
 
 
 def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path, carried: Sequence[str] = ()) -> list[Blessing]:
@@ -102,7 +114,7 @@ def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path, carrie
     with the same fields from the same run; a candidate made from other fields than the case has
     now (the case file changed after that run) is refused.
     """
-    directory = results_dir / CANDIDATES_DIR
+    directory = _candidates(results_dir)
     saved = read_manifest(directory)
     one_rank = {e.fingerprint: e.case_id for e in saved.values() if e.world_size == 1 and e.fingerprint}
     problems, out = [], []
@@ -118,8 +130,12 @@ def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path, carrie
             problems.append(f"{case.id}: its candidate ran on {entry.world_size} ranks and a reference is a one-rank "
                             f"output; no one-rank case of that run has its fields: run `{command(['bless', case.id], carried)}`")
         else:
-            found = find_reference(directory, source)
+            found = find_reference(directory, source, saved)
             assert found is not None  # listed in the manifest just read
+            shape = load_pipeline_target(case.target, case.target_args).output_shape(case.fields)
+            if shape is not None and found.array.shape != shape:
+                problems.append(f"{case.id}: its candidate ({source}) is {list(found.array.shape)}; the case makes {list(shape)}")
+                continue
             out.append(blessing(case.id, found.array, case.pinned, 1, found.entry.pipeline))
     if problems:
         raise ConfigError("cannot bless from that run; nothing was written:\n  " + "\n  ".join(problems),

@@ -1,8 +1,10 @@
 """One live rank group seen from the parent: its processes, their pipes, the rendezvous, and its end.
 
 A group ends exactly once, on every path (a failure, a timeout, close, an interrupt, garbage
-collection, interpreter exit), and ending it leaves nothing: every rank's process group is
-killed (the rank and whatever it started), every rank reaped, every pipe closed. The rendezvous
+collection, interpreter exit), and ending it leaves nothing: every rank's descendants are
+killed (a rank is a child subreaper, so one in a session of its own too), then every rank's
+process group, every rank reaped, every pipe closed. A group being started in a background
+thread when it is ended (an interrupted run exits) starts no further rank. The rendezvous
 is a TCPStore served by this process on a port the kernel picks, so concurrent groups cannot
 collide and no file outlives a parent that was killed. Under a job
 (:mod:`harness.ranks.hosting`) each job rank starts only its own rank of a group, which meets
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import threading
 import time
 import traceback
 import weakref
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from harness.processes import kill_descendants
 from harness.ranks import starting
 from harness.ranks import worker as _rank_worker
 from harness.ranks.job import rank_environment
@@ -107,8 +111,9 @@ class Group:
         self._conns: list[Connection] = []
         self._stacks: list[Connection] = []  # raw text: faulthandler's dumps
         pipes: list[Connection] = []
+        starting_lock = threading.Lock()  # a rank is started, and recorded, or the group is ended: never both at once
         # Also runs at interpreter exit or garbage collection, so a forgotten pool leaves no process.
-        self._finalizer = weakref.finalize(self, _end_group, self._procs, pipes, [store])
+        self._finalizer = weakref.finalize(self, _end_group, self._procs, pipes, [store], starting_lock)
         ctx = starting.context(method)
         environ = rank_environment(os.environ)
         meeting = (rendezvous.host, rendezvous.port, rendezvous.prefix)
@@ -124,8 +129,11 @@ class Group:
                     name=f"parity-rank-{rank}",
                     daemon=True,
                 )
-                starting.start(proc, method)
-                self._procs.append(proc)
+                with starting_lock:
+                    if not self._finalizer.alive:
+                        raise RankFailure("the group was ended while it started", None, "", FailureKind.ENDED)
+                    starting.start(proc, method)
+                    self._procs.append(proc)
                 self._conns.append(parent_conn)
                 self._stacks.append(stack_r)
                 child_conn.close()  # so that a dead rank reads as EOF here
@@ -364,8 +372,21 @@ def _signal_rank_group(proc: BaseProcess, sig: int) -> None:
             pass
 
 
-def _end_group(procs: list[BaseProcess], pipes: list[Connection], store: list[object | None]) -> None:
-    """Terminate, then kill, every rank's process group; reap every rank; close the pipes; drop the store."""
+def _end_group(procs: list[BaseProcess], pipes: list[Connection], store: list[object | None],
+               starting_lock: threading.Lock) -> None:
+    """Kill what every rank started, terminate, then kill, every rank's process group; reap every rank; close
+    the pipes; drop the store."""
+    with starting_lock:
+        _end_ranks(procs)
+    for pipe in pipes:
+        pipe.close()
+    store.clear()
+
+
+def _end_ranks(procs: list[BaseProcess]) -> None:
+    for proc in procs:
+        if proc.pid is not None and proc.exitcode is None:
+            kill_descendants(proc.pid)  # the rank is their subreaper while it lives: all of them are below it
     for proc in procs:
         _signal_rank_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + _TERMINATE_GRACE_S
@@ -374,6 +395,3 @@ def _end_group(procs: list[BaseProcess], pipes: list[Connection], store: list[ob
     for proc in procs:
         _signal_rank_group(proc, signal.SIGKILL)  # also what a rank started and left behind
         proc.join(_REAP_TIMEOUT_S)
-    for pipe in pipes:
-        pipe.close()
-    store.clear()

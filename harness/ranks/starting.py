@@ -18,17 +18,24 @@ server that did initialise CUDA (a preloaded module did so at import) refuses to
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.util
 import os
+import signal
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import resource_tracker
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+
+from harness.errors import ConfigError
+from harness.ranks.server import RANKS_TMPDIR_ENV
 
 PRELOADED, SPAWN = "forkserver", "spawn"
 START_METHODS = (PRELOADED, SPAWN)
 START_METHOD_ENV = "PARITY_START_METHOD"
-BASE_PRELOAD = ("torch", "torch.distributed", "harness.ranks.worker")
+BASE_PRELOAD = ("harness.ranks.server", "torch", "torch.distributed", "harness.ranks.worker")  # the server's set-up first
 
 _lock = threading.Lock()
 _preload: list[str] = list(BASE_PRELOAD)
@@ -67,12 +74,39 @@ def start_method(device: str, requested: str | None = None) -> str:
     return method
 
 
+def check_start_method_env() -> None:
+    """A ``PARITY_START_METHOD`` that names no start method is a configuration error before any verb runs."""
+    method = os.environ.get(START_METHOD_ENV)
+    if method and method not in START_METHODS:
+        raise ConfigError(f"{method!r} is not a start method; valid: {', '.join(START_METHODS)}", key=START_METHOD_ENV)
+
+
 def start(proc: BaseProcess, method: str) -> None:
     """Start a rank process made by :func:`context` (``method``)."""
     if method == SPAWN:
         _spawner.submit(proc.start).result()
     else:
+        _ensure_server()
         proc.start()
+
+
+def _ensure_server() -> None:
+    """Start the preloaded server (if it is not running) with SIGINT blocked: a signal mask outlives exec, so a
+    Ctrl-C in the server's first instants (before :mod:`harness.ranks.server` ignores it) cannot print a
+    traceback there; here the SIGINT stays pending and is handled as soon as the server is started. The
+    resource tracker starts first: starting it unblocks SIGINT and SIGTERM, whatever the mask was. The server is
+    told the ranks' temporary folder (:mod:`harness.ranks.server`): inside this process's own, removed at its exit."""
+    resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with _lock:  # groups start in threads of their own: one sets the variable, starts the server, removes it
+            os.environ[RANKS_TMPDIR_ENV] = os.path.join(multiprocessing.util.get_temp_dir(), "ranks")
+            try:
+                multiprocessing.forkserver.ensure_running()
+            finally:
+                del os.environ[RANKS_TMPDIR_ENV]
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def context(method: str) -> BaseContext:

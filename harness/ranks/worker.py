@@ -10,15 +10,21 @@ Before anything else a rank makes sure it cannot outlive the parent (even stuck 
 held, where no Python thread can run) and that teardown can end whatever it starts:
 
 - its own process group, so the parent ends the rank *and its children* with one ``killpg``;
+- a child subreaper (:mod:`harness.processes`): what it starts stays its descendant even in a
+  session of its own, so the parent's teardown finds and kills every one (and a rank told to stop
+  kills them itself before it exits);
 - ``PR_SET_PDEATHSIG`` (Linux): the kernel kills it when the process that started it dies. A rank
   forked by the preloaded server is that server's child; the server exits as soon as this parent
-  is gone, once no rank holds its "alive" pipe, so a rank closes its copy of that pipe at once.
+  is gone, once no rank holds its "alive" pipe, so a rank closes its copy of that pipe at once
+  (and on its way out the server kills every descendant left: :mod:`harness.ranks.server`).
+
+A rank whose parent has gone away (its pipe broken) exits quietly: the parent, if it still lives,
+reports how the rank ended; a traceback per rank would bury the one line that says why.
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import faulthandler
 import multiprocessing
 import multiprocessing.forkserver
@@ -37,13 +43,14 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from harness.processes import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, kill_descendants, prctl
+
 READY, OK, ERR = "ready", "ok", "err"
 STOP = b""
 STACK_SIGNAL = signal.SIGUSR1
 LOCALHOST = "127.0.0.1"
 _PARENT_POLL_S = 0.5
 _ORPHAN_EXIT_CODE = 70
-_PR_SET_PDEATHSIG = 1
 
 _device: torch.device | None = None
 _stack_pipe: Connection | None = None  # kept referenced: faulthandler writes to its fd
@@ -67,8 +74,8 @@ def set_device(device: torch.device) -> None:
 def _die_with_parent() -> None:
     """Tie this process's life to the parent's, without needing the GIL once the parent is gone."""
     os.setpgid(0, 0)  # teardown kills this group: the rank and every process it started
-    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-    if libc is not None and libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # ... and, through parent links, what escaped the group
+    if prctl(PR_SET_PDEATHSIG, signal.SIGKILL):
         server = multiprocessing.forkserver._forkserver  # noqa: SLF001 - the alive pipe has no public handle
         if server._forkserver_alive_fd is not None:  # noqa: SLF001
             os.close(server._forkserver_alive_fd)  # noqa: SLF001
@@ -123,7 +130,14 @@ def _check_fork_is_safe(device: torch.device) -> None:
 
 
 def _answer(conn: Connection, kind: str, payload: object) -> None:
-    conn.send_bytes(pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL))
+    _send(conn, pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _send(conn: Connection, message: bytes) -> None:
+    try:
+        conn.send_bytes(message)
+    except OSError:  # the parent is gone or has ended this rank's group: nobody is listening
+        exit_without_teardown(_ORPHAN_EXIT_CODE)
 
 
 def worker_main(
@@ -142,8 +156,10 @@ def worker_main(
     ``meeting`` is the rendezvous: the store's host and port and the prefix of this group's keys there."""
     _die_with_parent()
     _dump_stacks_to(stack_pipe)
-    # Ctrl-C reaches the whole terminal process group; the parent handles it and ends us.
+    # Ctrl-C reaches the whole terminal process group; the parent handles it and ends us. (The
+    # preloaded server was started with SIGINT blocked: ignored is what it inherits.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # A preloaded server was started with the parent's environment of then: use the parent's of now.
     os.environ.clear()
     os.environ.update(environ)
@@ -165,8 +181,8 @@ def worker_main(
     while True:
         try:
             message = conn.recv_bytes()
-        except EOFError:  # the parent closed our pipe or died
-            break
+        except (EOFError, OSError):  # the parent died or ended the group: no clean destroy to wait for
+            exit_without_teardown(_ORPHAN_EXIT_CODE)
         if message == STOP:
             break
         try:
@@ -174,8 +190,9 @@ def worker_main(
             reply = pickle.dumps((OK, fn(*args)), protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException:  # SystemExit from fn is a failure of fn, reported with its traceback
             reply = pickle.dumps((ERR, traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
-        conn.send_bytes(reply)
+        _send(conn, reply)
     dist.destroy_process_group()
+    kill_descendants()  # what the calls started and left (a daemon in its own session too) ends with the rank
     exit_without_teardown(0)
 
 

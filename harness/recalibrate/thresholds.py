@@ -38,22 +38,28 @@ class Proposal:
         return f"{self.case_id}.{self.metric}: {fmt(self.old)} -> {fmt(self.new)} (worst {fmt(self.worst)})"
 
 
-def _case_kinds(results: Sequence[dict[str, Any]]) -> dict[str, str]:
-    kinds: dict[str, str] = {}
-    for doc in results:
+def _case_kinds(results: Sequence[dict[str, Any]], paths: Sequence[str | Path]) -> dict[str, str]:
+    """Each case's kind; a case recorded as an image in one results file and as a video in another is a
+    ConfigError naming both files (``paths``, one per document; ``results #i`` without them)."""
+    kinds: dict[str, tuple[str, str]] = {}
+    for i, doc in enumerate(results):
+        where = str(paths[i]) if i < len(paths) else f"results #{i + 1}"
         for case_id, case in doc["cases"].items():
-            if kinds.setdefault(case_id, case["kind"]) != case["kind"]:
-                raise ConfigError(f"case {case_id!r} is recorded both as {kinds[case_id]} and as {case['kind']}")
-    return kinds
+            kind, first = kinds.setdefault(case_id, (case["kind"], where))
+            if kind != case["kind"]:
+                raise ConfigError(f"case {case_id!r} is recorded as {case['kind']} here but as {kind} in {first}", path=where,
+                                  key=f"cases.{case_id}.kind")
+    return {case_id: kind for case_id, (kind, _) in kinds.items()}
 
 
 def propose_thresholds(
-    current: ThresholdSet, results: Sequence[dict[str, Any]], policy: Policy = DEFAULT_POLICY
+    current: ThresholdSet, results: Sequence[dict[str, Any]], policy: Policy = DEFAULT_POLICY,
+    paths: Sequence[str | Path] = (),
 ) -> list[Proposal]:
     """One proposal per (case, metric) observed in ``results`` (parsed documents, see
-    :func:`parse_results`); failed runs count too, which is exactly when a proposal loosens."""
+    :func:`parse_results`, read from ``paths``); failed runs count too, which is exactly when a proposal loosens."""
     proposals = []
-    for case_id, kind in _case_kinds(results).items():
+    for case_id, kind in _case_kinds(results, paths).items():
         old = current.for_case(case_id, kind)
         for metric in METRICS:
             runs = [doc["cases"][case_id]["metrics"] for doc in results if case_id in doc["cases"]]

@@ -8,6 +8,9 @@ and the values differ. Whether a change is *worse* depends on the figure: clip, 
 better higher, every other figure (errors, times, memory) better lower. A rule ``METRIC:PCT``
 fails on every figure named METRIC that got worse by more than PCT percent, or got worse with an
 undefined percentage (0 → 1e-3 for max_abs, inf → 54 dB for psnr: bitwise or identical broke).
+A figure that became NaN, or that the new run no longer has (absent, null, or a case gone), is
+worse than any value: no rule can show it within bounds. A figure that is a number in one file
+and something else in the other (``"small"``, ``true``) is a ConfigError naming file and key.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from harness.baselines.thresholds import HIGHER_IS_BETTER
 from harness.errors import ConfigError
+from harness.results import StageRecord
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class Delta:
 
     @property
     def change_pct(self) -> float | None:
-        if self.old is None or self.new is None:
+        if self.old is None or self.new is None or math.isnan(self.old) or math.isnan(self.new):
             return None
         if self.old == self.new:
             return 0.0
@@ -43,8 +47,13 @@ class Delta:
 
     @property
     def worse(self) -> bool:
-        if self.old is None or self.new is None or self.old == self.new:
+        """Worse by the figure's direction; a figure that is gone or became NaN is worse than anything."""
+        if self.old is None:
             return False
+        if self.new is None or (math.isnan(self.new) and not math.isnan(self.old)):
+            return True
+        if math.isnan(self.new) or self.old == self.new:
+            return False  # NaN in both runs: unchanged (each file's own status says it failed)
         return self.new < self.old if self.metric in HIGHER_IS_BETTER else self.new > self.old
 
 
@@ -82,12 +91,16 @@ class Rule:
         return pct is None or abs(pct) > self.pct
 
 
+_NON_FINITE = ("inf", "-inf", "nan")  # how results files spell non-finite floats
+
+
 def _number(value: Any) -> float | None:
+    """A figure's value as a float, or None when it is not a number (a kernel's name, a flag, a table)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         return float(value)
-    if value in ("inf", "-inf", "nan"):  # results files spell non-finite floats as strings
+    if value in _NON_FINITE:
         return float(value)
     return None
 
@@ -97,18 +110,37 @@ def figures_of(record: Mapping[str, Any]) -> dict[str, float]:
     return {k: n for k, v in (record.get("figures") or {}).items() if (n := _number(v)) is not None}
 
 
-def compare(base: Mapping[tuple[str, str], Mapping[str, Any]], new: Mapping[tuple[str, str], Mapping[str, Any]]
-            ) -> tuple[list[Delta], list[StatusChange]]:
+def _check_types(old: Records, new: Records, key: tuple[str, str]) -> None:
+    """A figure that is a number in one run must be a number, null or absent in the other (never ``"small"``)."""
+    pairs = [(r, r2) for r, r2 in ((old, new), (new, old)) if key in r.records and key in r2.records]
+    for mine, theirs in pairs:
+        numeric = figures_of(theirs.records[key].record)
+        for metric, value in (mine.records[key].record.get("figures") or {}).items():
+            if metric in numeric and value is not None and _number(value) is None:
+                raise ConfigError(f"{value!r} is not a number, but {theirs.path} has {metric} = {numeric[metric]!r}",
+                                  path=mine.path, key=f"{mine.records[key].key}.figures.{metric}")
+
+
+@dataclass(frozen=True)
+class Records:
+    """The records of one results file (:func:`harness.results.stage_records`) and where they were read."""
+
+    path: str
+    records: Mapping[tuple[str, str], StageRecord]
+
+
+def compare(base: Records, new: Records) -> tuple[list[Delta], list[StatusChange]]:
     """Every figure of every case in either run (base order, then cases only in the new run), and the status changes."""
     deltas, statuses = [], []
-    for key in list(base) + [k for k in new if k not in base]:
-        old_rec, new_rec = base.get(key), new.get(key)
-        old_status = None if old_rec is None else str(old_rec.get("status"))
-        new_status = None if new_rec is None else str(new_rec.get("status"))
+    for key in list(base.records) + [k for k in new.records if k not in base.records]:
+        _check_types(base, new, key)
+        old_rec, new_rec = base.records.get(key), new.records.get(key)
+        old_status = None if old_rec is None else str(old_rec.record.get("status"))
+        new_status = None if new_rec is None else str(new_rec.record.get("status"))
         if old_status != new_status:
             statuses.append(StatusChange(*key, old_status, new_status))
-        old_figs = figures_of(old_rec) if old_rec is not None else {}
-        new_figs = figures_of(new_rec) if new_rec is not None else {}
+        old_figs = figures_of(old_rec.record) if old_rec is not None else {}
+        new_figs = figures_of(new_rec.record) if new_rec is not None else {}
         for metric in list(old_figs) + [m for m in new_figs if m not in old_figs]:
             deltas.append(Delta(*key, metric, old_figs.get(metric), new_figs.get(metric)))
     return deltas, statuses

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 STATUS_COLOUR = {"passed": "#1a7f37", "failed": "#cf222e", "skipped": "#9a6700", "xfailed": "#6e7781", "inconclusive": "#8250df"}
@@ -22,6 +23,23 @@ def figure(value: Any, digits: int = 4) -> str:
             return "inf" if value > 0 else "-inf"
         return f"{value:.{digits}g}"
     return str(value)
+
+
+#: C0 and C1 control characters, DEL, and the bidirectional overrides that reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def inert(text: Any) -> str:
+    """``text`` as a terminal shows it harmlessly: every control character (an escape sequence's ESC
+    among them) written as its ``\\xNN`` or ``\\uNNNN`` escape; for text read from files, such as a
+    results file's case ids."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1] if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                        str(text))
+
+
+def inert_lines(text: Any) -> str:
+    """:func:`inert`, line by line: a multi-line message or table keeps its line breaks, nothing else."""
+    return "\n".join(inert(line) for line in str(text).split("\n"))
 
 
 OUTCOME_WORD = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "skipped": "skip", "inconclusive": "undecided"}

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from harness.errors import ConfigError
 from harness.files.atomic import check_writable, dump_json, write_json_atomic
 from harness.report.console import make_console
 
@@ -31,12 +32,16 @@ def check_outputs(*outputs: tuple[JsonTarget | None, str]) -> None:
 
 
 def emit_json(target: JsonTarget, obj: Any) -> None:
-    """``obj`` as JSON (strict: no NaN) to ``target``: stdout for ``-``, else an atomic write of the file."""
+    """``obj`` as JSON (strict: no NaN) to ``target``: stdout for ``-``, else an atomic write of the file
+    (a ConfigError naming it when that fails, e.g. the folder went away during the run)."""
     if to_stdout(target):
         sys.stdout.write(dump_json(obj) + "\n")
         sys.stdout.flush()
-    else:
+        return
+    try:
         write_json_atomic(target, obj)
+    except OSError as exc:
+        raise ConfigError(f"cannot write: {exc.strerror or exc}", path=target, key="--json") from None
 
 
 def human_console(target: JsonTarget | None) -> Console:

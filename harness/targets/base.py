@@ -264,6 +264,11 @@ class PipelineTarget(ABC):
         place on this machine (a model directory) replaced by the content found there, so moving it changes nothing."""
         return dict(fields)
 
+    def output_shape(self, fields: Mapping[str, Any]) -> tuple[int, ...] | None:
+        """The uint8 shape a run of checked ``fields`` makes (``(H, W, 3)`` or ``(T, H, W, 3)``), or None when the
+        target cannot say before running: ``parity bless --from-results`` refuses a saved candidate of another shape."""
+        return None
+
     @abstractmethod
     def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> PreparedPipeline:
         """Build what a run needs. In a rank (``world_size`` None): sequence parallelism over the whole

@@ -36,25 +36,26 @@ duration_ms}]``), so ``sglang generate ... --perf-dump-path {timings}`` is read 
 the file, ``e2e_ms`` is the command's wall time (process start to exit: interpreter start-up and
 model loading included) and there are no stages; the output's ``backends`` says which it was.
 
-The command runs once per case (per run in the perf stage) in the gate's own process, never in a
-rank group: W torch ranks would do nothing but hold the devices the command needs. It runs in a
-session of its own; on timeout (``timeout=`` factory argument, seconds, default 600) or when it
-exits, every process left in that session is killed, so none outlives the case. A non-zero exit,
-a timeout, a missing or misshapen PNG or a malformed timings file fails the case with the
-command's stderr tail (:class:`~harness.targets.base.PipelineFailed`).
+The command runs once per case (per run in the perf stage) from the gate's own process, never in
+a rank group: W torch ranks would do nothing but hold the devices the command needs. It runs under
+a keeper (:mod:`harness.targets.command_run`): on timeout (``timeout=`` factory argument, seconds,
+default 600) or when it exits, every process it started is killed, own sessions included, so none
+outlives the case or holds its output open; of its stdout and stderr only a tail is kept. A
+non-zero exit, a timeout, a missing or misshapen PNG, a PNG or ``timings.json`` that is not a
+regular file inside ``{out_dir}`` (a symlink to the reference would pass as the reference) or a
+malformed timings file fails the case with the command's stderr tail
+(:class:`~harness.targets.base.PipelineFailed`). The executable is looked up when the cases load.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
 import shutil
-import signal
 import string
-import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -64,12 +65,16 @@ import numpy as np
 from harness.errors import ConfigError, ParamError
 from harness.files.jsonio import expect_object, read_json
 from harness.files.png import decode_rgb_png
-from harness.files.reading import read_regular_bytes
+from harness.files.reading import lstat_kind, read_regular_bytes
 from harness.targets.base import PipelineFailed, PipelineOutput, PipelineTarget, Timings
+from harness.targets.command_run import run_command
 
 BUILTINS = ("out_dir", "timings", "world_size", "device")  # placeholders parity fills
 TIMINGS_FILE = "timings.json"
+PARITY_TIMINGS = ("e2e_ms", "stages_ms", "denoise_step_ms")  # the keys of parity's timings schema
 DEFAULT_TIMEOUT_S = 600.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it a timeout is a typo (and inf overflows every wait)
+MAX_FORMAT_NUMBER = 1024  # the largest width or precision a placeholder's format spec may ask for
 STDERR_TAIL_LINES = 40
 _SCALARS = (str, int, float, bool)
 SHAPE_FIELDS = ("height", "width", "num_frames")  # read by parity for the shape check; the template may omit them
@@ -83,12 +88,24 @@ def placeholders(argv: list[str]) -> set[str]:
             parsed = list(string.Formatter().parse(arg))
         except ValueError as exc:
             raise ParamError("template", f"bad placeholder in {arg!r}: {exc}") from None
-        for _, name, _, _ in parsed:
+        for _, name, spec, _ in parsed:
             if name is not None:
                 if not name.isidentifier():
                     raise ParamError("template", f"placeholder {{{name}}} in {arg!r} is not a plain name")
+                _check_spec(name, spec or "", arg)
                 names.add(name)
     return names
+
+
+def _check_spec(name: str, spec: str, arg: str) -> None:
+    """A format spec without nested fields and without a width or precision that would allocate gigabytes."""
+    if "{" in spec or "}" in spec:
+        raise ParamError("template", f"placeholder {{{name}:{spec}}} in {arg!r}: nested fields in a format spec are not allowed")
+    for number in re.findall(r"\d+", spec):
+        if len(number) > 6 or int(number) > MAX_FORMAT_NUMBER:
+            shown = number if len(number) <= 12 else number[:12] + "..."
+            raise ParamError("template", f"placeholder {{{name}:...}} in {arg!r}: width or precision {shown} is above "
+                             f"{MAX_FORMAT_NUMBER}")
 
 
 class CommandPipelineTarget(PipelineTarget):
@@ -135,7 +152,11 @@ class CommandPipelineTarget(PipelineTarget):
                 arg.format(**trial)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
                 raise ParamError("template", f"cannot fill {arg!r} with the case's values: {exc}") from None
+        _check_executable(argv[0])
         return "video" if "num_frames" in values else "image"
+
+    def output_shape(self, fields: Mapping[str, Any]) -> tuple[int, ...]:
+        return _shape(fields)
 
     def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> _PreparedCommand:
         values = {k: v for k, v in fields.items() if k != "template"}
@@ -143,25 +164,47 @@ class CommandPipelineTarget(PipelineTarget):
                                 self.timeout)
 
 
+def _shape(fields: Mapping[str, Any]) -> tuple[int, ...]:
+    """The output a case's fields ask for: ``(height, width, 3)``, frames first for a video."""
+    frames = fields.get("num_frames")
+    return (*((frames,) if frames else ()), fields["height"], fields["width"], 3)
+
+
+def _check_executable(program: str) -> None:
+    """The command's program exists now, not only after the case's run started (a placeholder in it is left alone)."""
+    if "{" in program:
+        return
+    found = program if os.sep in program else shutil.which(program)
+    if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        where = "not an executable file" if os.sep in program else "not found on PATH"
+        raise ParamError("template", f"{program!r}: {where}")
+
+
 class _PreparedCommand:
     """One command line, run once per ``run()`` into a fresh directory."""
 
     def __init__(self, template: list[str], values: dict[str, Any], timeout: float) -> None:
         self.template, self.values, self.timeout = template, values, timeout
-        frames = values.get("num_frames")
-        self.shape = (*((frames,) if frames else ()), values["height"], values["width"], 3)
+        self.shape = _shape(values)
 
     def run(self) -> PipelineOutput:
+        """One run in a fresh folder: removed after a pass and after an interrupt (a signal ends the run: nothing is
+        left), kept after a failure, whose message names it."""
         out_dir = Path(tempfile.mkdtemp(prefix="parity-command-"))
-        argv = [arg.format(**self.values, out_dir=str(out_dir), timings=str(out_dir / TIMINGS_FILE)) for arg in self.template]
-        start = time.perf_counter()
-        stderr = _run(argv, self.timeout, out_dir)
-        wall_ms = (time.perf_counter() - start) * 1000
         try:
-            output = read_pngs(out_dir, self.shape)
-            timings, source = read_timings(out_dir / TIMINGS_FILE, wall_ms)
-        except PipelineFailed as exc:
-            raise PipelineFailed(f"{exc.reason} (outputs kept in {out_dir})", _tail(stderr)) from None
+            argv = [arg.format(**self.values, out_dir=str(out_dir), timings=str(out_dir / TIMINGS_FILE))
+                    for arg in self.template]
+            wall_ms, tail = _run(argv, self.timeout, out_dir)
+            try:
+                output = read_pngs(out_dir, self.shape)
+                timings, source = read_timings(out_dir, wall_ms)
+            except PipelineFailed as exc:
+                raise PipelineFailed(f"{exc.reason} (outputs kept in {out_dir})", tail) from None
+        except PipelineFailed:
+            raise
+        except BaseException:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            raise
         shutil.rmtree(out_dir, ignore_errors=True)
         return PipelineOutput(output, timings, {"command": Path(argv[0]).name, "timings": source})
 
@@ -173,50 +216,52 @@ def _tail(text: str) -> str:
     return "\n".join(text.splitlines()[-STDERR_TAIL_LINES:])
 
 
-def _run(argv: list[str], timeout: float, out_dir: Path) -> str:
-    """Run ``argv`` in its own session; its stderr, or PipelineFailed with the stderr tail."""
+def _run(argv: list[str], timeout: float, out_dir: Path) -> tuple[float, str]:
+    """Run ``argv`` (:func:`harness.targets.command_run.run_command`); its own wall time in ms and the tail of
+    its stderr (of its stdout when stderr is empty), or PipelineFailed with that tail."""
     where = f"{shlex.join(argv)} (outputs kept in {out_dir})"
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                errors="replace", start_new_session=True)
-    except OSError as exc:
-        raise PipelineFailed(f"cannot start the command: {exc}: {where}") from None
-    try:
-        _, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_session(proc.pid)
-        _, stderr = proc.communicate()
-        raise PipelineFailed(f"command timed out after {timeout:g} s: {where}", _tail(stderr)) from None
-    finally:
-        _kill_session(proc.pid)  # whatever it left behind
-    if proc.returncode != 0:
-        last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "no stderr")
-        raise PipelineFailed(f"command exited with status {proc.returncode} ({last.strip()[:200]}): {where}", _tail(stderr))
-    return stderr
-
-
-def _kill_session(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)  # the session leader's pid is its process group's id
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
+    done = run_command(argv, timeout, out_dir)
+    tail = _tail(done.stderr if done.stderr.strip() else done.stdout)
+    if done.timed_out:
+        raise PipelineFailed(f"command timed out after {timeout:g} s: {where}", tail)
+    if done.returncode is None or done.wall_ms is None:
+        raise PipelineFailed(f"{done.error}: {where}", tail)
+    if done.returncode != 0:
+        last = next((line for line in reversed(tail.splitlines()) if line.strip()), "no output")
+        raise PipelineFailed(f"command exited with status {done.returncode} ({last.strip()[:200]}): {where}", tail)
+    return done.wall_ms, tail
 
 
 def _natural(path: Path) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
 
 
+def _written_pngs(out_dir: Path) -> list[Path]:
+    """Every ``*.png`` under ``out_dir``; a symlink among them (or a linked folder) is refused, never followed:
+    an output that links to the blessed reference would pass as the reference itself."""
+    found = []
+    for folder, dirs, files in os.walk(out_dir):
+        for name in [*dirs, *files]:
+            path = Path(folder, name)
+            if path.is_symlink() and (name in dirs or name.lower().endswith(".png")):
+                raise PipelineFailed(f"{path.relative_to(out_dir)} is a symlink (to {os.readlink(path)!r}): "
+                                     "the command must write its PNGs into {out_dir} itself")
+        found += [Path(folder, name) for name in files if name.lower().endswith(".png")]
+    return sorted(found)
+
+
 def read_pngs(out_dir: Path, shape: tuple[int, ...]) -> np.ndarray:
     """The image (``[H, W, 3]``) or frames (``[T, H, W, 3]``) the command wrote, checked against ``shape``."""
-    files = sorted(out_dir.rglob("*.png"))
+    files = _written_pngs(out_dir)
     want = shape[0] if len(shape) == 4 else 1
     if len(files) != want or len({f.parent for f in files}) > 1:
-        found = ", ".join(str(f.relative_to(out_dir)) for f in files) or "none"
-        raise PipelineFailed(f"expected {want} PNG{'s in one directory' if want > 1 else ''} under {{out_dir}}, found {found}")
+        found = ", ".join(str(f.relative_to(out_dir)) for f in files[:20]) or "none"
+        raise PipelineFailed(f"expected {want} PNG{'s in one directory' if want > 1 else ''} under {{out_dir}}, found {found}"
+                             + (f" and {len(files) - 20} more" if len(files) > 20 else ""))
     arrays = []
     for path in sorted(files, key=_natural):
-        try:  # foreign output: the guarded decoder (signature, pixel limit before allocating, 8-bit RGB)
-            array = decode_rgb_png(read_regular_bytes(path), path)
+        try:  # foreign output: a regular file inside out_dir, the guarded decoder (signature, limits, 8-bit RGB)
+            array = decode_rgb_png(read_regular_bytes(path, within=out_dir), path)
         except ConfigError as exc:
             raise PipelineFailed(f"{path.name}: {exc}") from None
         if array.shape != shape[-3:]:
@@ -231,15 +276,20 @@ def _number(value: Any, where: str) -> float:
     return float(value)
 
 
-def read_timings(path: Path, wall_ms: float) -> tuple[Timings, str]:
-    """The run's timings and where they came from: the file (parity's or sglang's schema) or the wall clock."""
-    if not path.is_file():
+def read_timings(out_dir: Path, wall_ms: float) -> tuple[Timings, str]:
+    """The run's timings and where they came from: ``{out_dir}/timings.json`` (parity's or sglang's schema)
+    or, when nothing is there, the wall clock. Anything else there (a FIFO, a folder, a symlink) fails the run."""
+    path = out_dir / TIMINGS_FILE
+    if lstat_kind(path) == "nothing":
         return Timings(wall_ms, {}, [], "command wall time"), "none: e2e is the command's wall time (start-up and loading included)"
-    try:  # the project's one JSON reader: bounded, strict (no NaN/Infinity), errors naming the file
-        doc = expect_object(read_json(path), path, "")
+    try:  # the project's one JSON reader, inside out_dir: bounded, strict (no NaN/Infinity), errors naming the file
+        doc = expect_object(read_json(path, within=out_dir), path, "")
     except ConfigError as exc:
         raise PipelineFailed(str(exc)) from None
     if "e2e_ms" in doc:
+        unknown = sorted(set(doc) - set(PARITY_TIMINGS))
+        if unknown:
+            raise PipelineFailed(f"{TIMINGS_FILE}: unknown key {unknown[0]!r} in parity's schema ({', '.join(PARITY_TIMINGS)})")
         stages = doc.get("stages_ms", {})
         steps = doc.get("denoise_step_ms", [])
         if not isinstance(stages, dict) or not isinstance(steps, list):
@@ -262,6 +312,7 @@ def factory(template: str | None = None, timeout: str | float = DEFAULT_TIMEOUT_
         seconds = float(timeout)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}", key="--pipeline-target-arg")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise ConfigError(f"timeout must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {timeout!r}",
+                          key="--pipeline-target-arg")
     return CommandPipelineTarget(template, seconds)

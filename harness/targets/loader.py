@@ -12,6 +12,7 @@ travel between processes.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ TargetArgs = tuple[tuple[str, str], ...]
 T = TypeVar("T", Target, PipelineTarget)
 
 _cache: dict[tuple[str, str, TargetArgs], object] = {}
+_building: set[tuple[str, str, TargetArgs]] = set()  # a factory that loads the target it is building recurses
 
 
 def parse_target_args(items: Sequence[str], option: str = "--target-arg") -> TargetArgs:
@@ -71,7 +73,13 @@ def load_pipeline_target(spec: str, args: TargetArgs = ()) -> PipelineTarget:
 def _load(spec: str, args: TargetArgs, builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str) -> T:
     key = (what, spec, tuple(args))
     if key not in _cache:
-        _cache[key] = _build(spec, dict(args), builtin, kind, what)
+        if key in _building:
+            raise ConfigError(f"{what} {spec!r}: its factory loads {spec!r} again (it is not a target factory)", key="target")
+        _building.add(key)
+        try:
+            _cache[key] = _build(spec, dict(args), builtin, kind, what)
+        finally:
+            _building.discard(key)
     target = _cache[key]
     assert isinstance(target, kind)
     return target
@@ -95,18 +103,25 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
         sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{what} {spec!r}: cannot import module {module_name!r}: {exc}", key="target") from exc
+    except (Exception, SystemExit) as exc:  # a syntax error, or anything its import raises: a broken target, not a traceback
+        raise ConfigError(f"{what} {spec!r}: cannot import module {module_name!r}: {_one_line(exc)}", key="target") from None
     factory: Callable[..., object] | None = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"{what} {spec!r}: module {module_name!r} has no callable {attr!r}", key="target")
+    option = "--pipeline-target-arg" if kind is PipelineTarget else "--target-arg"
+    try:
+        inspect.signature(factory).bind(**args)
+    except TypeError as exc:
+        taking = f"does not take {sorted(args)}" if args else "needs arguments"
+        raise ConfigError(f"{what} {spec!r} {taking}: {exc}", key=option if args else "target") from None
+    except ValueError:  # no signature to inspect (some builtins): the call below says it
+        pass
     try:
         target = factory(**args)
-    except TypeError as exc:
-        if not args:
-            raise
-        option = "--pipeline-target-arg" if kind is PipelineTarget else "--target-arg"
-        raise ConfigError(f"{what} {spec!r} does not take {sorted(args)}: {exc}", key=option) from exc
+    except ConfigError:
+        raise
+    except (Exception, SystemExit) as exc:  # sys:exit would end parity with 0 having run nothing
+        raise ConfigError(f"{what} {spec!r}: {attr}() raised {_one_line(exc)}", key=option if args else "target") from None
     if not isinstance(target, kind):
         raise ConfigError(
             f"{what} {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.{kind.__name__}", key="target"
@@ -122,3 +137,9 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
                 key="target",
             )
     return target
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception on one line (a SyntaxError's with its file and line)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -16,7 +16,7 @@ HARNESS = Path(__file__).resolve().parents[2] / "harness"
 
 # Lower layers never import higher ones; a layer may import itself (without a cycle) and below.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "paths", "files"}),
+    frozenset({"errors", "paths", "processes", "files"}),
     frozenset({"ranks", "targets", "pipelines"}),
     frozenset({"contracts", "cases", "baselines", "results", "metrics", "report", "perf", "project"}),
     frozenset({"gate", "sweep", "recalibrate"}),

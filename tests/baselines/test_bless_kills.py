@@ -1,8 +1,8 @@
 """``parity bless`` killed at random moments always leaves a complete reference set: the old one or the new one.
 
 A worker process runs ``parity bless --all --from-results`` in a loop, alternating between two
-saved candidate sets A and B (different pixels, and a video of 4 frames in A but 2 in B, so a
-bless also drops files). The test SIGKILLs it at random moments, a bounded number of times,
+saved candidate sets A and B (different pixels, and a video of 4 frames in A but 2 in B, each
+blessed with its own case file, so a bless also drops files). The test SIGKILLs it at random moments, a bounded number of times,
 and after every kill loads every case through the gate's reader (no recovery run first): all
 cases must come from A, or all from B. The directory state at each kill is recorded so the
 test can show that kills landed mid-bless (a staging folder or a committed, half-moved set).
@@ -40,19 +40,20 @@ steps = 1
 [cases.img_a]
 [cases.img_b]
 [cases.vid]
-num_frames = 2
+num_frames = {frames}
 """
 WORKER = """
 import itertools, os, pathlib, sys
 import harness.gate.bless, harness.metrics  # imported once here: each forked bless loop starts warm
 from harness.cli import main
-cases, baselines, marker, *sources = sys.argv[1:]
+baselines, marker, *runs = sys.argv[1:]
 for line in sys.stdin:  # one forked bless loop per line; the test SIGKILLs it
     pid = os.fork()
     if pid == 0:
         sys.stdout = open(os.devnull, "w")
         for i in itertools.count():
-            assert main(["bless", "--all", "--from-results", sources[i % 2], "--cases", cases, "--baselines", baselines]) == 0
+            source, cases = runs[2 * (i % 2):2 * (i % 2) + 2]
+            assert main(["bless", "--all", "--from-results", source, "--cases", cases, "--baselines", baselines]) == 0
             pathlib.Path(marker).touch()
     print(pid, flush=True)
     os.waitpid(pid, 0)
@@ -77,25 +78,26 @@ def _state(refs: Path) -> str:
 
 
 def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) -> None:
-    cases_root, baselines = tmp_path / "cases", tmp_path / "baselines"
-    (cases_root / "images").mkdir(parents=True)
-    (cases_root / "images" / "kill.toml").write_text(CASES)
-    fields = {c.id: c.fields for c in load_image_cases(cases_root)}
+    baselines = tmp_path / "baselines"
     sets = [_sets(0), _sets(1)]
-    sources = []
+    runs = []
     for i, arrays in enumerate(sets):  # what two gate runs would have saved (the video's frame count differs)
-        source = tmp_path / f"run{i}"
+        cases_root, source = tmp_path / f"cases{i}", tmp_path / f"run{i}"
+        (cases_root / "images").mkdir(parents=True)
+        (cases_root / "images" / "kill.toml").write_text(CASES.format(frames=len(arrays["vid"])))
+        fields = {c.id: c.fields for c in load_image_cases(cases_root)}
         write_set(source / "candidates", [blessing(cid, a, fields[cid], 1, "reference") for cid, a in arrays.items()])
-        sources.append(source)
-    refs = baselines / "images"
-    write_set(refs, [blessing(cid, a, fields[cid]) for cid, a in sets[0].items()])
+        runs += [source, cases_root]
+        if i == 0:
+            refs = baselines / "images"
+            write_set(refs, [blessing(cid, a, fields[cid]) for cid, a in arrays.items()])
 
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     marker = tmp_path / "blessed-once"
     rng = random.Random(17)
     states: list[str] = []
-    worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WORKER), str(cases_root), str(baselines), str(marker),
-                               *map(str, sources)], env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WORKER), str(baselines), str(marker), *map(str, runs)],
+                              env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert worker.stdin is not None and worker.stdout is not None
     pid = None
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.files.kinds import CASE, KINDS, REFERENCE, Kind, Project, manifest_for, png_bytes
+from tests.files.kinds import CASE, KINDS, REFERENCE, REFERENCE_PIXELS, Kind, Project, manifest_for, png_bytes
 
 ACCEPT = "accept"
 DELETE = object()
@@ -111,7 +113,7 @@ def file_level(kind: Kind) -> list[Hostile]:
     key = _extra_key(kind)
     kept = ACCEPT if kind.extra_ok else (kind.extra_refusal or key)
     out += [
-        Hostile(kind.name, "symlink_to_valid_file", _special("symlink_to_valid"), ACCEPT),
+        Hostile(kind.name, "symlink_to_valid_file", _special("symlink_to_valid"), ACCEPT if kind.links_ok else None),
         Hostile(kind.name, "empty", _text(""), empty),
         Hostile(kind.name, "whitespace_only", _text("  \n\t\n"), empty),
         Hostile(kind.name, "latin1_byte", _text(valid.encode() + b"\n\xe9"), None),
@@ -197,6 +199,29 @@ def _with_header(width: int, height: int) -> bytes:
     return REFERENCE[:16] + width.to_bytes(4, "big") + height.to_bytes(4, "big") + REFERENCE[24:]
 
 
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def apng_bytes(frame: np.ndarray, frames: int) -> bytes:
+    """An animated PNG of ``frames`` copies of the RGB ``frame``, written chunk by chunk: one compressed image
+    shared by every frame, so 100 black frames of 2048 x 2048 are a 1.2 MB file that decodes to 1.2 GB."""
+    height, width, _ = frame.shape
+    pixels = zlib.compress(b"".join(b"\x00" + row.tobytes() for row in np.ascontiguousarray(frame, np.uint8)), 9)
+    out = [b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)),
+           _chunk(b"acTL", struct.pack(">II", frames, 0))]
+    sequence = 0
+    for index in range(frames):
+        out.append(_chunk(b"fcTL", struct.pack(">IIIIIHHBB", sequence, width, height, 0, 0, 1, 10, 0, 0)))
+        sequence += 1
+        if index == 0:
+            out.append(_chunk(b"IDAT", pixels))
+        else:
+            out.append(_chunk(b"fdAT", struct.pack(">I", sequence) + pixels))
+            sequence += 1
+    return b"".join([*out, _chunk(b"IEND", b"")])
+
+
 def png_cases() -> list[Hostile]:
     rgb = np.zeros((4, 4, 3), dtype=np.uint8)
     return [
@@ -210,4 +235,6 @@ def png_cases() -> list[Hostile]:
         _png("bomb_header_100000x100000", _with_header(100_000, 100_000), None),
         _png("header_2_pow_32_minus_1", _with_header(2**32 - 1, 1), None),
         _png("hash_mismatch", png_bytes(rgb), None, rehash=False),
+        _png("apng_whose_first_frame_is_the_reference", apng_bytes(REFERENCE_PIXELS, 2), None),
+        _png("apng_100_frames_of_2048x2048", apng_bytes(np.zeros((2048, 2048, 3), np.uint8), 100), None),
     ]

@@ -80,7 +80,8 @@ def png_bytes(array: np.ndarray) -> bytes:
     return bytes(iio.imwrite("<bytes>", array, extension=".png"))
 
 
-REFERENCE = png_bytes(np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3))
+REFERENCE_PIXELS = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3)
+REFERENCE = png_bytes(REFERENCE_PIXELS)
 
 
 def manifest_for(png: bytes) -> dict[str, str]:
@@ -157,6 +158,7 @@ class Kind:
     empty_ok: bool = False  # an empty document (TOML) is legitimate
     extra_refusal: str = ""  # the key that refuses an unknown key, when not the unknown key's own path
     env_var: str = ""
+    links_ok: bool = True  # a symlink to a valid file is read (a reference set is read only inside its directory)
 
     def path(self, project: Project) -> Path:
         return project.root / self.relpath
@@ -268,7 +270,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("perf_overlay", f"baselines/platforms/perf/{PLATFORM}.json", "json", PERF_OVERLAY, _perf, optional=True,
          extra_ok=True),
     Kind("env_tolerances", "", "env", {}, _perf, env_var="PARITY_PERF_TOL_E2E"),
-    Kind("manifest", "baselines/images/manifest.json", "json", manifest_for(REFERENCE), _reference),
+    Kind("manifest", "baselines/images/manifest.json", "json", manifest_for(REFERENCE), _reference, links_ok=False),
     Kind("png", f"baselines/images/{CASE}.png", "png", REFERENCE, _reference),
     Kind("contract_cases", "cases/contracts/c.toml", "toml", CONTRACT_CASES, _contracts, extra_at=("cases", "uly")),
     Kind("contract_overlay", "cases/contracts/platforms/cpu.toml", "toml", CONTRACT_OVERLAY, _contracts,

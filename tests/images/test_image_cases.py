@@ -98,7 +98,7 @@ def test_bad_toml_duplicates_and_missing_directory(tmp_path: Path) -> None:
 def test_each_case_names_its_pipeline_target_and_only_the_default_gets_its_arguments(tmp_path: Path) -> None:
     _write(tmp_path, "[defaults]\nheight = 16\nwidth = 16\n[cases.ref]\ntarget = 'reference'\nsteps = 2\n[cases.cmd]\n")
     _write(tmp_path, "[defaults]\ntarget = 'reference'\n[cases.file_default]\n", "other.toml")
-    template = (("template", "gen --seed 1 {out_dir}"),)
+    template = (("template", "true --seed 1 {out_dir}"),)
     ref, cmd, file_default = load_with(tmp_path, "command", template)
     assert (ref.target, ref.target_args, ref.kind) == ("reference", (), "image")
     assert (cmd.target, cmd.target_args, cmd.kind) == ("command", template, "image")

@@ -73,3 +73,31 @@ def assert_all_ended(pids: list[int], children_before: set[int]) -> None:
     assert pids, "the test should have recorded the ranks' pids"
     assert not [p for p in pids if Path(f"/proc/{p}").exists()], "a rank process remains (or was not reaped)"
     assert live_children() <= children_before, "a child process remains"
+
+
+def tagged(variable: str, value: str) -> list[int]:
+    """Live processes (zombies aside) whose environment has ``variable=value``: a run and everything below it,
+    whatever session or process group they moved to (every descendant inherits its environment)."""
+    needle = f"{variable}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def kill_tagged(variable: str, value: str) -> None:
+    """SIGKILL every process :func:`tagged` finds (a failed test must not leave them running)."""
+    import signal
+
+    for pid in tagged(variable, value):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

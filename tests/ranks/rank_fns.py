@@ -97,9 +97,10 @@ def rank_0_holds_the_gil_in_c_rank_1_waits(marker_dir: str, seconds: int) -> int
     return rank
 
 
-def start_a_child(then_raise: bool) -> int:
-    """Start a process that would outlive the rank by far; optionally fail the call afterwards."""
-    child = subprocess.Popen(["sleep", "600"])
+def start_a_child(then_raise: bool, own_session: bool = False) -> int:
+    """Start a process that would outlive the rank by far (``own_session``: out of the rank's process group, as
+    a daemon is); optionally fail the call afterwards."""
+    child = subprocess.Popen(["sleep", "600"], start_new_session=own_session)
     if then_raise:
         raise RuntimeError(f"raised after starting child {child.pid}")
     return child.pid

@@ -16,7 +16,7 @@ import pytest
 from harness.ranks import PoolSet, RankFailure, RankPool
 from harness.ranks.starting import START_METHOD_ENV, start_method
 
-from .procs import alive, assert_all_ended, descendants, live_children, parity_files, wait_until_gone
+from .procs import alive, assert_all_ended, descendants, kill_tagged, live_children, parity_files, tagged, wait_until_gone
 from .rank_fns import add_rank, how_i_started, rank_0_holds_the_gil_in_c_rank_1_waits, start_a_child
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -63,17 +63,18 @@ def test_ranks_die_with_the_parent_even_while_one_holds_the_gil_in_c(tmp_path: P
         parent.stdout.close()
 
 
+@pytest.mark.parametrize("own_session", [False, True], ids=["child", "daemon"])
 @pytest.mark.parametrize("then_raise", [False, True], ids=["close", "failure"])
-def test_what_a_rank_started_ends_with_its_group(then_raise: bool) -> None:
+def test_what_a_rank_started_ends_with_its_group(then_raise: bool, own_session: bool) -> None:
     before = live_children()
     with RankPool(2, timeout=60) as pool:
         pids = pool.pids
         if then_raise:
             with pytest.raises(RankFailure, match="raised after starting child") as info:
-                pool.run(start_a_child, True)
+                pool.run(start_a_child, True, own_session)
             grandchild = int(str(info.value).split("raised after starting child ")[1].split()[0])
         else:
-            grandchild = pool.run(start_a_child, False)[0]
+            grandchild = pool.run(start_a_child, False, own_session)[0]
             assert alive(grandchild)
     assert wait_until_gone([grandchild], 10) == [], "a process a rank started survived the group"
     assert_all_ended(pids, before)
@@ -152,6 +153,34 @@ def test_spawned_ranks_outlive_the_background_thread_that_started_them(monkeypat
         assert not [t for t in threading.enumerate() if t.name.startswith("pool-start")]
         assert pool.run(how_i_started, "PATH")[0][0] == os.getpid()
         assert pool.run(add_rank, 1) == [3, 3]
+
+
+def test_a_parent_sigkill_leaves_no_process_no_daemon_and_no_file(tmp_path: Path) -> None:
+    """``parity check`` killed with SIGKILL while its ranks hold a child and a daemon each: the preloaded server
+    ends them all on its way out and removes the listener socket the killed parent would have removed."""
+    marker = tmp_path / "marker"
+    marker.mkdir()
+    tmp, tag = tmp_path / "tmp", f"{os.getpid()}-{time.monotonic_ns()}"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "PARITY_LEFTOVER_TAG": tag}
+    parent = subprocess.Popen([sys.executable, "-m", "harness.cli", "check", "ulysses[world_size=2,dtype=fp32,causal=false]",
+                               "--target", "tests.targets.daemons:factory", "--target-arg", f"marker={marker}"],
+                              cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(marker.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.1)
+        started = [int(pid) for path in marker.iterdir() for pid in path.read_text().split()]
+        assert len(started) == 6  # two ranks, each with a child and a daemon
+        parent.kill()
+        parent.wait()
+        assert wait_until_gone(started, 30) == [], "a rank, or what it started, outlived the killed parent"
+        assert wait_until_gone(tagged("PARITY_LEFTOVER_TAG", tag), 30) == []
+        assert sorted(p.name for p in tmp.rglob("*")) == []  # the pymp-*/listener-* socket too
+    finally:
+        parent.kill()
+        parent.wait()
+        kill_tagged("PARITY_LEFTOVER_TAG", tag)
 
 
 def test_a_ranks_own_error_is_blamed_before_a_collective_its_leaving_broke() -> None:

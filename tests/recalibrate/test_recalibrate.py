@@ -202,10 +202,12 @@ def test_load_results_decodes_and_validates(tmp_path: Path) -> None:
     assert info.value.path == str(path)
 
 
-def test_conflicting_kinds_across_runs_are_refused() -> None:
+def test_conflicting_kinds_across_runs_are_refused_naming_both_files() -> None:
     runs = _results({"c": _m(0.99, 0.9, 30.0, 1.0)}) + _results({"c": _m(0.99, 0.9, 30.0, 1.0)}, kind="video")
-    with pytest.raises(ConfigError, match="both as image and as video"):
-        propose_thresholds(ThresholdSet.load(BASE), runs)
+    with pytest.raises(ConfigError) as info:
+        propose_thresholds(ThresholdSet.load(BASE), runs, paths=["main/results.json", "pr/results.json"])
+    assert str(info.value) == ("pr/results.json: key 'cases.c.kind': case 'c' is recorded as video here but as image in "
+                               "main/results.json")
 
 
 # ------------------------------------------------------------------------------------- perf
@@ -220,7 +222,7 @@ PERF = PerfBaselines.from_json(
                 "denoise_step_ms": {"0": 100.0},
                 "expected_e2e_ms": 1200.0,
                 "expected_avg_denoise_ms": 100.0,
-                "notes": "kept",
+                "estimated_full_test_time_s": 133.1,  # sglang's, kept through a rewrite
             }
         },
     }
@@ -269,7 +271,7 @@ def test_perf_median_margin_and_rounding_by_hand() -> None:
     assert updated is not None
     assert updated["stages_ms"] == {"TextEncodingStage": 50.0, "DenoisingStage": 1111.0}
     assert updated["denoise_step_ms"] == {"0": 100.0, "1": 97.0}
-    assert updated["notes"] == "kept"
+    assert updated["estimated_full_test_time_s"] == 133.1
     # every value's spread is written beside the values: e2e (1290 - 1000) / 1290, step 0 (95 - 91) / 91, step 1 one run
     assert updated["dispersion"]["expected_e2e_ms"] == round(290 / 1290, 3)
     assert updated["dispersion"]["denoise_step_ms.0"] == round(4 / 91, 3) and updated["dispersion"]["denoise_step_ms.1"] == 0.0

@@ -79,7 +79,7 @@ def test_kind_template_from_a_case_field_and_factory_arguments() -> None:
     assert target.check_case({**FIELDS, "template": BASE + " --frames {num_frames}", "num_frames": 3}, 2) == "video"
     assert target.runs_in_ranks is False
     assert factory(BASE, "2.5").timeout == 2.5
-    with pytest.raises(ConfigError, match="timeout must be a positive number"):
+    with pytest.raises(ConfigError, match="timeout must be a finite number"):
         factory(BASE, "soon")
     with pytest.raises(ConfigError, match="does not take"):
         load_pipeline_target("command", (("templat", BASE),))
@@ -153,23 +153,23 @@ def test_frames_are_read_in_numeric_order(tmp_path: Path) -> None:
 def test_timings_in_parity_and_sglang_schemas(tmp_path: Path) -> None:
     path = tmp_path / "timings.json"
     path.write_text(json.dumps({"e2e_ms": 9.5, "stages_ms": {"DenoisingStage": 6.0}, "denoise_step_ms": [3, 3.0]}))
-    timings, source = read_timings(path, 1000.0)
+    timings, source = read_timings(tmp_path, 1000.0)
     assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms, source) == (9.5, {"DenoisingStage": 6.0}, [3.0, 3.0],
                                                                                  "timings.json")
     path.write_text(json.dumps({"total_duration_ms": 14959.11, "steps": [{"name": "TextEncodingStage", "duration_ms": 611.83}],
                                 "denoise_steps_ms": [{"step": 0, "duration_ms": 240.5}], "commit_hash": "abc"}))
-    timings, source = read_timings(path, 1000.0)
+    timings, source = read_timings(tmp_path, 1000.0)
     assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms) == (14959.11, {"TextEncodingStage": 611.83}, [240.5])
     assert source == "timings.json (sglang perf dump)"
     for bad, message in ((["x"], "must be a JSON object"), ({"e2e_ms": -1}, "non-negative"), ({"steps": []}, "neither e2e_ms"),
                          ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, "need name/duration_ms")):
         path.write_text(json.dumps(bad))
         with pytest.raises(PipelineFailed, match=message):
-            read_timings(path, 1.0)
+            read_timings(tmp_path, 1.0)
     for text, message in (("{", "line 1"), ('{"e2e_ms": NaN}', "NaN"), ('{"e2e_ms": 1, "stages_ms": {"A": Infinity}}', "Infinity")):
         path.write_text(text)
         with pytest.raises(PipelineFailed, match=message) as info:
-            read_timings(path, 1.0)
+            read_timings(tmp_path, 1.0)
         assert str(path) in str(info.value)  # the file is named
 
 

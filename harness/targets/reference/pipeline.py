@@ -104,6 +104,10 @@ class ReferencePipelineTarget(PipelineTarget):
                              f"do not divide by world_size {world_size}")
         return "image" if config.num_frames is None else "video"
 
+    def output_shape(self, fields: Mapping[str, Any]) -> tuple[int, ...]:
+        config = pipeline_config(fields)
+        return (*((config.num_frames,) if config.num_frames else ()), config.height, config.width, 3)
+
     def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> _Prepared:
         return _Prepared(pipeline_config(fields, device))  # runs in ranks: the group is the world
 

@@ -1,0 +1,76 @@
+"""The keeper of one external command: started by :mod:`harness.targets.command_run` as a script.
+
+``python -I -S command_keeper.py STATUS_FD GATE_PID OUT_DIR ARGV...`` runs ARGV in a session of its own and,
+when it exits, writes ``"<returncode> <wall ns>"`` to STATUS_FD, then kills every process the command
+left behind before exiting itself. OUT_DIR is the command's output folder, which the gate removes; if
+the gate died first (a SIGKILL), the keeper removes it, so a killed run leaves no folder either. The keeper is a child subreaper (:mod:`harness.processes`):
+whatever the command starts stays its descendant even after a double fork or ``setsid()``, so
+none outlives the case, and none keeps the gate's pipes open (the gate reads them until EOF). On
+SIGTERM (the gate's timeout), SIGINT, SIGHUP or the gate's death (``PR_SET_PDEATHSIG``) it does
+the same at once. It imports nothing of parity but :mod:`harness.processes`: it starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the folder holding the harness package
+
+from harness.processes import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, kill_descendants, prctl  # noqa: E402
+
+_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Ended(Exception):
+    """One of :data:`_ENDING` arrived."""
+
+
+def _end(signum: int, frame: object) -> None:
+    for sig in _ENDING:
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Ended(signum)
+
+
+def main(argv: list[str]) -> int:
+    status_fd, parent, out_dir, command = int(argv[0]), int(argv[1]), argv[2], argv[3:]
+    for sig in _ENDING:
+        signal.signal(sig, _end)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    session = None
+    try:
+        if os.getppid() != parent:  # the gate died before the death signal was armed (while this interpreter started)
+            return 1
+        start = time.perf_counter_ns()
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            os.write(status_fd, f"error {exc}\n".encode(errors="replace"))
+            return 0
+        session = proc.pid
+        code = proc.wait()
+        os.write(status_fd, f"{code} {time.perf_counter_ns() - start}\n".encode())
+        return 0
+    except _Ended:
+        return 1
+    finally:
+        for sig in _ENDING:  # nothing interrupts the hunt
+            signal.signal(sig, signal.SIG_IGN)
+        if session is not None:
+            try:
+                os.killpg(session, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        kill_descendants()
+        if os.getppid() != parent:  # the gate is gone: nobody else will remove the folder
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
