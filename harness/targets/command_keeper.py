@@ -6,8 +6,9 @@ left behind before exiting itself. OUT_DIR is the command's output folder, which
 the gate died first (a SIGKILL), the keeper removes it, so a killed run leaves no folder either. The keeper is a child subreaper (:mod:`harness.processes`):
 whatever the command starts stays its descendant even after a double fork or ``setsid()``, so
 none outlives the case, and none keeps the gate's pipes open (the gate reads them until EOF). On
-SIGTERM (the gate's timeout), SIGINT, SIGHUP or the gate's death (``PR_SET_PDEATHSIG``) it does
-the same at once. It imports nothing of parity but :mod:`harness.processes`: it starts in milliseconds.
+SIGTERM (the gate's timeout), SIGINT, SIGHUP or the gate's death (``PR_SET_PDEATHSIG``, SIGUSR2) it does
+the same at once. The death signal comes when the gate's thread that started the keeper ends, while the gate's
+other threads may still be ending under the same pid: the keeper waits for its reparenting before it decides. It imports nothing of parity but :mod:`harness.processes`: it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script:
 
 from harness.processes import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, kill_descendants, prctl  # noqa: E402
 
-_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_GATE_DIED = signal.SIGUSR2  # the death signal: told apart from the gate's own SIGTERM
+_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, _GATE_DIED)
+_REPARENT_WAIT_S = 5.0
 
 
 class _Ended(Exception):
@@ -42,8 +45,8 @@ def main(argv: list[str]) -> int:
     for sig in _ENDING:
         signal.signal(sig, _end)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    session = None
+    prctl(PR_SET_PDEATHSIG, _GATE_DIED)
+    session, gate_died = None, False
     try:
         if os.getppid() != parent:  # the gate died before the death signal was armed (while this interpreter started)
             return 1
@@ -57,7 +60,8 @@ def main(argv: list[str]) -> int:
         code = proc.wait()
         os.write(status_fd, f"{code} {time.perf_counter_ns() - start}\n".encode())
         return 0
-    except _Ended:
+    except _Ended as ended:
+        gate_died = ended.args[0] == _GATE_DIED
         return 1
     finally:
         for sig in _ENDING:  # nothing interrupts the hunt
@@ -68,6 +72,10 @@ def main(argv: list[str]) -> int:
             except (ProcessLookupError, PermissionError):
                 pass
         kill_descendants()
+        if gate_died:  # sent as the gate's first thread ends: its others may still be ending, its pid still ours
+            deadline = time.monotonic() + _REPARENT_WAIT_S
+            while os.getppid() == parent and time.monotonic() < deadline:
+                time.sleep(0.01)
         if os.getppid() != parent:  # the gate is gone: nobody else will remove the folder
             shutil.rmtree(out_dir, ignore_errors=True)
 
