@@ -17,19 +17,20 @@ This module is the one owner of the results document (``parity gate --json`` / `
      "perf":  {"<scenario id>": <measured scenario>}}                                 # recalibration input
 
 :func:`parse_results` validates what :mod:`harness.recalibrate` reads back (``cases``, ``perf``,
-``platform``); unknown top-level keys are kept.
+``platform``) and :func:`stage_records` what ``compare``, ``bless --from-results`` and ``matrix`` read; a key
+parity does not write (top level, a record, an image entry) is refused, naming the nearest one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
+from harness.files.jsonio import expect_id, expect_known_key, expect_object, expect_str, join_key, read_json
 from harness.errors import ConfigError
 
 
@@ -100,6 +101,22 @@ class CaseResult:
             "artifacts": dict(self.artifacts),
             "next_step": self.next_step,
         }
+
+
+#: The keys of a record (:meth:`CaseResult.to_dict`): a results file's record with another key is not parity's.
+RECORD_KEYS = tuple(f.name for f in fields(CaseResult))
+#: Every top-level key a results document has (:func:`environment`, :func:`results_document` and the stages'
+#: ``top_level``): one that is none of them is a misspelling or a hand edit, refused when the file is read.
+DOCUMENT_KEYS = ("command", "target", "target_version", "device", "platform", "torch", "python", "host",
+                 "parity_version", "git", "project", "wall_s", "passed", "verdict", "stages", "cases", "device_name",
+                 "perf")
+#: The keys of an image case's entry in ``cases`` (:func:`image_entry`).
+IMAGE_ENTRY_KEYS = ("kind", "passed", "metrics", "thresholds", "threshold_source", "skipped_metrics", "world_size")
+
+
+def _known_keys(doc: Mapping[str, Any], own: tuple[str, ...], path: str | Path, where: str) -> None:
+    for key in doc:
+        expect_known_key(key, own, (), path, join_key(where, key) if where else key)
 
 
 def json_safe(value: Any) -> Any:
@@ -228,8 +245,11 @@ def results_document(command: str, environment: Mapping[str, Any], stages: Mappi
         sections[name] = stage.to_dict()
         top_level.update(json_safe(stage.top_level))
     outcome = verdict((r for s in stages.values() if isinstance(s, StageResult) for r in s.results), inconclusive_fails)
-    return {"command": command, **environment, "wall_s": wall_s, "passed": outcome == "passed", "verdict": outcome,
-            "stages": sections, **json_safe(extra), **top_level}
+    document = {"command": command, **environment, "wall_s": wall_s, "passed": outcome == "passed", "verdict": outcome,
+                "stages": sections, **json_safe(extra), **top_level}
+    unknown = set(document) - set(DOCUMENT_KEYS)
+    assert not unknown, f"results_document writes keys its reader refuses: {sorted(unknown)}"
+    return document
 
 
 def image_entry(result: CaseResult) -> dict[str, Any]:
@@ -238,7 +258,7 @@ def image_entry(result: CaseResult) -> dict[str, Any]:
     from harness.metrics import metric_to_json
 
     f = result.figures
-    return {
+    entry = {
         "kind": result.params.get("kind", "image"),
         "passed": result.status == PASSED,
         "metrics": {m: metric_to_json(f.get(m)) for m in METRICS},  # a NaN metric is refused, never written
@@ -247,6 +267,8 @@ def image_entry(result: CaseResult) -> dict[str, Any]:
         "skipped_metrics": f.get("skipped_metrics", {}),
         "world_size": result.world_size,
     }
+    assert tuple(entry) == IMAGE_ENTRY_KEYS
+    return entry
 
 
 def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
@@ -262,6 +284,7 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     from harness.metrics import metric_from_json
 
     doc = expect_object(doc, path, "")
+    _known_keys(doc, DOCUMENT_KEYS, path, "")
     out = dict(doc)
     if "platform" in doc:
         expect_str(doc["platform"], path, "platform")
@@ -273,6 +296,7 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
         case_path = join_key("cases", case_id)
         expect_id(case_id, path, case_path)
         case = expect_object(case, path, case_path)
+        _known_keys(case, IMAGE_ENTRY_KEYS, path, case_path)
         for key in ("kind", "passed", "metrics"):
             if key not in case:
                 raise ConfigError(f"missing required key '{key}'", path=path, key=case_path)
@@ -310,6 +334,7 @@ def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, st
     doc = expect_object(doc, path, "")
     if "stages" not in doc:
         raise ConfigError("missing required key 'stages' (not a results file of parity gate or parity check)", path=path)
+    _known_keys(doc, DOCUMENT_KEYS, path, "")
     out: dict[tuple[str, str], StageRecord] = {}
     for name, stage in expect_object(doc["stages"], path, "stages").items():
         stage = expect_object(stage, path, join_key("stages", name))
@@ -319,6 +344,7 @@ def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, st
         for i, record in enumerate(records):
             key = f"{join_key(join_key('stages', name), 'records')}[{i}]"
             record = expect_object(record, path, key)
+            _known_keys(record, RECORD_KEYS, path, key)
             case_id = expect_str(record.get("case_id"), path, join_key(key, "case_id"))
             if record.get("status") not in tuple(str(s) for s in Status):
                 raise ConfigError(f"status must be one of {[str(s) for s in Status]}", path=path, key=join_key(key, "status"))

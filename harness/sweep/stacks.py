@@ -19,6 +19,7 @@ from typing import Any
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_object, read_json
 from harness.report.format import outcome_cell
+from harness.results import stage_records
 
 
 @dataclass(frozen=True)
@@ -39,14 +40,8 @@ def load_stack_run(path: str | Path) -> StackRun:
     data = expect_object(read_json(path), path, "")
     if not is_results_document(data):
         raise ConfigError("not a parity results document (written by `parity check --json` or `gate --json`)", path=path)
-    stage = expect_object(data["stages"].get("contracts"), path, "stages.contracts")
-    records: dict[str, dict[str, Any]] = {}
-    for i, record in enumerate(stage.get("records", [])):
-        record = expect_object(record, path, f"stages.contracts.records[{i}]")
-        for key in ("case_id", "status"):
-            if not isinstance(record.get(key), str):
-                raise ConfigError("missing or not a string", path=path, key=f"stages.contracts.records[{i}].{key}")
-        records[record["case_id"]] = record
+    expect_object(data["stages"].get("contracts"), path, "stages.contracts")
+    records = {case_id: r.record for (stage, case_id), r in stage_records(data, path).items() if stage == "contracts"}
     version = data.get("target_version")
     label = f"{data.get('target', '?')}{f' {version}' if version else ''} ({data.get('device', '?')})"
     return StackRun(str(path), label, records)

@@ -87,6 +87,9 @@ ROWS = [
     ("escape_in_a_case_id", _escape_in("case_id"), [], 0, "c1\\x1b]0;pwned\\x07\\x1b[2J"),
     ("escape_in_a_figure_name", _escape_in("figure"), [], 0, "\\x1b[31mmax_abs"),
     ("escape_in_the_commit", _escape_in("commit"), [], 0, "\\x1b[2Jabc"),
+    ("misspelt_record_key", lambda d: _records(d)[0].update(figure=_records(d)[0].pop("figures")), [], 2,
+     "key 'stages.contracts.records[0].figure': unknown key: did you mean 'figures'?"),
+    ("misspelt_top_level_key", lambda d: d.update(stagse={}), [], 2, "key 'stagse': unknown key: did you mean 'stages'?"),
 ]
 
 

@@ -109,7 +109,15 @@ def test_an_expected_failure_reads_as_one_and_a_non_finite_error_is_spelled_out(
 
 @pytest.mark.parametrize(
     "content, key",
-    [("{", None), ('{"schema": "other"}', "schema"), ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{}]}', "cells.0.contract")],
+    [("{", None), ('{"schema": "other"}', "schema"), ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{}]}', "cells.0.contract"),
+     ('{"schema": "parity.sweep/1", "platform": {}, "cells": [], "kernal": []}', "did you mean 'kernels'"),
+     ('{"schema": "parity.sweep/1", "platform": {"devce_name": "x"}, "cells": []}', "key 'platform.devce_name'"),
+     ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{"contract": "c", "dtype": "bf16", "backend": "math", '
+      '"status": "passed", "figure": {"max_abs": 9}}]}', "key 'cells.0.figure': unknown key: did you mean 'figures'"),
+     ('{"schema": "parity.sweep/1", "platform": {}, "cells": [], "kernels": [{"backend": "m", "dtype": "bf16", '
+      '"shape": "s", "median": 1}]}', "key 'kernels.0.median'")],
+    ids=["not_json", "other_schema", "cell_without_contract", "misspelt_top_level", "misspelt_platform_key",
+         "misspelt_cell_key", "misspelt_kernel_key"],
 )
 def test_bad_sweep_files_name_file_and_key(tmp_path, content, key):
     path = tmp_path / "bad.json"
