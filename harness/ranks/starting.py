@@ -21,7 +21,9 @@ import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
 import os
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -90,6 +92,31 @@ def start(proc: BaseProcess, method: str) -> None:
         proc.start()
 
 
+# Linux's sockaddr_un.sun_path holds 108 bytes, its NUL included; the server listens on
+# <tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX (8 random characters each).
+_SUN_PATH_MAX = 108
+_SOCKET_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_SHORT_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _multiprocessing_temp_dir() -> str:
+    """This process's multiprocessing folder, made where the server's socket path fits: under a TMPDIR too long
+    for a Unix socket (a CI runner's or pytest's nested folders) ``bind`` fails with "AF_UNIX path too long", so
+    the folder is made in the first writable short system folder instead, removed at exit as multiprocessing's own."""
+    config = multiprocessing.process.current_process()._config  # noqa: SLF001 - where get_temp_dir keeps its folder
+    base = tempfile.gettempdir()
+    if config.get("tempdir") is None and len(base) + _SOCKET_SUFFIX >= _SUN_PATH_MAX:
+        short = next((d for d in _SHORT_TEMP_DIRS if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)), None)
+        if short is None:
+            raise ConfigError(f"{base!r} is too long for the preloaded server's socket ({len(base)} characters; at most "
+                              f"{_SUN_PATH_MAX - _SOCKET_SUFFIX - 1}) and none of {', '.join(_SHORT_TEMP_DIRS)} is "
+                              f"writable: set a shorter TMPDIR, or {START_METHOD_ENV}=spawn", key="TMPDIR")
+        folder = tempfile.mkdtemp(prefix="pymp-", dir=short)
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+        config["tempdir"] = folder
+    return multiprocessing.util.get_temp_dir()
+
+
 def _ensure_server() -> None:
     """Start the preloaded server (if it is not running) with SIGINT blocked: a signal mask outlives exec, so a
     Ctrl-C in the server's first instants (before :mod:`harness.ranks.server` ignores it) cannot print a
@@ -100,7 +127,7 @@ def _ensure_server() -> None:
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with _lock:  # groups start in threads of their own: one sets the variable, starts the server, removes it
-            os.environ[RANKS_TMPDIR_ENV] = os.path.join(multiprocessing.util.get_temp_dir(), "ranks")
+            os.environ[RANKS_TMPDIR_ENV] = os.path.join(_multiprocessing_temp_dir(), "ranks")
             try:
                 multiprocessing.forkserver.ensure_running()
             finally:

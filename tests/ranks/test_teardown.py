@@ -163,15 +163,17 @@ def test_a_parent_sigkill_leaves_no_process_no_daemon_and_no_file(tmp_path: Path
     tmp, tag = tmp_path / "tmp", f"{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "PARITY_LEFTOVER_TAG": tag}
-    parent = subprocess.Popen([sys.executable, "-m", "harness.cli", "check", "ulysses[world_size=2,dtype=fp32,causal=false]",
-                               "--target", "tests.targets.daemons:factory", "--target-arg", f"marker={marker}"],
-                              cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "parity.log"
+    with log.open("w") as out:
+        parent = subprocess.Popen([sys.executable, "-m", "harness.cli", "check", "ulysses[world_size=2,dtype=fp32,causal=false]",
+                                   "--target", "tests.targets.daemons:factory", "--target-arg", f"marker={marker}"],
+                                  cwd=REPO_ROOT, env=env, stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 120
         while len(list(marker.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.1)
         started = [int(pid) for path in marker.iterdir() for pid in path.read_text().split()]
-        assert len(started) == 6  # two ranks, each with a child and a daemon
+        assert len(started) == 6, f"exit {parent.poll()}: {log.read_text()[-3000:]}"  # two ranks, a child and a daemon each
         parent.kill()
         parent.wait()
         assert wait_until_gone(started, 30) == [], "a rank, or what it started, outlived the killed parent"
@@ -181,6 +183,20 @@ def test_a_parent_sigkill_leaves_no_process_no_daemon_and_no_file(tmp_path: Path
         parent.kill()
         parent.wait()
         kill_tagged("PARITY_LEFTOVER_TAG", tag)
+
+
+def test_a_tmpdir_too_long_for_a_unix_socket_still_starts_the_preloaded_server(tmp_path: Path) -> None:
+    """The server listens on <TMPDIR>/pymp-*/listener-*: past 107 bytes ``bind`` fails ("AF_UNIX path too long"),
+    which CI runners' and pytest's nested folders reach; the folder is made in a short system folder instead."""
+    long_tmp = tmp_path / ("t" * max(1, 100 - len(str(tmp_path))))
+    long_tmp.mkdir()
+    assert len(str(long_tmp)) >= 100
+    env = {**os.environ, "TMPDIR": str(long_tmp), START_METHOD_ENV: "forkserver"}
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "check", "ulysses[world_size=2,dtype=fp32,causal=false]"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1 passed" in done.stdout
+    assert sorted(p.name for p in long_tmp.rglob("*")) == []
 
 
 def test_a_ranks_own_error_is_blamed_before_a_collective_its_leaving_broke() -> None:
