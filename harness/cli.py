@@ -18,6 +18,7 @@ code; a rank that is lost ends the job with exit 1 and one line saying which.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import os
 import signal
@@ -122,7 +123,24 @@ def _signals_unwind(exiting: bool) -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``parity VERB ...`` (``argv`` None: this process's command line, and the process exits after it)."""
     with _signals_unwind(exiting=argv is None):
-        return _exit_code("parity", lambda: _in_job(argv))  # what is left for a job rank but 0: the job's own errors
+        code = _exit_code("parity", lambda: _in_job(argv))  # what is left for a job rank but 0: the job's own errors
+    if argv is None and _Unwinding.reported:
+        _leave_after_signal(code)
+    return code
+
+
+def _leave_after_signal(code: int) -> None:
+    """End the process after a signal without the interpreter's own exit: a group starting in the background may
+    still be inside torch's C++ (its TCPStore), and destroying that at exit aborts the process ("terminate called
+    without an active exception", SIGABRT instead of 128 + the signal). The exit hooks run first: every group is
+    ended and every temporary folder removed, as at a normal exit."""
+    atexit._run_exitfuncs()  # noqa: SLF001 - the hooks a normal exit runs, without its C++ static destructors
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _in_job(argv: Sequence[str] | None) -> int:
