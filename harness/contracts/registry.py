@@ -16,6 +16,7 @@ merges the ranks' outcomes into one :class:`~harness.results.CaseResult`. Adding
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from harness.contracts import collectives
 from harness.contracts.bounds import AllChecks, Bound, FlashAttentionRule, judge
 from harness.contracts.params import Param, ParamError, Params, check_common, resolve
 from harness.contracts.stats import RankOutcome, Stats
@@ -33,19 +35,22 @@ from harness.targets.interface import checked_attention
 
 @dataclass
 class RankContext:
-    """What a contract body gets inside a rank: the target, this rank's place and device."""
+    """What a contract body gets inside a rank: the target, this rank's place and device; ``collectives``: what
+    the layer's calls under sequence parallelism exchanged (:mod:`.collectives`)."""
 
     target: Target
     rank: int
     world_size: int
     device: torch.device
+    collectives: Counter[str] = field(default_factory=Counter)
 
     @contextmanager
     def parallel(self, ulysses_degree: int, ring_degree: int) -> Iterator[None]:
         """Sequence parallelism for the block; the runner also destroys it after every case."""
         self.target.init_parallel(ulysses_degree, ring_degree)
         try:
-            yield
+            with collectives.recording(self.collectives):
+                yield
         finally:
             self.target.destroy_parallel()
 
@@ -63,7 +68,7 @@ class RankContext:
         return spec.with_(**changes)
 
     def attention(self, params: Params, **changes: Any) -> Attention:
-        return checked_attention(self.target.make_attention(self.spec(params, **changes)), self.target)
+        return collectives.Counted(checked_attention(self.target.make_attention(self.spec(params, **changes)), self.target))  # type: ignore[return-value]
 
     def randn(self, params: Params, tokens: int, heads: int, seed: int) -> torch.Tensor:
         """Seeded on the CPU (identical on every rank and device), rounded to the dtype, then moved."""

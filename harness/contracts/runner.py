@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from harness.contracts import collectives
 from harness.contracts.case import Case
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext, get_contract
@@ -69,11 +70,14 @@ def run_case_in_rank(contract_id: str, params: dict, target_spec: str, target_ar
     contract = get_contract(contract_id)
     ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device())
     try:
-        return contract.body(ctx, Params(params))  # validated in the parent
+        outcome = contract.body(ctx, Params(params))  # validated in the parent
     except Unsupported as exc:
         return RankOutcome(skip=exc.reason)
     finally:
         target.destroy_parallel()
+    if ctx.collectives["calls"]:
+        outcome.extra.setdefault("collectives", collectives.figures(ctx.collectives))
+    return outcome
 
 
 def precheck(case: Case, target: Target, options: RunOptions) -> str | None:

@@ -283,7 +283,46 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
             outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref))
         problem = _all_ranks_alive(p.world_size)
     outcome.problems += [problem] if problem else []
+    made = _made(ctx)
+    outcome.problems += [f"its calls made {_said(made)}: a rank-local call makes none"] if made else []
+    outcome.checks += 1
     return outcome
+
+
+def _made(ctx: RankContext) -> dict[str, int]:
+    """The collectives the layer's calls under SP made on this rank, by kind (none made: empty)."""
+    return {kind: n for kind, n in ctx.collectives.items() if kind != "calls" and n}
+
+
+def _said(made: dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(made.items())) or "no collective"
+
+
+ULYSSES_EXCHANGES = {"all_to_all": 2}
+
+
+def ulysses_collectives(ctx: RankContext, p: Params) -> RankOutcome:
+    """One call of the Ulysses layer makes exactly two all-to-alls and no other collective: Q, K and V stacked
+    in one exchange, the output in one, as sglang's USPAttention does. A layer that exchanges Q, K and V one by
+    one pays three latencies where one would do; one that gathers K/V instead of exchanging heads moves W times
+    the bytes: both compute the same output, so only the count tells."""
+    case = layouts.sharded(ctx, p)
+    with ctx.parallel(p.ulysses_degree, 1):
+        attn = ctx.attention(p)
+        attn(*case.local, **case.kwargs)
+    made = _made(ctx)
+    problems = [] if made == ULYSSES_EXCHANGES else [
+        f"one call made {_said(made)}; the Ulysses path makes exactly 2 all_to_all (Q, K and V stacked in one, the "
+        "output in one) and no other collective"]
+    return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
+
+
+_attention_contract(
+    "usp.ulysses_collectives",
+    "one Ulysses call makes exactly two all-to-alls (Q, K, V stacked in one; the output in one) and no other "
+    "collective, counted at the dispatcher",
+    ulysses_collectives, ring=1, checks=(_ring_only,), min_world_size=2,
+)
 
 
 _attention_contract(

@@ -239,7 +239,7 @@ class USPAttention(_AttentionBase):
 
     def _forward_sharded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         group = get_ulysses_group()
-        q, k, v = (comm.seq_to_head_all_to_all(t, group) for t in (q, k, v))
+        q, k, v = comm.seq_to_head_all_to_all((q, k, v), group)
         out = ring.ring_attention(self._blocks, q, k, v) if get_ring_world_size() > 1 else self._local(q, k, v)
         return comm.head_to_seq_all_to_all(out, group)
 
@@ -257,7 +257,7 @@ class USPAttention(_AttentionBase):
             return (t[:, :-num_rep], t[:, -num_rep:]) if at_tail else (t[:, num_rep:], t[:, :num_rep])
 
         parts = [split(t) for t in (q, k, v)]
-        sharded = tuple(comm.seq_to_head_all_to_all(s, group) for s, _ in parts)
+        sharded = tuple(comm.seq_to_head_all_to_all([s for s, _ in parts], group))
         reps = tuple(self._head_slice(r) for _, r in parts)
         if get_ring_world_size() > 1:
             out_shard, out_rep = ring.replicated_tokens(self._blocks, sharded, reps, at_tail)  # type: ignore[arg-type]
@@ -274,8 +274,7 @@ class USPAttention(_AttentionBase):
         if num_rep > k.shape[1]:
             raise ValueError(f"{num_rep} replicated K/V tokens but only {k.shape[1]} K/V tokens on this rank")
         group = get_ulysses_group()
-        q = comm.seq_to_head_all_to_all(q, group)
-        k_shard, v_shard = (comm.seq_to_head_all_to_all(t[:, num_rep:], group) for t in (k, v))
+        q, k_shard, v_shard = comm.seq_to_head_all_to_all((q, k[:, num_rep:], v[:, num_rep:]), group)
         k_rep, v_rep = (self._head_slice(t[:, :num_rep]) for t in (k, v))
         if get_ring_world_size() > 1:
             out = ring.replicated_kv_prefix(self._blocks, q, (k_shard, v_shard), (k_rep, v_rep))
@@ -290,7 +289,7 @@ class USPAttention(_AttentionBase):
         if len(lens) != world or any(n < 0 or n > q.shape[1] for n in lens):
             raise ValueError(f"seq_lens {lens} must give one length per rank (world {world}), each <= {q.shape[1]}")
         group, padded_len = get_ulysses_group(), q.shape[1]
-        q, k, v = (comm.seq_to_head_all_to_all_varlen(t, lens, group) for t in (q, k, v))
+        q, k, v = comm.seq_to_head_all_to_all_varlen((q, k, v), lens, group)
         return comm.head_to_seq_all_to_all_varlen(self._local(q, k, v), lens, padded_len, group)
 
     def _forward_masked(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor) -> Tensor:
@@ -304,5 +303,5 @@ class USPAttention(_AttentionBase):
                 raise ValueError(f"attn_mask head dim {mask.shape[1]} must be 1 or {q.shape[2]}")
             if mask.shape[1] > 1:
                 mask = self._head_slice(mask.transpose(1, 2)).transpose(1, 2)
-        q, k, v = (comm.seq_to_head_all_to_all(t, group) for t in (q, k, v))
+        q, k, v = comm.seq_to_head_all_to_all((q, k, v), group)
         return comm.head_to_seq_all_to_all(self._local(q, k, v, mask), group)

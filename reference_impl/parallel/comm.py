@@ -59,21 +59,30 @@ def _all_to_all_flat(
     return _AllToAll.apply(send, group, out_numel, in_splits, out_splits)
 
 
-def seq_to_head_all_to_all(x: Tensor, group: dist.ProcessGroup) -> Tensor:
-    """Ulysses input exchange: ``[B, S_local, H, D]`` → ``[B, S_local·W, H/W, D]``.
+def seq_to_head_all_to_all(tensors: Sequence[Tensor], group: dist.ProcessGroup) -> list[Tensor]:
+    """Ulysses input exchange of Q, K and V in one all-to-all: each ``[B, S_local, H, D]`` →
+    ``[B, S_local·W, H/W, D]`` (their token and head counts may differ: GQA, a K/V prefix kept aside).
 
-    Rank r keeps head slice r of every rank's sequence chunk, chunks in rank order.
+    Rank r keeps head slice r of every rank's sequence chunk, chunks in rank order. One collective for
+    the three, as sglang's USPAttention stacks them: a layer's cost is its exchanges' latency, not bytes.
     """
     world = dist.get_world_size(group)
     if world == 1:
-        return x
-    b, s, h, d = x.shape
-    if h % world:
-        raise ValueError(f"{h} heads cannot be split over a Ulysses degree of {world}")
-    send = x.reshape(b, s, world, h // world, d).permute(2, 0, 1, 3, 4).contiguous()
-    recv = _all_to_all_flat(send.reshape(-1), group, send.numel(), None, None)
-    recv = recv.view(world, b, s, h // world, d)
-    return recv.permute(1, 0, 2, 3, 4).reshape(b, world * s, h // world, d)
+        return list(tensors)
+    sends = []
+    for x in tensors:
+        b, s, h, d = x.shape
+        if h % world:
+            raise ValueError(f"{h} heads cannot be split over a Ulysses degree of {world}")
+        sends.append(x.reshape(b, s, world, h // world, d).permute(2, 0, 1, 3, 4).reshape(world, -1))
+    widths = [t.shape[1] for t in sends]
+    send = torch.cat(sends, dim=1).contiguous()
+    recv = _all_to_all_flat(send.reshape(-1), group, send.numel(), None, None).view(world, -1)
+    out = []
+    for x, part in zip(tensors, recv.split(widths, dim=1)):
+        b, s, h, d = x.shape
+        out.append(part.reshape(world, b, s, h // world, d).permute(1, 0, 2, 3, 4).reshape(b, world * s, h // world, d))
+    return out
 
 
 def head_to_seq_all_to_all(x: Tensor, group: dist.ProcessGroup) -> Tensor:
@@ -91,22 +100,25 @@ def head_to_seq_all_to_all(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s, world * h_local, d)
 
 
-def seq_to_head_all_to_all_varlen(x: Tensor, seq_lens: Sequence[int], group: dist.ProcessGroup) -> Tensor:
-    """Uneven Ulysses input exchange: rank r contributes its first ``seq_lens[r]`` tokens.
-
-    Returns ``[B, sum(seq_lens), H/W, D]``: every rank's valid tokens, in rank order.
-    """
+def seq_to_head_all_to_all_varlen(tensors: Sequence[Tensor], seq_lens: Sequence[int], group: dist.ProcessGroup) -> list[Tensor]:
+    """Uneven Ulysses input exchange of Q, K and V in one all-to-all: rank r contributes its first
+    ``seq_lens[r]`` tokens of each. Returns each as ``[B, sum(seq_lens), H/W, D]``: every rank's valid
+    tokens, in rank order."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    b, _, h, d = x.shape
-    hl = h // world
     mine = seq_lens[rank]
-    send = x[:, :mine].reshape(b, mine, world, hl, d).permute(2, 0, 1, 3, 4).contiguous()
-    unit = b * hl * d
-    in_splits = [mine * unit] * world
-    out_splits = [n * unit for n in seq_lens]
+    units = [x.shape[0] * (x.shape[2] // world) * x.shape[3] for x in tensors]  # elements per token and rank, each
+    sends = [x[:, :mine].reshape(x.shape[0], mine, world, x.shape[2] // world, x.shape[3]).permute(2, 0, 1, 3, 4)
+             .reshape(world, -1) for x in tensors]
+    send = torch.cat(sends, dim=1).contiguous()
+    in_splits = [mine * sum(units)] * world
+    out_splits = [n * sum(units) for n in seq_lens]
     recv = _all_to_all_flat(send.reshape(-1), group, sum(out_splits), in_splits, out_splits)
-    parts = [p.view(b, n, hl, d) for p, n in zip(recv.split(out_splits), seq_lens)]
-    return torch.cat(parts, dim=1)
+    per_source = [chunk.split([n * u for u in units]) for chunk, n in zip(recv.split(out_splits), seq_lens)]
+    out = []
+    for i, x in enumerate(tensors):
+        b, hl, d = x.shape[0], x.shape[2] // world, x.shape[3]
+        out.append(torch.cat([parts[i].view(b, n, hl, d) for parts, n in zip(per_source, seq_lens)], dim=1))
+    return out
 
 
 def head_to_seq_all_to_all_varlen(x: Tensor, seq_lens: Sequence[int], padded_len: int, group: dist.ProcessGroup) -> Tensor:

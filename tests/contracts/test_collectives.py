@@ -1,0 +1,83 @@
+"""Collective counts on real gloo groups: counted at the dispatcher, recorded per case, judged by usp.ulysses_collectives.
+
+The independent oracle is the layer's own code path: a target that exchanges Q, K and V one by one
+(tests/targets/naive_ulysses.py) computes the same output and fails only this contract.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.contracts import collectives
+from harness.contracts.case import make_case
+from harness.contracts.runner import RunOptions, run_cases
+from harness.ranks import PoolSet
+from harness.results import FAILED, PASSED, CaseResult
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _run(pools: PoolSet, contract_id: str, target: str = "reference", **params: object) -> CaseResult:
+    case = make_case(contract_id, params, case_id=contract_id, source="test")
+    [result] = run_cases([case], RunOptions(target, allow_new_skips=True), pools)
+    return result
+
+
+def _every_kind_once() -> dict[str, int]:
+    """In a rank: one of each c10d op parity counts, made inside a counted call."""
+    counts: Counter[str] = Counter()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.arange(4.0 * world)
+
+    def layer() -> None:
+        dist.all_to_all_single(torch.empty_like(x), x)
+        dist.all_gather([torch.empty_like(x) for _ in range(world)], x)
+        dist.all_reduce(x.clone())
+        got = torch.empty_like(x)
+        ops = [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, got, (rank - 1) % world)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+
+    dist.all_reduce(x.clone())  # outside any counted call: not counted
+    with collectives.recording(counts):
+        collectives.Counted(layer)()
+    return collectives.figures(counts)
+
+
+def test_the_counter_sees_each_kind_inside_a_layer_call_only(rank_pools: PoolSet) -> None:
+    figures = rank_pools.get(2).run(_every_kind_once)
+    assert figures == [{"calls": 1, "all_to_all": 1, "all_gather": 1, "all_reduce": 1, "send": 1, "recv": 1}] * 2
+
+
+@pytest.mark.parametrize("world_size", [2, 4], ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_reference_makes_two_all_to_alls_per_ulysses_call(rank_pools: PoolSet, world_size: int, causal: bool) -> None:
+    result = _run(rank_pools, "usp.ulysses_collectives", world_size=world_size, causal=causal)
+    assert result.status == PASSED, result.reason
+    assert result.figures["collectives"] == {"calls": 1, "all_to_all": 2}
+
+
+def test_a_layer_exchanging_q_k_v_one_by_one_fails_and_only_this_contract(rank_pools: PoolSet) -> None:
+    naive = "tests.targets.naive_ulysses:correct"
+    result = _run(rank_pools, "usp.ulysses_collectives", naive, world_size=2)
+    assert result.status == FAILED
+    assert "one call made 4 all_to_all" in (result.reason or "")
+    parity = _run(rank_pools, "usp.ulysses_parity", naive, world_size=2)
+    assert parity.status == PASSED, parity.reason  # same output: only the count tells
+    assert parity.figures["collectives"] == {"calls": 1, "all_to_all": 4}
+
+
+@pytest.mark.parametrize(("contract_id", "params", "made"), [
+    ("usp.ring_parity", dict(world_size=4, ring_degree=4), {"send": 6, "recv": 6}),  # K and V, 3 steps
+    ("usp.replicated_suffix_bitwise", dict(world_size=2, replicated=3), {"all_to_all": 2, "all_gather": 1}),
+    ("usp.varlen_parity", dict(world_size=2, seq_lens=[5, 3], tokens_per_rank=8), {"all_to_all": 2}),
+], ids=["ring_w4", "replicated_suffix_w2", "varlen_w2"])
+def test_every_sp_case_records_what_its_call_exchanged(rank_pools: PoolSet, contract_id: str, params: dict,
+                                                       made: dict[str, int]) -> None:
+    result = _run(rank_pools, contract_id, **params)
+    assert result.status == PASSED, result.reason
+    assert result.figures["collectives"] == {"calls": 1, **made}
