@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.stats import RankOutcome
+from harness.contracts.judging import RankOutcome
 from harness.targets.base import AttentionSpec
 
 _COMPONENT = "parity_component"

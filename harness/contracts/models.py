@@ -14,7 +14,8 @@ from typing import Any
 from harness.contracts.bounds import Bound, judge, parse_bound
 from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, bound_param, long_dtype_check
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.stats import RankOutcome, Stats
+from harness.contracts.judging import RankOutcome
+from harness.contracts.stats import Stats
 
 _check_models_dtype = long_dtype_check("the models run")
 
@@ -50,7 +51,7 @@ def _judge_paths(paths: Mapping[str, Mapping[str, Any]], bounds: Mapping[str, Bo
         "bounds": {name: bound.describe() for name, bound in bounds.items()},
         "paths": dict(paths),
     }
-    return RankOutcome(problems=problems, checks=len(bounds), kernel=kernel, extra=extra)
+    return RankOutcome(problems=problems, checks=len(bounds), kernel=kernel, figures=extra)
 
 
 def _kernel(result: Mapping[str, Any]) -> str:
@@ -176,7 +177,7 @@ def _figures_contract(
         figures = call(ctx, p)
         kernel = figures.get("backend_masked")  # the encoder check names its attention backend
         return RankOutcome(problems=_flag_failures(figures), checks=1, kernel=kernel,
-                           extra={k: v for k, v in figures.items() if k != "passed"})
+                           figures={k: v for k, v in figures.items() if k != "passed"})
 
     register(Contract(contract_id, description, (Param("world_size", "int", 1, "ranks (the check runs on each)"),) + params,
                       body, requires=_REFERENCE, checks=checks))

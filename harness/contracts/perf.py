@@ -23,14 +23,14 @@ from torch.utils.benchmark import Timer
 from harness.contracts.params import NUMERIC, Param, ParamError, Params
 from harness.contracts.pipeline import check_pipeline_dtype, pipeline_fields, pipeline_run_params
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.stats import RankOutcome
+from harness.contracts.judging import RankOutcome
 
 
 def _ratio_outcome(figures: dict[str, Any], limit: float, what: str) -> RankOutcome:
     ratio = figures["ratio"]
     figures["limit"] = limit
     problems = [] if ratio <= limit else [f"{what} is {ratio:.3g}× the baseline side, limit {limit:g}×"]
-    return RankOutcome(problems=problems, checks=1, extra=figures)
+    return RankOutcome(problems=problems, checks=1, figures=figures)
 
 
 def attention_overhead(ctx: RankContext, p: Params) -> RankOutcome:

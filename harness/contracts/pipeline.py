@@ -18,7 +18,8 @@ from __future__ import annotations
 from harness.contracts.bounds import Bitwise
 from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, long_dtype_check
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.stats import RankOutcome, compare
+from harness.contracts.judging import RankOutcome
+from harness.contracts.stats import compare
 
 
 
@@ -59,7 +60,7 @@ def _body(ctx: RankContext, p: Params) -> RankOutcome:
         problems.append("control: rotate_to_front latents equal one rank's, so this case cannot tell key orders apart "
                         "(change steps/size/dtype, or set control_drift = false)")
     return RankOutcome(stats=stats, problems=problems, checks=2 if p.control_drift else 1, kernel=measured["kernel"],
-                       extra=figures)
+                       figures=figures)
 
 
 def _check(p: Params) -> None:

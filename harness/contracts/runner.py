@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from harness.contracts.case import Case
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext, get_contract
-from harness.contracts.stats import RankOutcome
+from harness.contracts.judging import RankOutcome
 from harness.errors import ConfigError, ParamError
 from harness.ranks import PoolSet, RankFailure, capacity_reason, preload, rank_device
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
@@ -61,15 +61,16 @@ class RunOptions:
         return target
 
 
-def run_case_in_rank(contract_id: str, params: dict, target_spec: str, target_args: TargetArgs) -> RankOutcome:
+def run_case_in_rank(contract_id: str, raw: dict, target_spec: str, target_args: TargetArgs) -> RankOutcome:
     """The function every rank runs for one case (module level: the pool pickles a reference to it)."""
     import torch.distributed as dist
 
     target = load_target(target_spec, target_args)
     contract = get_contract(contract_id)
-    ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device())
+    params = Params(raw)  # validated in the parent
+    ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device(), contract.bound(params))
     try:
-        return contract.body(ctx, Params(params))  # validated in the parent
+        return contract.body(ctx, params)
     except Unsupported as exc:
         return RankOutcome(skip=exc.reason)
     finally:

@@ -9,7 +9,7 @@ from the installed version's metadata alone, and imports sglang only to say why 
 (``unavailable_reason``) or to check a ``layer=`` class.
 
 sglang's refusals reach the verdict with sglang's own text, mapped to a kind of
-:data:`~harness.targets.base.REFUSALS`: ring/hybrid refused at construction (no CPU backend
+:class:`~harness.targets.base.Refusal`: ring/hybrid refused at construction (no CPU backend
 returns the LSE) is ``ring_needs_lse``, a mask with replicated tokens under SP
 (NotImplementedError) is ``mask_with_replicated``, other NotImplementedErrors are
 ``unsupported``, a backend sglang's selector cannot serve is ``backend_unavailable``. Anything
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import ConfigError, ParamError
-from harness.targets.base import AttentionSpec, Target, Unsupported
+from harness.targets.base import AttentionSpec, Refusal, Target, Unsupported
 
 DISTRIBUTION = "sglang"
 LAYER_MODULE = "sglang.multimodal_gen.runtime.layers.attention.layer"
@@ -99,7 +99,7 @@ def _sglang() -> dict[str, ModuleType]:
     """sglang's modules this adapter calls (imported in the rank, on first use)."""
     reason = import_error()
     if reason:
-        raise Unsupported(reason, kind="backend_unavailable")
+        raise Unsupported(reason, kind=Refusal.BACKEND_UNAVAILABLE)
     base = "sglang.multimodal_gen.runtime"
     names = {"layer": LAYER_MODULE, "state": f"{base}.distributed.parallel_state",
              "context": f"{base}.managers.forward_context", "server_args": f"{base}.server_args.server_args"}

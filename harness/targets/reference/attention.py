@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from harness.errors import ParamError
-from harness.targets.base import AttentionSpec, Target, Unsupported
+from harness.targets.base import AttentionSpec, Capability, Refusal, Target, Unsupported
 from reference_impl.attention.backends import (
     BACKENDS,
     SDPA_KERNELS,
@@ -56,19 +56,19 @@ def refusals_as_unsupported(forced_backend_refused: bool = False) -> Iterator[No
     try:
         yield
     except RingAdmissionError as exc:
-        raise Unsupported(str(exc), kind="ring_needs_lse") from exc
+        raise Unsupported(str(exc), kind=Refusal.RING_NEEDS_LSE) from exc
     except MaskWithReplicatedError as exc:
-        raise Unsupported(str(exc), kind="mask_with_replicated") from exc
+        raise Unsupported(str(exc), kind=Refusal.MASK_WITH_REPLICATED) from exc
     except RingBackwardError as exc:
-        raise Unsupported(str(exc), kind="no_backward") from exc
+        raise Unsupported(str(exc), kind=Refusal.NO_BACKWARD) from exc
     except RingUnsupportedError as exc:
         raise Unsupported(str(exc)) from exc
     except PinnedKernelRefused as exc:
-        raise Unsupported(str(exc), kind="backend_unavailable") from exc
+        raise Unsupported(str(exc), kind=Refusal.BACKEND_UNAVAILABLE) from exc
     except BackendRefused as exc:
         if not forced_backend_refused:
             raise
-        raise Unsupported(str(exc), kind="backend_unavailable") from exc
+        raise Unsupported(str(exc), kind=Refusal.BACKEND_UNAVAILABLE) from exc
 
 
 class ReferenceAttention:
@@ -98,12 +98,11 @@ class ReferenceTarget(Target):
             return None
 
     def capabilities(self) -> frozenset[str]:
-        return frozenset(
-            {
-                "ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix",
-                "ring_replicated", "varlen", "mask", "backend_choice", "backend_selection", "reference_models", "backward",
-            }
-        )
+        c = Capability
+        return frozenset({
+            c.ULYSSES, c.RING, c.GQA, c.CAUSAL, c.REPLICATED_PREFIX, c.REPLICATED_SUFFIX, c.REPLICATED_KV_PREFIX,
+            c.RING_REPLICATED, c.VARLEN, c.MASK, c.BACKEND_CHOICE, c.BACKEND_SELECTION, c.REFERENCE_MODELS, c.BACKWARD,
+        })
 
     def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
         init_sequence_parallel(ulysses_degree, ring_degree)
@@ -117,7 +116,7 @@ class ReferenceTarget(Target):
             # this case here (missing package, head size, dtype) skips it.
             reason = _cannot_serve(backend_class(spec.backend), spec)
             if reason:
-                raise Unsupported(f"backend {spec.backend} cannot run this case here: {reason}", kind="backend_unavailable")
+                raise Unsupported(f"backend {spec.backend} cannot run this case here: {reason}", kind=Refusal.BACKEND_UNAVAILABLE)
         with refusals_as_unsupported(), attention_backend_config(spec.backend_config):
             with attention_component(spec.component) if spec.component else nullcontext():
                 layer = USPAttention(
