@@ -24,6 +24,8 @@ from harness.contracts.params import NUMERIC, Param, ParamError, Params
 from harness.contracts.pipeline import check_pipeline_dtype, pipeline_fields, pipeline_run_params
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.judging import RankOutcome
+from harness.targets.base import Capability
+from harness.targets.figures import StepRatio, reported
 
 
 def _ratio_outcome(figures: dict[str, Any], limit: float, what: str) -> RankOutcome:
@@ -83,11 +85,11 @@ register(Contract(
 
 
 def sp_step_ratio(ctx: RankContext, p: Params) -> RankOutcome:
-    figures = ctx.target.model_check("perf.sp_step_ratio")(device=str(ctx.device), repeats=p.repeats,
-                                                            **pipeline_fields(p))
+    measured: StepRatio = ctx.target.model_check("perf.sp_step_ratio")(device=str(ctx.device), repeats=p.repeats,
+                                                                        **pipeline_fields(p))
     if ctx.rank != 0:  # every rank runs both layouts; rank 0's clock speaks for the group
         return RankOutcome(checks=1)
-    return _ratio_outcome(dict(figures), p.max_ratio, f"the SP={p.world_size} denoising step")
+    return _ratio_outcome(reported(measured), p.max_ratio, f"the SP={p.world_size} denoising step")
 
 
 register(Contract(
@@ -98,7 +100,7 @@ register(Contract(
         Param("repeats", "int", 3, "interleaved runs of each layout"),
     ),
     sp_step_ratio,
-    requires=frozenset({"reference_models"}),
+    requires=frozenset({Capability.REFERENCE_MODELS}),
     checks=(check_pipeline_dtype, _positive("max_ratio", "repeats", "steps")),
     min_world_size=2,
     timeout_s=600.0,

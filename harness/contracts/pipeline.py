@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from harness.contracts.bounds import Bitwise
 from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, long_dtype_check
-from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.judging import RankOutcome
+from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import compare
+from harness.targets.base import Capability
+from harness.targets.figures import TurboDrift, reported
 
 
 
@@ -52,15 +54,14 @@ check_pipeline_dtype = long_dtype_check("the pipeline runs")
 def _body(ctx: RankContext, p: Params) -> RankOutcome:
     import torch
 
-    measured = ctx.target.model_check("pipeline.turbo_drift")(device=str(ctx.device), **pipeline_fields(p))
-    figures, latents = measured["figures"], measured["latents"]
-    stats = compare(torch.from_numpy(latents["preserving"]), torch.from_numpy(latents["single"]))
+    measured: TurboDrift = ctx.target.model_check("pipeline.turbo_drift")(device=str(ctx.device), **pipeline_fields(p))
+    stats = compare(torch.from_numpy(measured.preserving_latents), torch.from_numpy(measured.single_latents))
     problems = []
-    if p.control_drift and figures["rotate_to_front_latent_mae"] == 0.0:
+    if p.control_drift and measured.figures.rotate_to_front_latent_mae == 0.0:
         problems.append("control: rotate_to_front latents equal one rank's, so this case cannot tell key orders apart "
                         "(change steps/size/dtype, or set control_drift = false)")
-    return RankOutcome(stats=stats, problems=problems, checks=2 if p.control_drift else 1, kernel=measured["kernel"],
-                       figures=figures)
+    return RankOutcome(stats=stats, problems=problems, checks=2 if p.control_drift else 1, kernel=measured.kernel,
+                       figures=reported(measured.figures))
 
 
 def _check(p: Params) -> None:
@@ -78,7 +79,7 @@ register(Contract(
     pipeline_run_params("bf16", 9)  # sglang measured 9 and 30 steps
     + (Param("control_drift", "bool", True, "also require the rotated layout to move the latents (the control)"),),
     _body,
-    requires=frozenset({"reference_models"}),
+    requires=frozenset({Capability.REFERENCE_MODELS}),
     bound=lambda p: Bitwise(),
     checks=(_check,),
     min_world_size=2,

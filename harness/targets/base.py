@@ -210,11 +210,11 @@ class Target(ABC):
         ``ParamError`` keyed ``backend`` or ``sdpa_kernel`` that lists the valid names; for case
         parameters and for ``--backend``/``--backends`` alike. Default: accept any name."""
 
-    def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
+    def model_check(self, name: str) -> Callable[..., Any]:
         """For targets declaring ``reference_models``: the measuring function behind ``model.*``,
         ``encoder.*``, ``vae.*`` and ``pipeline.*`` contracts, called in the rank with keyword
-        arguments; it returns figures (and, for the caller in the same rank, arrays). The contracts
-        name the check, never the module."""
+        arguments; it returns typed figures (:mod:`harness.targets.figures`), never a verdict. The
+        contracts name the check, never the module."""
         raise Unsupported(f"target {self.name} runs no reference model checks ({name})")
 
 

@@ -6,7 +6,7 @@ target-neutral :class:`~harness.targets.base.Unsupported` kinds the contracts un
 
 from __future__ import annotations
 
-import importlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -30,19 +30,30 @@ from reference_impl.attention.selector import BackendRefused, attention_backend_
 from reference_impl.forward_context import set_forward_context
 from reference_impl.parallel.state import destroy_sequence_parallel, init_sequence_parallel
 
-# Model checks behind the model-level contracts: name -> (module under harness.targets.reference, function).
-MODEL_CHECKS: dict[str, tuple[str, str]] = {
-    "model.zimage_sp_parity": ("models", "zimage_sp_parity_worker"),
-    "model.hunyuan_sp_parity": ("models", "hunyuan_sp_parity_worker"),
-    "encoder.masked_causal_lengths": ("encoder", "check_masked_causal_lengths"),
-    "encoder.quantized_admission": ("encoder", "check_quantized_admission"),
-    "encoder.packed_qkv_scale": ("encoder", "check_packed_qkv_scale"),
-    "encoder.fp8_parity": ("encoder", "check_fp8_parity"),
-    "vae.audio_fp32_restored": ("vae", "audio_fp32_restored"),
-    "vae.video_dispatch": ("vae", "video_dispatch"),
-    "pipeline.turbo_drift": ("pipeline", "turbo_drift"),
-    "perf.sp_step_ratio": ("pipeline", "sp_step_ratio"),
-}
+#: The contracts that run the reference pipeline: their parameters are the pipeline's to check.
+PIPELINE_CONTRACTS = frozenset({"pipeline.turbo_drift", "perf.sp_step_ratio"})
+
+
+@functools.cache
+def model_checks() -> dict[str, Callable[..., Any]]:
+    """Check name -> the function measuring it (:mod:`harness.targets.figures`). Imported on first use, so a
+    rank of another commit (:mod:`.revision`) loads only the modules it runs."""
+    from harness.targets.reference import encoder, models, pipeline, vae
+
+    return {
+        "model.zimage_sp_parity": models.zimage_sp_parity_worker,
+        "model.hunyuan_sp_parity": models.hunyuan_sp_parity_worker,
+        "encoder.masked_causal_lengths": encoder.check_masked_causal_lengths,
+        "encoder.quantized_admission": encoder.check_quantized_admission,
+        "encoder.packed_qkv_scale": encoder.check_packed_qkv_scale,
+        "encoder.fp8_parity": encoder.check_fp8_parity,
+        "vae.audio_default": vae.audio_default,
+        "vae.audio_fa": vae.audio_fa,
+        "vae.audio_cast_restore": vae.audio_cast_restore,
+        "vae.video_dispatch": vae.video_dispatch,
+        "pipeline.turbo_drift": pipeline.turbo_drift,
+        "perf.sp_step_ratio": pipeline.sp_step_ratio,
+    }
 
 
 @contextmanager
@@ -155,18 +166,18 @@ class ReferenceTarget(Target):
 
     def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
         super().check_case(contract_id, params)
-        if MODEL_CHECKS.get(contract_id, ("",))[0] == "pipeline":  # every contract that runs the pipeline
+        if contract_id in PIPELINE_CONTRACTS:
             from harness.targets.reference.pipeline import check_pipeline_case
 
             check_pipeline_case(params)
 
-    def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
-        if name not in MODEL_CHECKS:
-            raise Unsupported(f"the reference target has no model check {name!r}; it has: {', '.join(MODEL_CHECKS)}")
-        module, function = MODEL_CHECKS[name]
-        check: Callable[..., dict[str, Any]] = getattr(importlib.import_module(f"harness.targets.reference.{module}"), function)
+    def model_check(self, name: str) -> Callable[..., Any]:
+        checks = model_checks()
+        if name not in checks:
+            raise Unsupported(f"the reference target has no model check {name!r}; it has: {', '.join(checks)}")
+        check = checks[name]
 
-        def run(**kwargs: Any) -> dict[str, Any]:
+        def run(**kwargs: Any) -> Any:
             with refusals_as_unsupported(forced_backend_refused=True):
                 return check(**kwargs)
 
