@@ -18,9 +18,7 @@ Layout of a reference directory::
 
 The fields and their fingerprint are what the reference was generated from, so a case whose
 fields changed since (a new seed) is told apart from a regression: :func:`changed_fields` says
-what changed, and the gate asks for ``parity bless CASE`` instead of failing on pixels. Format 1
-(a flat ``{"<file>": "<sha256>"}`` map, written before fingerprints) is still read; its cases
-have no fingerprint until they are blessed again.
+what changed, and the gate asks for ``parity bless CASE`` instead of failing on pixels.
 
 Per-frame PNGs (rather than one strip) because each frame is then hashed on its own, a diff of
 a re-blessed video shows which frames moved, and the frame count needs no extra metadata.
@@ -172,18 +170,6 @@ def _ordered_files(case_id: str, files: dict[str, Any], path: Path, key: str) ->
     return {name: files[name] for name in expected}
 
 
-def _legacy_entries(doc: dict[str, Any], path: Path) -> dict[str, Entry]:
-    """Format 1: ``{file: sha256}``; the case of a file is its name without ``.png`` or its folder."""
-    by_case: dict[str, dict[str, str]] = {}
-    key_of: dict[str, str] = {}
-    for name in doc:
-        case_id = case_of_file(name) or name
-        by_case.setdefault(case_id, {})[name] = doc[name]
-        key_of.setdefault(case_id, name)
-    return {case_id: Entry(expect_id(case_id, path, key_of[case_id]), _ordered_files(case_id, files, path, ""))
-            for case_id, files in by_case.items()}  # format 1 keys are file names
-
-
 _ENTRY_KEYS = ("fingerprint", "fields", "world_size", "pipeline", "shape", "files")
 
 
@@ -221,10 +207,9 @@ def read_manifest(directory: str | Path) -> dict[str, Entry]:
     if not is_present(path):
         return {}
     doc = expect_object(read_json(path, within=directory), path, "")
-    if "format" not in doc:
-        return _legacy_entries(doc, path)
-    if doc["format"] != FORMAT:
-        raise ConfigError(f"unknown manifest format {doc['format']!r} (this parity reads 1 and {FORMAT})", path=path, key="format")
+    if doc.get("format") != FORMAT:
+        raise ConfigError(f"unknown manifest format {doc.get('format')!r} (this parity reads {FORMAT}; bless the "
+                          "references again)", path=path, key="format")
     unknown = sorted(set(doc) - {"format", "cases"})
     if unknown:
         raise ConfigError(f"unknown key (a manifest holds {{format, cases}})", path=path, key=unknown[0])
