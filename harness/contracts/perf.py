@@ -1,15 +1,11 @@
 """Perf contracts: ratios of two timings measured side by side in one run, on the same ranks.
 
 A ratio survives a change of machine where absolute milliseconds do not: both sides run on the
-same device, interleaved (A, B, A, B...), so clocks, host speed and load hit them alike. They
-run in the gate's perf stage (cases in ``cases/perf/``), not with the parity contracts: a timing
-is a property of a machine under some load, and its bound says how much slack that needs.
-
-- ``perf.attention_overhead``: the target's rank-local attention against the raw
-  ``F.scaled_dot_product_attention`` on the same inputs in its preferred contiguous
-  ``[B, H, S, D]`` layout. sglang's bar for its layer on CUDA is a few percent.
-- ``perf.sp_step_ratio``: the pipeline's median denoising step under SP over the group against
-  the same pipeline on one rank (a reference model check): what sequence parallelism costs.
+same device, interleaved (A, B, A, B...), so clocks, host speed and load hit them alike. They run
+in the gate's perf stage (``cases/perf/``), not with the parity contracts: a timing is a property
+of a machine under load. ``perf.attention_overhead``: the target's rank-local attention against raw
+``F.scaled_dot_product_attention`` on the same inputs; ``perf.sp_step_ratio``: the pipeline's
+median denoising step under SP against the same pipeline on one rank.
 """
 
 from __future__ import annotations

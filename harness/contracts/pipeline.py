@@ -1,16 +1,12 @@
 """Pipeline-level contract: sglang's turbo-drift experiment on the tiny seeded pipeline (seed 001).
 
-``pipeline.turbo_drift`` runs the whole few-step pipeline three times on every rank: on one rank
-(before sequence parallelism is set up, so it shares the rank's threads and kernels), under
-Ulysses SP with the replicated caption kept at the tail of the attention's token order
-(``order_preserving``, the fix) and with it rotated to the front (``rotate_to_front``, sglang's old
-layout). Judged: the order-preserving latents equal the single-rank latents bitwise (so the image
-does too). Reported, not bounded: the rotated layout's pixel and latent MAE against one rank,
-which sglang measured as 7.28 (9 steps) and 6.32 (30 steps) on Z-Image-Turbo. The tiny DiT
-(random, or the built-in trained checkpoint ``weights = "tiny-v1"``) is far less sensitive than a
-trained 6B model, so its figures are much smaller and no number of sglang's can bound them; what is checked of the rotated run (``control_drift``) is only
-that its latents differ from one rank at all, which shows the experiment can see a change of key
-order and so that the bitwise result of the order-preserving path means something.
+``pipeline.turbo_drift`` runs the few-step pipeline on one rank, under Ulysses SP with the caption
+kept at the tail of the token order (``order_preserving``, the fix) and rotated to the front
+(``rotate_to_front``, sglang's old layout). Judged: the order-preserving latents equal one rank's
+bitwise. Reported, not bounded: the rotated layout's pixel and latent MAE (sglang measured 7.28 and
+6.32 on Z-Image-Turbo; the tiny DiT is far less sensitive, so no number of sglang's bounds it). The
+control (``control_drift``) only asks that the rotated latents move at all, so the experiment can
+see a change of key order and the bitwise result means something.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The contract registry: named checks with declared parameters, requirements and a bound.
 
-A contract's ``body(ctx, params)`` runs on every rank of a live group (module-level, so the
-rank pool can pickle a reference to it) and returns a :class:`RankOutcome`; :meth:`Contract.judge`
-merges the ranks' outcomes into one :class:`~harness.results.CaseResult` (:mod:`.judging`). Adding one::
+A contract's ``body(ctx, params)`` runs on every rank (module-level, so the rank pool can pickle a
+reference to it) and returns a :class:`RankOutcome`; :meth:`Contract.judge` merges the ranks'
+outcomes into one :class:`~harness.results.CaseResult` (:mod:`.judging`). Adding one::
 
-    register(Contract(
-        id="usp.my_check", description="...",
-        params=PARALLEL + SHAPE + NUMERIC + (Param("extra", "int", 3),),
-        body=my_body,                        # (RankContext, Params) -> RankOutcome
-        requires=frozenset({Capability.ULYSSES}),  # what the target must declare
-        bound=lambda p: Bitwise(),           # or AbsBound / FlashAttentionRule / AllChecks
-    ))
+    register(Contract(id="usp.my_check", description="...", params=PARALLEL + SHAPE + NUMERIC,
+                      body=my_body, requires=frozenset({Capability.ULYSSES}), bound=lambda p: Bitwise()))
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Run contract cases on a target: a live rank group per world size, one :class:`CaseResult` per case.
 
-Cases the target cannot express (a missing capability, the target unavailable on this device)
-are skipped in the parent without starting a rank; parameters the target refuses outright
-(:meth:`Target.check_case`) are a configuration error before anything runs. The others run in
-the groups of a :class:`~harness.ranks.PoolSet`, whose ranks start with the harness and the
-target's :meth:`~harness.targets.base.Target.preload_modules` already imported.
-
-In a rank, an :class:`Unsupported` becomes the rank's answer (a skip when every rank says the
-same, a failure when they disagree); any other exception propagates, so the launcher ends the
-whole group at once and the case fails with that rank's traceback: a peer waiting in a
-collective for the rank that raised is ended, not waited for until the timeout.
-
-Then the target overlay's expectations apply (:func:`expectations_applied`): a skip must be
-pinned, a pinned case must skip, a known divergence must fail.
+Cases the target cannot express (a missing capability, the target unavailable here) are skipped
+in the parent; parameters it refuses outright (:meth:`Target.check_case`) are a configuration
+error before anything runs. In a rank, an :class:`Unsupported` is the rank's answer (a skip when
+every rank says the same); any other exception propagates, so the launcher ends the whole group at
+once and the case fails with that rank's traceback instead of a peer waiting until the timeout.
+Then the target overlay's expectations apply (:func:`expectations_applied`).
 """
 
 from __future__ import annotations

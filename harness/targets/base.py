@@ -1,18 +1,12 @@
 """The target interface: the only way the harness reaches an implementation under test.
 
-Two kinds of target. An attention :class:`Target` builds the attention layer the contracts
-judge; a :class:`PipelineTarget` generates the images or frames (and stage timings) that the
-gate's image and perf stages judge. Contracts never import an implementation. They ask a :class:`Target` to set up its
-sequence-parallel state and to build an attention callable from an :class:`AttentionSpec`,
-so the same contracts gate the reference implementation, yunchang, an sglang checkout or a
-user's module (``--target module:factory``). A target is resolved *inside each rank* from its
-spec string, so nothing unpicklable ever crosses a process boundary.
-
-Every target must honour ``AttentionSpec.skip_sequence_parallel=True`` as rank-local attention
-over exactly the tokens it is given, with the kernel it uses under SP: that is how contracts
-compute the single-rank reference in the same process. Everything else is optional and
-declared through :meth:`Target.capabilities`; a contract whose requirements a target lacks is
-skipped with the reason, never failed.
+An attention :class:`Target` builds the attention layer the contracts judge; a
+:class:`PipelineTarget` generates the images or frames (and timings) the gate's image and perf
+stages judge. A target is resolved inside each rank from its spec string (``--target
+module:factory``), so nothing unpicklable crosses a process boundary. Every target must honour
+``AttentionSpec.skip_sequence_parallel=True`` as rank-local attention with the kernel it uses under
+SP (the contracts' single-rank reference); everything else is a declared :class:`Capability`, and a
+contract needing one a target lacks is skipped with the reason, never failed.
 """
 
 from __future__ import annotations

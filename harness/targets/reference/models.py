@@ -1,33 +1,24 @@
-"""Per-rank workers for the model-level SP parity contracts (``model.zimage_sp_parity``, ``model.hunyuan_sp_parity``).
+"""Model checks of the model-level SP parity contracts (``model.zimage_sp_parity``, ``model.hunyuan_sp_parity``).
 
-Each worker runs on every rank of a live process group (``harness.ranks.run_on_ranks``)
-and compares a sequence-parallel run of a reference model against the single-rank run of
-the same weights on the same inputs, computed *in the same process before* sequence
-parallelism is initialised (so the reference is a genuine one-rank forward). Sharded
-outputs are all-gathered and replicated outputs (caption/text) are gathered from every
-rank, so every rank returns the same, global figures.
-
-Figures per path: ``bitwise`` (``torch.equal`` with the single-rank output), ``finite``,
-``max_abs`` / ``mean_abs`` against single rank, and for the FlashAttention rule
-``max_abs_vs_fp64`` (SP output vs an fp64 single-rank run) and
-``single_rank_max_abs_vs_fp64`` (single-rank low-precision vs fp64). Verdicts and bounds are
-the contract's business; these functions only measure.
-
-Model-level bitwise parity needs more than head-count-invariant attention: every row-wise op
-must give a token the same result whatever the number of rows in the call (a rank runs its
-GEMMs on ``S/W + S_rep`` rows, one rank on ``S + S_rep``). On an H200 (torch 2.11, cu130)
-cuBLAS fp32 GEMMs are not row-count invariant (max 1.8e-5 at K=3840, 1030 vs 518 rows; even
-K=64, 32 vs 16 rows), so fp32 figures there are not bitwise; bf16 GEMMs were at every shape
-tried, and CPU GEMMs were in fp32 and bf16 down to a few rows. Two CPU exceptions (torch 2.13,
-MKL, measured): fp32 GEMMs of 4 rows or fewer (K=128) take another kernel, and a linear layer
-fuses its bias in bf16 only for contiguous 3-D input. The masked layout shards ``[image |
-text]`` contiguously, so a rank can hold a sliver of one stream: at W=4 with 32 image + 8 text
-tokens rank 3 holds 2 image tokens per item and the fp32 output moves by 2.4e-7 (within the
-FlashAttention rule). The default masked shape (16 text tokens) leaves every rank at least 4
-tokens of a stream it holds, so there the masked paths are bitwise.
+Each worker runs on every rank of a live group and compares a sequence-parallel run of a
+reference model with the single-rank run of the same weights on the same inputs, computed in the
+same process before sequence parallelism is set up (a genuine one-rank forward), and with a
+float64 copy. Outputs are gathered, so every rank returns the same :class:`ModelParity`; the
+contracts judge it. Bitwise model parity also needs row-count invariant GEMMs (a rank runs
+``S/W + S_rep`` rows, one rank ``S + S_rep``): measured facts on that are below.
 """
 
 from __future__ import annotations
+
+# Row-count invariance, measured. On an H200 (torch 2.11, cu130) cuBLAS fp32 GEMMs are not
+# row-count invariant (max 1.8e-5 at K=3840, 1030 vs 518 rows; even K=64, 32 vs 16 rows), so fp32
+# figures there are not bitwise; bf16 GEMMs were at every shape tried, and CPU GEMMs in fp32 and
+# bf16 down to a few rows. CPU exceptions (torch 2.13, MKL): fp32 GEMMs of 4 rows or fewer (K=128)
+# take another kernel, and a linear layer fuses its bias in bf16 only for contiguous 3-D input. The
+# masked layout shards [image | text] contiguously, so a rank can hold a sliver of one stream: at
+# W=4 with 32 image + 8 text tokens rank 3 holds 2 image tokens per item and the fp32 output moves
+# by 2.4e-7 (within the FlashAttention rule); the default masked shape (16 text tokens) leaves every
+# rank at least 4 tokens of a stream it holds, so there the masked paths are bitwise.
 
 import copy
 from collections.abc import Callable, Iterator, Mapping
