@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def drift_figures(fields: dict) -> dict:
     """The turbo-drift figures of ``fields`` on this rank (CPU)."""
-    return turbo_drift("cpu", **fields)["figures"]
+    return dataclasses.asdict(turbo_drift("cpu", **fields).figures)
 
 
 def sp_and_single(config: PipelineConfig) -> tuple[PipelineResult, PipelineResult]:

@@ -1,41 +1,11 @@
 """Reference images and videos: a set of cases pinned by one manifest of SHA-256 hashes and case fingerprints.
 
-Layout of a reference directory::
-
-    images/
-      manifest.json                  what every case's reference is (below)
-      flux_image_t2i.png             an image case: one RGB PNG
-      wan_t2v/frame_0000.png         a video case: one RGB PNG per frame, frame_<index>.png
-      wan_t2v/frame_0001.png
-
-``manifest.json`` (format 2)::
-
-    {"format": 2,
-     "cases": {"flux_image_t2i": {"fingerprint": "<sha256 of the case's fields>",
-                                  "fields": {"prompt": "...", "seed": 0, ...},
-                                  "world_size": 1, "pipeline": "reference", "shape": [32, 32, 3],
-                                  "files": {"flux_image_t2i.png": "<sha256 of the file>"}}}}
-
-The fields and their fingerprint are what the reference was generated from, so a case whose
-fields changed since (a new seed) is told apart from a regression: :func:`changed_fields` says
-what changed, and the gate asks for ``parity bless CASE`` instead of failing on pixels. Format 1
-(a flat ``{"<file>": "<sha256>"}`` map, written before fingerprints) is still read; its cases
-have no fingerprint until they are blessed again.
-
-Per-frame PNGs (rather than one strip) because each frame is then hashed on its own, a diff of
-a re-blessed video shows which frames moved, and the frame count needs no extra metadata.
-
-A reference is only trusted if its bytes hash to the manifest entry: a mismatch, a file missing
-from the manifest, or a manifest entry whose file is missing is a ConfigError naming the file. A
-gate must never compare against a reference nobody blessed. Hash and decode read the same bytes,
-so what is verified is exactly what is compared. Every file of a set (manifest and PNGs; the
-references, or the candidates a gate run saved) is read as a regular file inside the set's
-directory, through no symlink, and its pixels must have the shape the manifest records.
-
-Writing is :mod:`harness.baselines.image_writes`: a new set is staged beside the old one and
-committed by one rename into :data:`PENDING`, then moved into place. A reader here also reads a
-set whose move was interrupted by a kill: while ``PENDING`` holds the new manifest, that is the
-set, each file taken from ``PENDING`` where it has not been moved yet.
+A reference is trusted only if its bytes hash to the manifest entry (hash and decode read the same
+bytes, as regular files inside the set's directory, through no symlink): a gate never compares
+against a reference nobody blessed. Each case records the fields it was generated from, so a case
+whose fields changed is told apart from a regression (:func:`changed_fields`). Videos are one PNG
+per frame, so a re-bless shows which frames moved. Writing is :mod:`.image_writes` (staged, then
+one rename into :data:`PENDING`); a reader here also reads a set whose move a kill interrupted.
 """
 
 from __future__ import annotations
@@ -172,18 +142,6 @@ def _ordered_files(case_id: str, files: dict[str, Any], path: Path, key: str) ->
     return {name: files[name] for name in expected}
 
 
-def _legacy_entries(doc: dict[str, Any], path: Path) -> dict[str, Entry]:
-    """Format 1: ``{file: sha256}``; the case of a file is its name without ``.png`` or its folder."""
-    by_case: dict[str, dict[str, str]] = {}
-    key_of: dict[str, str] = {}
-    for name in doc:
-        case_id = case_of_file(name) or name
-        by_case.setdefault(case_id, {})[name] = doc[name]
-        key_of.setdefault(case_id, name)
-    return {case_id: Entry(expect_id(case_id, path, key_of[case_id]), _ordered_files(case_id, files, path, ""))
-            for case_id, files in by_case.items()}  # format 1 keys are file names
-
-
 _ENTRY_KEYS = ("fingerprint", "fields", "world_size", "pipeline", "shape", "files")
 
 
@@ -221,10 +179,9 @@ def read_manifest(directory: str | Path) -> dict[str, Entry]:
     if not is_present(path):
         return {}
     doc = expect_object(read_json(path, within=directory), path, "")
-    if "format" not in doc:
-        return _legacy_entries(doc, path)
-    if doc["format"] != FORMAT:
-        raise ConfigError(f"unknown manifest format {doc['format']!r} (this parity reads 1 and {FORMAT})", path=path, key="format")
+    if doc.get("format") != FORMAT:
+        raise ConfigError(f"unknown manifest format {doc.get('format')!r} (this parity reads {FORMAT}; bless the "
+                          "references again)", path=path, key="format")
     unknown = sorted(set(doc) - {"format", "cases"})
     if unknown:
         raise ConfigError(f"unknown key (a manifest holds {{format, cases}})", path=path, key=unknown[0])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -45,12 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _psnr(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "identical" if math.isinf(value) else f"{value:.2f} dB"
-
-
 def _ids(args: argparse.Namespace) -> list[str]:
     """The cases asked for; never every case by default."""
     from harness.gate.bless import failed_cases, saved_candidates
@@ -79,16 +72,13 @@ def carried(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
     from harness.baselines.image_writes import write_set
     from harness.baselines.images import MANIFEST, REFERENCES_DIR
     from harness.cases.image import check_pipeline_args_used, load_image_cases, select_image_cases
-    from harness.gate.bless import blessings_from_results, changes, generate_blessings
+    from harness.gate.bless import CHANGE_HEADERS, blessings_from_results, changes, generate_blessings
     from harness.gate.contracts import check_device
     from harness.ranks import PoolSet
-    from harness.report.console import make_console
+    from harness.report.console import make_console, text_table
     from harness.report.output import emit_json, human_console
     from harness.targets.base import PipelineFailed
 
@@ -110,18 +100,10 @@ def run(args: argparse.Namespace) -> int:
                 make_console(stderr=True).print(f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False)
                 return 1
     rows = changes(directory, blessings)
-    table = Table(title=f"bless -> {directory}")
-    for column in ("case", "change", "shape", "old sha256", "new sha256", "psnr old vs new", "fields changed"):
-        table.add_column(column, no_wrap=column in ("case", "old sha256", "new sha256"), overflow="fold")
-    for c in rows:
-        table.add_row(escape(c.case_id), c.kind, c.shape, (c.old_digest or "-")[:12], c.new_digest[:12], _psnr(c.psnr),
-                      escape("; ".join(c.fields) or "-"))
-    out.print(table)
+    out.print(text_table(f"bless -> {directory}", CHANGE_HEADERS, (c.cells() for c in rows),
+                         no_wrap=("case", "old sha256", "new sha256")))
     if args.json is not None:
-        emit_json(args.json, {"dry_run": args.dry_run, "directory": str(directory), "changes": [
-            {"case_id": c.case_id, "change": c.kind, "shape": c.shape, "old_sha256": c.old_digest, "new_sha256": c.new_digest,
-             "psnr_old_vs_new": None if c.psnr is None else ("inf" if math.isinf(c.psnr) else c.psnr),
-             "fields_changed": c.fields} for c in rows]})
+        emit_json(args.json, {"dry_run": args.dry_run, "directory": str(directory), "changes": [c.to_json() for c in rows]})
     if args.dry_run:
         out.print(f"dry run: nothing written ({len(rows)} case(s) would be blessed)")
         return 0

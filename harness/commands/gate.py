@@ -69,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
     base_args = parse_target_args(args.perf_base_arg, "--perf-base-arg")
     if base_args and args.perf_base is None:
         raise ConfigError("--perf-base-arg needs --perf-base SPEC", key="--perf-base-arg")
-    perf = PerfOptions(args.perf, args.perf_runs, perf_profile(args.perf_profile, args),
-                       Side(args.perf_base, base_args) if args.perf_base is not None else None,
-                       ab_sampling(args, "perf-"), args.perf_inconclusive)
+    perf = PerfOptions(enabled=args.perf, runs=args.perf_runs, profile=perf_profile(args.perf_profile, args),
+                       base=Side(args.perf_base, base_args) if args.perf_base is not None else None,
+                       sampling=ab_sampling(args, "perf-"), inconclusive=args.perf_inconclusive)
     pipeline, pipeline_args = pipeline_target(args)
     options = GateOptions(
-        cases_root(args), baselines, run_options(args), pipeline, args.report, args.json, args.junit,
-        args.clip_model, perf, args.keep_outputs, pipeline_args, project=project(args), tables=args.tables,
+        cases_root=cases_root(args), baselines_dir=baselines, run=run_options(args), pipeline=pipeline,
+        pipeline_args=pipeline_args, report_dir=args.report, json_path=args.json, junit_path=args.junit,
+        clip_model=args.clip_model, perf=perf, keep_outputs=args.keep_outputs, project=project(args), tables=args.tables,
     )
     return EXIT_CODES[run_gate(options)["verdict"]]

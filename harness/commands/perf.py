@@ -58,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
     perf = PerfOptions(enabled=True, base=Side(args.base, parse_target_args(args.base_arg, "--base-arg")),
                        sampling=ab_sampling(args, ""), inconclusive=args.inconclusive, cases=tuple(args.ids),
                        ratio_contracts=False)
-    options = GateOptions(cases_root(args), baselines_dir(args), RunOptions(device=device(args), timeout=args.timeout),
-                          args.head, args.report, args.json, args.junit, perf=perf,
-                          pipeline_args=parse_target_args(args.head_arg, "--head-arg"), stages=("perf",), command="perf",
+    options = GateOptions(cases_root=cases_root(args), baselines_dir=baselines_dir(args),
+                          run=RunOptions(device=device(args), timeout=args.timeout), pipeline=args.head,
+                          pipeline_args=parse_target_args(args.head_arg, "--head-arg"), report_dir=args.report,
+                          json_path=args.json, junit_path=args.junit, perf=perf, stages=("perf",), command="perf",
                           project=project(args))
     return EXIT_CODES[run_gate(options)["verdict"]]

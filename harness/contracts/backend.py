@@ -15,8 +15,8 @@ from typing import Any
 
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.stats import RankOutcome
-from harness.targets.base import AttentionSpec
+from harness.contracts.judging import RankOutcome
+from harness.targets.base import AttentionSpec, Capability
 
 _COMPONENT = "parity_component"
 
@@ -101,6 +101,6 @@ register(Contract(
         Param("dtype", "dtype", "fp32", "dtype the layers are built for"),
     ),
     selection_precedence,
-    requires=frozenset({"backend_choice", "backend_selection"}),
+    requires=frozenset({Capability.BACKEND_CHOICE, Capability.BACKEND_SELECTION}),
     checks=(_check_backends,),
 ))

@@ -1,9 +1,9 @@
 """Model-level contracts: the reference models under SP, the text encoder, the VAE attention.
 
-They judge figures measured by the target's model checks (:meth:`Target.model_check`: for the
-reference, functions in ``harness/targets/reference/``), which return dicts of figures; here
-those figures are judged and turned into results. Only a target that runs the reference models
-declares ``reference_models``; any other target is skipped with the reason.
+Each judges the typed figures of a model check (:meth:`Target.model_check`,
+:mod:`harness.targets.figures`): the bounds and expectations live here, next to the verdict, and the
+checks only measure. Only a target that runs the reference models declares ``reference_models``;
+any other target is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -11,53 +11,53 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
 from harness.contracts.bounds import Bound, judge, parse_bound
 from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, bound_param, long_dtype_check
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.stats import RankOutcome, Stats
+from harness.contracts.judging import RankOutcome
+from harness.contracts.stats import Stats
+from harness.targets.base import Capability
+from harness.targets.figures import (
+    Admission, AudioFused, AudioRun, Fp8Parity, MaskedCausal, ModelParity, PackedQkv, PathFigures, VideoDispatch, reported,
+)
 
 _check_models_dtype = long_dtype_check("the models run")
 
-_REFERENCE = frozenset({"reference_models"})
+_REFERENCE = frozenset({Capability.REFERENCE_MODELS})
 
 
-def _path_stats(fig: Mapping[str, Any]) -> Stats:
+def _path_stats(fig: PathFigures) -> Stats:
     """A path's figures (bitwise, max_abs, fp64 errors) as Stats, so the usual bounds judge them."""
     return Stats(
-        count=int(fig["numel"]),
-        mismatched=0 if fig["bitwise"] else None,
-        max_abs=float(fig["max_abs"]),
-        err_ref64=float(fig["max_abs_vs_fp64"]),
-        naive_err_ref64=float(fig["single_rank_max_abs_vs_fp64"]),
+        count=fig.numel,
+        mismatched=0 if fig.bitwise else None,
+        max_abs=fig.max_abs,
+        err_ref64=fig.max_abs_vs_fp64,
+        naive_err_ref64=fig.single_rank_max_abs_vs_fp64,
     )
 
 
-def _judge_paths(paths: Mapping[str, Mapping[str, Any]], bounds: Mapping[str, Bound], kernel: str) -> RankOutcome:
+def _judge_paths(result: ModelParity, bounds: Mapping[str, Bound]) -> RankOutcome:
     """Every checked path finite and within its bound; the other paths (controls) are reported only."""
     problems = []
     for name, bound in bounds.items():
-        fig = paths[name]
-        if not fig["finite"]:
+        fig = result.paths[name]
+        if not fig.finite:
             problems.append(f"{name}: non-finite values in the output")
             continue
         reason = judge(bound, _path_stats(fig))
         if reason:
             problems.append(f"{name}: {reason}")
-    checked = [paths[name] for name in bounds]
-    extra = {
-        "bitwise": all(f["bitwise"] for f in checked),
-        "max_abs": max(f["max_abs"] for f in checked),
+    checked = [result.paths[name] for name in bounds]
+    figures = {
+        "bitwise": all(f.bitwise for f in checked),
+        "max_abs": max(f.max_abs for f in checked),
         "bounds": {name: bound.describe() for name, bound in bounds.items()},
-        "paths": dict(paths),
+        "paths": {name: reported(f) for name, f in result.paths.items()},
     }
-    return RankOutcome(problems=problems, checks=len(bounds), kernel=kernel, extra=extra)
-
-
-def _kernel(result: Mapping[str, Any]) -> str:
-    pinned = f"[{result['sdpa_kernel']}]" if result.get("sdpa_kernel") else ""
-    return f"{result['backend']}{pinned} ({result['backend_level']})"
-
-
+    return RankOutcome(problems=problems, checks=len(bounds), kernel=result.kernel, figures=figures)
 
 
 MODEL_PARAMS = (
@@ -73,27 +73,26 @@ MODEL_PARAMS = (
 def zimage_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
     # A forced backend or pinned kernel that cannot serve the case is refused by the target (a
     # skip) while the single-rank reference is built: before any collective, on every rank.
-    result = ctx.target.model_check("model.zimage_sp_parity")(
+    result: ModelParity = ctx.target.model_check("model.zimage_sp_parity")(
         dtype_name=LONG_DTYPE[p.dtype], seed=p.seed, grid_hw=tuple(p.grid), cap_len=p.caption_tokens, batch=p.batch,
         image_grid=tuple(p.image_grid), caption_lengths=tuple(p.caption_lengths),
         backend=p.backend, sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
-    bound = parse_bound(p.bound, p.dtype)
     paths = ("block.image", "block.caption", "transformer", "transformer.masked")
-    return _judge_paths(result["paths"], {name: bound for name in paths}, _kernel(result))
+    return _judge_paths(result, {name: ctx.bound for name in paths})
 
 
 def hunyuan_sp_parity(ctx: RankContext, p: Params) -> RankOutcome:
-    result = ctx.target.model_check("model.hunyuan_sp_parity")(
+    result: ModelParity = ctx.target.model_check("model.hunyuan_sp_parity")(
         dtype_name=LONG_DTYPE[p.dtype], seed=p.seed, grid_thw=tuple(p.grid), txt_len=p.text_tokens, batch=p.batch,
         text_lengths=tuple(p.text_lengths), masked_text_len=p.masked_text_tokens, backend=p.backend,
         sdpa_kernel=p.sdpa_kernel, device=str(ctx.device),
     )
-    ordered, varlen = parse_bound(p.bound, p.dtype), parse_bound(p.varlen_bound, p.dtype)
+    ordered, varlen = ctx.bound, parse_bound(p.varlen_bound, p.dtype)
     bounds = {f"{kind}.{layout}.{part}": varlen if layout == "varlen" else ordered
               for kind in ("double", "single") for layout in ("suffix", "masked", "varlen") for part in ("image", "text")}
     bounds.update({"transformer": ordered, "transformer.masked": ordered, "transformer.varlen": varlen})
-    return _judge_paths(result["paths"], bounds, _kernel(result))
+    return _judge_paths(result, bounds)
 
 
 def _positive_list(name: str, n: int | None = None) -> Callable[[Params], None]:
@@ -156,27 +155,25 @@ register(Contract(
 # ------------------------------------------------------------------ single-process checks
 
 
-def _flag_failures(figures: Mapping[str, Any]) -> list[str]:
-    """The check's own verdict (``passed``) and, when it failed, which top-level flags were false."""
-    if figures.get("passed"):
-        return []
-    flags = [k for k, v in figures.items() if v is False and k != "passed"]
-    mismatches = figures.get("mismatches") or []
-    detail = ", ".join([f"{k} is false" for k in flags] + [str(m) for m in mismatches]) or "see the figures"
-    return [f"check failed: {detail}"]
+def _failed(checks: Mapping[str, bool]) -> list[str]:
+    """The named conditions of a check that do not hold, as its one problem (the figures show the values)."""
+    failed = [name for name, held in checks.items() if not held]
+    return [f"check failed: {', '.join(failed)}"] if failed else []
+
+
+Judge = Callable[[Any], tuple[list[str], dict[str, Any]]]  # typed figures -> (problems, the result's figures)
 
 
 def _figures_contract(
-    contract_id: str, description: str, params: tuple[Param, ...], call: Callable[[RankContext, Params], dict[str, Any]],
-    checks: tuple[Callable[[Params], None], ...] = (),
+    contract_id: str, description: str, params: tuple[Param, ...], call: Callable[[RankContext, Params], Any],
+    verdict: Judge, checks: tuple[Callable[[Params], None], ...] = (), kernel: Callable[[Any], str | None] = lambda f: None,
 ) -> None:
-    """Register a contract around a function that returns figures with ``passed`` (runs on each rank of W=1)."""
+    """Register a contract that judges one model check's typed figures (runs on each rank of W=1)."""
 
     def body(ctx: RankContext, p: Params) -> RankOutcome:
         figures = call(ctx, p)
-        kernel = figures.get("backend_masked")  # the encoder check names its attention backend
-        return RankOutcome(problems=_flag_failures(figures), checks=1, kernel=kernel,
-                           extra={k: v for k, v in figures.items() if k != "passed"})
+        problems, reported_figures = verdict(figures)
+        return RankOutcome(problems=problems, checks=1, kernel=kernel(figures), figures=reported_figures)
 
     register(Contract(contract_id, description, (Param("world_size", "int", 1, "ranks (the check runs on each)"),) + params,
                       body, requires=_REFERENCE, checks=checks))
@@ -194,30 +191,96 @@ def _check_block(p: Params) -> None:
 _BLOCK = Param("block_size", "int_list", [32, 48], "FP8 scale blocks [rows, cols]; [] = one scale per tensor")
 _SEED = Param("seed", "int", 0, "seed of weights and inputs")
 
-def _masked_causal(ctx: RankContext, p: Params) -> dict[str, Any]:
+# Bounds, each over the worst of seeds 0-7 measured on the tiny configs, with a margin.
+MASKED_CAUSAL_BOUND = 1e-5  # fp32 attention vs the fp64 reference; measured <= 3.9e-7
+# FP8 vs bf16 source, ||out - ref|| / ||ref|| over valid tokens of last_hidden_state: measured
+# <= 0.069 (per tensor and 32x48 blocks, 2 layers), 0.044 (128x128 blocks, hidden 256, 1 layer).
+FP8_REL_L2_BOUND = 0.1
+SCALED_MM_REL_L2_BOUND = 0.15  # FP8 weights and dynamic FP8 activations (CPU _scaled_mm); measured <= 0.092
+
+
+def _masked_causal(ctx: RankContext, p: Params) -> MaskedCausal:
     return ctx.target.model_check("encoder.masked_causal_lengths")(
         lengths=tuple(p.lengths), num_heads=p.heads, num_kv_heads=p.kv_heads, head_dim=p.head_dim, backend=p.backend,
         seed=p.seed)
 
 
-def _admission(ctx: RankContext, p: Params) -> dict[str, Any]:
+def judge_masked_causal(f: MaskedCausal) -> tuple[list[str], dict[str, Any]]:
+    problems = _failed({"finite": f.finite, "zero_rows_exactly_zero": f.zero_rows_exactly_zero,
+                        "full_batch_plain_causal": f.full_batch_plain_causal,
+                        f"max abs <= {MASKED_CAUSAL_BOUND:g}": max(f.max_abs, f.max_abs_full) <= MASKED_CAUSAL_BOUND})
+    return problems, {**reported(f), "bound": MASKED_CAUSAL_BOUND}
+
+
+def _admission(ctx: RankContext, p: Params) -> Admission:
     return ctx.target.model_check("encoder.quantized_admission")(block_size=_block(p), seed=p.seed)
 
 
-def _packed_qkv(ctx: RankContext, p: Params) -> dict[str, Any]:
+def judge_admission(f: Admission) -> tuple[list[str], dict[str, Any]]:
+    rejected = f.rejections.values()
+    problems = _failed({
+        "every tensor read when admitted": f.admitted_tensors_read == f.checkpoint_tensors,
+        "every linear quantized and processed": f.quantized_layers == f.processed_layers == f.expected_quantized_layers,
+        "every rejection before any read, naming the component": all(
+            r.rejected and r.tensors_read == 0 and r.names_component for r in rejected),
+        "the rejections of an encoder class name it": all(
+            f.rejections[c].names_class for c in ("native_without_quantized_layers", "not_native")),
+    })
+    figures = {**reported(f), "rejections": {case: reported(r) for case, r in f.rejections.items()}}
+    return problems, figures
+
+
+def _packed_qkv(ctx: RankContext, p: Params) -> PackedQkv:
     return ctx.target.model_check("encoder.packed_qkv_scale")(block_size=_block(p), seed=p.seed)
 
 
-def _fp8(ctx: RankContext, p: Params) -> dict[str, Any]:
+def judge_packed_qkv(f: PackedQkv) -> tuple[list[str], dict[str, Any]]:
+    return _failed({"bit_exact": f.bit_exact, "distinct_shard_scales": f.distinct_shard_scales}), reported(f)
+
+
+def _fp8(ctx: RankContext, p: Params) -> Fp8Parity:
     return ctx.target.model_check("encoder.fp8_parity")(block_size=_block(p), lengths=tuple(p.lengths), seed=p.seed)
 
 
-def _audio(ctx: RankContext, p: Params) -> dict[str, Any]:
-    return ctx.target.model_check("vae.audio_fp32_restored")(device=str(ctx.device), seed=p.seed)
+def judge_fp8(f: Fp8Parity) -> tuple[list[str], dict[str, Any]]:
+    checks = {"bitwise_vs_dequantized_bf16": f.bitwise_vs_dequantized_bf16,
+              f"rel_l2_vs_bf16 <= {FP8_REL_L2_BOUND:g}": f.rel_l2_vs_bf16 <= FP8_REL_L2_BOUND}
+    figures = {**reported(f), "bound_rel_l2": FP8_REL_L2_BOUND}
+    if f.rel_l2_scaled_mm_vs_bf16 is not None:
+        checks[f"rel_l2_scaled_mm_vs_bf16 <= {SCALED_MM_REL_L2_BOUND:g}"] = f.rel_l2_scaled_mm_vs_bf16 <= SCALED_MM_REL_L2_BOUND
+        figures["bound_rel_l2_scaled_mm"] = SCALED_MM_REL_L2_BOUND
+    return _failed(checks), figures
 
 
-def _video(ctx: RankContext, p: Params) -> dict[str, Any]:
+# Which branch the video VAE attention must take per (platform, dtype); "usp" matches "usp:<backend>".
+EXPECTED_DISPATCH = {
+    (platform, dtype): ("usp" if platform == "cuda" and dtype != "fp32" else "sdpa-math" if platform == "rocm:gfx950"
+                        else "sdpa")
+    for platform in ("cpu", "mps", "cuda", "rocm:gfx950", "rocm:gfx942")
+    for dtype in ("fp32", "bf16")
+}
+# Max abs difference allowed between any two branches of one dtype. fp32: accumulation-order
+# noise of different SDPA kernels; bf16: one bf16 rounding step of O(1) outputs (2^-7 = 7.8e-3).
+CROSS_BRANCH_BOUND = {"fp32": 1e-5, "bf16": 1e-2}
+
+
+def _video(ctx: RankContext, p: Params) -> VideoDispatch:
     return ctx.target.model_check("vae.video_dispatch")(device=str(ctx.device), seed=p.seed)
+
+
+def judge_video(f: VideoDispatch) -> tuple[list[str], dict[str, Any]]:
+    mismatches = [f"{platform}/{dtype}: expected {want}, ran {f.table.get(platform, {}).get(dtype)}"
+                  for (platform, dtype), want in EXPECTED_DISPATCH.items()
+                  if (f.table.get(platform, {}).get(dtype) or "").split(":")[0] != want]
+    agreement = {dtype: {**reported(a), "bound": CROSS_BRANCH_BOUND[dtype],
+                         "within_bound": a.max_abs_between_branches <= CROSS_BRANCH_BOUND[dtype]}
+                 for dtype, a in f.agreement.items()}
+    held = {f"{dtype} branches finite and within {agreement[dtype]['bound']:g}": a["finite"] and a["within_bound"]
+            for dtype, a in agreement.items()}
+    problems = _failed(held)
+    if mismatches:
+        problems = [f"check failed: {', '.join(mismatches)}"] + problems
+    return problems, {"table": f.table, "mismatches": mismatches, "agreement": agreement}
 
 
 _figures_contract(
@@ -233,6 +296,8 @@ _figures_contract(
         _SEED,
     ),
     _masked_causal,
+    judge_masked_causal,
+    kernel=lambda f: f.backend_masked,  # the encoder check names its attention backend
 )
 _figures_contract(
     "encoder.quantized_admission",
@@ -240,6 +305,7 @@ _figures_contract(
     "rejection happens before one tensor is read (fail closed)",
     (_BLOCK, _SEED),
     _admission,
+    judge_admission,
     (_check_block,),
 )
 _figures_contract(
@@ -247,6 +313,7 @@ _figures_contract(
     "q/k/v (and gate/up) weights and weight_scale_inv land bit for bit in their shard of the fused parameter",
     (Param("block_size", "int_list", [], "FP8 scale blocks [rows, cols]; [] = one scale per tensor"), _SEED),
     _packed_qkv,
+    judge_packed_qkv,
     (_check_block,),
 )
 _figures_contract(
@@ -255,13 +322,8 @@ _figures_contract(
     "bound of its bf16 source",
     (_BLOCK, Param("lengths", "int_list", [7, 3, 10], "valid tokens per row"), _SEED),
     _fp8,
+    judge_fp8,
     (_check_block,),
-)
-_figures_contract(
-    "vae.audio_fp32_restored",
-    "audio VAE attention: fp32 in, fp32 out, by default (TORCH_SDPA) and through a fused backend's cast-and-restore",
-    (_SEED,),
-    _audio,
 )
 _figures_contract(
     "vae.video_dispatch",
@@ -269,4 +331,58 @@ _figures_contract(
     "non-CUDA → SDPA, ROCm gfx95 → SDPA math) and the branches agree",
     (_SEED,),
     _video,
+    judge_video,
 )
+
+
+def judge_audio(default: AudioRun, fa: AudioFused, cast: AudioRun) -> tuple[list[str], dict[str, Any]]:
+    """Three checks on the (simulated) CUDA platform, each its own model check: fp32 in, fp32 out.
+
+    ``default``: TORCH_SDPA, no cast, equal to the direct causal SDPA of the non-CUDA path.
+    ``fa``: ``audio_vae=fa`` runs (fp32 out, the attention at the backend dtype) or is refused because
+    flash-attn is missing here; a silent fallback to SDPA fails. ``cast_restore``: a bf16 MATH backend
+    sees bf16 q/k/v, the caller gets fp32 back, within one bf16 rounding step of the fp32 path.
+    """
+    fp32, bf16 = str(torch.float32), str(torch.bfloat16)
+    problems = _failed({f"default: {name}": held for name, held in {
+        "TORCH_SDPA through USPAttention": default.dispatch == "usp:torch_sdpa",
+        "fp32 in and out of the attention": default.attention_dtypes == [fp32, fp32],
+        "fp32 out": default.out_dtype == fp32,
+        "bitwise to the direct SDPA": bool(default.bitwise_vs_direct_sdpa),
+    }.items()})
+    if fa.run is not None:
+        run = fa.run
+        problems += _failed({f"fa: {name}": held for name, held in {
+            "fp32 out": run.out_dtype == fp32,
+            "the attention at the backend dtype": run.attention_dtypes[:1] == [run.backend_dtype],
+            "within one bf16 step of fp32": _within(run.max_abs_vs_fp32, run.bound),
+        }.items()})
+    problems += _failed({f"cast_restore: {name}": held for name, held in {
+        "bf16 in and out of the attention": cast.attention_dtypes == [bf16, bf16],
+        "fp32 out": cast.out_dtype == fp32,
+        "cast (differs from fp32) within one bf16 step": (cast.max_abs_vs_fp32 or 0.0) > 0.0
+        and _within(cast.max_abs_vs_fp32, cast.bound),
+    }.items()})
+    fa_figures = {"ran": True, **reported(fa.run)} if fa.run is not None else reported(fa)
+    return problems, {"default": reported(default), "fa": fa_figures, "cast_restore": reported(cast)}
+
+
+def _within(value: float | None, bound: float | None) -> bool:
+    return value is not None and bound is not None and value <= bound
+
+
+def audio_fp32_restored(ctx: RankContext, p: Params) -> RankOutcome:
+    def check(name: str) -> Any:
+        return ctx.target.model_check(name)(device=str(ctx.device), seed=p.seed)
+
+    problems, figures = judge_audio(check("vae.audio_default"), check("vae.audio_fa"), check("vae.audio_cast_restore"))
+    return RankOutcome(problems=problems, checks=3, figures=figures)
+
+
+register(Contract(
+    "vae.audio_fp32_restored",
+    "audio VAE attention: fp32 in, fp32 out, by default (TORCH_SDPA) and through a fused backend's cast-and-restore",
+    (Param("world_size", "int", 1, "ranks (the check runs on each)"), _SEED),
+    audio_fp32_restored,
+    requires=_REFERENCE,
+))

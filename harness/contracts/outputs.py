@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.contracts.bounds import FlashAttentionRule, judge, parse_bound
+from harness.contracts.bounds import Bound, FlashAttentionRule, judge, parse_bound
+from harness.contracts.judging import Output, RankOutcome, Role
 from harness.contracts.oracles import attention_ref64, diagnose, naive_attention
 from harness.contracts.params import Param, ParamError, Params
-from harness.contracts.stats import RankOutcome, Stats, compare
+from harness.contracts.stats import Stats, compare
 
 Tensor = torch.Tensor
 
@@ -59,44 +60,42 @@ class Asked:
         return attention_ref64(*args), naive_attention(*args)
 
 
-def _like(out: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> list[str]:
-    problems = []
-    if out.dtype != dtype:
-        problems.append(f"{what} output dtype is {out.dtype}, the input's is {dtype}")
-    if tuple(out.shape) != shape:
-        problems.append(f"{what} output shape is {tuple(out.shape)}, expected {shape}")
-    return problems
+def _unlike(out: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: Role) -> tuple[list[str], list[str]]:
+    """(dtype problems, shape problems) of ``out``: a wrong shape leaves nothing to compare."""
+    dtypes = [f"{what} output dtype is {out.dtype}, the input's is {dtype}"] if out.dtype != dtype else []
+    shapes = [f"{what} output shape is {tuple(out.shape)}, expected {shape}"] if tuple(out.shape) != shape else []
+    return dtypes, shapes
 
 
 def judge_output(
-    p: Params, asked: Asked, out: Tensor, single: Tensor, pick: Callable[[Tensor], Tensor], kernel: str,
+    bound: Bound, p: Params, asked: Asked, out: Tensor, single: Tensor, pick: Callable[[Tensor], Tensor], kernel: str,
     *, report_single: bool,
 ) -> RankOutcome:
-    """This rank's sharded ``out`` against ``pick(single)`` (the case's bound) and both against the oracle.
+    """This rank's sharded ``out`` against ``pick(single)`` (the case's ``bound``) and both against the oracle.
 
     ``single`` is the target's single-rank output of ``asked``; ``pick`` maps a whole-sequence
     tensor to what this rank holds (its shard, its replicated tokens, zero rows for padding).
     ``report_single``: this rank speaks for the single-rank output (every rank computed the same one).
     """
     expected = pick(single)
-    problems = _like(single, asked.q.dtype, tuple(asked.q.shape[:3]) + (asked.v.shape[3],), "single-rank")
-    problems += _like(out, asked.q.dtype, tuple(expected.shape), "sharded")
-    if any("shape" in problem for problem in problems):
+    single_dtype, single_shape = _unlike(single, asked.q.dtype, tuple(asked.q.shape[:3]) + (asked.v.shape[3],),
+                                         Role.SINGLE_RANK)
+    out_dtype, out_shape = _unlike(out, asked.q.dtype, tuple(expected.shape), Role.SHARDED)
+    problems = single_dtype + single_shape + out_dtype + out_shape
+    if single_shape or out_shape:
         return RankOutcome(problems=problems, checks=1, kernel=kernel)
     ref64, naive = asked.oracles()
-    bound = parse_bound(p.get("bound", "bitwise"), p.dtype)  # a contract without the parameter is bitwise
     stats = compare(out, expected, pick(ref64), pick(naive)) if bound.needs_ref64 else compare(out, expected)
     rule = oracle_rule(p)
-    oracle: dict[str, Stats] = {"sharded": compare(out, pick(ref64), pick(ref64), pick(naive))}
-    outputs = {"sharded": (out, pick)}
+    judged = {Output(Role.SHARDED): (out, pick)}
     if report_single:
-        oracle["single-rank"] = compare(single, ref64, ref64, naive)
-        outputs["single-rank"] = (single, lambda t: t)
-    hints = {}
-    for name, figures in oracle.items():
-        if judge(rule, figures):
-            output, chooser = outputs[name]
-            hint = diagnose(output, asked.q, asked.k, asked.v, asked.causal, asked.scale, asked.mask, chooser, rule)
+        judged[Output(Role.SINGLE_RANK)] = (single, lambda t: t)
+    oracle: dict[Output, Stats] = {}
+    hints: dict[Output, str] = {}
+    for output, (tensor, chooser) in judged.items():
+        oracle[output] = compare(tensor, chooser(ref64), chooser(ref64), chooser(naive))
+        if judge(rule, oracle[output]):
+            hint = diagnose(tensor, asked.q, asked.k, asked.v, asked.causal, asked.scale, asked.mask, chooser, rule)
             if hint:
-                hints[name] = hint
+                hints[output] = hint
     return RankOutcome(stats=stats, oracle=oracle, hints=hints, problems=problems, kernel=kernel)

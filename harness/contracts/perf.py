@@ -1,15 +1,11 @@
 """Perf contracts: ratios of two timings measured side by side in one run, on the same ranks.
 
 A ratio survives a change of machine where absolute milliseconds do not: both sides run on the
-same device, interleaved (A, B, A, B...), so clocks, host speed and load hit them alike. They
-run in the gate's perf stage (cases in ``cases/perf/``), not with the parity contracts: a timing
-is a property of a machine under some load, and its bound says how much slack that needs.
-
-- ``perf.attention_overhead``: the target's rank-local attention against the raw
-  ``F.scaled_dot_product_attention`` on the same inputs in its preferred contiguous
-  ``[B, H, S, D]`` layout. sglang's bar for its layer on CUDA is a few percent.
-- ``perf.sp_step_ratio``: the pipeline's median denoising step under SP over the group against
-  the same pipeline on one rank (a reference model check): what sequence parallelism costs.
+same device, interleaved (A, B, A, B...), so clocks, host speed and load hit them alike. They run
+in the gate's perf stage (``cases/perf/``), not with the parity contracts: a timing is a property
+of a machine under load. ``perf.attention_overhead``: the target's rank-local attention against raw
+``F.scaled_dot_product_attention`` on the same inputs; ``perf.sp_step_ratio``: the pipeline's
+median denoising step under SP against the same pipeline on one rank.
 """
 
 from __future__ import annotations
@@ -23,14 +19,16 @@ from torch.utils.benchmark import Timer
 from harness.contracts.params import NUMERIC, Param, ParamError, Params
 from harness.contracts.pipeline import check_pipeline_dtype, pipeline_fields, pipeline_run_params
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.stats import RankOutcome
+from harness.contracts.judging import RankOutcome
+from harness.targets.base import Capability
+from harness.targets.figures import StepRatio, reported
 
 
 def _ratio_outcome(figures: dict[str, Any], limit: float, what: str) -> RankOutcome:
     ratio = figures["ratio"]
     figures["limit"] = limit
     problems = [] if ratio <= limit else [f"{what} is {ratio:.3g}× the baseline side, limit {limit:g}×"]
-    return RankOutcome(problems=problems, checks=1, extra=figures)
+    return RankOutcome(problems=problems, checks=1, figures=figures)
 
 
 def attention_overhead(ctx: RankContext, p: Params) -> RankOutcome:
@@ -83,11 +81,11 @@ register(Contract(
 
 
 def sp_step_ratio(ctx: RankContext, p: Params) -> RankOutcome:
-    figures = ctx.target.model_check("perf.sp_step_ratio")(device=str(ctx.device), repeats=p.repeats,
-                                                            **pipeline_fields(p))
+    measured: StepRatio = ctx.target.model_check("perf.sp_step_ratio")(device=str(ctx.device), repeats=p.repeats,
+                                                                        **pipeline_fields(p))
     if ctx.rank != 0:  # every rank runs both layouts; rank 0's clock speaks for the group
         return RankOutcome(checks=1)
-    return _ratio_outcome(dict(figures), p.max_ratio, f"the SP={p.world_size} denoising step")
+    return _ratio_outcome(reported(measured), p.max_ratio, f"the SP={p.world_size} denoising step")
 
 
 register(Contract(
@@ -98,7 +96,7 @@ register(Contract(
         Param("repeats", "int", 3, "interleaved runs of each layout"),
     ),
     sp_step_ratio,
-    requires=frozenset({"reference_models"}),
+    requires=frozenset({Capability.REFERENCE_MODELS}),
     checks=(check_pipeline_dtype, _positive("max_ratio", "repeats", "steps")),
     min_world_size=2,
     timeout_s=600.0,

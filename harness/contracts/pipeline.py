@@ -1,24 +1,23 @@
 """Pipeline-level contract: sglang's turbo-drift experiment on the tiny seeded pipeline (seed 001).
 
-``pipeline.turbo_drift`` runs the whole few-step pipeline three times on every rank: on one rank
-(before sequence parallelism is set up, so it shares the rank's threads and kernels), under
-Ulysses SP with the replicated caption kept at the tail of the attention's token order
-(``order_preserving``, the fix) and with it rotated to the front (``rotate_to_front``, sglang's old
-layout). Judged: the order-preserving latents equal the single-rank latents bitwise (so the image
-does too). Reported, not bounded: the rotated layout's pixel and latent MAE against one rank,
-which sglang measured as 7.28 (9 steps) and 6.32 (30 steps) on Z-Image-Turbo. The tiny DiT
-(random, or the built-in trained checkpoint ``weights = "tiny-v1"``) is far less sensitive than a
-trained 6B model, so its figures are much smaller and no number of sglang's can bound them; what is checked of the rotated run (``control_drift``) is only
-that its latents differ from one rank at all, which shows the experiment can see a change of key
-order and so that the bitwise result of the order-preserving path means something.
+``pipeline.turbo_drift`` runs the few-step pipeline on one rank, under Ulysses SP with the caption
+kept at the tail of the token order (``order_preserving``, the fix) and rotated to the front
+(``rotate_to_front``, sglang's old layout). Judged: the order-preserving latents equal one rank's
+bitwise. Reported, not bounded: the rotated layout's pixel and latent MAE (sglang measured 7.28 and
+6.32 on Z-Image-Turbo; the tiny DiT is far less sensitive, so no number of sglang's bounds it). The
+control (``control_drift``) only asks that the rotated latents move at all, so the experiment can
+see a change of key order and the bitwise result means something.
 """
 
 from __future__ import annotations
 
 from harness.contracts.bounds import Bitwise
 from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, long_dtype_check
+from harness.contracts.judging import RankOutcome
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.stats import RankOutcome, compare
+from harness.contracts.stats import compare
+from harness.targets.base import Capability
+from harness.targets.figures import TurboDrift, reported
 
 
 
@@ -51,15 +50,14 @@ check_pipeline_dtype = long_dtype_check("the pipeline runs")
 def _body(ctx: RankContext, p: Params) -> RankOutcome:
     import torch
 
-    measured = ctx.target.model_check("pipeline.turbo_drift")(device=str(ctx.device), **pipeline_fields(p))
-    figures, latents = measured["figures"], measured["latents"]
-    stats = compare(torch.from_numpy(latents["preserving"]), torch.from_numpy(latents["single"]))
+    measured: TurboDrift = ctx.target.model_check("pipeline.turbo_drift")(device=str(ctx.device), **pipeline_fields(p))
+    stats = compare(torch.from_numpy(measured.preserving_latents), torch.from_numpy(measured.single_latents))
     problems = []
-    if p.control_drift and figures["rotate_to_front_latent_mae"] == 0.0:
+    if p.control_drift and measured.figures.rotate_to_front_latent_mae == 0.0:
         problems.append("control: rotate_to_front latents equal one rank's, so this case cannot tell key orders apart "
                         "(change steps/size/dtype, or set control_drift = false)")
-    return RankOutcome(stats=stats, problems=problems, checks=2 if p.control_drift else 1, kernel=measured["kernel"],
-                       extra=figures)
+    return RankOutcome(stats=stats, problems=problems, checks=2 if p.control_drift else 1, kernel=measured.kernel,
+                       figures=reported(measured.figures))
 
 
 def _check(p: Params) -> None:
@@ -77,7 +75,7 @@ register(Contract(
     pipeline_run_params("bf16", 9)  # sglang measured 9 and 30 steps
     + (Param("control_drift", "bool", True, "also require the rotated layout to move the latents (the control)"),),
     _body,
-    requires=frozenset({"reference_models"}),
+    requires=frozenset({Capability.REFERENCE_MODELS}),
     bound=lambda p: Bitwise(),
     checks=(_check,),
     min_world_size=2,

@@ -1,18 +1,11 @@
 """Run contract cases on a target: a live rank group per world size, one :class:`CaseResult` per case.
 
-Cases the target cannot express (a missing capability, the target unavailable on this device)
-are skipped in the parent without starting a rank; parameters the target refuses outright
-(:meth:`Target.check_case`) are a configuration error before anything runs. The others run in
-the groups of a :class:`~harness.ranks.PoolSet`, whose ranks start with the harness and the
-target's :meth:`~harness.targets.base.Target.preload_modules` already imported.
-
-In a rank, an :class:`Unsupported` becomes the rank's answer (a skip when every rank says the
-same, a failure when they disagree); any other exception propagates, so the launcher ends the
-whole group at once and the case fails with that rank's traceback: a peer waiting in a
-collective for the rank that raised is ended, not waited for until the timeout.
-
-Then the target overlay's expectations apply (:func:`expectations_applied`): a skip must be
-pinned, a pinned case must skip, a known divergence must fail.
+Cases the target cannot express (a missing capability, the target unavailable here) are skipped
+in the parent; parameters it refuses outright (:meth:`Target.check_case`) are a configuration
+error before anything runs. In a rank, an :class:`Unsupported` is the rank's answer (a skip when
+every rank says the same); any other exception propagates, so the launcher ends the whole group at
+once and the case fails with that rank's traceback instead of a peer waiting until the timeout.
+Then the target overlay's expectations apply (:func:`expectations_applied`).
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from harness.contracts import collectives
 from harness.contracts.case import Case
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext, get_contract
-from harness.contracts.stats import RankOutcome
+from harness.contracts.judging import RankOutcome
 from harness.errors import ConfigError, ParamError
 from harness.ranks import PoolSet, RankFailure, capacity_reason, preload, rank_device
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
@@ -62,21 +55,22 @@ class RunOptions:
         return target
 
 
-def run_case_in_rank(contract_id: str, params: dict, target_spec: str, target_args: TargetArgs) -> RankOutcome:
+def run_case_in_rank(contract_id: str, raw: dict, target_spec: str, target_args: TargetArgs) -> RankOutcome:
     """The function every rank runs for one case (module level: the pool pickles a reference to it)."""
     import torch.distributed as dist
 
     target = load_target(target_spec, target_args)
     contract = get_contract(contract_id)
-    ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device())
+    params = Params(raw)  # validated in the parent
+    ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device(), contract.bound(params))
     try:
-        outcome = contract.body(ctx, Params(params))  # validated in the parent
+        outcome = contract.body(ctx, params)
     except Unsupported as exc:
         return RankOutcome(skip=exc.reason)
     finally:
         target.destroy_parallel()
     if ctx.collectives["calls"]:
-        outcome.extra.setdefault("collectives", collectives.figures(ctx.collectives))
+        outcome.figures.setdefault("collectives", collectives.figures(ctx.collectives))
     return outcome
 
 

@@ -1,4 +1,4 @@
-"""What a contract measures in each rank: :class:`Stats` of a comparison and the rank's :class:`RankOutcome`.
+"""What a contract measures in each rank: the :class:`Stats` of a comparison, and tensor digests.
 
 Ranks return small sums and maxima, never tensors: they are cheap to send back through the
 launcher's pipe and merge exactly (a max of maxima, a sum of sums), so the figures of an
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -110,22 +110,6 @@ def compare(
         stats.err_ref64 = float(err.max().item()) if err.numel() else 0.0
         stats.naive_err_ref64 = float((naive.detach().double().cpu() - r).abs().max().item()) if r.numel() else 0.0
     return stats
-
-
-@dataclass
-class RankOutcome:
-    """What one rank reports for one case: measurements, failed checks, or why it could not run."""
-
-    stats: Stats | None = None
-    problems: list[str] = field(default_factory=list)
-    checks: int = 0
-    kernel: str | None = None
-    skip: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    oracle: dict[str, Stats] = field(default_factory=dict)  # an output ("sharded", "single-rank") vs float64 attention
-    hints: dict[str, str] = field(default_factory=dict)  # what an output that missed the oracle looks like instead
-    parts: dict[str, Stats] = field(default_factory=dict)  # named comparisons (dq, dk, dv), each judged by the case's bound
-    replicated: dict[str, str] = field(default_factory=dict)  # digests of what every rank must hold alike
 
 
 def digest(tensor: torch.Tensor) -> str:

@@ -15,16 +15,16 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from harness.contracts import layouts
-from harness.contracts.bounds import Bitwise, Bound, parse_bound
-from harness.contracts.layouts import LayoutFn, qkv
-from harness.contracts.outputs import ORACLE, Asked, check_oracle, judge_output
+from harness.contracts.bounds import Bound, parse_bound
+from harness.contracts.layouts import LayoutFn
+from harness.contracts.judging import RankOutcome
+from harness.contracts.outputs import ORACLE, check_oracle, judge_output, oracle_rule
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Body, Contract, RankContext, register
-from harness.contracts.stats import RankOutcome, compare, digest
-from harness.targets.base import Unsupported
+from harness.contracts.stats import digest
+from harness.targets.base import Capability
 
 Tensor = torch.Tensor
 
@@ -33,16 +33,10 @@ def _bound(params: Params) -> Bound:
     return parse_bound(params.bound, params.dtype)
 
 
-def _all_ranks_alive(world_size: int) -> str | None:
-    """A collective after the checks: it completes only if no rank is stuck in (or skipped) another one."""
-    flag = torch.ones(1)
-    dist.all_reduce(flag)
-    return None if int(flag.item()) == world_size else f"all_reduce after the checks gave {flag.item()}, not {world_size}"
-
-
-def _attention_contract(
+def attention_contract(
     contract_id: str, description: str, body: Body, *, bound: str | Bound | Callable[[Params], str] | None = None,
-    extra: tuple[Param, ...] = (), ring: Callable[[Params], int] | int | None = None, requires: tuple[str, ...] = (),
+    extra: tuple[Param, ...] = (), ring: Callable[[Params], int] | int | None = None,
+    requires: tuple[Capability, ...] = (),
     checks: tuple[Callable[[Params], None], ...] = (), min_world_size: int = 1, timeout_s: float = 120.0,
 ) -> None:
     """Register a ``usp.*`` contract on the standard parameters (world size, [degrees,] shape, numerics, ``extra``).
@@ -52,19 +46,17 @@ def _attention_contract(
     so it also takes the ``oracle`` bound (:mod:`.outputs`).
     """
     params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + extra
-    if bound is not None:
-        params += (ORACLE,)
-        checks += (check_oracle,)
-    judged_by: Callable[[Params], Bound] | None = None
-    if isinstance(bound, Bound):
-        fixed = bound
-        judged_by = lambda p: fixed  # noqa: E731
-    elif bound is not None:
-        params += (bound_param(bound),)
-        judged_by = _bound
     contract = Contract(contract_id, description, params, body, requires=frozenset(requires), checks=checks,
                         min_world_size=min_world_size, timeout_s=timeout_s)
-    register(contract if judged_by is None else dataclasses.replace(contract, bound=judged_by))
+    if bound is None:
+        register(contract)
+        return
+    if isinstance(bound, Bound):
+        fixed = bound
+        params, judged_by = params + (ORACLE,), lambda p: fixed
+    else:
+        params, judged_by = params + (ORACLE, bound_param(bound)), _bound
+    register(dataclasses.replace(contract, params=params, checks=checks + (check_oracle,), bound=judged_by, oracle=oracle_rule))
 
 
 def bitwise_unless_ring(p: Params) -> str:
@@ -75,7 +67,7 @@ def bitwise_unless_ring(p: Params) -> str:
 def output_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
     """This rank's output of the case's layout against the single-rank output (and both against float64).
 
-    A ring case whose backend has no LSE is refused by the target (kind "ring_needs_lse") and
+    A ring case whose backend has no LSE is refused by the target (Refusal.RING_NEEDS_LSE) and
     skipped with its reason; that refusal itself is usp.ring_admission's subject. Replicated
     outputs must be the same on every rank, bit for bit.
     """
@@ -84,14 +76,14 @@ def output_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
         out = attn(*case.local, **case.kwargs)
-    outcome = judge_output(p, case.asked, out, ref, case.pick_q, attn.kernel, report_single=ctx.rank == 0)
+    outcome = judge_output(ctx.bound, p, case.asked, out, ref, case.pick_q, attn.kernel, report_single=ctx.rank == 0)
     if case.replicated_q is not None:
         outcome.replicated["output"] = digest(out[:, case.replicated_q])
     return outcome
 
 
 def _output_contract(contract_id: str, description: str, layout: LayoutFn, **options: Any) -> None:
-    _attention_contract(contract_id, description, partial(output_parity, layout), **options)
+    attention_contract(contract_id, description, partial(output_parity, layout), **options)
 
 
 # ------------------------------------------------------------------ Ulysses / ring / hybrid
@@ -144,7 +136,7 @@ _output_contract(
 REPLICATED = (Param("replicated", "int", 6, "replicated tokens (identical on every rank)"),)
 
 
-def _replicated_positive(p: Params) -> None:
+def replicated_positive(p: Params) -> None:
     if p.replicated < 1:
         raise ParamError("replicated", f"must be >= 1, got {p.replicated}")
 
@@ -159,9 +151,9 @@ def _not_causal(why: str) -> Callable[[Params], None]:
 
 PREFIX_NOT_CAUSAL = _not_causal("the prefix order changes a causal mask: compare without causal")
 KV_PREFIX_NOT_CAUSAL = _not_causal("cross attention on cached K/V is not causal")
-SUFFIX = dict(extra=REPLICATED, ring=1, requires=("replicated_suffix",), checks=(_replicated_positive,))
-PREFIX = dict(extra=REPLICATED, ring=1, requires=("replicated_prefix",), checks=(_replicated_positive, PREFIX_NOT_CAUSAL))
-KV_PREFIX = dict(extra=REPLICATED, ring=1, requires=("replicated_kv_prefix",), checks=(_replicated_positive, KV_PREFIX_NOT_CAUSAL))
+SUFFIX = dict(extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_SUFFIX,), checks=(replicated_positive,))
+PREFIX = dict(extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_PREFIX,), checks=(replicated_positive, PREFIX_NOT_CAUSAL))
+KV_PREFIX = dict(extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_KV_PREFIX,), checks=(replicated_positive, KV_PREFIX_NOT_CAUSAL))
 
 _output_contract(
     "usp.replicated_suffix_bitwise",
@@ -207,8 +199,8 @@ def _check_mask_kind(p: Params) -> None:
 
 
 VARLEN = dict(extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
-              requires=("varlen",), checks=(_check_seq_lens,))
-MASKED = dict(ring=1, extra=(Param("mask", "str", "key_padding", "key_padding or dense"),), requires=("mask",),
+              requires=(Capability.VARLEN,), checks=(_check_seq_lens,))
+MASKED = dict(ring=1, extra=(Param("mask", "str", "key_padding", "key_padding or dense"),), requires=(Capability.MASK,),
               checks=(_check_mask_kind,))
 
 _output_contract(
@@ -222,113 +214,10 @@ _output_contract(
     "(under ring: within the FlashAttention rule, bound fa:2)",
     layouts.masked, bound=bitwise_unless_ring, **MASKED,
 )
-
-
-# ------------------------------------------------------------------ guards (a mask with replicated tokens: usp_masked_replicated.py)
-
-def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
-    """ring > 1 with a backend lacking the LSE: refused at construction (kind ring_needs_lse), unless skip_sequence_parallel."""
-    problems: list[str] = []
-    extra: dict[str, Any] = {}
-    with ctx.parallel(p.ulysses_degree, p.ring_degree):
-        try:
-            ctx.attention(p, backend=p.no_lse_backend)
-            problems.append(f"{p.no_lse_backend} was admitted under ring degree {p.ring_degree}")
-        except Unsupported as exc:
-            if exc.kind != "ring_needs_lse":
-                raise  # e.g. the backend is not installed here: the case cannot run
-            extra["refusal"] = exc.reason
-        except Exception as exc:  # noqa: BLE001
-            problems.append(f"{p.no_lse_backend}: {type(exc).__name__} instead of a ring_needs_lse refusal: {exc}")
-        for label, changes in (
-            (f"{p.no_lse_backend} with skip_sequence_parallel=True", {"backend": p.no_lse_backend, "skip_sequence_parallel": True}),
-            (f"control backend {p.backend or '(default)'}", {}),
-        ):
-            try:
-                ctx.attention(p, **changes)
-            except Unsupported as exc:
-                if not changes and exc.kind == "ring_needs_lse":  # nothing here can rotate: no control, no case
-                    raise Unsupported(f"no ring-capable backend to serve as the control: {exc.reason}", exc.kind) from exc
-                problems.append(f"{label} was refused: {exc.kind}: {exc.reason}")
-            except Exception as exc:  # noqa: BLE001
-                problems.append(f"{label} was refused: {type(exc).__name__}: {exc}")
-        problem = _all_ranks_alive(p.world_size)
-    return RankOutcome(problems=problems + ([problem] if problem else []), checks=4, extra=extra)
-
-
-_attention_contract(
-    "usp.ring_admission",
-    "ring degree > 1 with a backend that returns no LSE is refused at construction (ring_needs_lse), "
-    "admitted with skip_sequence_parallel=True; a ring-capable control backend is admitted",
-    ring_admission, ring=lambda p: p["world_size"],
-    extra=(Param("no_lse_backend", "str", "sage_attn", "a backend whose supports_ring_rotation() is False"),),
-    requires=("ring", "backend_choice"), checks=(_ring_at_least(2),), min_world_size=2,
-)
-
-
-def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
-    """skip_sequence_parallel=True under SP: rank-local, no collective, equal to local attention on own data.
-
-    Ranks hold different data of different lengths and call the layer a different number of
-    times: any hidden collective would mismatch or hang, and the final all_reduce would not complete.
-    """
-    tokens = p.tokens_per_rank + 3 * ctx.rank
-    q, k, v = qkv(ctx, p, tokens, seed=p.seed + 1000 * (ctx.rank + 1))
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    with ctx.parallel(p.ulysses_degree, p.ring_degree):
-        attn = ctx.attention(p, skip_sequence_parallel=True)
-        outcome = judge_output(p, Asked(q, k, v, p.causal), attn(q, k, v), ref, lambda t: t, attn.kernel, report_single=True)
-        for _ in range(ctx.rank):
-            assert outcome.stats is not None
-            outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref))
-        problem = _all_ranks_alive(p.world_size)
-    outcome.problems += [problem] if problem else []
-    made = _made(ctx)
-    outcome.problems += [f"its calls made {_said(made)}: a rank-local call makes none"] if made else []
-    outcome.checks += 1
-    return outcome
-
-
-def _made(ctx: RankContext) -> dict[str, int]:
-    """The collectives the layer's calls under SP made on this rank, by kind (none made: empty)."""
-    return {kind: n for kind, n in ctx.collectives.items() if kind != "calls" and n}
-
-
-def _said(made: dict[str, int]) -> str:
-    return ", ".join(f"{n} {kind}" for kind, n in sorted(made.items())) or "no collective"
-
-
-ULYSSES_EXCHANGES = {"all_to_all": 2}
-
-
-def ulysses_collectives(ctx: RankContext, p: Params) -> RankOutcome:
-    """One call of the Ulysses layer makes exactly two all-to-alls and no other collective: Q, K and V stacked
-    in one exchange, the output in one, as sglang's USPAttention does. A layer that exchanges Q, K and V one by
-    one pays three latencies where one would do; one that gathers K/V instead of exchanging heads moves W times
-    the bytes: both compute the same output, so only the count tells."""
-    case = layouts.sharded(ctx, p)
-    with ctx.parallel(p.ulysses_degree, 1):
-        attn = ctx.attention(p)
-        attn(*case.local, **case.kwargs)
-    made = _made(ctx)
-    problems = [] if made == ULYSSES_EXCHANGES else [
-        f"one call made {_said(made)}; the Ulysses path makes exactly 2 all_to_all (Q, K and V stacked in one, the "
-        "output in one) and no other collective"]
-    return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
-
-
-_attention_contract(
-    "usp.ulysses_collectives",
-    "one Ulysses call makes exactly two all-to-alls (Q, K, V stacked in one; the output in one) and no other "
-    "collective, counted at the dispatcher",
-    ulysses_collectives, ring=1, checks=(_ring_only,), min_world_size=2,
-)
-
-
-_attention_contract(
-    "usp.skip_sequence_parallel_local",
-    "skip_sequence_parallel=True under an SP group (default Ulysses over W, which every sequence-parallel "
-    "target has; ring_degree for ring) constructs, runs rank-locally with no collective and equals local "
-    "attention on the rank's own data, bitwise",
-    skip_sequence_parallel_local, bound=Bitwise(), ring=1, min_world_size=2,
+_output_contract(
+    "usp.masked_replicated_prefix_parity",
+    "a [B, n + S_local] key mask with a replicated prefix under SP equals the masked single-rank output bitwise",
+    layouts.masked_replicated_prefix, bound="bitwise", extra=REPLICATED,
+    requires=(Capability.MASK, Capability.REPLICATED_PREFIX, Capability.MASKED_REPLICATED_PREFIX),
+    checks=(replicated_positive, PREFIX_NOT_CAUSAL),
 )

@@ -17,17 +17,18 @@ from typing import Any
 import torch
 
 from harness.contracts import layouts
-from harness.contracts.bounds import judge, parse_bound
+from harness.contracts.bounds import Bound, judge
+from harness.contracts.judging import Output, RankOutcome, Role
 from harness.contracts.layouts import Layout, LayoutFn
 from harness.contracts.oracles import diagnose_gradient, gradients_ref64, naive_gradients
 from harness.contracts.outputs import oracle_rule
-from harness.contracts.params import Param, Params
+from harness.contracts.params import Params
 from harness.contracts.registry import RankContext
-from harness.contracts.stats import RankOutcome, Stats, compare, digest
+from harness.contracts.stats import Stats, compare, digest
 from harness.contracts.usp import (
-    HYBRID, KV_PREFIX, MASKED, PREFIX, RING, SUFFIX, ULYSSES, VARLEN, _all_ranks_alive, _attention_contract, bitwise_unless_ring,
+    HYBRID, KV_PREFIX, MASKED, PREFIX, RING, SUFFIX, ULYSSES, VARLEN, attention_contract, bitwise_unless_ring,
 )
-from harness.targets.base import Unsupported
+from harness.targets.base import Capability
 
 Tensor = torch.Tensor
 NAMES = ("dq", "dk", "dv")
@@ -58,7 +59,8 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
     problems += sharded_problems
     if problems:
         return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
-    outcome = judge_gradients(p, case, dout, sharded, single, attn.kernel, report_single=ctx.rank == 0)  # type: ignore[arg-type]
+    outcome = judge_gradients(ctx.bound, p, case, dout, sharded, single, attn.kernel,  # type: ignore[arg-type]
+                              report_single=ctx.rank == 0)
     for name, grad, rows in zip(NAMES, sharded, (case.replicated_q, case.replicated_kv, case.replicated_kv)):
         if rows is not None:
             outcome.replicated[name] = digest(grad[:, rows])  # type: ignore[index]
@@ -66,41 +68,41 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
 
 
 def judge_gradients(
-    p: Params, case: Layout, dout: Tensor, sharded: list[Tensor], single: list[Tensor], kernel: str, *, report_single: bool,
+    bound: Bound, p: Params, case: Layout, dout: Tensor, sharded: list[Tensor], single: list[Tensor], kernel: str, *, report_single: bool,
 ) -> RankOutcome:
     """Each gradient: dtype and shape, then against its share of the single-rank one (the case's bound, per name)
     and against float64 attention's (the ``oracle`` rule), with a diagnosis where the oracle is missed."""
     asked, picks = case.asked, (case.pick_q, case.pick_kv, case.pick_kv)
     problems = []
     for name, grad, whole, local, full in zip(NAMES, sharded, single, case.local, (asked.q, asked.k, asked.v)):
-        for what, g, t in (("sharded", grad, local), ("single-rank", whole, full)):
+        for what, g, t in ((Role.SHARDED, grad, local), (Role.SINGLE_RANK, whole, full)):
             if g.dtype != t.dtype or g.shape != t.shape:
                 problems.append(f"{what} {name} is {g.dtype} {tuple(g.shape)}, its input {t.dtype} {tuple(t.shape)}")
     if problems:
         return RankOutcome(problems=problems, checks=1, kernel=kernel)
     args = (asked.q, asked.k, asked.v, asked.causal, asked.scale, asked.mask)
     ref64, naive = gradients_ref64(*args, dout=dout), naive_gradients(*args, dout=dout)
-    bound, rule = parse_bound(p.bound, p.dtype), oracle_rule(p)
+    rule = oracle_rule(p)
     parts: dict[str, Stats] = {}
-    oracle: dict[str, Stats] = {}
-    hints: dict[str, str] = {}
+    oracle: dict[Output, Stats] = {}
+    hints: dict[Output, str] = {}
     for name, grad, whole, g64, gnaive, pick in zip(NAMES, sharded, single, ref64, naive, picks):
         parts[name] = compare(grad, pick(whole), pick(g64), pick(gnaive)) if bound.needs_ref64 else compare(grad, pick(whole))
-        judged: dict[str, tuple[Tensor, Any]] = {f"sharded {name}": (grad, pick)}
+        judged: dict[Output, tuple[Tensor, Any]] = {Output(Role.SHARDED, name): (grad, pick)}
         if report_single:
-            judged[f"single-rank {name}"] = (whole, lambda t: t)
-        for label, (g, chooser) in judged.items():
-            oracle[label] = compare(g, chooser(g64), chooser(g64), chooser(gnaive))
-            if judge(rule, oracle[label]):
+            judged[Output(Role.SINGLE_RANK, name)] = (whole, lambda t: t)
+        for output, (g, chooser) in judged.items():
+            oracle[output] = compare(g, chooser(g64), chooser(g64), chooser(gnaive))
+            if judge(rule, oracle[output]):
                 hint = diagnose_gradient(g, chooser(g64), chooser(gnaive), rule)
                 if hint:
-                    hints[label] = hint
+                    hints[output] = hint
     return RankOutcome(parts=parts, oracle=oracle, hints=hints, kernel=kernel)
 
 
 def _gradient_contract(contract_id: str, description: str, layout: LayoutFn, **options: Any) -> None:
-    requires = options.pop("requires", ()) + ("backward",)
-    _attention_contract(contract_id, description, partial(gradient_parity, layout), requires=requires, **options)
+    requires = options.pop("requires", ()) + (Capability.BACKWARD,)
+    attention_contract(contract_id, description, partial(gradient_parity, layout), requires=requires, **options)
 
 
 _gradient_contract("usp.ulysses_grad", "Ulysses dq, dk, dv equal one rank's bitwise (the adjoint all-to-all keeps the order)",
@@ -129,42 +131,4 @@ _gradient_contract(
     "dq, dk, dv of cross attention on a replicated K/V prefix equal one rank's (bitwise without ring), the prefix's "
     "dk, dv whole and alike on every rank",
     layouts.replicated_kv_prefix, bound=bitwise_unless_ring, **KV_PREFIX,
-)
-
-
-def ring_backward_admission(ctx: RankContext, p: Params) -> RankOutcome:
-    """Ring attention asked for gradients with a kernel whose LSE has none is refused (no_backward) on every
-    rank before any collective; the target's own choice differentiates the same call; the group still answers."""
-    chosen = f"{p.no_grad_backend}[{p.no_grad_kernel}]" if p.no_grad_kernel else p.no_grad_backend
-    problems: list[str] = []
-    extra: dict[str, Any] = {}
-    inputs = [t.requires_grad_() for t in layouts.qkv(ctx, p, p.tokens_per_rank)]
-    with ctx.parallel(p.ulysses_degree, p.ring_degree):
-        refused = ctx.attention(p, backend=p.no_grad_backend, sdpa_kernel=p.no_grad_kernel or None)  # unavailable: a skip
-        try:
-            refused(*inputs)
-            problems.append(f"{chosen} ran ring attention under autograd instead of refusing it")
-        except Unsupported as exc:
-            if exc.kind != "no_backward":
-                problems.append(f"{chosen} was refused as {exc.kind}, not no_backward: {exc.reason}")
-            extra["refusal"] = exc.reason
-        except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
-            problems.append(f"{chosen}: {type(exc).__name__} instead of a no_backward refusal: {exc}")
-        out = ctx.attention(p)(*inputs)
-        grads = torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
-        if any(g is None or not torch.isfinite(g).all() for g in grads):
-            problems.append(f"the control ({p.backend or 'the target default'}) gave no or non-finite gradients")
-        problem = _all_ranks_alive(p.world_size)
-    return RankOutcome(problems=problems + ([problem] if problem else []), checks=3, extra=extra)
-
-
-_attention_contract(
-    "usp.ring_backward_admission",
-    "ring attention under autograd with a kernel whose log-sum-exp has no gradient is refused (no_backward) on every "
-    "rank before any collective; the target's own choice gives finite gradients",
-    ring_backward_admission, extra=(
-        Param("no_grad_backend", "str", "torch_sdpa", "a backend whose LSE has no gradient (with no_grad_kernel)"),
-        Param("no_grad_kernel", "str", "flash", "its pinned torch SDPA kernel (empty: none)"),
-    ),
-    requires=("ring", "backward", "backend_choice"), **RING,
 )

@@ -12,9 +12,11 @@ what each would change (hash, PSNR between old and new, which fields moved), and
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from harness.gate.images import CANDIDATES_DIR, nonfinite_reason
 from harness.pipelines.sessions import generate
 from harness.project.hints import command
 from harness.ranks import PoolSet
+from harness.report.format import psnr_text
 from harness.results import FAILED, stage_records
 from harness.targets.loader import load_pipeline_target
 
@@ -44,6 +47,20 @@ class Change:
     psnr: float | None
     fields: list[str]  # what changed in the fields since the old reference was blessed, or why it was unreadable
     shape: str
+
+    def cells(self) -> tuple[str, ...]:
+        """Its row of ``parity bless``'s table, under :data:`CHANGE_HEADERS`."""
+        return (self.case_id, self.kind, self.shape, (self.old_digest or "-")[:12], self.new_digest[:12],
+                psnr_text(self.psnr), "; ".join(self.fields) or "-")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"case_id": self.case_id, "change": self.kind, "shape": self.shape, "old_sha256": self.old_digest,
+                "new_sha256": self.new_digest,
+                "psnr_old_vs_new": None if self.psnr is None else ("inf" if math.isinf(self.psnr) else self.psnr),
+                "fields_changed": self.fields}
+
+
+CHANGE_HEADERS = ("case", "change", "shape", "old sha256", "new sha256", "psnr old vs new", "fields changed")
 
 
 def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: float | None = None) -> list[Blessing]:

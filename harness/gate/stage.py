@@ -32,7 +32,7 @@ PERF_PROFILES = ("pr_test", "long_term")
 INCONCLUSIVE_POLICIES = ("fail", "pass")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PerfOptions:
     """The perf stage. ``base`` set: an A/B of every image case, BASE against the case's own pipeline (HEAD),
     sampled by ``sampling``; else absolute: ``runs`` timed runs per case against this machine's stored
@@ -54,7 +54,7 @@ class PerfOptions:
     ratio_contracts: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GateOptions:
     """Everything a gate run needs; built by ``parity gate`` (or any caller), never an argparse namespace."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -95,6 +95,17 @@ def result_table(results: Sequence[CaseResult], title: str, columns: Sequence[Co
             escape(r.case_id), _degrees(r), f"[{STATUS_STYLE[r.status]}]{r.status}[/]",
             *(escape(fill(r)) for _, fill in columns), escape(_detail(r)), f"{r.duration_s * 1000:.0f}",
         )
+    return table
+
+
+def text_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[str]], no_wrap: Collection[str] = ()) -> Table:
+    """A table of plain text cells (escaped, so a case id or a path never reads as markup); long cells fold,
+    those under the ``no_wrap`` headers (ids and hashes a user copies) stay on one line."""
+    table = Table(title=escape(title))
+    for header in headers:
+        table.add_column(header, no_wrap=header in no_wrap, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
     return table
 
 

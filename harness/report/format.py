@@ -25,6 +25,13 @@ def figure(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def psnr_text(value: float | None) -> str:
+    """A PSNR between two images: ``-`` (nothing to compare), ``identical`` (inf) or ``x.xx dB``."""
+    if value is None:
+        return "-"
+    return "identical" if math.isinf(value) else f"{value:.2f} dB"
+
+
 #: C0 and C1 control characters, DEL, and the bidirectional overrides that reorder what a terminal shows.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 

@@ -3,6 +3,8 @@
 from harness.targets.base import (
     CAPABILITIES,
     REFUSALS,
+    Capability,
+    Refusal,
     Attention,
     AttentionSpec,
     PipelineFailed,
@@ -16,7 +18,7 @@ from harness.targets.base import (
 from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target, parse_target_args
 
 __all__ = [
-    "BUILTIN_PIPELINES", "BUILTIN_TARGETS", "CAPABILITIES", "REFUSALS", "Attention", "AttentionSpec", "PipelineFailed",
+    "BUILTIN_PIPELINES", "BUILTIN_TARGETS", "CAPABILITIES", "REFUSALS", "Attention", "Capability", "Refusal", "AttentionSpec", "PipelineFailed",
     "PipelineOutput", "PipelineTarget", "PreparedPipeline", "Target", "Timings", "Unsupported", "load_pipeline_target", "load_target",
     "parse_target_args",
 ]

@@ -1,18 +1,12 @@
 """The target interface: the only way the harness reaches an implementation under test.
 
-Two kinds of target. An attention :class:`Target` builds the attention layer the contracts
-judge; a :class:`PipelineTarget` generates the images or frames (and stage timings) that the
-gate's image and perf stages judge. Contracts never import an implementation. They ask a :class:`Target` to set up its
-sequence-parallel state and to build an attention callable from an :class:`AttentionSpec`,
-so the same contracts gate the reference implementation, yunchang, an sglang checkout or a
-user's module (``--target module:factory``). A target is resolved *inside each rank* from its
-spec string, so nothing unpicklable ever crosses a process boundary.
-
-Every target must honour ``AttentionSpec.skip_sequence_parallel=True`` as rank-local attention
-over exactly the tokens it is given, with the kernel it uses under SP: that is how contracts
-compute the single-rank reference in the same process. Everything else is optional and
-declared through :meth:`Target.capabilities`; a contract whose requirements a target lacks is
-skipped with the reason, never failed.
+An attention :class:`Target` builds the attention layer the contracts judge; a
+:class:`PipelineTarget` generates the images or frames (and timings) the gate's image and perf
+stages judge. A target is resolved inside each rank from its spec string (``--target
+module:factory``), so nothing unpicklable crosses a process boundary. Every target must honour
+``AttentionSpec.skip_sequence_parallel=True`` as rank-local attention with the kernel it uses under
+SP (the contracts' single-rank reference); everything else is a declared :class:`Capability`, and a
+contract needing one a target lacks is skipped with the reason, never failed.
 """
 
 from __future__ import annotations
@@ -20,51 +14,85 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-# What a target can declare. A contract requires a subset; each name is the keyword argument or
-# the mode a contract will use, so a target that lacks one is never handed it.
-CAPABILITIES: dict[str, str] = {
-    "ulysses": "sequence parallelism by all-to-all over heads (ulysses_degree > 1)",
-    "ring": "ring attention over K/V blocks (ring_degree > 1)",
-    "gqa": "fewer K/V heads than query heads (num_kv_heads < num_heads)",
-    "causal": "causal attention",
-    "replicated_prefix": "forward(..., num_replicated_prefix=n)",
-    "replicated_suffix": "forward(..., num_replicated_suffix=n)",
-    "replicated_kv_prefix": "forward(..., num_replicated_kv_prefix=n)",
-    "varlen": "forward(..., seq_lens=[one valid length per rank])",
-    "mask": "forward(..., attn_mask=bool mask [B, S_k] or [B, 1|H, S_q, S_k])",
-    "ring_mask": "attn_mask under ring attention (each rank holds the mask of its own K/V shard)",
-    "ring_replicated": "num_replicated_prefix / _suffix / _kv_prefix under ring attention (ring_degree > 1)",
-    "masked_replicated_prefix": "forward(..., attn_mask=[B, n + S_k] key mask, num_replicated_prefix=n) under SP",
-    "backend_choice": "AttentionSpec.backend names the kernel family to run",
-    "backend_selection": "AttentionSpec.backend_config / default_backend / component / supported_backends",
-    "reference_models": "the target is reference_impl itself: model-level checks (model.*, encoder.*, vae.*) run its models",
-    "backward": "the attention is differentiable: out.backward(dO) gives q, k and v (the rank's own) their gradients",
+class Capability(StrEnum):
+    """What a target can declare; a contract requires a subset. Each is the keyword argument or mode a contract
+    uses, so a target that lacks one is never handed it. A StrEnum: overlays, external targets and docs keep the
+    bare names (``"ulysses"`` equals ``Capability.ULYSSES``)."""
+
+    ULYSSES = "ulysses"
+    RING = "ring"
+    GQA = "gqa"
+    CAUSAL = "causal"
+    REPLICATED_PREFIX = "replicated_prefix"
+    REPLICATED_SUFFIX = "replicated_suffix"
+    REPLICATED_KV_PREFIX = "replicated_kv_prefix"
+    VARLEN = "varlen"
+    MASK = "mask"
+    RING_MASK = "ring_mask"
+    RING_REPLICATED = "ring_replicated"
+    MASKED_REPLICATED_PREFIX = "masked_replicated_prefix"
+    BACKEND_CHOICE = "backend_choice"
+    BACKEND_SELECTION = "backend_selection"
+    REFERENCE_MODELS = "reference_models"
+    BACKWARD = "backward"
+
+
+CAPABILITIES: dict[Capability, str] = {
+    Capability.ULYSSES: "sequence parallelism by all-to-all over heads (ulysses_degree > 1)",
+    Capability.RING: "ring attention over K/V blocks (ring_degree > 1)",
+    Capability.GQA: "fewer K/V heads than query heads (num_kv_heads < num_heads)",
+    Capability.CAUSAL: "causal attention",
+    Capability.REPLICATED_PREFIX: "forward(..., num_replicated_prefix=n)",
+    Capability.REPLICATED_SUFFIX: "forward(..., num_replicated_suffix=n)",
+    Capability.REPLICATED_KV_PREFIX: "forward(..., num_replicated_kv_prefix=n)",
+    Capability.VARLEN: "forward(..., seq_lens=[one valid length per rank])",
+    Capability.MASK: "forward(..., attn_mask=bool mask [B, S_k] or [B, 1|H, S_q, S_k])",
+    Capability.RING_MASK: "attn_mask under ring attention (each rank holds the mask of its own K/V shard)",
+    Capability.RING_REPLICATED: "num_replicated_prefix / _suffix / _kv_prefix under ring attention (ring_degree > 1)",
+    Capability.MASKED_REPLICATED_PREFIX: "forward(..., attn_mask=[B, n + S_k] key mask, num_replicated_prefix=n) under SP",
+    Capability.BACKEND_CHOICE: "AttentionSpec.backend names the kernel family to run",
+    Capability.BACKEND_SELECTION: "AttentionSpec.backend_config / default_backend / component / supported_backends",
+    Capability.REFERENCE_MODELS: "the target is reference_impl itself: model-level checks (model.*, encoder.*, vae.*) run "
+                                 "its models",
+    Capability.BACKWARD: "the attention is differentiable: out.backward(dO) gives q, k and v (the rank's own) their "
+                         "gradients",
 }
 
 
 #: Capabilities only reference_impl has: a contract requiring one checks reference_impl's own models, so
 #: every other target skips it by definition (a skip no overlay needs to pin).
-REFERENCE_ONLY = frozenset({"reference_models"})
+REFERENCE_ONLY = frozenset({Capability.REFERENCE_MODELS})
 
 
-# Why a target refuses a case. Contracts branch on the kind, never on a message text or on an
-# implementation's exception class, so any stack's refusal can become a skip or a checked refusal.
-REFUSALS: dict[str, str] = {
-    "unsupported": "the target cannot express this case (a feature, shape or dtype it lacks)",
-    "backend_unavailable": "the requested backend or pinned kernel is missing or cannot serve this case here",
-    "ring_needs_lse": "ring attention needs a backend that returns the log-sum-exp; this one does not",
-    "mask_with_replicated": "an attention mask together with replicated tokens under sequence parallelism",
-    "no_backward": "the target cannot differentiate this case (e.g. a ring merge through a log-sum-exp without a gradient)",
+class Refusal(StrEnum):
+    """Why a target refuses a case. Contracts branch on the kind, never on a message text or on an
+    implementation's exception class, so any stack's refusal can become a skip or a checked refusal."""
+
+    UNSUPPORTED = "unsupported"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    RING_NEEDS_LSE = "ring_needs_lse"
+    MASK_WITH_REPLICATED = "mask_with_replicated"
+    NO_BACKWARD = "no_backward"
+
+
+REFUSALS: dict[Refusal, str] = {
+    Refusal.UNSUPPORTED: "the target cannot express this case (a feature, shape or dtype it lacks)",
+    Refusal.BACKEND_UNAVAILABLE: "the requested backend or pinned kernel is missing or cannot serve this case here",
+    Refusal.RING_NEEDS_LSE: "ring attention needs a backend that returns the log-sum-exp; this one does not",
+    Refusal.MASK_WITH_REPLICATED: "an attention mask together with replicated tokens under sequence parallelism",
+    Refusal.NO_BACKWARD: "the target cannot differentiate this case (e.g. a ring merge through a log-sum-exp without a "
+                         "gradient)",
 }
 
 
 class Unsupported(Exception):
-    """The target cannot express this case; ``kind`` (a key of :data:`REFUSALS`) says which way.
+    """The target cannot express this case; ``kind`` (a :class:`Refusal`) says which way.
 
     Raised by a target (mapping its own stack's refusal to a kind, with the stack's message as
     the reason) or by a contract inside a rank, identically on every rank and before any
@@ -72,12 +100,12 @@ class Unsupported(Exception):
     asked for exactly that refusal (then it is the behaviour under test).
     """
 
-    def __init__(self, reason: str, kind: str = "unsupported") -> None:
+    def __init__(self, reason: str, kind: Refusal | str = Refusal.UNSUPPORTED) -> None:
         if kind not in REFUSALS:
             raise ValueError(f"unknown refusal kind {kind!r}; valid: {', '.join(REFUSALS)}")
         super().__init__(reason)
         self.reason = reason
-        self.kind = kind
+        self.kind = Refusal(kind)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.reason, self.kind))
@@ -131,7 +159,7 @@ class Target(ABC):
 
     @abstractmethod
     def capabilities(self) -> frozenset[str]:
-        """The subset of :data:`CAPABILITIES` this target supports."""
+        """The subset of :class:`Capability` this target supports (the enum or its bare names)."""
 
     def unavailable_reason(self, device: str) -> str | None:
         """None when the target can run on ``device`` ("cpu", "cuda"), else a sentence saying why not."""
@@ -176,11 +204,11 @@ class Target(ABC):
         ``ParamError`` keyed ``backend`` or ``sdpa_kernel`` that lists the valid names; for case
         parameters and for ``--backend``/``--backends`` alike. Default: accept any name."""
 
-    def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
+    def model_check(self, name: str) -> Callable[..., Any]:
         """For targets declaring ``reference_models``: the measuring function behind ``model.*``,
         ``encoder.*``, ``vae.*`` and ``pipeline.*`` contracts, called in the rank with keyword
-        arguments; it returns figures (and, for the caller in the same rank, arrays). The contracts
-        name the check, never the module."""
+        arguments; it returns typed figures (:mod:`harness.targets.figures`), never a verdict. The
+        contracts name the check, never the module."""
         raise Unsupported(f"target {self.name} runs no reference model checks ({name})")
 
 

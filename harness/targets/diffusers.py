@@ -1,28 +1,12 @@
 """Adapter for diffusers' context parallelism: ``dispatch_attention_fn`` under ``ContextParallelConfig``.
 
-The config is set up as ``ModelMixin._resolve_parallel_config`` does inside diffusers
-(``init_device_mesh(device_type, (ring, ulysses), mesh_dim_names=("ring", "ulysses"))``, then
-``ParallelConfig.setup``), on the live default group the launcher started. ``enable_parallelism``
-itself is not used: on the CPU it computes ``rank % torch.accelerator.device_count()`` with no
-device, and the attention under test is the dispatch, not a model's split/gather hooks.
-
-What runs is diffusers' own code: the Ulysses/ring/unified templates in
-``diffusers/models/attention_dispatch.py``, with the backend named by ``backend=`` (default:
-diffusers' active backend, ``DIFFUSERS_ATTN_BACKEND`` or ``native``). The adapter only maps the
-contract's calling convention onto it: ``seq_lens`` becomes unpadded shards under the
-``ulysses_anything`` config (padding rows come back as zeros); everything else is passed as is, so
-a divergence is diffusers', never the adapter's. Refusals carry diffusers' own words where
-diffusers has them: causal and GQA under CP raise from its templated CP entry, before any
-collective, and become skips with that text; causal and GQA stay declared because diffusers does
-them rank-locally and a release that lifts the guard needs no change here.
-
-Ring and hybrid layers of the target's ``native`` backend, whose ring forward op returns no LSE, run
-each block through a CPU kernel that returns it (:mod:`.diffusers_lse`, ``--target-arg
-lse_kernel=cpu_flash``, the default; ``none``: stock diffusers, ring refused), so diffusers' ring code
-is gated on the CPU, forward and backward; a case that names its backend gets that backend's own op. diffusers' context-parallel attention is autograd
-Functions: the target declares ``backward``; ``ulysses_anything`` (varlen) has no backward
-(``TemplatedUlyssesAnythingAttention.backward`` raises NotImplementedError, :2839), refused before
-the call as ``no_backward``.
+The config is set up as ``ModelMixin._resolve_parallel_config`` does (a ``(ring, ulysses)`` device
+mesh, ``ParallelConfig.setup``) on the live default group; what runs is diffusers' own Ulysses,
+ring and unified templates with the backend named by ``backend=``. The adapter only maps the
+calling convention (``seq_lens`` becomes unpadded shards under ``ulysses_anything``), so a
+divergence is diffusers', never the adapter's; refusals carry diffusers' own words. The ring of
+``native`` (whose forward op returns no LSE) runs each block through a CPU kernel that returns it
+(:mod:`.diffusers_lse`, ``lse_kernel=cpu_flash``; ``none``: stock diffusers, ring refused).
 """
 
 from __future__ import annotations
@@ -36,7 +20,7 @@ import torch.distributed as dist
 
 from harness.errors import ConfigError, ParamError
 from harness.targets import diffusers_lse
-from harness.targets.base import AttentionSpec, Target, Unsupported
+from harness.targets.base import AttentionSpec, Refusal, Target, Unsupported
 
 MIN_VERSION = "0.36"  # ContextParallelConfig and the templated CP attention first ship in 0.36.0
 NOT_INSTALLED = "diffusers is not installed (pip install 'parity[diffusers]')"
@@ -127,7 +111,7 @@ class DiffusersAttention:
             raise Unsupported(f"diffusers' dispatch_attention_fn takes no {', '.join(sorted(kwargs))}")
         if self._lse_kernel and q.device.type != "cpu":
             raise Unsupported(f"the LSE kernel {diffusers_lse.KERNEL} runs on the CPU only; on {q.device.type} choose a "
-                              "diffusers backend that returns the LSE (_native_cudnn, flash)", kind="ring_needs_lse")
+                              "diffusers backend that returns the LSE (_native_cudnn, flash)", kind=Refusal.RING_NEEDS_LSE)
         if seq_lens is None:
             return self._dispatch(q, k, v, attn_mask, self._parallel.plain if self._parallel else None)
         if attn_mask is not None:
@@ -145,7 +129,7 @@ class DiffusersAttention:
         n = seq_lens[position]
         if p is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise Unsupported(f"diffusers {installed_version()} has no backward for uneven lengths: "
-                              "TemplatedUlyssesAnythingAttention.backward raises NotImplementedError", kind="no_backward")
+                              "TemplatedUlyssesAnythingAttention.backward raises NotImplementedError", kind=Refusal.NO_BACKWARD)
         self.kernel = self._describe(anything=p is not None)
         out = self._dispatch(q[:, :n], k[:, :n], v[:, :n], None, p.anything if p else None)
         return torch.cat([out, out.new_zeros(out.shape[0], q.shape[1] - n, *out.shape[2:])], dim=1)
@@ -254,7 +238,7 @@ class DiffusersTarget(Target):
         from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
         if spec.sdpa_kernel is not None:  # check_backend refuses it in a case; never ignore it silently here
-            raise Unsupported(f"diffusers pins no SDPA kernel ({spec.sdpa_kernel})", kind="backend_unavailable")
+            raise Unsupported(f"diffusers pins no SDPA kernel ({spec.sdpa_kernel})", kind=Refusal.BACKEND_UNAVAILABLE)
         name = spec.backend or self.backend or _AttentionBackendRegistry.get_active_backend()[0].value
         enum = AttentionBackendName(name)
         _refuse_unavailable(enum)
@@ -264,7 +248,7 @@ class DiffusersTarget(Target):
                 raise Unsupported(
                     f"diffusers backend '{name}' does not support context parallelism (dispatch would ignore the config "
                     f"and attend rank-locally); compatible: {sorted(_AttentionBackendRegistry._supports_context_parallel)}",
-                    kind="backend_unavailable",
+                    kind=Refusal.BACKEND_UNAVAILABLE,
                 )
             if parallel.ring > 1:
                 # A case naming its backend gets that backend's own ring op (usp.ring_admission asks native's).
@@ -296,7 +280,7 @@ def _refuse_unavailable(enum: Any) -> None:
     try:
         _check_attention_backend_requirements(enum)
     except RuntimeError as exc:
-        raise Unsupported(str(exc), kind="backend_unavailable") from exc
+        raise Unsupported(str(exc), kind=Refusal.BACKEND_UNAVAILABLE) from exc
 
 
 def _refuse_ring_without_lse(name: str, spec: AttentionSpec) -> None:
@@ -312,7 +296,7 @@ def _refuse_ring_without_lse(name: str, spec: AttentionSpec) -> None:
     except ValueError as exc:
         raise Unsupported(
             f"diffusers {installed_version()} backend '{name}' cannot run ring attention, which merges partial "
-            f"outputs by their log-sum-exp: {exc}", kind="ring_needs_lse",
+            f"outputs by their log-sum-exp: {exc}", kind=Refusal.RING_NEEDS_LSE,
         ) from exc
 
 

@@ -78,10 +78,14 @@ def test_manifest_entry_without_file_is_an_error(tmp_path: Path) -> None:
 
 
 def test_corrupt_manifest_and_bad_arguments(tmp_path: Path) -> None:
-    (tmp_path / MANIFEST).write_text('{"a.png": "not-a-hash"}')
+    (tmp_path / MANIFEST).write_text('{"format": 2, "cases": {"a": {"files": {"a.png": "not-a-hash"}}}}')
     with pytest.raises(ConfigError, match="sha256") as info:
         load_reference(tmp_path, "a")
-    assert info.value.key == "a.png"  # a format-1 manifest is keyed by file name
+    assert info.value.key == "cases.a.files.a.png"
+    (tmp_path / MANIFEST).write_text('{"a.png": "0000"}')  # no format: not a manifest parity writes
+    with pytest.raises(ConfigError, match="unknown manifest format None") as info:
+        load_reference(tmp_path, "a")
+    assert info.value.key == "format"
     (tmp_path / MANIFEST).write_text('{"format": 3, "cases": {}}')
     with pytest.raises(ConfigError, match="unknown manifest format 3") as info:
         load_reference(tmp_path, "a")
@@ -90,18 +94,6 @@ def test_corrupt_manifest_and_bad_arguments(tmp_path: Path) -> None:
         bless(tmp_path, "../escape", _image(0))
     with pytest.raises(ValueError, match="uint8"):
         bless(tmp_path / "new", "x", _image(0).astype(np.float32))
-
-
-def test_format_1_manifests_still_load_without_fingerprints(tmp_path: Path) -> None:
-    """References blessed before fingerprints: a flat {file: sha256} map, frames in numeric order."""
-    bless(tmp_path, "v", np.stack([_image(i) for i in range(3)]))
-    bless(tmp_path, "a", _image(9))
-    cases = json.loads((tmp_path / MANIFEST).read_text())["cases"]
-    flat = {name: digest for case in cases.values() for name, digest in case["files"].items()}
-    (tmp_path / MANIFEST).write_text(json.dumps(dict(sorted(flat.items(), reverse=True))))
-    entries = read_manifest(tmp_path)
-    assert list(entries["v"].files) == [f"v/frame_{i:04d}.png" for i in range(3)]
-    assert entries["a"].fingerprint is None and np.array_equal(load_reference(tmp_path, "a"), _image(9))
 
 
 def test_fields_are_recorded_and_their_changes_named(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import torch
 from harness.contracts.case import make_case
 from harness.errors import ConfigError
 from harness.ranks import RankPool
+from harness.targets.figures import ModelParity
 from harness.targets.reference.models import HUNYUAN_MODEL_TINY, HUNYUAN_TINY, hunyuan_sp_parity_worker
 from reference_impl import set_forward_context
 from reference_impl.models.hunyuanvideo import (
@@ -302,7 +303,7 @@ def test_masked_case_parameters_are_checked_before_any_rank_starts(params: dict,
 
 
 @pytest.fixture(scope="module")
-def parity() -> dict[str, list[dict]]:
+def parity() -> dict[str, list[ModelParity]]:
     """Both ranks' figures per dtype from one 2-rank gloo group; txt_len=7 gives uneven text shards (4, 3)."""
     with RankPool(2, timeout=120.0) as pool:
         return {name: pool.run(hunyuan_sp_parity_worker, name, 0) for name in ("float32", "bfloat16")}
@@ -316,33 +317,33 @@ REORDERED = [f"{k}.varlen.{p}" for k in KINDS for p in PARTS] + ["transformer.va
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_sp2_order_preserving_layouts_are_bitwise(parity: dict[str, list[dict]], dtype_name: str) -> None:
+def test_sp2_order_preserving_layouts_are_bitwise(parity: dict[str, list[ModelParity]], dtype_name: str) -> None:
     """Text as replicated suffix, and masked text with the joint sequence sharded: keys in single-rank order."""
     ranks = parity[dtype_name]
-    assert ranks[0]["paths"] == ranks[1]["paths"] and ranks[0]["txt_len"] == 7 and ranks[0]["text_lengths"] == [7, 3]
-    paths = ranks[0]["paths"]
+    assert ranks[0].paths == ranks[1].paths and ranks[0].setup["txt_len"] == 7 and ranks[0].setup["text_lengths"] == [7, 3]
+    paths = ranks[0].paths
     assert set(paths) == set(ORDERED + REORDERED)
     for name in ORDERED:
         fig = paths[name]
-        assert fig["finite"], name
-        assert fig["bitwise"], f"{name} ({dtype_name}): max_abs={fig['max_abs']:.3e} mean_abs={fig['mean_abs']:.3e}"
-    assert paths["double.masked.image"]["numel"] == 2 * N_IMG_SP * 64 and paths["transformer.masked"]["numel"] == 2 * 4 * 2 * 8 * 8
+        assert fig.finite, name
+        assert fig.bitwise, f"{name} ({dtype_name}): max_abs={fig.max_abs:.3e} mean_abs={fig.mean_abs:.3e}"
+    assert paths["double.masked.image"].numel == 2 * N_IMG_SP * 64 and paths["transformer.masked"].numel == 2 * 4 * 2 * 8 * 8
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_sp2_sharded_text_varlen_within_flash_attention_rule(parity: dict[str, list[dict]], dtype_name: str) -> None:
+def test_sp2_sharded_text_varlen_within_flash_attention_rule(parity: dict[str, list[ModelParity]], dtype_name: str) -> None:
     """The varlen path scans keys as [img_0, txt_0, img_1, txt_1]: a reordering, so bounded, not bitwise.
 
     FlashAttention's forward rule: |SP − fp64| ≤ 2·|single-rank low precision − fp64| + floor.
     Measured (seed 0): fp32 max abs vs one rank ≤ 2.4e-7; bf16 up to 7.8e-3 (one bf16 ulp at |x| in
     [1, 2)), which is why a flat bf16 abs bound is not used.
     """
-    paths = parity[dtype_name][0]["paths"]
+    paths = parity[dtype_name][0].paths
     floor = 1e-6
     for name in REORDERED:
         fig = paths[name]
-        assert fig["finite"], name
-        bound = 2 * fig["single_rank_max_abs_vs_fp64"] + floor
-        assert fig["max_abs_vs_fp64"] <= bound, f"{name} ({dtype_name}): {fig}"
-        assert fig["mean_abs"] <= (1e-6 if dtype_name == "float32" else 1e-3), f"{name} ({dtype_name}): {fig}"
-    assert paths["double.varlen.text"]["numel"] == 7 * 64  # the padded text slot is dropped, all 7 tokens compared
+        assert fig.finite, name
+        bound = 2 * fig.single_rank_max_abs_vs_fp64 + floor
+        assert fig.max_abs_vs_fp64 <= bound, f"{name} ({dtype_name}): {fig}"
+        assert fig.mean_abs <= (1e-6 if dtype_name == "float32" else 1e-3), f"{name} ({dtype_name}): {fig}"
+    assert paths["double.varlen.text"].numel == 7 * 64  # the padded text slot is dropped, all 7 tokens compared

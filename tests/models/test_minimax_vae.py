@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from harness.targets.reference.vae import EXPECTED_DISPATCH, audio_fp32_restored, video_dispatch
+from harness.contracts.models import EXPECTED_DISPATCH, judge_audio, judge_video
+from harness.targets.reference.vae import audio_cast_restore, audio_default, audio_fa, video_dispatch
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
 from reference_impl.models.layers import ModelConfigError, save_safetensors
@@ -88,14 +91,24 @@ def test_qk_norm_is_affine_free_rmsnorm():
 
 def test_dispatch_table_and_cross_branch_agreement():
     result = video_dispatch()
-    assert result["passed"], result
-    table = result["table"]
+    problems, figures = judge_video(result)
+    assert problems == [], figures
+    table = result.table
     for (platform, dtype), want in EXPECTED_DISPATCH.items():
         assert table[platform][dtype].split(":")[0] == want, (platform, dtype, table[platform][dtype])
     # Nothing else is installed here, so the USP path on simulated CUDA runs TORCH_SDPA.
     assert table["cuda"]["bf16"] == "usp:torch_sdpa"
-    assert result["agreement"]["fp32"]["max_abs_between_branches"] <= 1e-5
-    assert result["agreement"]["bf16"]["max_abs_between_branches"] <= 1e-2
+    assert result.agreement["fp32"].max_abs_between_branches <= 1e-5
+    assert result.agreement["bf16"].max_abs_between_branches <= 1e-2
+
+
+def test_video_dispatch_verdict_names_a_wrong_branch():
+    """The verdict is the contract's: a branch other than the expected one fails it, by name."""
+    result = video_dispatch()
+    table = {platform: dict(dtypes) for platform, dtypes in result.table.items()}
+    table["cuda"]["bf16"] = "sdpa"  # what a silent fallback would look like
+    problems, figures = judge_video(dataclasses.replace(result, table=table))
+    assert figures["mismatches"] == ["cuda/bf16: expected usp, ran sdpa"] and problems
 
 
 def test_rocm_math_pin_is_decided_at_call_time(monkeypatch):
@@ -140,14 +153,19 @@ def test_usp_path_needs_the_forward_context_that_decode_sets(monkeypatch):
 
 
 def test_audio_default_is_fp32_sdpa_and_fused_backends_cast_and_restore():
-    result = audio_fp32_restored()
-    assert result["passed"], result
-    assert result["default"]["dispatch"] == "usp:torch_sdpa"
-    assert result["default"]["bitwise_vs_direct_sdpa"]
-    assert result["fa"] == {"ran": False, "refused": result["fa"]["refused"]}  # flash-attn is not installed here
-    assert "flash-attn" in result["fa"]["refused"]
-    assert result["cast_restore"]["attention_dtypes"] == ["torch.bfloat16", "torch.bfloat16"]
-    assert result["cast_restore"]["out_dtype"] == "torch.float32"
+    default, fa, cast = audio_default(), audio_fa(), audio_cast_restore()
+    problems, figures = judge_audio(default, fa, cast)
+    assert problems == [], figures
+    assert default.dispatch == "usp:torch_sdpa" and default.bitwise_vs_direct_sdpa
+    assert not fa.ran and fa.run is None and "flash-attn" in (fa.refused or "")  # flash-attn is not installed here
+    assert cast.attention_dtypes == ["torch.bfloat16", "torch.bfloat16"] and cast.out_dtype == "torch.float32"
+
+
+def test_audio_verdict_fails_an_uncast_fused_path():
+    """A fused path that never cast (the attention saw fp32) fails cast_restore in the contract's verdict."""
+    cast = audio_cast_restore()
+    problems, _ = judge_audio(audio_default(), audio_fa(), dataclasses.replace(cast, attention_dtypes=["torch.float32"] * 2))
+    assert problems == ["check failed: cast_restore: bf16 in and out of the attention"]
 
 
 @pytest.mark.parametrize(("in_dim", "out_dim", "out_features"), [(64, 8, 8), (64, 16, 16), (32, 64, 64)])

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from harness.contracts.models import judge_masked_causal
 from harness.targets.reference.encoder import check_masked_causal_lengths
 from reference_impl.attention.backends import AttentionBackendEnum
 from reference_impl.attention.selector import attention_backend_config
@@ -118,8 +119,8 @@ def test_zero_length_row_is_finite_and_leaves_other_rows_exact(hf) -> None:
 @pytest.mark.parametrize("backend", [None, "math"])
 def test_masked_causal_attention_against_explicit_reference(backend: str | None) -> None:
     figures = check_masked_causal_lengths(lengths=(7, 3, 10, 0, 1), backend=backend)
-    assert figures["passed"], figures
-    assert figures["backend_masked"] == (backend or "torch_sdpa")
+    assert judge_masked_causal(figures)[0] == [], figures
+    assert figures.backend_masked == (backend or "torch_sdpa")
 
 
 def test_mask_plan_rows() -> None:

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from harness.targets.figures import ModelParity
 from harness.targets.reference.models import ZIMAGE_TINY, zimage_sp_parity_worker
 from harness.ranks import RankPool
 from reference_impl import set_forward_context
@@ -191,7 +192,7 @@ def test_load_weights_round_trip_and_errors_name_the_tensor(tmp_path) -> None:
 
 # ---------------------------------------------------------------------------- 2-rank SP parity
 @pytest.fixture(scope="module")
-def parity() -> dict[str, list[dict]]:
+def parity() -> dict[str, list[ModelParity]]:
     """Both ranks' figures per dtype, from one 2-rank gloo group."""
     with RankPool(2, timeout=120.0) as pool:
         return {name: pool.run(zimage_sp_parity_worker, name, 0) for name in ("float32", "bfloat16")}
@@ -201,29 +202,29 @@ JUDGED = ("block.image", "block.caption", "transformer", "transformer.masked")
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_sp2_block_and_transformer_are_bitwise_single_rank(parity: dict[str, list[dict]], dtype_name: str) -> None:
+def test_sp2_block_and_transformer_are_bitwise_single_rank(parity: dict[str, list[ModelParity]], dtype_name: str) -> None:
     """Replicated-suffix caption (items of one length) and the masked unified sequence (per-item lengths)."""
     ranks = parity[dtype_name]
-    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)
-    assert ranks[0]["paths"] == ranks[1]["paths"]  # figures are global: both ranks see everything
-    paths = ranks[0]["paths"]
+    assert [r.rank for r in ranks] == [0, 1] and all(r.world_size == 2 for r in ranks)
+    assert ranks[0].paths == ranks[1].paths  # figures are global: both ranks see everything
+    paths = ranks[0].paths
     assert set(paths) == {*JUDGED, "control.block.caption_as_prefix.image"}
-    assert paths["block.image"]["numel"] == 64 * 64 and paths["block.caption"]["numel"] == 2 * 6 * 64
-    assert paths["transformer.masked"]["numel"] == 2 * 4 * 12 * 12
+    assert paths["block.image"].numel == 64 * 64 and paths["block.caption"].numel == 2 * 6 * 64
+    assert paths["transformer.masked"].numel == 2 * 4 * 12 * 12
     for name in JUDGED:
         fig = paths[name]
-        assert fig["finite"], name
-        assert fig["bitwise"], f"{name} ({dtype_name}): max_abs={fig['max_abs']:.3e} mean_abs={fig['mean_abs']:.3e}"
+        assert fig.finite, name
+        assert fig.bitwise, f"{name} ({dtype_name}): max_abs={fig.max_abs:.3e} mean_abs={fig.mean_abs:.3e}"
         # The fp64 figures are measured, not trivially zero: the comparison has resolution.
-        assert fig["single_rank_max_abs_vs_fp64"] > 0
+        assert fig.single_rank_max_abs_vs_fp64 > 0
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_sp2_caption_rotated_to_the_front_is_not_bitwise(parity: dict[str, list[dict]], dtype_name: str) -> None:
+def test_sp2_caption_rotated_to_the_front_is_not_bitwise(parity: dict[str, list[ModelParity]], dtype_name: str) -> None:
     """The control: same maths, caption as a replicated prefix. It drifts, so the bitwise check above has teeth.
 
     Measured (seed 0): fp32 max abs 1.4e-6, bf16 1.6e-2.
     """
-    fig = parity[dtype_name][0]["paths"]["control.block.caption_as_prefix.image"]
-    assert fig["finite"] and not fig["bitwise"] and fig["max_abs"] > 0
-    assert fig["max_abs_vs_fp64"] <= 2 * fig["single_rank_max_abs_vs_fp64"] + 1e-6, fig  # still a correct attention
+    fig = parity[dtype_name][0].paths["control.block.caption_as_prefix.image"]
+    assert fig.finite and not fig.bitwise and fig.max_abs > 0
+    assert fig.max_abs_vs_fp64 <= 2 * fig.single_rank_max_abs_vs_fp64 + 1e-6, fig  # still a correct attention

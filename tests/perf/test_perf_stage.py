@@ -132,7 +132,7 @@ def _scaled(scenario: dict[str, Any], factor: float) -> dict[str, Any]:
 
 
 def _context(cases: Path, baselines: Path, pools: PoolSet | None = None, **perf: Any) -> GateContext:
-    options = GateOptions(cases, baselines, perf=PerfOptions(**{"runs": 1, "sampling": Sampling(warmup=0), **perf}))
+    options = GateOptions(cases_root=cases, baselines_dir=baselines, perf=PerfOptions(**{"runs": 1, "sampling": Sampling(warmup=0), **perf}))
     return GateContext(options, make_console(), make_console(stderr=True), pools or PoolSet("cpu"))
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from harness.contracts.models import judge_admission, judge_fp8, judge_packed_qkv
 from harness.targets.reference.encoder import (
     TINY_QWEN3,
     check_fp8_parity,
@@ -41,28 +42,28 @@ def fp8_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("block", BLOCKS)
 def test_admission_is_fail_closed_before_any_read(block) -> None:
     figures = check_quantized_admission(block)
-    assert figures["passed"], figures
-    assert figures["admitted_tensors_read"] == figures["checkpoint_tensors"] == 39
-    assert {case: r["tensors_read"] for case, r in figures["rejections"].items()} == {
+    assert judge_admission(figures)[0] == [], figures
+    assert figures.admitted_tensors_read == figures.checkpoint_tensors == 39
+    assert {case: r.tensors_read for case, r in figures.rejections.items()} == {
         "native_without_quantized_layers": 0, "not_native": 0, "unsupported_method": 0}
 
 
 @pytest.mark.parametrize("block", BLOCKS)
 def test_packed_qkv_and_gate_up_scales_land_in_their_shards(block) -> None:
     figures = check_packed_qkv_scale(block)
-    assert figures["passed"], figures
+    assert judge_packed_qkv(figures)[0] == [], figures
 
 
 @pytest.mark.parametrize("block", BLOCKS)
 def test_fp8_encoder_vs_bf16(block) -> None:
     figures = check_fp8_parity(block)
-    assert figures["passed"], figures
+    assert judge_fp8(figures)[0] == [], figures
 
 
 def test_fp8_parity_with_real_128x128_blocks() -> None:
     config = dict(TINY_QWEN3, hidden_size=256, intermediate_size=256, head_dim=64, num_hidden_layers=1)
     figures = check_fp8_parity((128, 128), config=config)
-    assert figures["passed"], figures
+    assert judge_fp8(figures)[0] == [], figures
 
 
 def test_rejection_names_class_and_component(fp8_dir: Path) -> None:

@@ -6,7 +6,7 @@ target-neutral :class:`~harness.targets.base.Unsupported` kinds the contracts un
 
 from __future__ import annotations
 
-import importlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from harness.errors import ParamError
-from harness.targets.base import AttentionSpec, Target, Unsupported
+from harness.targets.base import AttentionSpec, Capability, Refusal, Target, Unsupported
 from reference_impl.attention.backends import (
     BACKENDS,
     SDPA_KERNELS,
@@ -30,19 +30,30 @@ from reference_impl.attention.selector import BackendRefused, attention_backend_
 from reference_impl.forward_context import set_forward_context
 from reference_impl.parallel.state import destroy_sequence_parallel, init_sequence_parallel
 
-# Model checks behind the model-level contracts: name -> (module under harness.targets.reference, function).
-MODEL_CHECKS: dict[str, tuple[str, str]] = {
-    "model.zimage_sp_parity": ("models", "zimage_sp_parity_worker"),
-    "model.hunyuan_sp_parity": ("models", "hunyuan_sp_parity_worker"),
-    "encoder.masked_causal_lengths": ("encoder", "check_masked_causal_lengths"),
-    "encoder.quantized_admission": ("encoder", "check_quantized_admission"),
-    "encoder.packed_qkv_scale": ("encoder", "check_packed_qkv_scale"),
-    "encoder.fp8_parity": ("encoder", "check_fp8_parity"),
-    "vae.audio_fp32_restored": ("vae", "audio_fp32_restored"),
-    "vae.video_dispatch": ("vae", "video_dispatch"),
-    "pipeline.turbo_drift": ("pipeline", "turbo_drift"),
-    "perf.sp_step_ratio": ("pipeline", "sp_step_ratio"),
-}
+#: The contracts that run the reference pipeline: their parameters are the pipeline's to check.
+PIPELINE_CONTRACTS = frozenset({"pipeline.turbo_drift", "perf.sp_step_ratio"})
+
+
+@functools.cache
+def model_checks() -> dict[str, Callable[..., Any]]:
+    """Check name -> the function measuring it (:mod:`harness.targets.figures`). Imported on first use, so a
+    rank of another commit (:mod:`.revision`) loads only the modules it runs."""
+    from harness.targets.reference import encoder, models, pipeline, vae
+
+    return {
+        "model.zimage_sp_parity": models.zimage_sp_parity_worker,
+        "model.hunyuan_sp_parity": models.hunyuan_sp_parity_worker,
+        "encoder.masked_causal_lengths": encoder.check_masked_causal_lengths,
+        "encoder.quantized_admission": encoder.check_quantized_admission,
+        "encoder.packed_qkv_scale": encoder.check_packed_qkv_scale,
+        "encoder.fp8_parity": encoder.check_fp8_parity,
+        "vae.audio_default": vae.audio_default,
+        "vae.audio_fa": vae.audio_fa,
+        "vae.audio_cast_restore": vae.audio_cast_restore,
+        "vae.video_dispatch": vae.video_dispatch,
+        "pipeline.turbo_drift": pipeline.turbo_drift,
+        "perf.sp_step_ratio": pipeline.sp_step_ratio,
+    }
 
 
 @contextmanager
@@ -56,19 +67,19 @@ def refusals_as_unsupported(forced_backend_refused: bool = False) -> Iterator[No
     try:
         yield
     except RingAdmissionError as exc:
-        raise Unsupported(str(exc), kind="ring_needs_lse") from exc
+        raise Unsupported(str(exc), kind=Refusal.RING_NEEDS_LSE) from exc
     except MaskWithReplicatedError as exc:
-        raise Unsupported(str(exc), kind="mask_with_replicated") from exc
+        raise Unsupported(str(exc), kind=Refusal.MASK_WITH_REPLICATED) from exc
     except RingBackwardError as exc:
-        raise Unsupported(str(exc), kind="no_backward") from exc
+        raise Unsupported(str(exc), kind=Refusal.NO_BACKWARD) from exc
     except RingUnsupportedError as exc:
         raise Unsupported(str(exc)) from exc
     except PinnedKernelRefused as exc:
-        raise Unsupported(str(exc), kind="backend_unavailable") from exc
+        raise Unsupported(str(exc), kind=Refusal.BACKEND_UNAVAILABLE) from exc
     except BackendRefused as exc:
         if not forced_backend_refused:
             raise
-        raise Unsupported(str(exc), kind="backend_unavailable") from exc
+        raise Unsupported(str(exc), kind=Refusal.BACKEND_UNAVAILABLE) from exc
 
 
 class ReferenceAttention:
@@ -98,12 +109,11 @@ class ReferenceTarget(Target):
             return None
 
     def capabilities(self) -> frozenset[str]:
-        return frozenset(
-            {
-                "ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix",
-                "ring_replicated", "varlen", "mask", "backend_choice", "backend_selection", "reference_models", "backward",
-            }
-        )
+        c = Capability
+        return frozenset({
+            c.ULYSSES, c.RING, c.GQA, c.CAUSAL, c.REPLICATED_PREFIX, c.REPLICATED_SUFFIX, c.REPLICATED_KV_PREFIX,
+            c.RING_REPLICATED, c.VARLEN, c.MASK, c.BACKEND_CHOICE, c.BACKEND_SELECTION, c.REFERENCE_MODELS, c.BACKWARD,
+        })
 
     def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
         init_sequence_parallel(ulysses_degree, ring_degree)
@@ -117,7 +127,7 @@ class ReferenceTarget(Target):
             # this case here (missing package, head size, dtype) skips it.
             reason = _cannot_serve(backend_class(spec.backend), spec)
             if reason:
-                raise Unsupported(f"backend {spec.backend} cannot run this case here: {reason}", kind="backend_unavailable")
+                raise Unsupported(f"backend {spec.backend} cannot run this case here: {reason}", kind=Refusal.BACKEND_UNAVAILABLE)
         with refusals_as_unsupported(), attention_backend_config(spec.backend_config):
             with attention_component(spec.component) if spec.component else nullcontext():
                 layer = USPAttention(
@@ -156,18 +166,18 @@ class ReferenceTarget(Target):
 
     def check_case(self, contract_id: str, params: Mapping[str, Any]) -> None:
         super().check_case(contract_id, params)
-        if MODEL_CHECKS.get(contract_id, ("",))[0] == "pipeline":  # every contract that runs the pipeline
+        if contract_id in PIPELINE_CONTRACTS:
             from harness.targets.reference.pipeline import check_pipeline_case
 
             check_pipeline_case(params)
 
-    def model_check(self, name: str) -> Callable[..., dict[str, Any]]:
-        if name not in MODEL_CHECKS:
-            raise Unsupported(f"the reference target has no model check {name!r}; it has: {', '.join(MODEL_CHECKS)}")
-        module, function = MODEL_CHECKS[name]
-        check: Callable[..., dict[str, Any]] = getattr(importlib.import_module(f"harness.targets.reference.{module}"), function)
+    def model_check(self, name: str) -> Callable[..., Any]:
+        checks = model_checks()
+        if name not in checks:
+            raise Unsupported(f"the reference target has no model check {name!r}; it has: {', '.join(checks)}")
+        check = checks[name]
 
-        def run(**kwargs: Any) -> dict[str, Any]:
+        def run(**kwargs: Any) -> Any:
             with refusals_as_unsupported(forced_backend_refused=True):
                 return check(**kwargs)
 

@@ -1,33 +1,24 @@
-"""Per-rank workers for the model-level SP parity contracts (``model.zimage_sp_parity``, ``model.hunyuan_sp_parity``).
+"""Model checks of the model-level SP parity contracts (``model.zimage_sp_parity``, ``model.hunyuan_sp_parity``).
 
-Each worker runs on every rank of a live process group (``harness.ranks.run_on_ranks``)
-and compares a sequence-parallel run of a reference model against the single-rank run of
-the same weights on the same inputs, computed *in the same process before* sequence
-parallelism is initialised (so the reference is a genuine one-rank forward). Sharded
-outputs are all-gathered and replicated outputs (caption/text) are gathered from every
-rank, so every rank returns the same, global figures.
-
-Figures per path: ``bitwise`` (``torch.equal`` with the single-rank output), ``finite``,
-``max_abs`` / ``mean_abs`` against single rank, and for the FlashAttention rule
-``max_abs_vs_fp64`` (SP output vs an fp64 single-rank run) and
-``single_rank_max_abs_vs_fp64`` (single-rank low-precision vs fp64). Verdicts and bounds are
-the contract's business; these functions only measure.
-
-Model-level bitwise parity needs more than head-count-invariant attention: every row-wise op
-must give a token the same result whatever the number of rows in the call (a rank runs its
-GEMMs on ``S/W + S_rep`` rows, one rank on ``S + S_rep``). On an H200 (torch 2.11, cu130)
-cuBLAS fp32 GEMMs are not row-count invariant (max 1.8e-5 at K=3840, 1030 vs 518 rows; even
-K=64, 32 vs 16 rows), so fp32 figures there are not bitwise; bf16 GEMMs were at every shape
-tried, and CPU GEMMs were in fp32 and bf16 down to a few rows. Two CPU exceptions (torch 2.13,
-MKL, measured): fp32 GEMMs of 4 rows or fewer (K=128) take another kernel, and a linear layer
-fuses its bias in bf16 only for contiguous 3-D input. The masked layout shards ``[image |
-text]`` contiguously, so a rank can hold a sliver of one stream: at W=4 with 32 image + 8 text
-tokens rank 3 holds 2 image tokens per item and the fp32 output moves by 2.4e-7 (within the
-FlashAttention rule). The default masked shape (16 text tokens) leaves every rank at least 4
-tokens of a stream it holds, so there the masked paths are bitwise.
+Each worker runs on every rank of a live group and compares a sequence-parallel run of a
+reference model with the single-rank run of the same weights on the same inputs, computed in the
+same process before sequence parallelism is set up (a genuine one-rank forward), and with a
+float64 copy. Outputs are gathered, so every rank returns the same :class:`ModelParity`; the
+contracts judge it. Bitwise model parity also needs row-count invariant GEMMs (a rank runs
+``S/W + S_rep`` rows, one rank ``S + S_rep``): measured facts on that are below.
 """
 
 from __future__ import annotations
+
+# Row-count invariance, measured. On an H200 (torch 2.11, cu130) cuBLAS fp32 GEMMs are not
+# row-count invariant (max 1.8e-5 at K=3840, 1030 vs 518 rows; even K=64, 32 vs 16 rows), so fp32
+# figures there are not bitwise; bf16 GEMMs were at every shape tried, and CPU GEMMs in fp32 and
+# bf16 down to a few rows. CPU exceptions (torch 2.13, MKL): fp32 GEMMs of 4 rows or fewer (K=128)
+# take another kernel, and a linear layer fuses its bias in bf16 only for contiguous 3-D input. The
+# masked layout shards [image | text] contiguously, so a rank can hold a sliver of one stream: at
+# W=4 with 32 image + 8 text tokens rank 3 holds 2 image tokens per item and the fp32 output moves
+# by 2.4e-7 (within the FlashAttention rule); the default masked shape (16 text tokens) leaves every
+# rank at least 4 tokens of a stream it holds, so there the masked paths are bitwise.
 
 import copy
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from harness.ranks import rank_device
+from harness.targets.figures import ModelParity, PathFigures
 from reference_impl.attention.backends import pinned_sdpa_kernel
 from reference_impl.attention.layer import USPAttention
 from reference_impl.attention.selector import attention_backend_config
@@ -97,17 +89,17 @@ def _table_dtype(model: torch.nn.Module) -> torch.dtype:
     return torch.promote_types(next(model.parameters()).dtype, torch.float32)
 
 
-def _figures(out: Tensor, ref: Tensor, ref64: Tensor) -> dict[str, Any]:
+def _figures(out: Tensor, ref: Tensor, ref64: Tensor) -> PathFigures:
     d = (out.double() - ref.double()).abs()
-    return {
-        "bitwise": bool(torch.equal(out, ref)),
-        "finite": bool(torch.isfinite(out).all()),
-        "max_abs": d.max().item(),
-        "mean_abs": d.mean().item(),
-        "max_abs_vs_fp64": (out.double() - ref64).abs().max().item(),
-        "single_rank_max_abs_vs_fp64": (ref.double() - ref64).abs().max().item(),
-        "numel": out.numel(),
-    }
+    return PathFigures(
+        bitwise=bool(torch.equal(out, ref)),
+        finite=bool(torch.isfinite(out).all()),
+        max_abs=d.max().item(),
+        mean_abs=d.mean().item(),
+        max_abs_vs_fp64=(out.double() - ref64).abs().max().item(),
+        single_rank_max_abs_vs_fp64=(ref.double() - ref64).abs().max().item(),
+        numel=out.numel(),
+    )
 
 
 def _gather(t: Tensor) -> Tensor:
@@ -125,16 +117,10 @@ def _reference(fn: Callable[..., Any], model: torch.nn.Module, args: tuple[Tenso
     return low, high
 
 
-def _backend_info(attn: USPAttention, sdpa_kernel: str | None) -> dict[str, Any]:
-    """Which backend ran and why, and the SDPA kernel pinned around the low-precision runs (None: torch chose)."""
-    return {"backend": attn.backend.value, "backend_level": attn.selection.level,
-            "sdpa_kernel": sdpa_kernel or getattr(attn.attn_impl, "kernel", None)}
-
-
 def _run_worker(
-    reference: Callable[[], Any], sharded: Callable[[int, int, Any], dict[str, Any]], info: dict[str, Any],
-    sdpa_kernel: str | None,
-) -> dict[str, Any]:
+    reference: Callable[[], Any], sharded: Callable[[int, int, Any], dict[str, PathFigures]], attn: USPAttention,
+    setup: dict[str, Any], sdpa_kernel: str | None,
+) -> ModelParity:
     """``reference()`` on one rank, then ``sharded(rank, world, refs)`` under Ulysses SP = world (kernel pinned)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     destroy_sequence_parallel()  # the reference must run on one rank, whatever a previous call left
@@ -146,7 +132,9 @@ def _run_worker(
                 paths = sharded(rank, world, refs)
     finally:
         destroy_sequence_parallel()
-    return {**info, "rank": rank, "world_size": world, "paths": paths}
+    # The SDPA kernel pinned around the low-precision runs (None: torch chose).
+    return ModelParity(paths, attn.backend.value, attn.selection.level, sdpa_kernel or getattr(attn.attn_impl, "kernel", None),
+                       rank, world, setup)
 
 
 # ---------------------------------------------------------------------------- Z-Image
@@ -154,7 +142,7 @@ def zimage_sp_parity_worker(
     dtype_name: str = "bfloat16", seed: int = 0, *, grid_hw: tuple[int, int] = (8, 8), cap_len: int = 6, batch: int = 1,
     image_grid: tuple[int, int] = (6, 6), caption_lengths: tuple[int, ...] = (20, 40), config: Mapping[str, Any] | None = None,
     backend: str | None = None, sdpa_kernel: str | None = None, device: str | None = None,
-) -> dict[str, Any]:
+) -> ModelParity:
     """Z-Image block (caption as replicated suffix) and the faithful ZImageTransformer, SP=W vs one rank.
 
     Paths: ``block.image``, ``block.caption`` (every rank's copy) on a ``grid_hw`` image and a
@@ -202,7 +190,7 @@ def zimage_sp_parity_worker(
                 _reference(transformer, model, (t, *latents, *uniform), sdpa_kernel),
                 _reference(transformer, model, (t, *latents, *captions), sdpa_kernel))
 
-    def sharded(rank: int, world: int, refs: tuple[Any, Any, Any]) -> dict[str, Any]:
+    def sharded(rank: int, world: int, refs: tuple[Any, Any, Any]) -> dict[str, PathFigures]:
         (ref, ref64), (uni_ref, uni_ref64), (mask_ref, mask_ref64) = refs
         start, end = even_shard_bounds(n_img, rank, world)
         rows = torch.cat([positions[start:end], positions[n_img:]])
@@ -221,9 +209,8 @@ def zimage_sp_parity_worker(
             "control.block.caption_as_prefix.image": _figures(_gather(rot[:, cap_len:]), ref[:, :n_img], ref64[:, :n_img]),
         }
 
-    info = {"model": "zimage", "dtype": dtype_name, "seed": seed, "caption_lengths": list(caption_lengths),
-            **_backend_info(attn, sdpa_kernel)}
-    return _run_worker(reference, sharded, info, sdpa_kernel)
+    setup = {"model": "zimage", "dtype": dtype_name, "seed": seed, "caption_lengths": list(caption_lengths)}
+    return _run_worker(reference, sharded, attn, setup, sdpa_kernel)
 
 
 # ---------------------------------------------------------------------------- HunyuanVideo
@@ -232,7 +219,7 @@ def hunyuan_sp_parity_worker(
     batch: int = 1, text_lengths: tuple[int, ...] = (7, 3), masked_text_len: int = 16, config: Mapping[str, Any] | None = None,
     model_config: Mapping[str, Any] | None = None, backend: str | None = None, sdpa_kernel: str | None = None,
     device: str | None = None,
-) -> dict[str, Any]:
+) -> ModelParity:
     """MMDoubleStreamBlock, MMSingleStreamBlock and the faithful HunyuanVideoTransformer, SP=W vs one rank.
 
     Block paths ``{double,single}.{layout}.{image,text}``: ``suffix`` (text replicated on every
@@ -284,7 +271,7 @@ def hunyuan_sp_parity_worker(
         refs["transformer.masked"] = _reference(transformer, model, masked_inputs, sdpa_kernel)
         return refs
 
-    def sharded(rank: int, world: int, refs: dict[str, tuple[Tensor, Tensor]]) -> dict[str, Any]:
+    def sharded(rank: int, world: int, refs: dict[str, tuple[Tensor, Tensor]]) -> dict[str, PathFigures]:
         paths = _hunyuan_block_paths(double, single, cfg, grid_thw, (img, txt, vec), refs, rank, world)
         paths.update(_hunyuan_masked_paths(double, single, cfg, grid_thw, (m_img, m_txt, m_vec, m_mask), refs, rank, world))
         paths["transformer"] = _figures(transformer(model, *inputs), *refs["transformer"])
@@ -292,9 +279,9 @@ def hunyuan_sp_parity_worker(
         paths["transformer.masked"] = _figures(transformer(model, *masked_inputs), *refs["transformer.masked"])
         return paths
 
-    info = {"model": "hunyuanvideo", "dtype": dtype_name, "seed": seed, "txt_len": txt_len, "text_lengths": list(text_lengths),
-            "masked_text_len": masked_text_len, **_backend_info(double.attn.attn, sdpa_kernel)}
-    return _run_worker(reference, sharded, info, sdpa_kernel)
+    setup = {"model": "hunyuanvideo", "dtype": dtype_name, "seed": seed, "txt_len": txt_len,
+             "text_lengths": list(text_lengths), "masked_text_len": masked_text_len}
+    return _run_worker(reference, sharded, double.attn.attn, setup, sdpa_kernel)
 
 
 def _hunyuan_model_inputs(cfg: HunyuanVideoConfig, grid_thw: tuple[int, int, int], rand: Callable[..., Tensor],
@@ -309,7 +296,7 @@ def _hunyuan_model_inputs(cfg: HunyuanVideoConfig, grid_thw: tuple[int, int, int
 
 def _hunyuan_block_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBlock, cfg: HunyuanVideoBlockConfig,
                          grid_thw: tuple[int, int, int], inputs: tuple[Tensor, Tensor, Tensor],
-                         refs: Mapping[str, tuple[Tensor, Tensor]], rank: int, world: int) -> dict[str, Any]:
+                         refs: Mapping[str, tuple[Tensor, Tensor]], rank: int, world: int) -> dict[str, PathFigures]:
     """The ``suffix`` and ``varlen`` block paths on this rank's image shard."""
     img, txt, vec = inputs
     n_img, txt_len = img.shape[1], txt.shape[1]
@@ -325,7 +312,7 @@ def _hunyuan_block_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBloc
         out = single(torch.cat([img_l, txt_l], dim=1), vec, txt_l.shape[1], rope, **layout)
         return out[:, :n_local], out[:, n_local:]
 
-    paths: dict[str, Any] = {}
+    paths: dict[str, PathFigures] = {}
     for kind in ("double", "single"):
         ref, ref64 = refs[kind]
         ref_img, ref_txt = ref[:, :n_img], ref[:, n_img:]
@@ -342,7 +329,7 @@ def _hunyuan_block_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBloc
 
 def _hunyuan_masked_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBlock, cfg: HunyuanVideoBlockConfig,
                           grid_thw: tuple[int, int, int], inputs: tuple[Tensor, Tensor, Tensor, Tensor],
-                          refs: Mapping[str, tuple[Tensor, Tensor]], rank: int, world: int) -> dict[str, Any]:
+                          refs: Mapping[str, tuple[Tensor, Tensor]], rank: int, world: int) -> dict[str, PathFigures]:
     """The ``masked`` block paths: a contiguous shard of the joint [image | padded text] sequence and its key mask."""
     img, txt, vec, mask = inputs
     n_img = img.shape[1]
@@ -353,7 +340,7 @@ def _hunyuan_masked_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBlo
     rope = (cos[i0:i1], sin[i0:i1])
     outs = {"double": torch.cat(double(img_l, txt_l, vec, rope, attn_mask=mask_l), dim=1),
             "single": single(torch.cat([img_l, txt_l], dim=1), vec, txt_l.shape[1], rope, attn_mask=mask_l)}
-    paths: dict[str, Any] = {}
+    paths: dict[str, PathFigures] = {}
     for kind, out in outs.items():
         full = _gather(out)
         ref, ref64 = refs[f"{kind}.masked"]

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from harness.errors import ParamError
 from harness.targets.base import PipelineOutput, PipelineTarget, Timings
+from harness.targets.figures import DriftFigures, StepRatio, TurboDrift
 from reference_impl.models.layers import ModelConfigError
 from reference_impl.parallel.state import destroy_sequence_parallel, init_sequence_parallel
 from reference_impl.pipeline import (
@@ -123,24 +124,23 @@ def _mae(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean())
 
 
-def turbo_drift(device: str, **fields: Any) -> dict[str, Any]:
+def turbo_drift(device: str, **fields: Any) -> TurboDrift:
     """On every rank of a group: the config on one rank, then under SP (degree = world size) in both
-    caption layouts (order-preserving and rotated to the front). Returns the figures, the three runs'
-    latents (for the contract's bitwise comparison in this rank) and the DiT backend."""
+    caption layouts (order-preserving and rotated to the front): the figures, the single-rank and
+    order-preserving latents (for the contract's bitwise comparison in this rank) and the DiT backend."""
     config = dataclasses.replace(pipeline_config(fields, device), suffix_mode="order_preserving")
     single = run_pipeline(config)  # SP not set up yet: this rank alone, same threads and kernels
     preserving = run_pipeline_sequence_parallel(config)
     rotated = run_pipeline_sequence_parallel(dataclasses.replace(config, suffix_mode="rotate_to_front"))
-    figures = {
-        "order_preserving_bitwise": bool(np.array_equal(preserving.latents, single.latents)
-                                         and np.array_equal(preserving.output, single.output)),
-        "order_preserving_mae": _mae(preserving.output, single.output),
-        "rotate_to_front_mae": _mae(rotated.output, single.output),
-        "rotate_to_front_max_abs": float(np.abs(rotated.output.astype(np.int16) - single.output.astype(np.int16)).max()),
-        "rotate_to_front_latent_mae": _mae(rotated.latents, single.latents),
-    }
-    return {"figures": figures, "latents": {"single": single.latents, "preserving": preserving.latents},
-            "kernel": preserving.backends["dit"]}
+    figures = DriftFigures(
+        order_preserving_bitwise=bool(np.array_equal(preserving.latents, single.latents)
+                                      and np.array_equal(preserving.output, single.output)),
+        order_preserving_mae=_mae(preserving.output, single.output),
+        rotate_to_front_mae=_mae(rotated.output, single.output),
+        rotate_to_front_max_abs=float(np.abs(rotated.output.astype(np.int16) - single.output.astype(np.int16)).max()),
+        rotate_to_front_latent_mae=_mae(rotated.latents, single.latents),
+    )
+    return TurboDrift(figures, single.latents, preserving.latents, preserving.backends["dit"])
 
 
 def check_pipeline_case(params: Mapping[str, Any]) -> None:
@@ -151,7 +151,7 @@ def check_pipeline_case(params: Mapping[str, Any]) -> None:
     ReferencePipelineTarget().check_case(fields, int(params.get("world_size", 1)))
 
 
-def sp_step_ratio(device: str, repeats: int = 3, **fields: Any) -> dict[str, Any]:
+def sp_step_ratio(device: str, repeats: int = 3, **fields: Any) -> StepRatio:
     """On every rank of a group: the median denoising step of ``fields`` on one rank and under SP over
     the group, timed side by side (A, B, A, B...) on the same ranks, models built once per layout."""
     import statistics
@@ -172,4 +172,4 @@ def sp_step_ratio(device: str, repeats: int = 3, **fields: Any) -> dict[str, Any
     finally:
         prepared.close()
     single, sp = statistics.median(single_steps), statistics.median(sp_steps)
-    return {"single_rank_step_ms": single, "sp_step_ms": sp, "ratio": sp / single, "steps_timed": len(sp_steps)}
+    return StepRatio(single, sp, sp / single, len(sp_steps))

@@ -1,0 +1,173 @@
+"""The one judging path: every rank's :class:`RankOutcome` merged into a status, a reason and the figures.
+
+A contract body returns named comparisons (the output or its gradients against the single-rank
+reference, judged by the case's bound; outputs against float64 attention, keyed by :class:`Output`
+and judged by the ``oracle`` rule), the problems of its checks, and figures it reports. Ranks send
+sums and maxima, never tensors, so merged figures equal those of one process comparing everything.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from harness.contracts.bounds import Bound, FlashAttentionRule, judge
+from harness.contracts.stats import Stats
+from harness.results import FAILED, PASSED, SKIPPED, Status
+
+
+class Role(StrEnum):
+    """Whose output a comparison with float64 attention is of."""
+
+    SHARDED = "sharded"  # this rank's share of the N-rank output
+    SINGLE_RANK = "single-rank"  # the target's own one-rank output (every rank computes the same one)
+
+
+@dataclass(frozen=True)
+class Output:
+    """An output compared with float64 attention: the attention output (``part`` None) or a gradient (``dq``)."""
+
+    role: Role
+    part: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Its key in the figures: ``sharded``, ``single-rank dq``."""
+        return str(self.role) if self.part is None else f"{self.role} {self.part}"
+
+    @property
+    def label(self) -> str:
+        """How a reason names it: ``sharded output``, ``single-rank dq``."""
+        return f"{self.role} {self.part or 'output'}"
+
+
+@dataclass
+class RankOutcome:
+    """What one rank reports for one case: comparisons, failed checks, reported figures, or why it could not run."""
+
+    stats: Stats | None = None  # the output against the single-rank reference, by the case's bound
+    parts: dict[str, Stats] = field(default_factory=dict)  # named comparisons (dq, dk, dv), each by the case's bound
+    oracle: dict[Output, Stats] = field(default_factory=dict)  # outputs against float64 attention, by the oracle rule
+    hints: dict[Output, str] = field(default_factory=dict)  # what an output that missed the oracle looks like instead
+    problems: list[str] = field(default_factory=list)  # the checks that failed, in words
+    checks: int = 0  # how many checks the body made
+    figures: dict[str, Any] = field(default_factory=dict)  # reported as they are (every rank computes the same)
+    replicated: dict[str, str] = field(default_factory=dict)  # digests of what every rank must hold alike
+    kernel: str | None = None
+    skip: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    reason: str | None
+    figures: dict[str, Any]
+    kernel: str | None
+
+
+def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[RankOutcome]) -> Verdict:
+    """Every rank's outcome judged: the case's bound speaks first, then the checks, then the oracle.
+
+    ``oracle``: the case's rule for outputs against float64 attention (None for a contract without one).
+    A rank that raised never answers here: the launcher ended the group and the runner reported it.
+    """
+    kernel = next((o.kernel for o in outcomes if o.kernel), None)
+    skips = {o.skip for o in outcomes if o.skip}
+    if skips:
+        if len(skips) == 1 and all(o.skip for o in outcomes):
+            return Verdict(SKIPPED, skips.pop(), {}, kernel)
+        return Verdict(FAILED, f"ranks disagree on whether this case can run: {sorted(skips)}", {}, kernel)
+    figures: dict[str, Any] = {}
+    reasons: list[str] = []
+    stats = [o.stats for o in outcomes if o.stats is not None]
+    if stats:
+        merged = functools.reduce(Stats.merge, stats)
+        figures.update(_judged_figures(bound, merged))
+        reasons += _reasons(bound, merged, None)
+    parts = _merged([o.parts for o in outcomes])
+    for name, part in parts.items():
+        figures[name] = _judged_figures(bound, part)
+        reasons += _reasons(bound, part, name)
+    if parts:  # the worst of them as the headline (bitwise: all of them; max_abs: the largest)
+        worst = functools.reduce(Stats.merge, parts.values()).figures()
+        figures.update({k: v for k, v in worst.items() if k in ("bitwise", "max_abs", "mean_abs", "elements")})
+    problems = _merge_problems([o.problems for o in outcomes]) + _not_alike(outcomes)
+    if outcomes and outcomes[0].checks:
+        figures["checks"] = outcomes[0].checks
+        figures["failed_checks"] = len(problems)
+    if outcomes:
+        figures.update(outcomes[0].figures)
+    if oracle is not None and any(o.oracle for o in outcomes):
+        oracle_problems, figures["oracle"] = _judge_oracle(bound, oracle, outcomes)
+        problems += oracle_problems
+    reason = "; ".join(reasons + problems) or None
+    return Verdict(FAILED if reason else PASSED, reason, figures, kernel)
+
+
+def _judged_figures(bound: Bound, stats: Stats) -> dict[str, Any]:
+    figures = stats.figures()
+    if isinstance(bound, FlashAttentionRule) and stats.naive_err_ref64 is not None:
+        figures["allowed"] = bound.allowed(stats)
+    return figures
+
+
+def _reasons(bound: Bound, stats: Stats, name: str | None) -> list[str]:
+    reason = judge(bound, stats)
+    return [] if reason is None else [reason if name is None else f"{name}: {reason}"]
+
+
+def _judge_oracle(bound: Bound, rule: FlashAttentionRule, outcomes: Sequence[RankOutcome]) -> tuple[list[str], dict[str, Any]]:
+    """Each output's distance to float64 attention, merged over ranks, judged by ``rule``.
+
+    Where the case's own bound is that same rule it has judged the sharded output against float64
+    already: that failure is not said twice (only the oracle's hint about it is added)."""
+    problems: list[str] = []
+    figures: dict[str, Any] = {"bound": rule.describe()}
+    for output, merged in _merged([o.oracle for o in outcomes]).items():
+        figures[output.key] = {"err_ref64": merged.err_ref64, "naive_err_ref64": merged.naive_err_ref64,
+                               "allowed": rule.allowed(merged)}
+        reason = judge(rule, merged)
+        if reason:
+            hints = "; ".join(sorted({o.hints[output] for o in outcomes if output in o.hints}))
+            if output.role is Role.SHARDED and bound == rule:
+                problems += [f"{output.label}: {hints}"] if hints else []
+            else:
+                problems.append(f"{output.label} vs float64 attention: {reason}" + (f" ({hints})" if hints else ""))
+    return problems, figures
+
+
+K = TypeVar("K")
+
+
+def _merged(per_rank: Sequence[Mapping[K, Stats]]) -> dict[K, Stats]:
+    """Each name's Stats merged over the ranks that report it, in first-seen order."""
+    merged: dict[K, Stats] = {}
+    for named in per_rank:
+        for name, stats in named.items():
+            merged[name] = merged[name].merge(stats) if name in merged else stats
+    return merged
+
+
+def _not_alike(outcomes: Sequence[RankOutcome]) -> list[str]:
+    """What every rank must hold alike (replicated outputs and gradients), compared by digest."""
+    problems = []
+    for name in dict.fromkeys(n for o in outcomes for n in o.replicated):
+        differ = [rank for rank, o in enumerate(outcomes) if o.replicated.get(name) != outcomes[0].replicated.get(name)]
+        if differ:
+            problems.append(f"the replicated {name} is not the same on every rank: rank{'s' if len(differ) > 1 else ''} "
+                            f"{', '.join(map(str, differ))} differ{'' if len(differ) > 1 else 's'} from rank 0")
+    return problems
+
+
+def _merge_problems(per_rank: Sequence[Sequence[str]]) -> list[str]:
+    """A problem every rank reports is said once; others are attributed to their rank."""
+    if not per_rank:
+        return []
+    everyone = set(per_rank[0]).intersection(*per_rank[1:])
+    merged = [f"every rank: {p}" if len(per_rank) > 1 else p for p in per_rank[0] if p in everyone]
+    for rank, problems in enumerate(per_rank):
+        merged += [f"rank {rank}: {p}" for p in problems if p not in everyone]
+    return merged
