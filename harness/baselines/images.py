@@ -1,41 +1,13 @@
 """Reference images and videos: a set of cases pinned by one manifest of SHA-256 hashes and case fingerprints.
 
-Layout of a reference directory::
-
-    images/
-      manifest.json                  what every case's reference is (below)
-      flux_image_t2i.png             an image case: one RGB PNG
-      wan_t2v/frame_0000.png         a video case: one RGB PNG per frame, frame_<index>.png
-      wan_t2v/frame_0001.png
-
-``manifest.json`` (format 2)::
-
-    {"format": 2,
-     "cases": {"flux_image_t2i": {"fingerprint": "<sha256 of the case's fields>",
-                                  "fields": {"prompt": "...", "seed": 0, ...},
-                                  "world_size": 1, "pipeline": "reference", "shape": [32, 32, 3],
-                                  "files": {"flux_image_t2i.png": "<sha256 of the file>"}}}}
-
-The fields and their fingerprint are what the reference was generated from, so a case whose
-fields changed since (a new seed) is told apart from a regression: :func:`changed_fields` says
-what changed, and the gate asks for ``parity bless CASE`` instead of failing on pixels. Format 1
-(a flat ``{"<file>": "<sha256>"}`` map, written before fingerprints) is still read; its cases
-have no fingerprint until they are blessed again.
-
-Per-frame PNGs (rather than one strip) because each frame is then hashed on its own, a diff of
-a re-blessed video shows which frames moved, and the frame count needs no extra metadata.
-
-A reference is only trusted if its bytes hash to the manifest entry: a mismatch, a file missing
-from the manifest, or a manifest entry whose file is missing is a ConfigError naming the file. A
-gate must never compare against a reference nobody blessed. Hash and decode read the same bytes,
-so what is verified is exactly what is compared. Every file of a set (manifest and PNGs; the
-references, or the candidates a gate run saved) is read as a regular file inside the set's
-directory, through no symlink, and its pixels must have the shape the manifest records.
-
-Writing is :mod:`harness.baselines.image_writes`: a new set is staged beside the old one and
-committed by one rename into :data:`PENDING`, then moved into place. A reader here also reads a
-set whose move was interrupted by a kill: while ``PENDING`` holds the new manifest, that is the
-set, each file taken from ``PENDING`` where it has not been moved yet.
+``images/manifest.json`` (format 2) records per case its files' hashes, the fields it was made from
+and their fingerprint, its world size, pipeline and shape; a video is one PNG per frame. The
+fingerprint tells a changed case (a new seed: :func:`changed_fields`, then ``parity bless CASE``)
+from a regression. A reference is trusted only if its bytes hash to its entry: hash and decode read
+the same bytes, every file is a regular file inside the set through no symlink, and anything else
+is a ConfigError naming the file. Format 1 (a flat ``{file: sha256}`` map) is still read. Writes
+are :mod:`harness.baselines.image_writes`; while :data:`PENDING` holds a manifest, a reader takes
+that interrupted bless's set. The layout: docs/formats.md.
 """
 
 from __future__ import annotations

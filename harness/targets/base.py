@@ -1,18 +1,13 @@
 """The target interface: the only way the harness reaches an implementation under test.
 
-Two kinds of target. An attention :class:`Target` builds the attention layer the contracts
-judge; a :class:`PipelineTarget` generates the images or frames (and stage timings) that the
-gate's image and perf stages judge. Contracts never import an implementation. They ask a :class:`Target` to set up its
-sequence-parallel state and to build an attention callable from an :class:`AttentionSpec`,
-so the same contracts gate the reference implementation, yunchang, an sglang checkout or a
-user's module (``--target module:factory``). A target is resolved *inside each rank* from its
-spec string, so nothing unpicklable ever crosses a process boundary.
-
-Every target must honour ``AttentionSpec.skip_sequence_parallel=True`` as rank-local attention
-over exactly the tokens it is given, with the kernel it uses under SP: that is how contracts
-compute the single-rank reference in the same process. Everything else is optional and
-declared through :meth:`Target.capabilities`; a contract whose requirements a target lacks is
-skipped with the reason, never failed.
+An attention :class:`Target` builds the layer the contracts judge, from an :class:`AttentionSpec`,
+after setting up its sequence-parallel state; a :class:`PipelineTarget` generates the images or
+frames (and timings) the image and perf stages judge. So the same contracts gate the reference,
+yunchang, an sglang checkout or a user's ``module:factory``. A target is resolved inside each rank
+from its spec string, so nothing unpicklable crosses a process. Every target must honour
+``skip_sequence_parallel=True`` as rank-local attention with its SP kernel (how contracts compute
+the one-rank reference); everything else is declared by :meth:`Target.capabilities`, and a
+contract a target cannot express is skipped with the reason. The guide: docs/targets/attention.md.
 """
 
 from __future__ import annotations

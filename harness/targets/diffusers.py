@@ -1,28 +1,13 @@
 """Adapter for diffusers' context parallelism: ``dispatch_attention_fn`` under ``ContextParallelConfig``.
 
-The config is set up as ``ModelMixin._resolve_parallel_config`` does inside diffusers
-(``init_device_mesh(device_type, (ring, ulysses), mesh_dim_names=("ring", "ulysses"))``, then
-``ParallelConfig.setup``), on the live default group the launcher started. ``enable_parallelism``
-itself is not used: on the CPU it computes ``rank % torch.accelerator.device_count()`` with no
-device, and the attention under test is the dispatch, not a model's split/gather hooks.
-
-What runs is diffusers' own code: the Ulysses/ring/unified templates in
-``diffusers/models/attention_dispatch.py``, with the backend named by ``backend=`` (default:
-diffusers' active backend, ``DIFFUSERS_ATTN_BACKEND`` or ``native``). The adapter only maps the
-contract's calling convention onto it: ``seq_lens`` becomes unpadded shards under the
-``ulysses_anything`` config (padding rows come back as zeros); everything else is passed as is, so
-a divergence is diffusers', never the adapter's. Refusals carry diffusers' own words where
-diffusers has them: causal and GQA under CP raise from its templated CP entry, before any
-collective, and become skips with that text; causal and GQA stay declared because diffusers does
-them rank-locally and a release that lifts the guard needs no change here.
-
-Ring and hybrid layers of the target's ``native`` backend, whose ring forward op returns no LSE, run
-each block through a CPU kernel that returns it (:mod:`.diffusers_lse`, ``--target-arg
-lse_kernel=cpu_flash``, the default; ``none``: stock diffusers, ring refused), so diffusers' ring code
-is gated on the CPU, forward and backward; a case that names its backend gets that backend's own op. diffusers' context-parallel attention is autograd
-Functions: the target declares ``backward``; ``ulysses_anything`` (varlen) has no backward
-(``TemplatedUlyssesAnythingAttention.backward`` raises NotImplementedError, :2839), refused before
-the call as ``no_backward``.
+The config is set up as ``ModelMixin._resolve_parallel_config`` does, on the live default group;
+``enable_parallelism`` is not used (on the CPU it divides by a device count of 0, and the attention
+under test is the dispatch, not a model's hooks). What runs is diffusers' own Ulysses/ring/unified
+templates with the backend ``backend=`` names; the adapter only maps the contract's calling
+convention (``seq_lens`` becomes unpadded shards under ``ulysses_anything``), so a divergence is
+diffusers', never the adapter's. Refusals keep diffusers' words. Ring and hybrid on ``native``,
+whose op returns no LSE, run each block through :mod:`.diffusers_lse` (``lse_kernel=cpu_flash``, the
+default; ``none``: stock); ``ulysses_anything`` has no backward (``no_backward``). docs/targets/attention.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """sglang's multimodal_gen ``USPAttention`` as a target, driven through sglang's own parallel state.
 
-Each rank builds sglang's world and sequence-parallel groups on the live default process group
-(gloo on the CPU) with sglang's ``init_distributed_environment`` / ``initialize_model_parallel``,
-builds the layer with sglang's constructor and selector, and calls it inside sglang's forward
-context: nothing of sglang is re-implemented or mocked. sglang is imported only inside the
-ranks, once per rank process (the pool keeps them alive); the parent learns the capabilities
-from the installed version's metadata alone, and imports sglang only to say why it cannot
-(``unavailable_reason``) or to check a ``layer=`` class.
-
-sglang's refusals reach the verdict with sglang's own text, mapped to a kind of
-:data:`~harness.targets.base.REFUSALS`: ring/hybrid refused at construction (no CPU backend
-returns the LSE) is ``ring_needs_lse``, a mask with replicated tokens under SP
-(NotImplementedError) is ``mask_with_replicated``, other NotImplementedErrors are
-``unsupported``, a backend sglang's selector cannot serve is ``backend_unavailable``. Anything
-else (a size mismatch inside SDPA, say) is a bug of the stack and fails the case.
-
-``--target-arg layer=MODULE:CLASS`` swaps in another class with sglang's constructor and
-forward (a patched layer, a copy from a branch) so that a PR can be gated before a release.
+Each rank builds sglang's world and sequence-parallel groups on the live default group, the layer
+with sglang's constructor and selector, and calls it in sglang's forward context: nothing of sglang
+is re-implemented or mocked. sglang is imported only in the ranks; the parent reads the
+capabilities from the installed version's metadata. sglang's refusals keep its text, mapped to a
+kind of :data:`~harness.targets.base.REFUSALS`; anything else is a bug of the stack and fails the
+case. ``--target-arg layer=MODULE:CLASS`` swaps in a patched or branch copy of the layer, so a PR
+is gated before a release. The mapping: docs/targets/attention.md.
 """
 
 from __future__ import annotations
