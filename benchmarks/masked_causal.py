@@ -3,20 +3,11 @@
     python benchmarks/masked_causal.py [--device cpu] [--dtype float32] [--seq 512] [--heads 16]
         [--kv-heads 8] [--head-dim 128] [--lengths 512,77,300,12,450,128,256,1] [--reps 7]
 
-The per-row loop is the seed's (sglang PR #24008) ``_masked_causal_attention``: for each batch
-row, the valid part runs causal attention on its own tokens and the padding part runs
-non-causal attention over the valid keys (both through SDPA here; the seed used FlashAttention
-for the valid part). The vectorized side is the encoder's ``MaskedCausalAttention``: one SDPA
-call with a ``[B, 1, S, S]`` boolean mask built once per forward (its build time is printed
-separately: the encoder shares it across all layers). Both run interleaved, rep by rep, so load
-on the machine hits them alike; medians are printed with the ratio, and the two outputs must
-agree (max abs within the dtype's bound) or the script exits 1.
-
-Measured (defaults: B=8, S=512, 16 heads, 8 KV heads, head dim 128, 42% of tokens valid):
-H200 bf16 loop 1.177 ms vs one call 0.237 ms (4.97x; 2.24x with the mask build counted),
-fp32 1.80x; lengths 61,512,17,94,33,250,8,140 bf16 5.62x. CPU fp32 (2 loaded cores): the
-loop wins, 0.78x -- it skips the padding x padding work that the dense masked call computes,
-and on a CPU the FLOPs dominate, while on a GPU the loop's 2B kernel launches do.
+The loop is sglang PR #24008's ``_masked_causal_attention`` (per row: causal over the valid tokens,
+non-causal for the padding), through SDPA; the other side is the encoder's ``MaskedCausalAttention``,
+one SDPA call with a ``[B, 1, S, S]`` mask built once per forward (its build time printed apart). Both
+run interleaved; medians and their ratio are printed, and outputs that disagree beyond the dtype's
+bound exit 1. Figures (H200, CPU): docs/measured.md.
 """
 
 from __future__ import annotations

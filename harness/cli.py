@@ -1,18 +1,13 @@
 """The ``parity`` command line: wires one module per verb from ``harness.commands``.
 
-Each verb module exposes ``register(subparsers)`` (adds its parser) and ``run(args) -> int``;
-adding a verb is adding a module and one name to :data:`VERBS`. Exit codes: 0 all passed,
-1 a failure or regression, 2 a usage or configuration error (argparse errors included), 3 an
-inconclusive timing verdict with nothing failed (``gate``, ``perf``), 130 on
-SIGINT and 143 on SIGTERM: the signal unwinds the run like an exception, so every rank group is
-ended on the way out, and the run says so in one line instead of a traceback. The handlers are
-the first thing :func:`main` sets (this module imports nothing heavy before them), so a signal
-during the imports of torch or the start of the first group is handled like one during a case;
-a signal some library swallowed while unwinding still decides the exit code.
-
-Under torchrun or srun (``torchrun ... -m parity VERB``) rank 0 alone parses and runs the verb
-(:func:`harness.ranks.run_as_job`), every other rank hosts its ranks, and all exit with rank 0's
-code; a rank that is lost ends the job with exit 1 and one line saying which.
+Each verb module exposes ``register(subparsers)`` and ``run(args) -> int``; a verb is a module and
+one name in :data:`VERBS`. Exit codes: 0 passed, 1 a failure or regression, 2 a usage or
+configuration error, 3 an inconclusive timing with nothing failed, 130 on SIGINT and 143 on
+SIGTERM: the signal unwinds the run like an exception, so every rank group is ended on the way out,
+with one line instead of a traceback. The handlers are set first (nothing heavy is imported before
+them), so a signal during torch's import is handled like one during a case. Under torchrun or srun
+rank 0 alone parses and runs the verb (:func:`harness.ranks.run_as_job`) and every rank exits with
+its code.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Image and video similarity metrics, computed exactly as sglang's diffusion CI computes them.
 
-Images are ``HxWx3`` uint8 arrays, videos ``TxHxWx3`` uint8 frame stacks; reference and
-candidate must match in shape and dtype (a mismatch is a ValueError naming both shapes, never a
-silent resize: a resized comparison measures the resizer, not the model).
-
-- :func:`psnr`: ``skimage.metrics.peak_signal_noise_ratio(ref, cand, data_range=255)``.
-- :func:`ssim`: ``skimage.metrics.structural_similarity(ref, cand, channel_axis=2, data_range=255)``
-  (uniform 7x7 window, sample covariance: scikit-image's defaults, as in sglang).
-- :func:`mean_abs_diff`: mean ``|ref - cand|`` in 0..255 units, in float64.
-- :class:`ClipScorer`: cosine of L2-normalised CLIP image features (transformers, local dir).
-
-Identical images: PSNR is mathematically infinite and is returned as ``float('inf')``, so the
-gate's ``psnr >= threshold`` passes with no special case. JSON has no infinity; in results files
-it is written as the string ``"inf"`` (:func:`metric_to_json` / :func:`metric_from_json`), because
-``null`` already means "metric skipped" there and must not be confused with "perfect".
-
-Videos: each metric is computed per frame and averaged over frames. One identical frame (an
-image-to-video conditioning frame often is) would make the mean PSNR infinite and hide broken
-frames, so for the average an identical frame counts as ``10*log10(255**2 * H*W*3)`` dB, the PSNR
-of a single one-level difference, the largest finite PSNR that frame size allows. Only a video
-whose frames are all identical gets ``inf``.
+Images are ``HxWx3`` uint8, videos ``TxHxWx3``; reference and candidate must match in shape and
+dtype (a ValueError, never a resize: a resized comparison measures the resizer). :func:`psnr` and
+:func:`ssim` are scikit-image's with ``data_range=255`` (SSIM with ``channel_axis=2``),
+:func:`mean_abs_diff` is in 0..255 in float64, :class:`ClipScorer` the cosine of CLIP image
+features. Identical images have PSNR ``inf``, written ``"inf"`` in JSON (:func:`metric_to_json`),
+where ``null`` means skipped. A video's metrics are per-frame means, an identical frame counting as
+the PSNR of one level of difference, so one identical conditioning frame cannot hide broken ones.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """pytest plugin (entry point ``pytest11: parity``): check your implementation from your own suite.
 
-Fixtures:
-
-- ``rank_pools``: the session's :class:`harness.ranks.PoolSet` (one live group per world size,
-  started on first use, closed at the end);
-- ``rank_pool``: ``rank_pool(world_size) -> harness.ranks.RankPool`` from those pools;
-- ``assert_contract``: ``assert_contract("usp.ulysses_parity", world_size=2, dtype="bf16")`` runs
-  one case on the session's target through those pools; it fails the test with the figures,
-  skips it with the reason when the target cannot express the case, and returns the CaseResult.
-
-Options: ``--parity-target`` (default ``reference``; a built-in name or ``module:factory`` for
-yours), ``--parity-target-arg KEY=VALUE`` (repeatable: keyword arguments of the target's factory)
-``--parity-device`` (``cpu`` or ``cuda``) and ``--parity-no-skip`` (a skipped case fails the test:
-parity's own suite runs with it, so a pass test cannot turn into a skip). Imports are lazy: the plugin costs nothing to a
-session that does not use it.
+Fixtures: ``rank_pools`` (the session's :class:`harness.ranks.PoolSet`), ``rank_pool(world_size)``
+and ``assert_contract("usp.ulysses_parity", world_size=2, dtype="bf16")``, which runs one case on
+the session's target, fails the test with the figures, skips it with the reason when the target
+cannot express the case, and returns the CaseResult. Options: ``--parity-target`` (a built-in name
+or ``module:factory``; default ``reference``), ``--parity-target-arg KEY=VALUE`` (repeatable),
+``--parity-device`` and ``--parity-no-skip`` (a skip fails the test: parity's own suite runs so, so a
+pass cannot quietly become a skip). Imports are lazy: a session that does not use it pays nothing.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """What a run concluded: one result type for every case of every stage, and the results.json that records it.
 
-A contract case, an image case and a perf scenario all end as a :class:`CaseResult`: a status,
-the figures that were measured, the bound they were judged by (as text), the reason when it
-failed or was skipped, the kernel that ran and how long it took. Every summary, table, JUnit
-row and HTML section is computed from these, so the stages never count or format on their own.
-
-This module is the one owner of the results document (``parity gate --json`` / ``--report``)::
-
-    {"command": "gate", "target": ..., "device": ..., "platform": ..., "torch": ..., "wall_s": ...,
-     "parity_version": "0.1.0", "git": {"commit": "<sha>" | null, "dirty": false | null},
-     "passed": true,
-     "stages": {"<stage>": {"summary": {"passed": n, ...}, "wall_s": ..., "records": [<CaseResult>...], ...}
-                           | {"skipped": "<why>"}},
-     "platform": "cpu_x86_64",                                   # the hardware the numbers belong to
-     "cases": {"<image case id>": {"kind", "passed", "metrics", "thresholds", ...}},   # recalibration input
-     "perf":  {"<scenario id>": <measured scenario>}}                                 # recalibration input
-
-:func:`parse_results` validates what :mod:`harness.recalibrate` reads back (``cases``, ``perf``,
-``platform``) and :func:`stage_records` what ``compare``, ``bless --from-results`` and ``matrix`` read; a key
-parity does not write (top level, a record, an image entry) is refused, naming the nearest one.
+A contract case, an image case and a perf scenario all end as a :class:`CaseResult` (status,
+figures, the bound as text, the reason, the kernel that ran, the duration); every summary, table,
+JUnit row and HTML section is computed from these, so no stage counts or formats on its own. This
+module is the one owner of the results document (``--json``, ``--report``: its keys in
+docs/formats.md). :func:`parse_results` validates what :mod:`harness.recalibrate` reads back
+(``cases``, ``perf``, ``platform``), :func:`stage_records` what ``compare``, ``bless
+--from-results`` and ``matrix`` read; a key parity does not write is refused, naming the nearest.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """A tiny seeded text-to-image / text-to-video pipeline on the reference models.
 
-prompt → Qwen3 text encoder → DiT denoising loop (flow-matching Euler, seeded noise) → ViT
-VAE decode → uint8 RGB. Images use the Z-Image transformer, videos the HunyuanVideo
-transformer (both as diffusers computes them, at tiny sizes), each called the way its
-diffusers pipeline calls it. Everything is plain data in and out (:class:`PipelineConfig` →
-:class:`PipelineResult`), so a harness can run it on every rank of a process group: under
-sequence parallelism each rank runs the whole pipeline, the DiT shards image tokens and
-all-gathers its output, and rank 0's image is the result.
-
-Weights are either a trained checkpoint (``weights="tiny-v1"``, committed in
-:mod:`reference_impl.weights` and made by ``scripts/train_tiny_pipeline.py``: prompts naming its
-subjects draw recognisable pictures) or random, built from ``weights_seed`` (the text encoder
-may then be loaded from a transformers-layout directory). Same config on the same machine gives
-identical bytes.
-
-``suffix_mode="rotate_to_front"`` reproduces sglang's old layout for the turbo-drift
-experiment: under sequence parallelism the replicated caption is rotated to the front of
-the attention's token order and passed as the replicated *prefix*. RoPE is applied before
-the rotation, so positions are unchanged; only the order in which keys are scanned moves.
+prompt → Qwen3 text encoder → DiT denoising (flow-matching Euler, seeded noise) → ViT VAE → uint8
+RGB; images on the Z-Image transformer, videos on HunyuanVideo's, each called as its diffusers
+pipeline calls it. Plain data in and out (:class:`PipelineConfig` → :class:`PipelineResult`), so
+every rank of a group runs the whole pipeline and, under sequence parallelism, the DiT shards the
+image tokens; rank 0's image is the result. Weights: the trained ``weights="tiny-v1"``
+(:mod:`reference_impl.weights`) or random from ``weights_seed``; the same config on the same
+machine gives the same bytes. ``suffix_mode="rotate_to_front"`` reproduces sglang's old layout for
+the turbo-drift check: the replicated caption becomes the prefix, RoPE applied before the rotation.
 """
 
 from __future__ import annotations

@@ -2,27 +2,12 @@
 
     nice -n 10 .venv/bin/python scripts/train_tiny_pipeline.py            # writes reference_impl/weights/tiny-v1.*
 
-Random weights draw 32×32 colour noise, on which SSIM, CLIP and a reference/candidate triptych
-say nothing. This makes the same tiny models draw: each prompt of :data:`SUBJECTS` names one
-photo that ships with scikit-image, and the pipeline draws a picture of it.
-
-1. Views: per subject, square crops of the photo (the first the whole centred square, the others
-   at least ``min_crop`` of it at seeded positions) resized to 32×32 and 64×64, and 3-frame clips panning across it.
-2. Autoencoder: a small conv encoder (used only here) and the pipeline's ViT VAE decoder, trained to
-   reconstruct the views; the latents are then standardised per channel and the standardisation is
-   folded into the decoder's input projection, so the DiTs learn unit-variance latents and the
-   pipeline decodes them unchanged.
-3. DiTs, on the latents: Z-Image on the images (both sizes), HunyuanVideo on the clips, with the
-   flow-matching objective the pipeline's Euler sampler integrates: at ``x = (1 - sigma)·x0 +
-   sigma·noise`` the velocity is ``noise - x0``, asked of the DiT through ``pipeline.velocity`` (the
-   function the sampler calls, so timestep convention and sign are the sampler's own), sigma uniform;
-   the checkpoint holds the moving average of the weights.
-
-The text encoder keeps its seeded random weights (it is part of the checkpoint so the file is
-complete). Every model starts from the pipeline's own seeded initialisation (``build_models``),
-every draw comes from ``--seed``, and the intra-op thread count is fixed, so a run on the same
-machine and torch gives the same bytes. Output: ``<out>.safetensors`` and its card ``<out>.json``
-(config, losses, wall times, sha256), through ``reference_impl.weights``.
+Random weights draw colour noise, on which SSIM, CLIP and a triptych say nothing; trained, each
+prompt of :data:`SUBJECTS` draws its photo. Views (square crops at 32×32 and 64×64, 3-frame pans) train
+an autoencoder whose ViT decoder is the pipeline's (latents standardised, folded into its input
+projection); then the DiTs learn flow matching through ``pipeline.velocity``, the sampler's own
+function, and the checkpoint keeps their moving average. Seeded draws, seeded initialisation and a
+fixed thread count give the same bytes on the same machine and torch. Recipe, figures: docs/models.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Writing a reference set so that a kill at any moment leaves the old set or the new one complete.
 
-A bless changes several files (a PNG per image or frame, the manifest) and no filesystem
-replaces several files in one step. So a bless (:func:`write_set`):
-
-1. finishes any earlier bless that was killed after its commit (:func:`recover`), and removes
-   the staging folders of blesses killed before theirs;
-2. stages the changed PNGs, the complete new manifest and the list of files the new set drops
-   in a fresh folder ``.bless-<random>.tmp`` beside the references, each file fsynced;
-3. commits with one rename of that folder to :data:`~harness.baselines.images.PENDING`;
-4. moves each staged PNG over its old one (a rename each), then the manifest, deletes the
-   dropped files and removes the empty ``PENDING`` folder.
-
-Before step 3 the old set is untouched; from step 3 on the new set is complete in ``PENDING``
-plus what was already moved, which is exactly what :mod:`harness.baselines.images` reads while
-``PENDING`` holds a manifest. So a reader never needs this module, and any later bless rolls
-the interrupted one forward. One bless at a time per directory: two concurrent writers are
-not coordinated.
+No filesystem replaces several files in one step, so :func:`write_set` (1) finishes an earlier
+bless killed after its commit (:func:`recover`) and removes the staging of ones killed before;
+(2) stages the changed PNGs, the new manifest and the list of dropped files in a fresh
+``.bless-<random>.tmp`` beside the references, each fsynced; (3) commits by renaming it to
+:data:`~harness.baselines.images.PENDING`; (4) moves each file into place, then the manifest,
+deletes the dropped files and removes ``PENDING``. Before (3) the old set is untouched; from (3) on
+the new set is ``PENDING`` plus what was moved, which is what :mod:`harness.baselines.images` reads,
+so a reader never needs this module. One bless at a time per directory: writers are not coordinated.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ against a reference nobody blessed. Each case records the fields it was generate
 whose fields changed is told apart from a regression (:func:`changed_fields`). Videos are one PNG
 per frame, so a re-bless shows which frames moved. Writing is :mod:`.image_writes` (staged, then
 one rename into :data:`PENDING`); a reader here also reads a set whose move a kill interrupted.
+The layout: docs/formats.md.
 """
 
 from __future__ import annotations

@@ -1,77 +1,13 @@
-"""Performance baselines in sglang's ``perf_baselines.json`` schema, and the perf check.
+"""Performance baselines in sglang's ``perf_baselines.json`` schema, and the absolute perf check.
 
-File schema (sglang's, so its published file loads as it is)::
-
-    {
-      "metadata": {"hardware": "CI H100 80GB", ...},
-      "tolerances": {
-        "pr_test":   {"e2e": 0.25, "denoise_stage": 0.25, "non_denoise_stage": 0.8,
-                      "denoise_step": 0.3, "denoise_agg": 0.2},
-        "long_term": {...same keys...}
-      },
-      "scenarios": {
-        "flux_image_t2i": {
-          "stages_ms": {"TextEncodingStage": 20.9, "DenoisingStage": 6447.4, ...},
-          "denoise_step_ms": {"0": 30.2, "1": 53.9, ...},     # sglang keys steps by string index
-          "expected_e2e_ms": 6693.0,
-          "expected_avg_denoise_ms": 128.9,
-          "expected_median_denoise_ms": 130.2
-        }
-      }
-    }
-
-Every key of a baselines file is one of these, else a ConfigError naming the file and key (with
-the nearest known key): a misspelt ``expected_e2e_mss`` or tolerance ``e2ee`` was ignored and the
-scenario gated on what was left. Kept as they are and written back, not read: comments (a key
-starting with ``_``, anywhere), ``metadata``'s free-form keys and what sglang's file holds that
-parity does not gate (:data:`UPSTREAM_TOP_KEYS`, :data:`UPSTREAM_PROFILE_KEYS`, :data:`UPSTREAM_SCENARIO_KEYS`, and
-``stages_ms.per_frame_generation``, a video's per-frame time or null, which sglang checks as a
-frame rate, not as a stage).
-
-Measured results use the *same shape as a scenario* (including the ``expected_`` key names), so
-the median of several measurements can be written back as a baseline without renaming anything::
-
-    measured = {"expected_e2e_ms": 6801.2, "stages_ms": {...}, "denoise_step_ms": {"0": 31.0, ...},
-                "expected_avg_denoise_ms": 130.1, "expected_median_denoise_ms": 131.0}
-
-A scenario may also hold ``dispersion`` (parity's addition; sglang's readers ignore the key):
-``{label: relative spread}`` of the runs it was made from (:mod:`harness.recalibrate.perf`), so
-a reader sees how much noise its tolerances stand on. Values are compared raw: what was measured
-against what is stored, never rescaled. That holds on a dedicated runner; on a shared machine
-the perf stage compares BASE and HEAD side by side instead (:mod:`harness.perf.ab`).
-
-The check (:func:`check_perf`): ``actual <= expected * (1 + tol)`` for the end-to-end latency
-(``e2e``), each stage (``denoise_stage`` for a stage whose name contains "denois", e.g.
-``DenoisingStage`` or ``Ideogram4DenoisingStage``; ``non_denoise_stage`` otherwise), each step
-(``denoise_step``) and the average/median step (``denoise_agg``). A baseline value the
-measurement lacks fails (a vanished stage is not a pass). Measured values without a baseline are
-not checked: a new stage is not a regression, recalibration adds it. sglang writes 0.0 for the
-average/median of scenarios without per-step timings; those aggregates are not checked.
-
-Layout in a baselines directory (:meth:`PerfBaselines.for_platform`)::
-
-    perf_baselines.json             tolerances (+ scenarios of one reference machine, if any)
-    platforms/perf/<platform>.json  one overlay per hardware: its scenarios (+ tolerance tweaks)
-
-Perf overlays live in their own ``platforms/perf/`` so they never collide with the threshold
-overlays ``platforms/<platform>.json`` of the same machine. ``<platform>`` is a normalised
-device name (:func:`harness.baselines.platforms.normalize_device_name`); the most specific
-overlay whose name is a token prefix of the device's wins (``find_overlay``). Scenarios in the
-base file apply only on the machine its ``metadata.platform`` names (a normalised device name,
-token-prefix matched too); without that key the base holds tolerances only for us. Timings are
-a property of one machine, so a machine without its own numbers has *no* perf baseline rather
-than another machine's.
-
-Overlays: ``metadata`` and each ``tolerances`` profile
-merge key by key; a scenario in an overlay replaces the base scenario *whole*, because the
-numbers of one scenario are one coherent measurement on one machine: mixing an H100 step time
-with an MI300 stage time would gate against a machine that does not exist.
-
-Tolerances can be overridden from the environment, one ``PARITY_PERF_TOL_<KEY>`` variable per
-key (:mod:`harness.baselines.tolerances`). A profile may also hold ``abs_floor_ms`` (optional,
-default 0): the absolute slack of :func:`check_perf`, for millisecond-scale steps whose jitter
-is large relative to their length. Every time is a finite number in [0, ``MAX_MS``], every
-tolerance in [0, ``MAX_TOLERANCE``], so no limit overflows into one that passes everything.
+The schema is sglang's, so its published file loads as it is; every other key is a ConfigError naming
+the file, the key and the nearest known one, and comments, ``metadata`` and the upstream keys parity
+does not gate are kept and written back. A measurement has the shape of a scenario, so a median of
+runs is written back unchanged. :func:`check_perf` compares raw values (``actual <= expected * (1 +
+tol)``, at least ``expected + abs_floor_ms``): absolute times hold on a dedicated runner only, a
+shared machine uses the A/B of :mod:`harness.perf.ab`. Scenarios belong to one machine, so they live
+in ``platforms/perf/<platform>.json`` (:meth:`PerfBaselines.for_platform`) and an overlay's scenario
+replaces the base one whole. The schema, the check and the overlay rules: docs/formats.md.
 """
 
 from __future__ import annotations
@@ -240,7 +176,7 @@ def check_perf(
     measured: Mapping[str, Any],
     tolerances: Tolerances,
 ) -> list[PerfCheck]:
-    """Compare a measurement with its baseline scenario (rules in the module docstring).
+    """Compare a measurement with its baseline scenario (the rules: docs/formats.md, Perf baselines).
 
     ``tolerances.abs_floor_ms`` widens every limit to at least ``expected + abs_floor_ms``; sglang's
     CI pads by 20 ms (120 ms for stages) so sub-millisecond stages do not flake. 0 is the plain
@@ -298,7 +234,7 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
 
 
 def _merge_overlay(merged: dict[str, Any], overlay: dict[str, Any]) -> None:
-    """Merge a validated overlay into ``merged`` in place (rules in the module docstring)."""
+    """Merge a validated overlay into ``merged`` in place (the rules: docs/formats.md, Perf baselines)."""
     for key, value in overlay.items():
         if key == "metadata":
             merged.setdefault("metadata", {}).update(value)

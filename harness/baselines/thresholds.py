@@ -1,32 +1,13 @@
 """Image/video consistency thresholds in sglang's ``consistency_threshold.json`` schema.
 
-Schema (sglang's, unchanged so its published files load as they are)::
-
-    {
-      "_comment": "...",                                  # a key starting with "_": a comment, kept
-      "default_clip_threshold_image": 0.92, ...           # default_{metric}_threshold_{image,video}
-      "cases": {
-        "flux_image_t2i": {"clip_threshold": 0.92, "ssim_threshold": 0.95,
-                           "psnr_threshold": 24.0, "mean_abs_diff_threshold": 8.0}
-      }
-    }
-
-Direction of each bound (what the gate compares): clip, ssim and psnr are lower bounds
-(``value >= threshold`` passes), mean_abs_diff is an upper bound (``value <= threshold``).
-
-Every key is one of these, else a ConfigError naming the file and key (with the nearest known
-key): a misspelt ``psnr_treshold`` silently gated the case at the default. Comments (a key
-starting with ``_``, anywhere) and the bounds sglang publishes for metrics parity does not gate
-(:data:`UPSTREAM_METRICS`, its audio metrics: ``default_<metric>_threshold`` at the top,
-``<metric>_threshold`` in a case) are kept as they are and written back; those bounds must be
-numbers too.
-
-Overlays: a platform file is merged over the base key by key. A case's keys override the base
-case's keys one at a time (anything absent keeps the base value); top-level keys (defaults,
-comments) override whole. Lookup for a case is then: the merged case value, else the merged
-``default_*`` for the kind; with neither it is a ConfigError, never an invented number. The
-overlay for the current machine is found with :func:`harness.baselines.platforms.find_overlay`.
-Chains work: sglang's gfx1250.json is an overlay on h100.json (``load(h100, [gfx1250])``).
+The schema is sglang's, unchanged, so its published files load as they are: per-case
+``{clip,ssim,psnr,mean_abs_diff}_threshold`` and ``default_<metric>_threshold_{image,video}``.
+clip, ssim and psnr are lower bounds, mean_abs_diff an upper bound. Any other key is a ConfigError
+naming file, key and the nearest known one (a misspelt key would gate the case at the default);
+comments (``_`` keys) and sglang's bounds for metrics parity does not gate (:data:`UPSTREAM_METRICS`)
+are kept and written back. A platform overlay merges key by key (a case's keys one at a time) and
+overlays chain; a case with neither its own value nor a default is a ConfigError, never an
+invented number. The rules: docs/formats.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The perf check's tolerances: the relative slack per value family, from a baselines profile or the environment.
 
 A CI lane on a noisy runner overrides a profile's value with one variable per key:
-``PARITY_PERF_TOL_E2E``, ``PARITY_PERF_TOL_DENOISE_STAGE``, ``PARITY_PERF_TOL_NON_DENOISE_STAGE``,
-``PARITY_PERF_TOL_DENOISE_STEP``, ``PARITY_PERF_TOL_DENOISE_AGG`` (fractions: ``0.2`` = 20 %),
-``PARITY_PERF_TOL_WALL`` and ``PARITY_PERF_TOL_ABS_FLOOR_MS`` (absolute slack in ms).
-
-``wall`` is parity's own family (optional in a profile, the ``e2e`` value where absent): parity's
-wall clock of a run, which for an external command holds its interpreter's start and its loading
-(measured ±12 % per pair for a 0.12 s command on an H200 host, where the command's own timings
-moved ±2 %). :func:`check_env_tolerances` refuses a
-value that is not a number in range, and a ``PARITY_PERF_TOL_*`` name that is none of these (a
-typo would otherwise be ignored), before any stage runs.
+``PARITY_PERF_TOL_{E2E,DENOISE_STAGE,NON_DENOISE_STAGE,DENOISE_STEP,DENOISE_AGG,WALL}`` (fractions:
+``0.2`` = 20 %) and ``PARITY_PERF_TOL_ABS_FLOOR_MS`` (ms). ``wall`` is parity's own family (``e2e``'s
+value where absent): its wall clock of a run, which for a command includes start-up and loading
+(±12 % per pair for a 0.12 s command on an H200 host, the command's own timings ±2 %).
+:func:`check_env_tolerances` refuses an out-of-range value or an unknown ``PARITY_PERF_TOL_*`` name
+(a typo would be ignored) before any stage runs.
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """Contract case files (TOML): load, expand, validate.
 
-A file holds optional ``[defaults]`` (applied to every case of the file) and one table per
-case, keyed by its id::
-
-    [defaults]
-    dtype = "bf16"
-
-    [cases.sglang_suffix_w2]
-    contract = "usp.replicated_suffix_bitwise"
-    description = "sglang's 2-GPU parity case"      # optional
-    world_size = 2
-    tokens_per_rank = 64
-    heads = 30
-    head_dim = 128
-    replicated = 6
-
-    [cases.ulysses]
-    contract = "usp.ulysses_parity"
-    world_size = 2
-    matrix = { dtype = ["fp32", "bf16"], causal = [false, true] }   # one case per combination
-
-A matrix case expands to ids like ``ulysses[dtype=fp32,causal=false]``, at most
-:data:`MAX_MATRIX_CASES` of them per table and :data:`MAX_FILE_CASES` per file (a 1.6 KB file
-must not expand to 10^10 cases).
-A case id is a safe name (:func:`harness.files.jsonio.expect_id`).
-
-Platform and target overlays (``contracts/platforms/*.toml``, ``contracts/targets/*.toml``)
-adjust the cases for one platform or one upstream stack: :mod:`harness.cases.overlays`.
-
-Every problem (TOML
-syntax, unknown contract, unknown or missing key, wrong type, a token count the world size does
-not divide, heads the Ulysses degree does not divide) is a ConfigError naming the file, the
-case and the key.
+A file holds optional ``[defaults]`` and one ``[cases.<id>]`` table per case, naming its
+``contract`` and that contract's parameters; a ``matrix`` expands into one case per combination
+(``ulysses[dtype=fp32,causal=false]``), at most :data:`MAX_MATRIX_CASES` per table and
+:data:`MAX_FILE_CASES` per file, so a small file cannot expand into billions of cases. Platform and
+target overlays adjust the cases afterwards (:mod:`harness.cases.overlays`). Every problem (syntax,
+an unknown contract or key, a wrong type, a token count the world size does not divide, heads the
+Ulysses degree does not divide) is a ConfigError naming the file, the case and the key. The
+format: docs/formats.md; every contract's parameters: docs/contracts.md.
 """
 
 from __future__ import annotations

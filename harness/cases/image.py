@@ -1,41 +1,13 @@
 """Image cases (TOML): one seeded pipeline run at a world size, compared with its single-rank reference.
 
-Files live in ``<cases root>/images/*.toml``. A file holds optional ``[defaults]`` (pipeline
-fields shared by its cases) and one table per case, keyed by its id::
-
-    [defaults]
-    prompt = "a red fox in fresh snow"
-    height = 32
-    width = 32
-    steps = 4
-
-    [cases.zimage_t2i_2ranks]
-    description = "SP=2 must reproduce the 1-rank image"   # optional
-    world_size = 2          # ranks (default 1)
-    ulysses_degree = 2      # default world_size / ring_degree
-    ring_degree = 1         # default 1
-    kind = "image"          # optional: "image" or "video", checked against what the fields make
-    target = "diffusers"    # optional (also in [defaults]): the pipeline target; default --pipeline-target
-    unmeasured = { clip = "no CLIP model configured" }  # optional (also in [defaults]): bounds that may go
-                            # unmeasured, with the words of the skip reason; any other unmeasured bound fails
-    seed = 0                # every other key is a field of the pipeline target
-
-    [cases.hunyuan_t2v_2ranks]
-    world_size = 2
-    num_frames = 3          # frames make a video case (HunyuanVideo style DiT)
-
-A case's ``target`` is a pipeline target spec (a built-in name or ``module:factory``). A case
-that names the run's default target (``--pipeline-target``) gets its factory arguments
-(``--pipeline-target-arg``) too; a case naming another target gets it built without arguments, so
-that target's settings are case fields (e.g. diffusers' ``path``). The reference of every case is
-the output of the same fields, on the same target, on ONE rank (blessed by ``parity
-bless``): a 1-rank case is then a regression check, an N-rank case a parity check. ``device`` is
-not a case key: the runner sets it per rank (``--device``). Which keys are fields, and whether
-their values can run, is the pipeline target's to say (:meth:`PipelineTarget.check_case`).
-
-Every problem (TOML syntax, a field the pipeline does not have, a wrong type, a token count the
-world size does not divide, a ring degree the pipeline cannot run) is a ConfigError naming the
-file, the case and the key (``cases.<id>.<key>``).
+Files live in ``<cases root>/images/*.toml``: optional ``[defaults]`` and one ``[cases.<id>]`` table
+per case, with ``world_size``, ``ulysses_degree``, ``ring_degree``, ``kind``, ``target``,
+``unmeasured`` and the pipeline target's own fields (the target says which keys are fields and
+whether they can run: :meth:`PipelineTarget.check_case`). A case's reference is the same fields on
+the same target on one rank, so a 1-rank case is a regression check and an N-rank case a parity
+check. A case naming another target than ``--pipeline-target`` gets it built without the
+``--pipeline-target-arg`` pairs. Every problem is a ConfigError naming file, case and key. The
+format, with an example: docs/formats.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,13 @@
-"""Overlays on the contract cases: per platform (what a platform's hardware can promise) and per target
-(what an upstream stack's released versions do), each entry carrying the fact that justifies it.
+"""Overlays on the contract cases: per platform (what its hardware can promise) and per target (what
+an upstream stack's released versions do), each entry carrying the fact that justifies it.
 
-A platform overlay ``contracts/platforms/<platform>.toml`` (``cpu``, ``cuda``, ``rocm``, ``mps``)
-replaces parameters of the cases whose id matches a glob, on that platform only::
-
-    [overrides."zimage_sp[*dtype=fp32*]"]
-    bound = "fa:2"
-
-A target overlay ``contracts/targets/<target name>.toml`` applies only when that target runs,
-and only to the installed versions its entries name::
-
-    [target]
-    distribution = "sglang"            # the installed distribution whose version `versions` tests
-
-    [overrides."masked_rejects_replicated[*"]
-    because = "sglang PR #36735 (first in 0.5.20) made a mask with a replicated prefix legal"
-    versions = ">=0.5.20"              # optional PEP 440 specifier set
-    refused = ["suffix", "kv_prefix"]  # contract parameters, re-validated
-
-    [expected_failures."masked_gqa"]
-    because = "sglang 0.5.23 calls SDPA without enable_gqa on its masked paths (layer.py:1293)"
-    versions = "<=0.5.23"
-    platforms = ["cuda"]               # optional: only on these platform kinds (cpu, cuda, rocm, mps)
-
-    [expected_skips."ring*"]
-    because = "no CPU backend of sglang returns the LSE a ring merge needs"
-    platforms = ["cpu"]
-    reason = "Ring Attention requires"  # optional: the skip's reason must hold this text
-    when_missing = "flash_attn"         # optional: only while this module cannot be imported
-
-Where one case's fact changes between releases, its glob takes an array of tables, one per
-version range (``[[expected_skips."hybrid[*"]]``, each with its own ``because`` and ``versions``);
-where several apply, the last one wins.
-
-An expected failure is strict: the case is reported ``xfailed`` when it fails, and *failed* when
-it passes (upstream fixed it: narrow ``versions``), so the day a fix lands the run says so while
-a new divergence still fails. An expected skip is strict the same way: a pinned case that runs
-fails ("remove it from the overlay"), one skipped for another reason fails, and a skip that no
-entry pins fails the case (:func:`harness.contracts.runner.expectations_applied`): a skip is a
-claim that the target cannot express the case. Known-broken behaviour is an expected failure,
-never a skip. ``distribution`` is needed only by entries with ``versions``. Globs: ``*`` and ``?``,
-brackets literal (matrix case ids contain them); each must match at least one case. Every
-problem is a ConfigError naming file and key.
+``contracts/platforms/<platform>.toml`` replaces parameters of the cases a glob matches, on that
+platform only. ``contracts/targets/<target>.toml`` applies when that target runs, to the installed
+versions its entries name (PEP 440 against ``[target] distribution``): ``overrides``,
+``expected_failures`` and ``expected_skips``, all strict, so the day upstream fixes a divergence the
+run says so while a new one still fails; a skip no entry pins fails its case (a skip is a claim).
+Globs are ``*`` and ``?`` with brackets literal, each must match a case; every problem is a
+ConfigError naming file and key. The keys, with an example: docs/formats.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """``parity recalibrate``: new thresholds or perf baselines from N gate results files.
 
 Reads the results.json of several ``parity gate --report DIR`` runs, proposes new values with
-:mod:`harness.recalibrate`'s policy, prints the diff as a table and writes only with
-``--write`` (atomically, the previous file kept as ``.bak``). A proposal that loosens a bound
-(a lower clip/ssim/psnr, a higher mean_abs_diff, a higher expected time) is refused, exit 2
-with the list, unless ``--allow-loosen``.
-
-Where values go. thresholds: the base ``consistency_threshold.json`` (every result pooled: the
-worst run of any machine sets the bound), or with ``--platform NAME`` the overlay
-``platforms/NAME.json``, or with ``--per-platform`` one overlay per ``platform`` recorded in
-the results. perf: always per machine, because a median over two machines is a machine that
-does not exist: results are grouped by their ``platform`` into ``platforms/perf/<platform>.json``
-(created when absent: that is how a new machine gets its baseline); ``--platform NAME`` sends
-them all to one overlay (results that name another platform are refused).
+:mod:`harness.recalibrate`'s policy, prints the diff and writes only with ``--write`` (atomically,
+the old file kept as ``.bak``). A proposal that loosens a bound is refused (exit 2, with the list)
+unless ``--allow-loosen``. Thresholds go to the base file, or with ``--platform NAME`` /
+``--per-platform`` to overlays; perf values always per machine, grouped by the results' ``platform``
+into ``platforms/perf/<platform>.json`` (a median over two machines is a machine that does not
+exist). The rules: docs/references.md.
 """
 
 from __future__ import annotations

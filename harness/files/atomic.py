@@ -1,17 +1,12 @@
 """Atomic file writes for baselines, manifests and results.
 
-A CI job killed mid-write (timeout, OOM killer, SIGKILL) must never leave a half-written
-baseline behind: the next run would either crash on it or, worse, gate against garbage. Every
-write therefore goes to a temporary file in the target's own directory (same filesystem, so the
-final ``os.replace`` is an atomic rename), is fsynced, and only then replaces the target. A reader
-sees the old complete file or the new complete file, nothing in between.
-
-A writer killed between creating its temp file and the rename leaves ``.<name>.<12 hex>.tmp``
-behind. The next write into the same directory removes such files once they are orphaned: the
+A CI job killed mid-write must never leave a half-written baseline. Every write goes to a temporary
+file in the target's own directory (so ``os.replace`` is an atomic rename), is fsynced, then
+replaces the target: a reader sees the old file or the new one. A writer killed before the rename
+leaves ``.<name>.<12 hex>.tmp``; the next write into that directory removes it once orphaned. The
 writer holds an exclusive ``flock`` on its temp file until after the rename (the kernel drops it
-when the process dies), so an unlocked temp file older than :data:`ORPHAN_GRACE_S` (the grace
-covers the instant between creating the file and locking it) belongs to nobody. Where locks are
-not available, only temp files older than :data:`STALE_TEMP_S` are removed.
+when the process dies), so an unlocked temp file older than :data:`ORPHAN_GRACE_S` belongs to
+nobody; without locks, only temp files older than :data:`STALE_TEMP_S` are removed.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Opening an input file so that no input can hang parity, exhaust its memory or end in a traceback.
 
-A FIFO in place of a JSON file blocks ``open`` forever; a symlink to /dev/zero reads until memory
-runs out; a directory, a dangling symlink or a file that is not UTF-8 raises an exception that
-does not say which input was wrong. Every reader goes through :func:`read_text`
-(or :func:`read_regular_bytes` for binary files): regular files only (symlinks followed), at
-most ``max_bytes``, UTF-8, and every refusal a ConfigError naming the file.
-
-:func:`is_present` is the check for optional files (platform overlays, a manifest not written
-yet): nothing there is a normal answer, anything there that is not a regular file is an error,
-never "absent" (a dangling overlay symlink must not silently mean "no overlay").
-
-A file that something outside parity handed over (a command's output directory, the candidates of
-a results directory) is read ``within`` that directory: every folder on the way and the file are
-opened without following a symlink (``O_NOFOLLOW``, one ``openat`` per component), so an output
-that is a link to the blessed reference, or a candidate linked to a file elsewhere, is refused.
+A FIFO blocks ``open`` forever, a symlink to /dev/zero reads until memory runs out, a directory or a
+non-UTF-8 file raises without naming the input. So every reader goes through :func:`read_text` (or
+:func:`read_regular_bytes`): regular files only (symlinks followed), at most ``max_bytes``, UTF-8,
+every refusal a ConfigError naming the file. :func:`is_present` checks optional files: nothing
+there is a normal answer, anything there that is not a regular file an error (a dangling overlay
+symlink must not mean "no overlay"). A file handed over from outside (a command's output, a results
+directory's candidates) is read ``within`` its directory with ``O_NOFOLLOW`` at every component, so
+a link to the blessed reference is refused.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The gate's image stage: run every image case, compare with its blessed single-rank reference, judge by thresholds.
 
-Per case: the case's pipeline target runs on ``world_size`` ranks of the gate's pools (or, for an
-external command, in the gate's process); rank 0's output is compared with the hash-verified reference (``<baselines>/images``) by PSNR, SSIM, mean abs diff
-and, when a CLIP model is configured, CLIP cosine. clip, ssim and psnr pass at ``value >=
-threshold``, mean_abs_diff at ``value <= threshold``. A metric that is not computed (CLIP without a
-model) is ``null`` with its reason, never passed silently; the case is judged on the metrics
-that were computed.
-
-Thresholds: ``<baselines>/consistency_threshold.json`` with the overlay
-``<baselines>/platforms/<platform>.json`` of this hardware merged over it when one exists
-(:meth:`ThresholdSet.for_platform`). Everything that can be wrong in the configuration (case
-files, thresholds, references and their hashes, the CLIP directory) is checked in
-:meth:`ImageStage.preflight`, before any rank starts, and is a ConfigError (exit 2).
-
-A case without a reference, or whose fields changed since its reference was blessed (the
-manifest records the fields' fingerprint), still runs but is not compared: it fails with the
-reason and ``parity bless CASE`` as its next step, not as a regression. With a report
-directory, the candidate of every failing case (of every case with ``keep_outputs``) is saved
-in ``<report>/candidates`` as a reference set, which ``parity bless --from-results`` promotes.
-
-The stage also fills the results document's top-level ``cases`` map (recalibration input,
-:func:`harness.results.image_entry`) and ``platform``.
+Rank 0's output of each case (run on ``world_size`` ranks of the gate's pools, or in this process
+for an external command) is compared with its hash-verified reference by PSNR, SSIM, mean abs diff
+and, with a CLIP model, CLIP; a metric not computed is ``null`` with its reason, never a silent
+pass. Every configuration problem (case files, thresholds, references, the CLIP directory) is a
+ConfigError from :meth:`ImageStage.preflight`, before any rank starts. A case with no reference, or
+changed since it was blessed, runs but fails with ``parity bless CASE`` as its next step, not as a
+regression. With a report directory the candidates of failing cases (all with ``keep_outputs``) are
+saved for ``parity bless --from-results``; the stage fills the results' ``cases`` and ``platform``.
 """
 
 from __future__ import annotations

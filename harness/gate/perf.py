@@ -1,19 +1,13 @@
 """The gate's perf stage: every image case timed, BASE against HEAD side by side, or raw against a stored baseline.
 
-**A/B** (``--perf-base SPEC``, ``parity perf BASE HEAD``): each case's own pipeline target is HEAD,
-``SPEC`` is BASE; both are prepared in pools of their own on the same devices and run interleaved
-until every figure has a verdict (:mod:`harness.perf.ab`): passed, failed, or inconclusive at the
-cap. This is the verdict that holds on a shared machine: both sides see the same machine at the
-same moments, so only their ratio is judged.
-
-**Absolute** (otherwise): ``runs`` timed runs per case, their medians against this machine's perf
-baseline (``<baselines>/platforms/perf/<platform>.json``, sglang's schema), raw, as sglang's CI
-does on its dedicated runners: ``actual <= expected * (1 + tol)`` per value with the profile's
-tolerances (``PARITY_PERF_TOL_*`` override them). On only where such a baseline exists; ``--perf``
-measures anyway, for ``parity recalibrate perf``.
-
-Both modes also run the perf contract cases of ``<cases>/perf`` (ratios timed side by side on the
-contract target) unless the caller times pipelines only.
+**A/B** (``--perf-base SPEC``, ``parity perf BASE HEAD``): the case's own pipeline target is HEAD,
+``SPEC`` BASE; both prepared in pools of their own on the same devices and run interleaved until
+every figure has a verdict (:mod:`harness.perf.ab`). The verdict that holds on a shared machine.
+**Absolute** (otherwise): ``runs`` timed runs per case, their medians against this machine's
+``<baselines>/platforms/perf/<platform>.json`` as sglang's dedicated runners do (``actual <=
+expected * (1 + tol)``, ``PARITY_PERF_TOL_*`` overriding); on only where such a baseline exists,
+``--perf`` measures anyway for ``parity recalibrate perf``. Both modes also run the perf contract
+cases of ``<cases>/perf`` unless the caller times pipelines only.
 """
 
 from __future__ import annotations

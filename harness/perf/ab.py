@@ -1,24 +1,13 @@
 """BASE and HEAD side by side: interleaved runs on the same devices, a ratio with an interval per figure, a verdict.
 
-Both sides are prepared once (each in pools of its own), warmed up (``warmup`` untimed runs each,
-alternating), then run in pairs in ABBA order (base, head, head, base, ...): a slow drift of the
-machine lands on both runs of a pair and cancels in their ratio. Both runs of a pair run on the
-same cores, and each pair on the next cores (:func:`harness.pipelines.sessions.rank_cores`), so a
-slower core slows both sides alike instead of the one the scheduler happened to keep there. After each pair from
-``min_pairs`` on, every figure both sides recorded is judged (:func:`judge_figure`); sampling
-stops when every figure is decided or one has failed, else at ``max_pairs``, where a figure still
-undecided makes the case inconclusive.
-
-A figure's limit is ``1 + tolerance`` of its family (the ``ab`` profile), widened to
-``1 + abs_floor_ms / BASE median`` for figures so short that their jitter is the floor. It passes
-when its interval at the confidence asked ends within the limit (HEAD is at most that much
-slower), and fails when its interval at ``1 - (1 - confidence) / F`` (F: the figures judged,
-Bonferroni) starts beyond it: a case claims a regression of any of its F figures at the confidence
-asked, not F times as often. Otherwise it is undecided. The tolerance keeps a false failure
-unlikely at every look: the interval would have to miss the true ratio by the whole tolerance.
-Resampling the pairs of 66 recorded BASE = HEAD A/Bs (40 draws each) failed 30 of 2,640 with one
-confidence for both claims and 4 with the corrected one, while as many passed (2,271 and 2,290);
-on the recorded 10 % slowdowns of an H200 it still failed 1,188 of 1,200 (1,199 uncorrected).
+Both sides are prepared once (in pools of their own), warmed up, then run in ABBA pairs, both runs
+of a pair on the same cores, so drift and a slow core hit both alike and cancel in their ratio.
+From ``min_pairs`` on, after each pair every figure is judged (:func:`judge_figure`): it passes when
+its interval ends within ``1 + tolerance`` (widened by ``abs_floor_ms`` for very short figures), and
+fails when its Bonferroni-corrected interval starts beyond it, so a case with F figures claims a
+regression at the confidence asked, not F times as often. Sampling stops when every figure is
+decided or one failed, else at ``max_pairs``: inconclusive. The method and its measured error
+rates: docs/perf.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """How much slower HEAD is than BASE, from paired runs: a ratio with a confidence interval.
 
-Each pair is one BASE run and one HEAD run made back to back (in ABBA order), so the machine's
-slow drift hits both alike and cancels in their ratio. The estimate is the Hodges-Lehmann
-location of the paired log ratios ``ln(head / base)`` (the median of their Walsh averages), its
-interval the one the Wilcoxon signed-rank test inverts to, computed exactly. Why this and not a
-bootstrap or a t interval: it needs no normality (run times are skewed, with outliers from a
-neighbour or a collector), a third of the pairs can be outliers before the estimate moves, the
-interval is exact for symmetric paired differences at every n instead of resampled (a bootstrap
-of ten values is coarse and random), and it is deterministic, so a verdict repeats for the same
-numbers. Logs make the ratio symmetric: ×2 and ×½ are equally far from 1.
+Each pair is one BASE and one HEAD run back to back (ABBA), so slow drift cancels in their ratio.
+The estimate is the Hodges-Lehmann location of the paired log ratios (the median of their Walsh
+averages), its interval the one the Wilcoxon signed-rank test inverts to, computed exactly. It needs
+no normality (run times are skewed, with outliers), a third of the pairs can be outliers before it
+moves, the interval is exact at every n rather than resampled, and it is deterministic, so a
+verdict repeats for the same numbers. Logs make the ratio symmetric: ×2 and ×½ are equally far from 1.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """A pipeline target prepared once for one image case and run as often as a stage needs.
 
-A :class:`Session` prepares the case's pipeline (models built, sequence parallelism over the
-group: never timed) on ``world_size`` ranks of a pool, each rank on its own device, or here for a
-target that starts its own processes (``runs_in_ranks`` False: an external command; rank groups
-would only hold devices it needs). Each :meth:`Session.run` is one generation: every rank starts
-it together (a barrier), parity's own clock times it on rank 0 (``wall_ms``, the device
-synchronised at the end) beside the timings the target reports, and each rank's peak memory of
-that run is read. Rank 0's output is what is judged. The image stage and ``parity bless`` run a
-case once (:func:`generate`); the perf stage times many runs, and in an A/B it holds two sessions
-at once, in pools of their own (``tag``).
-
-Peak memory per run: on CUDA ``torch.cuda.max_memory_allocated`` (tensors only, resident weights
-included; kind ``cuda_max_allocated``); on Linux CPU the process's peak RSS after resetting it
-through ``/proc/self/clear_refs`` (whole process; ``rss_peak``); elsewhere the rank's lifetime
-peak RSS (``rss_lifetime_peak``: an upper bound, a pool rank has run other cases before). A
-target run here keeps its memory in processes parity does not own: ``not_measured``.
+A :class:`Session` prepares the case's pipeline (never timed) on ``world_size`` ranks of a pool, or
+here for a target that starts its own processes (``runs_in_ranks`` False: rank groups would only hold
+devices it needs). Each :meth:`Session.run` is one generation, started together on every rank (a
+barrier), timed by parity's clock on rank 0 (``wall_ms``) beside the target's own timings, with each
+rank's peak memory: ``cuda_max_allocated`` on CUDA, ``rss_peak`` on Linux CPU (reset through
+``/proc/self/clear_refs``), else ``rss_lifetime_peak`` (an upper bound), ``not_measured`` for a target
+run here. The image stage and bless run a case once (:func:`generate`); the perf stage many times,
+an A/B with two sessions in pools of their own (``tag``).
 """
 
 from __future__ import annotations

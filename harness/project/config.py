@@ -1,22 +1,12 @@
 """The project file: where a project keeps its cases and baselines, and what it gates by default.
 
-Either ``parity.toml`` (its keys at the top level) or a ``[tool.parity]`` table in ``pyproject.toml``,
-found like pytest's rootdir: from the working directory upwards, the first directory that holds
-one (a ``pyproject.toml`` without ``[tool.parity]`` is passed over; both files in one directory is
-an error, so which one counts is never a guess)::
-
-    cases = "parity/cases"            # directories, relative to the file
-    baselines = "parity/baselines"
-    target = "mypkg.attn:factory"     # --target and its --target-arg pairs
-    target_args = { heads = "8" }
-    pipeline_target = "command"       # --pipeline-target and its --pipeline-target-arg pairs
-    pipeline_target_args = { template = "python gen.py --out {out_dir}" }
-    device = "cpu"                    # --device
-    profile = "pr_test"               # the perf tolerance profile (gate --perf-profile, recalibrate perf --profile)
-
-Every key is optional; a command-line option overrides its key (``--target`` replaces ``target``
-and ``target_args``, ``--target-arg`` alone only ``target_args``; the same for the pipeline keys).
-Everything is validated on read, with errors naming the file and the key.
+``parity.toml``, or ``[tool.parity]`` in ``pyproject.toml``, found like pytest's rootdir: the first
+directory upwards from the working directory that holds one (both in one directory is an error, so
+which one counts is never a guess). Keys: ``cases``, ``baselines`` (relative to the file),
+``target`` and ``target_args``, ``pipeline_target`` and ``pipeline_target_args``, ``device``,
+``profile``; all optional. A command-line option overrides its key (``--target`` replaces
+``target_args`` too, ``--target-arg`` only them). Validated on read, errors naming file and key;
+the table: docs/project.md.
 """
 
 from __future__ import annotations

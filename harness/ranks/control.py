@@ -1,17 +1,13 @@
 """What the ranks of a job say to each other, through the job's store (the one at ``MASTER_ADDR:MASTER_PORT``).
 
-Two logs, each read in order with a blocking wait (no polling, so a call costs round trips, not sleeps):
-
-- commands, rank 0 to every job rank (``cmd/0``, ``cmd/1``...): start a group, call it, abort a step
-  of it, stop it, exit; and a :class:`Beat` every second, so a job rank that hears nothing for
-  ``PARITY_JOB_LOST_S`` seconds (default 30) knows rank 0 is gone;
-- events, every other job rank to rank 0 (``event/1``, ``event/2``...): its answer to a step of a group
-  (its rank's value or failure), :class:`Alive` every second (a rank silent for ``PARITY_JOB_LOST_S``
-  is lost: its node gone, its process killed), :class:`Exited` once it has taken rank 0's exit code.
-
-An event's number is its place in one job-wide order, which is how the rank that failed first is told
-from the ranks whose collectives broke because of it. A store connection serves one request at a
-time, so each thread that talks has its own :class:`Channel`.
+Two logs, each read in order with a blocking wait (no polling). Commands, rank 0 to every job rank
+(``cmd/<rank>``): start a group, call it, abort a step, stop it, exit, and a :class:`Beat` every
+second, so a job rank that hears nothing for ``PARITY_JOB_LOST_S`` seconds knows rank 0 is gone.
+Events, every other job rank to rank 0 (``event/<rank>``): its answer to a step, :class:`Alive` every
+second (a rank silent that long is lost), :class:`Exited` once it took rank 0's exit code. An
+event's number is its place in one job-wide order, which tells the rank that failed first from
+those whose collectives broke because of it. A store connection serves one request at a time, so
+each talking thread has its own :class:`Channel`.
 """
 
 from __future__ import annotations

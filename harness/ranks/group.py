@@ -1,19 +1,13 @@
 """One live rank group seen from the parent: its processes, their pipes, the rendezvous, and its end.
 
-A group ends exactly once, on every path (a failure, a timeout, close, an interrupt, garbage
-collection, interpreter exit), and ending it leaves nothing: every rank's descendants are
-killed (a rank is a child subreaper, so one in a session of its own too), then every rank's
-process group, every rank reaped, every pipe closed. A group being started in a background
-thread when it is ended (an interrupted run exits) starts no further rank. The rendezvous
-is a TCPStore served by this process on a port the kernel picks, so concurrent groups cannot
-collide and no file outlives a parent that was killed. Under a job
-(:mod:`harness.ranks.hosting`) each job rank starts only its own rank of a group, which meets
-the others in the job's store under the group's own prefix; ``interrupt`` then ends this part
-of the group as soon as another job rank reports a failure of its own part.
-
-What a failure says: the rank that raised, with its traceback, or the rank that died and by which
-signal, or, on a timeout, the Python stack of every rank that had not answered (faulthandler, on
-``SIGUSR1``), so a hang says where it hangs.
+A group ends exactly once on every path (failure, timeout, close, interrupt, garbage collection,
+interpreter exit) and leaves nothing: every rank's descendants killed, then every rank's process
+group, every rank reaped, every pipe closed; a group still starting in the background starts no
+further rank. The rendezvous is a TCPStore served here on a port the kernel picks, so groups never
+collide and no file outlives a killed parent. Under a job (:mod:`harness.ranks.hosting`) each job
+rank starts its own rank, meeting the others in the job's store under the group's prefix. A failure
+names the rank that raised (its traceback), the rank that died (its signal), or on a timeout every
+pending rank's Python stack (faulthandler on ``SIGUSR1``), so a hang says where it hangs.
 """
 
 from __future__ import annotations

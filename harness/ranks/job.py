@@ -1,15 +1,11 @@
 """The job a launcher started this process in: torchrun's env:// variables, or SLURM's under ``srun``.
 
-Under a job every process is one *job rank*. Rank 0 drives (runs the verb, prints, writes the
-outputs, decides the exit code); every job rank, rank 0 included, hosts its rank of each case's
-group (:mod:`harness.ranks.hosting`): a case of W ranks runs on job ranks 0..W-1, each of which
-starts one rank process for it, so a case's group is exactly W ranks and every target keeps
-seeing ``dist.get_world_size() == W``. A job of one rank is no job: the local launcher then
-starts every case's ranks on this host.
-
-The only address used is the one the launcher gives (``MASTER_ADDR:MASTER_PORT``): under torchrun
-its agent serves the store there; under a bare ``srun`` rank 0 serves it on the first host of the
-step's node list.
+Every process of a job is a *job rank*. Rank 0 drives (runs the verb, prints, writes, decides the
+exit code); every job rank hosts its rank of each case's group (:mod:`harness.ranks.hosting`): a
+case of W ranks runs on job ranks 0..W-1, one rank process each, so every target sees
+``dist.get_world_size() == W``. A job of one rank is no job: the local launcher runs. The only
+address used is the launcher's ``MASTER_ADDR:MASTER_PORT``: torchrun's agent serves the store
+there; under a bare ``srun`` rank 0 serves it on the step's first host.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Rank 0's handle on one group of a job: job ranks 0..W-1, one rank each, with a local group's interface.
 
-A :class:`~harness.ranks.launcher.RankPool` under a job starts a :class:`JobGroup` where it would
+Under a job a :class:`~harness.ranks.launcher.RankPool` starts a :class:`JobGroup` where it would
 start a local :class:`~harness.ranks.group.Group`, so every caller of a pool (the contract runner,
-the image and perf stages, bless, a sweep) runs on the job's ranks unchanged. A case's group is
-its own process group of exactly W rank processes, whatever the job's size: the targets set up
-their parallel state on the default group, as they do under the local launcher.
-
-What a failure says is what the local launcher says: the rank that raised with its traceback, the
-rank that died and how, or every pending rank's stack on a timeout. A job rank that stops
-answering ends the run with :class:`~harness.ranks.control.JobLost`.
+the image and perf stages, bless, sweep) runs on the job's ranks unchanged. A case's group is its
+own process group of exactly W ranks, whatever the job's size, so targets set up their parallel
+state on the default group as under the local launcher. A failure says what the local launcher
+says; a job rank that stops answering ends the run with :class:`~harness.ranks.control.JobLost`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Run a function on N ranks of a real torch.distributed process group on one host, or on N ranks of a job.
 
-Parity checks must exercise the same collectives production uses, so every rank is a real
-process in a real group (gloo on CPU, NCCL with one GPU per rank). What this package adds is
-robustness for a CI gate (:mod:`harness.ranks.group`): a rendezvous that cannot collide, a
-timeout per call with the stacks of the ranks that hang, a failing rank's traceback in the
-error, every rank ended at once on any failure and no process ever left behind; and speed
-(:mod:`harness.ranks.starting`): ranks forked from a preloaded server instead of each importing
-torch. A :class:`RankPool` keeps one group alive so a small case costs milliseconds instead of a
-start. Under torchrun or srun (:mod:`harness.ranks.session`) a pool's group is W of the job's
-ranks, each starting its own rank process (:mod:`harness.ranks.jobgroup`).
+Parity checks must exercise the collectives production uses, so every rank is a real process in a
+real group (gloo on CPU, NCCL with one GPU per rank). :mod:`harness.ranks.group` adds a CI gate's
+robustness (a rendezvous that cannot collide, a timeout with the stacks of hung ranks, a failing
+rank's traceback, every rank ended on any failure, no process left behind);
+:mod:`harness.ranks.starting` the speed (ranks forked from a preloaded server). A :class:`RankPool`
+keeps one group alive, so a small case costs milliseconds. Under torchrun or srun
+(:mod:`harness.ranks.session`) a pool's group is W of the job's ranks (:mod:`harness.ranks.jobgroup`).
 """
 
 from __future__ import annotations

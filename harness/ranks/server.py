@@ -1,21 +1,12 @@
 """What the preloaded server (multiprocessing's forkserver) sets up first: it is the first module it imports.
 
-The server forks every CPU rank, so it is the one process that is still running when the parity
-process that started it was killed (it exits once its "alive" pipe reaches EOF). (A Ctrl-C, which
-reaches the terminal's whole process group, never interrupts its imports: it is started with SIGINT
-blocked, :func:`harness.ranks.starting.start`.) Importing this module there (and nowhere else:
-elsewhere the import does nothing):
-
-- makes the server a child subreaper, so that a rank's descendants it adopts when the rank dies
-  stay its descendants, and at the server's exit kills every descendant left (a rank's grandchild
-  with a session of its own too): nothing outlives the parity process, even one killed by SIGKILL;
-- gives the ranks a temporary folder of their own (:data:`tempfile.tempdir` of every process it forks):
-  ``ranks`` inside the parity process's multiprocessing folder (``pymp-*``, named in
-  :data:`RANKS_TMPDIR_ENV` by :func:`harness.ranks.starting.start`), which that process removes,
-  whole, as it exits, and which this server removes at its own exit: a rank ended by a signal while
-  it held a temporary file or folder (a checkpoint a contract writes) leaves nothing;
-- removes, at that exit, the listener socket (``pymp-*/listener-*``) that the parity process would
-  have removed had it not been killed.
+The server forks every CPU rank, so it is the one process still running when the parity process
+that started it was killed (it exits when its "alive" pipe reaches EOF; it starts with SIGINT
+blocked). Imported there, and a no-op elsewhere, this module makes the server a child subreaper
+that kills every descendant left at its exit, so nothing outlives parity even after a SIGKILL;
+gives the ranks a temporary folder of their own inside the parity process's ``pymp-*`` folder
+(:data:`RANKS_TMPDIR_ENV`), removed at either's exit, so a rank killed while it held a temporary
+file leaves nothing; and removes at its exit the listener socket that a killed parity left.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """How rank processes start: forked from a preloaded server where the platform has one, spawned otherwise.
 
-A spawned rank is a fresh interpreter that imports torch (seconds per rank on a loaded 2-core
-box) and then the target's stack (sglang's import is ~11 s of CPU), once per rank of every group.
-multiprocessing's *forkserver* is a fresh interpreter too (never this process: it may run threads
-or have initialised CUDA, and a process that initialised CUDA must never fork) that imports the
-modules named here once, then forks each rank from that state in milliseconds.
-
-The server starts with the first preloaded group and lives until this process ends, so the
-modules it preloads are those :func:`preload` had been told of by then; a module named later is
-imported by each rank itself, as under spawn. ``PARITY_START_METHOD`` (or a group's own
-``start_method``) chooses; by default CPU ranks are forked from the server and CUDA ranks are
-spawned: forking CUDA ranks from a server that never touched CUDA is what torch documents as
-supported, but it has not been run on a GPU with this harness yet. A CUDA rank forked from a
-server that did initialise CUDA (a preloaded module did so at import) refuses to start and says so.
+A spawned rank is a fresh interpreter importing torch and the target's stack (sglang: ~11 s of CPU)
+once per rank of every group. multiprocessing's forkserver is a fresh interpreter too (never this
+process, which may run threads or have initialised CUDA) that imports the preloaded modules once and
+forks each rank in milliseconds. It starts with the first preloaded group and lives until this
+process ends, so a module :func:`preload` learns of later is imported by each rank itself.
+``PARITY_START_METHOD`` (or a group's ``start_method``) chooses; by default CPU ranks are forked and
+CUDA ranks spawned (forking CUDA ranks is supported by torch but not yet run here on a GPU). A CUDA
+rank forked from a server that initialised CUDA refuses to start and says so.
 """
 
 from __future__ import annotations

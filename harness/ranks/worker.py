@@ -1,25 +1,13 @@
 """The body of one rank process started by :mod:`harness.ranks.group`.
 
-Kept apart from the parent-side bookkeeping so each can be read on its own. The wire protocol is
-pickled tuples over a ``multiprocessing`` pipe: the parent sends ``pickle((fn, args))`` or ``b""``
-(stop); the rank answers ``("ready", None)`` once, then ``("ok", result)`` or ``("err", text)`` per
-call. A second, one-way pipe carries raw text: the Python stack of every thread, written by
-faulthandler when the parent sends ``SIGUSR1`` (a timeout) or when the rank crashes.
-
-Before anything else a rank makes sure it cannot outlive the parent (even stuck in C with the GIL
-held, where no Python thread can run) and that teardown can end whatever it starts:
-
-- its own process group, so the parent ends the rank *and its children* with one ``killpg``;
-- a child subreaper (:mod:`harness.processes`): what it starts stays its descendant even in a
-  session of its own, so the parent's teardown finds and kills every one (and a rank told to stop
-  kills them itself before it exits);
-- ``PR_SET_PDEATHSIG`` (Linux): the kernel kills it when the process that started it dies. A rank
-  forked by the preloaded server is that server's child; the server exits as soon as this parent
-  is gone, once no rank holds its "alive" pipe, so a rank closes its copy of that pipe at once
-  (and on its way out the server kills every descendant left: :mod:`harness.ranks.server`).
-
-A rank whose parent has gone away (its pipe broken) exits quietly: the parent, if it still lives,
-reports how the rank ended; a traceback per rank would bury the one line that says why.
+Protocol: pickled tuples over a pipe. The parent sends ``(fn, args)`` or ``b""`` (stop); the rank
+answers ``("ready", None)`` once, then ``("ok", result)`` or ``("err", text)`` per call. A second,
+one-way pipe carries the stack of every thread, written by faulthandler on ``SIGUSR1`` (a timeout)
+or on a crash. First a rank makes sure it cannot outlive the parent and that teardown ends what it
+starts: its own process group (one ``killpg``), a child subreaper (:mod:`harness.processes`), and
+``PR_SET_PDEATHSIG``; forked by the preloaded server, it closes its copy of the server's "alive"
+pipe at once (:mod:`harness.ranks.server`). A rank whose parent is gone exits quietly: the parent,
+if alive, reports how it ended, and a traceback per rank would bury the one line that says why.
 """
 
 from __future__ import annotations

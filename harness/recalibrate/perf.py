@@ -1,16 +1,11 @@
 """Perf proposals: a new baseline value per measured value from N gate runs, and the noise it stands on.
 
-The median of the N measurements of each value (raw, as each gate measured it); a value changes
-only when ``|median - old| / old > tolerance / 3`` (the tolerance of that value's family, see
-:mod:`harness.baselines.perf`), so noise well inside the gate's own slack does not churn the
-baseline; a changed value is rounded to 4 significant figures. A higher expected time is a
-loosening: refused unless allowed (:mod:`.proposals`).
-
-Each proposal carries the spread of its runs: the largest relative distance of one run's value
-from their median. A tolerance no wider than that spread is inside the measured noise: an
-unchanged tree would fail the gate on it, so writing such a baseline is refused
-(:func:`refuse_inside_noise`), naming the values; the written scenario records every spread
-(``dispersion``) beside its values.
+The median of the N raw measurements of each value; it changes only when ``|median - old| / old >
+tolerance / 3`` (so noise inside the gate's slack does not churn the baseline) and is then rounded to
+4 significant figures. A higher expected time is a loosening, refused unless allowed
+(:mod:`.proposals`). Each proposal carries its runs' spread (the largest relative distance of a run
+from the median): a tolerance no wider than that would fail an unchanged tree, so writing it is
+refused (:func:`refuse_inside_noise`); the written scenario records every spread (``dispersion``).
 """
 
 from __future__ import annotations

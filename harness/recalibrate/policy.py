@@ -1,25 +1,13 @@
 """Threshold recalibration policy: how far from the worst observed run each metric's new bound sits.
 
-Default (after sglang PR #29824), from the worst value observed over all runs of a case (the
-lowest clip/ssim/psnr, the highest mean_abs_diff)::
+Default (sglang PR #29824), from the worst value over all runs of a case::
 
-    clip          = min(worst - 0.02, 0.98)
-    ssim          = min(worst - 0.04, 0.95)
-    psnr          = min(worst - 3 dB, 30 dB)
-    mean_abs_diff = max(worst + 3, 4)
+    clip = min(worst - 0.02, 0.98)      ssim = min(worst - 0.04, 0.95)
+    psnr = min(worst - 3 dB, 30 dB)     mean_abs_diff = max(worst + 3, 4)
 
-The cap/floor keeps a bound from becoming so tight that run-to-run noise fails it (an
-identical-image run has psnr = inf and clip = ssim = 1: the cap turns that into 30 dB / 0.98 /
-0.95); a lower bound never goes below 0. New values are rounded to 4 decimals *towards the safe
-side* (down for lower bounds, up for mean_abs_diff) so rounding never makes the worst observed
-run fail. A policy file (JSON, or TOML when its name ends in .toml) overrides any part::
-
-    [clip]                         # {"clip": {"margin": 0.02, "cap": 0.98},
-    margin = 0.02                  #  "mean_abs_diff": {"margin": 3, "floor": 4}}
-    cap = 0.98
-    [mean_abs_diff]
-    margin = 3
-    floor = 4
+The cap and floor keep noise from failing a bound made from identical images (psnr inf); a lower
+bound never goes below 0; rounding to 4 decimals goes towards the safe side, so it never fails the
+worst run. A policy file (JSON, or TOML by its name) overrides any part: docs/references.md.
 """
 
 from __future__ import annotations

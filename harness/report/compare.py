@@ -1,16 +1,12 @@
 """Two results files side by side, as pytest-benchmark's ``compare``: per case and figure the old value,
 the new one and the % change, and a threshold past which the comparison fails.
 
-Cases are matched by (stage, case id); a figure is any number among a record's top-level
-``figures`` (max_abs, psnr, e2e_ms, ...; booleans and nested tables are not figures here).
-``change_pct = (new - old) / |old| · 100``; it is undefined (None) when ``old`` is 0 or infinite
-and the values differ. Whether a change is *worse* depends on the figure: clip, ssim and psnr are
-better higher, every other figure (errors, times, memory) better lower. A rule ``METRIC:PCT``
-fails on every figure named METRIC that got worse by more than PCT percent, or got worse with an
-undefined percentage (0 → 1e-3 for max_abs, inf → 54 dB for psnr: bitwise or identical broke).
-A figure that became NaN, or that the new run no longer has (absent, null, or a case gone), is
-worse than any value: no rule can show it within bounds. A figure that is a number in one file
-and something else in the other (``"small"``, ``true``) is a ConfigError naming file and key.
+Cases match by (stage, case id); a figure is a number among a record's top-level ``figures``.
+``change_pct = (new - old) / |old| · 100``, undefined when ``old`` is 0 or infinite and the values
+differ. clip, ssim and psnr are better higher, every other figure better lower. ``METRIC:PCT`` fails
+a figure that got worse by more than PCT, or worse with no percentage (bitwise or identical broke).
+A figure that became NaN or is gone is worse than any value; a number in one file and something
+else in the other is a ConfigError naming file and key.
 """
 
 from __future__ import annotations

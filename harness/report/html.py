@@ -1,20 +1,12 @@
 """The gate's HTML report: what failed first, the evidence next, everything that passed folded away.
 
-:func:`render_index` renders a results document (what results.json holds) with no other input,
-so any stage's records show up. The page reads top to bottom as a person triages:
-
-1. a verdict banner (passed or failed, how many cases of which stage, where it ran, the commit);
-2. the failures table: every failing case linked to its section, with its reason and the
-   command that shows it again; then the skipped cases with their reasons;
-3. one section per failing case (anchor :func:`anchor`): its bound, its figures as formatted
-   numbers in tables (nested figures as nested tables, never JSON), its image metrics against
-   their thresholds, and for an image case the triptych PNG (:mod:`harness.report.triptych`),
-   for a video the per-frame metrics;
-4. every case per stage, folded (``<details>``), with the candidate picture where the gate kept
-   it (``--keep-outputs``).
-
-Nothing is fetched from the network: the page is one self-contained file next to its PNGs,
-readable as a CI artifact.
+:func:`render_index` renders a results document with no other input, so any stage's records show.
+The page reads as a person triages: a verdict banner; the failures table (each case linked to its
+section, its reason and the command that shows it again), then the skips with their reasons; a
+section per failing case (:func:`anchor`) with its bound, figures as formatted tables, image
+metrics against thresholds and the triptych (:mod:`harness.report.triptych`) or per-frame metrics;
+then every case per stage, folded, with the candidate where the gate kept it. Nothing is fetched
+from the network: one self-contained file beside its PNGs, readable as a CI artifact.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ stages judge. A target is resolved inside each rank from its spec string (``--ta
 module:factory``), so nothing unpicklable crosses a process boundary. Every target must honour
 ``AttentionSpec.skip_sequence_parallel=True`` as rank-local attention with the kernel it uses under
 SP (the contracts' single-rank reference); everything else is a declared :class:`Capability`, and a
-contract needing one a target lacks is skipped with the reason, never failed.
+contract needing one a target lacks is skipped with the reason, never failed. The guide: docs/targets/attention.md.
 """
 
 from __future__ import annotations

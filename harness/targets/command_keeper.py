@@ -1,14 +1,13 @@
 """The keeper of one external command: started by :mod:`harness.targets.command_run` as a script.
 
-``python -I -S command_keeper.py STATUS_FD GATE_PID OUT_DIR ARGV...`` runs ARGV in a session of its own and,
-when it exits, writes ``"<returncode> <wall ns>"`` to STATUS_FD, then kills every process the command
-left behind before exiting itself. OUT_DIR is the command's output folder, which the gate removes; if
-the gate died first (a SIGKILL), the keeper removes it, so a killed run leaves no folder either. The keeper is a child subreaper (:mod:`harness.processes`):
-whatever the command starts stays its descendant even after a double fork or ``setsid()``, so
-none outlives the case, and none keeps the gate's pipes open (the gate reads them until EOF). On
-SIGTERM (the gate's timeout), SIGINT, SIGHUP or the gate's death (``PR_SET_PDEATHSIG``, SIGUSR2) it does
-the same at once. The death signal comes when the gate's thread that started the keeper ends, while the gate's
-other threads may still be ending under the same pid: the keeper waits for its reparenting before it decides. It imports nothing of parity but :mod:`harness.processes`: it starts in milliseconds.
+``python -I -S command_keeper.py STATUS_FD GATE_PID OUT_DIR ARGV...`` runs ARGV in a session of its
+own, writes ``"<returncode> <wall ns>"`` to STATUS_FD when it exits, then kills every process it
+left; if the gate died first, it removes OUT_DIR too. As a child subreaper (:mod:`harness.processes`)
+it keeps whatever the command starts as its descendant, even after ``setsid()``, so none outlives
+the case or holds the gate's pipes open. On SIGTERM (the gate's timeout), SIGINT, SIGHUP or the
+gate's death (``PR_SET_PDEATHSIG``: SIGUSR2, which comes when the starting thread ends, so it waits
+for its reparenting before deciding) it does the same at once. It imports only
+:mod:`harness.processes`, so it starts in milliseconds.
 """
 
 from __future__ import annotations

@@ -1,50 +1,13 @@
-"""The ``command`` pipeline target: an external command that writes PNGs (and timings) into a directory parity gives it.
+"""The ``command`` pipeline target: an external command that writes PNGs (and timings) into a folder parity gives it.
 
-This is how a stack parity should not import is gated (a server, ``sglang generate ...``, another
-venv)::
-
-    parity gate --pipeline-target command \\
-        --pipeline-target-arg template='python my_gen.py --prompt {prompt} --seed {seed} --out {out_dir}'
-
-The template (``template=`` factory argument, or the case field ``template``, which wins) is split
-with ``shlex`` into an argv *before* any placeholder is filled, and run without a shell: a value
-with spaces or quotes stays one argument and can never become shell syntax (for pipes or
-redirections, make ``sh -c`` the command and pass values as ``"$1"`` after it). Placeholders
-(``str.format`` fields, format specs allowed: ``{seed:04d}``) are the case's fields plus:
-
-- ``{out_dir}`` (required): an empty directory made for this run, removed after it was read
-  (kept, and named in the error, when the run failed);
-- ``{timings}``: ``{out_dir}/timings.json``, where parity reads the timings from;
-- ``{world_size}``: the case's world size, for the command to ask its own launcher for that many
-  ranks (the command does its own parallelism);
-- ``{device}``: the gate's ``--device``.
-
-``height`` and ``width`` are required: the PNGs are checked against them; ``num_frames`` makes a
-video case. Every other field must be used by the template (an unused one is a typo: an error
-naming it). The command must write, anywhere under ``{out_dir}``, one RGB PNG (image case) or
-``num_frames`` RGB PNGs in one directory (video case, frames in name order, numbers compared as
-numbers), each ``height`` x ``width``; other files are ignored.
-
-Timings: ``{out_dir}/timings.json`` when the command writes it, in parity's schema::
-
-    {"e2e_ms": 812.0, "stages_ms": {"TextEncodingStage": 40.1, "DenoisingStage": 700.2, ...},
-     "denoise_step_ms": [70.1, 69.8, ...]}
-
-(``stages_ms`` and ``denoise_step_ms`` optional), or in sglang's ``--perf-dump-path`` schema
-(``total_duration_ms``, ``steps: [{name, duration_ms}]``, ``denoise_steps_ms: [{step,
-duration_ms}]``), so ``sglang generate ... --perf-dump-path {timings}`` is read as it is. Without
-the file, ``e2e_ms`` is the command's wall time (process start to exit: interpreter start-up and
-model loading included) and there are no stages; the output's ``backends`` says which it was.
-
-The command runs once per case (per run in the perf stage) from the gate's own process, never in
-a rank group: W torch ranks would do nothing but hold the devices the command needs. It runs under
-a keeper (:mod:`harness.targets.command_run`): on timeout (``timeout=`` factory argument, seconds,
-default 600) or when it exits, every process it started is killed, own sessions included, so none
-outlives the case or holds its output open; of its stdout and stderr only a tail is kept. A
-non-zero exit, a timeout, a missing or misshapen PNG, a PNG or ``timings.json`` that is not a
-regular file inside ``{out_dir}`` (a symlink to the reference would pass as the reference) or a
-malformed timings file fails the case with the command's stderr tail
-(:class:`~harness.targets.base.PipelineFailed`). The executable is looked up when the cases load.
+How a stack parity should not import is gated (a server's client, ``sglang generate``, another venv):
+``--pipeline-target command --pipeline-target-arg template='gen --prompt {prompt} --out {out_dir}'``.
+The template is split with ``shlex`` before any placeholder is filled and run without a shell, so a
+value can never become shell syntax. It runs once per case from the gate's own process, never in a
+rank group (W torch ranks would only hold the devices the command needs), under a keeper
+(:mod:`harness.targets.command_run`) that kills everything it started. Placeholders, the PNG and
+``timings.json`` contract (parity's or sglang's ``--perf-dump-path`` schema) and what fails a case:
+docs/targets/pipelines.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Adapter for diffusers' context parallelism: ``dispatch_attention_fn`` under ``ContextParallelConfig``.
 
-The config is set up as ``ModelMixin._resolve_parallel_config`` does (a ``(ring, ulysses)`` device
-mesh, ``ParallelConfig.setup``) on the live default group; what runs is diffusers' own Ulysses,
-ring and unified templates with the backend named by ``backend=``. The adapter only maps the
-calling convention (``seq_lens`` becomes unpadded shards under ``ulysses_anything``), so a
-divergence is diffusers', never the adapter's; refusals carry diffusers' own words. The ring of
-``native`` (whose forward op returns no LSE) runs each block through a CPU kernel that returns it
-(:mod:`.diffusers_lse`, ``lse_kernel=cpu_flash``; ``none``: stock diffusers, ring refused).
+The config is set up as ``ModelMixin._resolve_parallel_config`` does, on the live default group;
+``enable_parallelism`` is not used (on the CPU it divides by a device count of 0, and the attention
+under test is the dispatch, not a model's hooks). What runs is diffusers' own Ulysses/ring/unified
+templates with the backend ``backend=`` names; the adapter only maps the contract's calling
+convention (``seq_lens`` becomes unpadded shards under ``ulysses_anything``), so a divergence is
+diffusers', never the adapter's. Refusals keep diffusers' words. Ring and hybrid on ``native``,
+whose op returns no LSE, run each block through :mod:`.diffusers_lse` (``lse_kernel=cpu_flash``, the
+default; ``none``: stock); ``ulysses_anything`` has no backward (``no_backward``). docs/targets/attention.md.
 """
 
 from __future__ import annotations

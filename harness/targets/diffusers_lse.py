@@ -1,21 +1,13 @@
 """A CPU attention kernel that returns the log-sum-exp, for diffusers' ring templates (``--target-arg lse_kernel``).
 
-diffusers 0.42.1 has no CPU backend whose ring forward op returns the LSE (``native`` raises,
-``attention_dispatch.py:876``), so on the CPU its ring and unified (Ulysses x ring) templates
-cannot run and its ring code would go ungated. The kernel here is torch's own CPU flash attention,
-the kernel ``native`` (SDPA) itself picks on the CPU, called through the aten ops that expose the
-LSE and its backward::
-
-    aten._scaled_dot_product_flash_attention_for_cpu           -> (out, logsumexp)
-    aten._scaled_dot_product_flash_attention_for_cpu_backward  -> (dq, dk, dv) from out and the LSE
-
-wrapped in diffusers' forward_op / backward_op signature (that of ``_cudnn_attention_forward_op``,
-through which diffusers users reach ring attention with the LSE on CUDA) and handed to diffusers'
-own ``_templated_context_parallel_attention``. So what runs is diffusers' code,
-``TemplatedRingAttention`` and ``_templated_unified_attention`` with their forward and backward
-(the backward op gets the merged output and LSE of the whole ring, as diffusers' ring backward
-passes them), with this op for each block. A ``[B, S_k]`` key mask becomes ``[B, 1, 1, S_k]`` as in
-``_native_attention``, and a row with no kept key gets the LSE ``-inf`` an exact kernel gives it.
+diffusers 0.42.1 has no CPU backend whose ring op returns the LSE (``native`` raises), so its ring
+and unified templates could not run, and go ungated, on the CPU. This is torch's own CPU flash
+kernel (what ``native`` picks there) through the aten ops that expose the LSE and its backward,
+``_scaled_dot_product_flash_attention_for_cpu`` and its ``_backward``, wrapped in diffusers'
+forward_op / backward_op signature and handed to diffusers' own
+``_templated_context_parallel_attention``: what runs is diffusers' ring code, forward and backward,
+with this op per block. A ``[B, S_k]`` key mask becomes ``[B, 1, 1, S_k]`` as in
+``_native_attention``; a row with no kept key gets the LSE ``-inf``, as an exact kernel gives it.
 """
 
 from __future__ import annotations

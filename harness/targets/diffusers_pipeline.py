@@ -1,46 +1,13 @@
 """The ``diffusers`` pipeline target: a ``DiffusionPipeline`` from a local directory, seeded, timed by callbacks.
 
-The directory is a ``save_pretrained`` pipeline (``model_index.json`` and one folder per component),
-given as ``--pipeline-target-arg path=DIR`` or as the case field ``path`` (which wins). It is
-loaded with ``local_files_only=True``: a gate never reaches a hub. An image case's fields:
-
-- ``path``, ``seed`` (default 0: a CPU ``torch.Generator`` seeded with it, so a run draws the same
-  noise on every device and every rank), ``dtype`` (``float32`` (default), ``bfloat16``,
-  ``float16``: the ``torch_dtype`` the pipeline is loaded in);
-- any parameter of the pipeline class's ``__call__`` (``prompt`` (required), ``height``, ``width``,
-  ``num_inference_steps``, ``guidance_scale``, ``max_sequence_length``, ``num_frames``...), passed
-  as is. An unknown key is an error naming it; the arguments parity sets itself (``generator``,
-  ``output_type``, ``callback_on_step_end``...) are refused. A pipeline whose ``__call__`` takes
-  ``num_frames`` makes video cases (``.frames``), any other image cases (``.images``).
-
-Output: ``output_type="np"`` (floats in [0, 1]) to uint8 as diffusers' ``numpy_to_pil`` rounds it,
-``[H, W, 3]`` or ``[T, H, W, 3]``; NaN/Inf values are counted first (``nonfinite``: the run fails).
-
-Timings from four marks per run (CUDA events on a GPU, recorded on the stream without a sync and
-read once the call returned, so the pipeline keeps its host/device overlap; ``perf_counter`` on the
-CPU): the call, ``encode_prompt`` (the method is wrapped on the instance), the transformer's first
-forward (a forward pre-hook) and ``callback_on_step_end`` after every step. ``e2e_ms`` is the
-host's wall clock of the call, the device synchronised at its end:
-
-- ``TextEncodingStage``: time inside ``encode_prompt`` (tokenizers and text encoders). Absent
-  when the pipeline never calls it; its time is then in ``PreparationStage``.
-- ``PreparationStage``: from the call to the first transformer forward, text encoding excluded:
-  input checks, timesteps, latents.
-- ``DenoisingStage`` = the sum of ``denoise_step_ms``. Step 0 runs from the first transformer
-  forward to the first callback, so the loop's few operations before that forward (timestep
-  broadcast, guidance) fall in ``PreparationStage``; step i > 0 runs callback to callback.
-- ``DecodingStage``: from the last callback to the return of the call: latent unpacking, VAE
-  decode, post-processing to numpy.
-
-The four stages partition the run: they add up to ``e2e_ms`` (on a GPU to the device's timeline of
-the call, which ``e2e_ms`` contains).
-
-Parallelism: at W ranks every rank loads the whole pipeline and diffusers' own context
-parallelism shards the transformer (``transformer.enable_parallelism(ContextParallelConfig(
-ulysses_degree=W))``, by the model's ``_cp_plan``); text encoders and VAE run whole on every
-rank, and rank 0's output is judged. A transformer without ``_cp_plan`` refuses W > 1 at case
-load. ``enable_parallelism`` cannot run on the CPU (see :data:`CPU_REASON`), so there W > 1 cases
-are skipped with that reason and W = 1 runs.
+The directory is a ``save_pretrained`` pipeline (``path=DIR``, or the case field ``path``), loaded
+with ``local_files_only=True``: a gate never reaches a hub. Case fields are ``path``, ``seed`` (a CPU
+generator: the same noise on every device and rank), ``dtype`` and any parameter of the pipeline's
+``__call__``; what parity sets itself is refused. Four marks per run (CUDA events without a sync on
+a GPU, so the pipeline keeps its overlap) split ``e2e_ms`` into text encoding, preparation,
+denoising steps and decoding. At W ranks diffusers' own context parallelism shards the transformer
+by its ``_cp_plan``; ``enable_parallelism`` cannot run on the CPU (:data:`CPU_REASON`), so W > 1
+cases skip there. Fields, stages and their approximations: docs/targets/pipelines.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ re-implemented or mocked. The parent learns the capabilities from the installed 
 sglang's refusals keep its own text and become a :class:`~harness.targets.base.Refusal` (ring at
 construction: ``ring_needs_lse``; a mask with replicated tokens: ``mask_with_replicated``; other
 NotImplementedErrors: ``unsupported``); anything else is a bug of the stack and fails the case.
-``--target-arg layer=MODULE:CLASS`` gates a patched layer before a release.
+``--target-arg layer=MODULE:CLASS`` gates a patched layer before a release. The mapping: docs/targets/attention.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Adapter for yunchang 0.6.4 (``UlyssesAttention`` and ``LongContextAttention``).
 
-yunchang has no replicated tokens, no varlen entry on these layers, no mask, no GQA and no
-backend selector, so it declares none of those and the matching contracts are skipped with
-the reason. Its torch kernels call CUDA-only aten ops (``_scaled_dot_product_flash_attention``,
-``_scaled_dot_product_efficient_attention``) and its all-to-alls move CUDA tensors directly, so
-it runs only on CUDA with one GPU per rank (NCCL).
-
-The kernel is flash-attn when installed, else torch's flash kernel for fp16/bf16 and the
-efficient kernel for fp32 (torch's flash kernel has no fp32; UlyssesAttention's torch path
-always runs the flash kernel, so it takes no fp32). The single-rank reference
-(``skip_sequence_parallel=True``) calls that same kernel through yunchang's own wrapper.
+yunchang has no replicated tokens, varlen entry, mask, GQA or backend selector on these layers, so
+it declares none and those contracts skip with the reason. Its torch kernels call CUDA-only aten
+ops and its all-to-alls move CUDA tensors, so it runs only on CUDA with one GPU per rank (NCCL).
+The kernel is flash-attn when installed, else torch's flash kernel for fp16/bf16 and the efficient
+kernel for fp32 (UlyssesAttention's torch path always runs flash, so it takes no fp32). The
+single-rank reference calls the same kernel through yunchang's own wrapper.
 """
 
 from __future__ import annotations

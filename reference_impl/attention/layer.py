@@ -1,14 +1,11 @@
 """LocalAttention and USPAttention: the attention layers models call.
 
-USPAttention takes ``[B, S_local, H, D]`` per rank. Under sequence parallelism it runs
-Ulysses (all-to-all heads↔sequence), ring (K/V blocks rotate, partials merged in fp32 through
-the LSE, :mod:`.ring`) or both; replicated tokens (identical on every rank) skip the all-to-all.
-The replicated suffix stays at the tail, so every query scans K/V in exactly the single-rank
-order: that is what makes the suffix output bitwise equal to one rank (sglang seed 001).
-Every path is differentiable (the collectives are autograd Functions, ``comm``); a replicated
-token's gradient is whole and identical on every rank, like its value.
-Guards refuse combinations that would silently corrupt output, on every rank *before* any
-collective, so a refused call can never leave a peer blocked.
+USPAttention takes ``[B, S_local, H, D]`` per rank and runs Ulysses (all-to-all heads↔sequence),
+ring (:mod:`.ring`) or both; replicated tokens skip the all-to-all. The replicated suffix stays at
+the tail, so every query scans K/V in the single-rank order: why the suffix output is bitwise equal
+to one rank (sglang seed 001). Every path is differentiable (a replicated token's gradient is whole
+and identical on every rank, like its value). Guards refuse combinations that would silently
+corrupt output, on every rank before any collective, so a refusal never leaves a peer blocked.
 """
 
 from __future__ import annotations

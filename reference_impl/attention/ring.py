@@ -1,16 +1,12 @@
 """Ring attention: K/V blocks rotate around the ring group, partials merge in fp32 through the LSE.
 
-Each function runs on every rank of the ring group after the Ulysses exchange: sharded tensors
-hold this ring rank's contiguous segment of the sequence, replicated ones (identical on every
-rank) the same Ulysses head slice. Replicated tokens join the ring without being rotated:
-
-- a replicated K/V block is attended once, locally, as one more partial merged through the LSE
-  (before the ring's blocks for a prefix, after them for a suffix: single-rank key order);
-- replicated queries attend this rank's K/V shard only; the partials of every ring rank are
-  gathered and merged in rank order, so every rank computes the same replicated output.
-
-Every step is differentiable: the collectives are autograd Functions (``comm``), the merge is
-torch arithmetic, and each block's LSE carries its gradient (:meth:`AttentionBackend.lse_has_gradient`).
+Each function runs on every ring rank after the Ulysses exchange: sharded tensors hold this rank's
+contiguous segment, replicated ones the same head slice on every rank. Replicated tokens join the
+ring unrotated: a replicated K/V block is attended once, locally, as one more LSE partial (before
+the ring's blocks for a prefix, after them for a suffix: single-rank key order); replicated queries
+attend this rank's K/V shard, and every ring rank's partials are gathered and merged in rank order,
+so every rank computes the same replicated output. Every step is differentiable: the collectives
+are autograd Functions, the merge is torch arithmetic, each block's LSE carries its gradient.
 """
 
 from __future__ import annotations

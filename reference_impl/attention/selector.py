@@ -1,21 +1,12 @@
 """Backend selection with an explicit precedence, and the configuration it reads.
 
-Precedence, highest first:
-
-1. the explicit ``backend`` argument,
-2. the global force (``force=NAME``),
-3. a component+role override (``dit.cross=NAME``),
-4. a component override (``video_vae=NAME``),
-5. the global setting (``default=NAME`` or a bare ``NAME``),
-6. the layer's ``default_attention_backend``,
-7. the platform default.
-
-Levels 1-4 are *strict*: a choice the layer cannot honour (outside its supported set,
-unavailable here, head size out of range) is an error, because a user who named a backend
-for a component must not silently get another. Levels 5-6 fall back to the next level and
-record why. The supported set filters every candidate. Dtype support is checked only on the
-fallback levels: a strictly chosen fused backend runs at ``preferred_dtype`` and the caller
-casts (as the audio VAE does).
+Precedence, highest first: the explicit ``backend`` argument; the global force (``force=NAME``); a
+component+role override (``dit.cross=NAME``); a component override (``video_vae=NAME``); the global
+setting (``default=NAME`` or a bare ``NAME``); the layer's ``default_attention_backend``; the
+platform default. The first four are strict (a choice the layer cannot honour is an error: a user
+who named a backend must not silently get another); the next two fall back and record why. The
+supported set filters every candidate; dtype is checked only on the fallback levels (a strictly
+chosen fused backend runs at ``preferred_dtype`` and the caller casts, as the audio VAE does).
 """
 
 from __future__ import annotations

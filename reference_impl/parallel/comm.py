@@ -1,16 +1,13 @@
 """Collectives for sequence parallelism, on NCCL or gloo, differentiable.
 
-gloo has ``all_to_all_single`` but no list ``all_to_all``, and it cannot move CUDA tensors
-for every op; when the group is gloo and a tensor lives on a GPU (several ranks sharing one
-GPU), the tensor is staged through host memory. That is pure data movement, so it is exact.
-
-Every collective is an autograd Function whose backward is its adjoint: an all-to-all runs
-reversed, a ring shift shifts back. Replicated tensors (identical on every rank) keep one rule
-in both directions, as in Megatron's tensor parallelism: their gradient is whole and identical on
-every rank. So ``all_gather`` of a replicated output hands each rank its slice of the (identical)
-gradient, ``split`` of a replicated input gathers the slices' gradients back, and
-``replicated_input`` sums the partial gradients of a replicated tensor that each rank used
-for its own part of the work (its queries, its K/V shard).
+gloo has ``all_to_all_single`` but no list ``all_to_all`` and cannot move CUDA tensors for every op;
+when the group is gloo and a tensor is on a GPU (ranks sharing one), it is staged through host
+memory, which is exact. Every collective is an autograd Function whose backward is its adjoint (an
+all-to-all reversed, a ring shift back). Replicated tensors keep one rule both ways, as in
+Megatron's tensor parallelism: their gradient is whole and identical on every rank, so
+``all_gather`` of a replicated output hands each rank its slice of the gradient, ``split`` of a
+replicated input gathers the slices back, and ``replicated_input`` sums the partial gradients of a
+replicated tensor each rank used for its own part (its queries, its K/V shard).
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """FP8 (e4m3fn) weight quantization as serialized checkpoints store it.
 
-A checkpoint declares ``"quantization_config": {"quant_method": "fp8", ...}`` in config.json.
-Every quantized linear stores ``weight`` in ``float8_e4m3fn`` and ``weight_scale_inv``, the
-*dequantization multiplier* (DeepSeek-V3 / transformers FineGrainedFP8 convention:
-``w ≈ weight.float() * weight_scale_inv``):
-
-- per tensor (no ``weight_block_size``): one scalar per checkpoint tensor; a fused layer keeps
-  one per shard and, after loading, expands them to one scale per output row (exact: nothing is
-  requantized);
-- per block (``"weight_block_size": [bn, bk]``, usually 128×128): ``[ceil(N/bn), ceil(K/bk)]``;
-  a fused layer's shard boundaries must fall on block boundaries.
-
-Two ways to multiply, chosen per call (:meth:`Fp8LinearMethod.kernel_for`):
-
-- ``dequant``: dequantize the weight to the activation dtype and ``F.linear`` — the reference,
-  runs everywhere, activations untouched;
-- ``scaled_mm``: activations quantized dynamically to FP8 and ``torch._scaled_mm`` with a
-  tensor-wise scale (uniform per-tensor weights, any output dtype) or row-wise scales
-  (per-row weight scales, bf16 only); 128×128 blocks use ``torch.nn.functional.scaled_mm``
-  with BlockWise1x128 activations × BlockWise128x128 weights, which torch runs only on sm90
-  CUDA with cuBLAS ≥ 12.9. ``auto`` takes ``scaled_mm`` on CUDA when the shape and dtype allow
-  it, ``dequant`` otherwise.
-
-All three scaled_mm variants ran on an H200 (torch 2.11+cu130) against the CPU dequant
-reference at Qwen3-4B projection shapes: relative L2 error 2.6% (the dynamic FP8 activations),
-dequant 0.23% (bf16 rounding); see ``benchmarks/fp8_scaled_mm.py``. Neither path is tuned: the
-activation quantization is unfused PyTorch and ``dequant`` rebuilds the weight every call.
+A checkpoint declares ``"quant_method": "fp8"``; each quantized linear stores ``weight`` in
+``float8_e4m3fn`` and ``weight_scale_inv``, the dequantization multiplier (DeepSeek-V3 / transformers
+FineGrainedFP8 convention), per tensor or per ``weight_block_size`` block. Two ways to multiply,
+chosen per call (:meth:`Fp8LinearMethod.kernel_for`): ``dequant`` (the weight dequantized, then
+``F.linear``: the reference, everywhere) and ``scaled_mm`` (dynamic FP8 activations and
+``torch._scaled_mm``, or block-wise ``scaled_mm`` on sm90); ``auto`` takes ``scaled_mm`` on CUDA
+where shape and dtype allow. Conventions, kernels and the measured error (2.6 % rel L2 against
+dequant, ``benchmarks/fp8_scaled_mm.py``): docs/models.md.
 """
 
 from __future__ import annotations

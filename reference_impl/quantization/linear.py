@@ -1,15 +1,12 @@
 """Linear layers whose weights are created and applied by a pluggable quantization method.
 
-A :class:`LinearBase` never owns its weight layout: its ``quant_method`` (chosen by the
-checkpoint's quantization config, :class:`UnquantizedLinearMethod` when there is none) creates
-the parameters, multiplies, and post-processes them once loaded. That is what lets an encoder
-loader *inspect the built model* to know whether it can take a quantized checkpoint (sglang
-seed 003): a layer is quantized iff its method is not the unquantized one.
-
-Packed layers (fused QKV, fused gate/up) hold several checkpoint tensors in one parameter along
-the output dim. Each parameter carries ``weight_loader(param, loaded, shard_id=None)`` (the
-sglang/vLLM convention) and a :class:`ShardLayout` saying how a shard maps onto it: rows of a
-weight, rows of 128-row scale blocks, or one entry per shard (per-tensor scales).
+A :class:`LinearBase` never owns its weight layout: its ``quant_method`` (from the checkpoint's
+quantization config, :class:`UnquantizedLinearMethod` without one) creates the parameters,
+multiplies and post-processes them once loaded, so an encoder loader can inspect the built model to
+know whether it takes a quantized checkpoint (sglang seed 003). Packed layers (fused QKV, gate/up)
+hold several checkpoint tensors along the output dim; each parameter carries
+``weight_loader(param, loaded, shard_id=None)`` (the sglang/vLLM convention) and a
+:class:`ShardLayout`: rows of a weight, rows of 128-row scale blocks, or one entry per shard.
 """
 
 from __future__ import annotations

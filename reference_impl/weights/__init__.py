@@ -1,14 +1,11 @@
 """The tiny pipeline's trained checkpoints: committed here, read only through :func:`read_pipeline_weights`.
 
-A checkpoint is two files: ``<name>.safetensors`` (every model of the pipeline, each under its
-prefix: ``text_encoder.``, ``vae.``, ``zimage.``, ``hunyuan.``) and its card ``<name>.json``
-(the training config, the final losses and the sha256 of the safetensors file), both written by
-``scripts/train_tiny_pipeline.py``. The weights live in the package, not under ``baselines/``,
-because they are an input of the implementation (the pipeline must draw with them wherever
-``reference_impl`` is installed), not something a run is compared with.
-
-Reading checks the file's sha256 against its card before any tensor is used, so a changed file
-is an error naming it rather than silently different images. Never unpickles.
+A checkpoint is ``<name>.safetensors`` (every model of the pipeline under its prefix:
+``text_encoder.``, ``vae.``, ``zimage.``, ``hunyuan.``) and its card ``<name>.json`` (training config,
+final losses, the safetensors file's sha256), both written by ``scripts/train_tiny_pipeline.py``.
+They live in the package, not under ``baselines/``, because they are an input of the implementation
+(the pipeline draws with them wherever it is installed), not something a run is compared with.
+Reading checks the sha256 against the card before any tensor is used; it never unpickles.
 """
 
 from __future__ import annotations
