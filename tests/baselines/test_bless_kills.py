@@ -101,13 +101,13 @@ def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) ->
     assert worker.stdin is not None and worker.stdout is not None
     pid = None
     try:
-        for _ in range(KILLS):
+        for _ in range(KILLS):  # repeats: one warm worker killed KILLS times; each check guards the next kill
             marker.unlink(missing_ok=True)
             worker.stdin.write("bless\n")
             worker.stdin.flush()
             pid = int(worker.stdout.readline())
             deadline = time.monotonic() + 60
-            while not marker.exists():  # one bless finished: the loop is warm, the next kill lands anywhere in a bless
+            while not marker.exists():  # poll: one bless finished: the loop is warm, the next kill lands anywhere in a bless
                 assert time.monotonic() < deadline, "the bless loop never finished a bless"
                 time.sleep(0.005)
             time.sleep(rng.uniform(0.0, 0.2))
@@ -158,11 +158,17 @@ def test_a_staged_drop_list_deletes_only_reference_files(tmp_path: Path) -> None
     assert outside.read_text() == "not a reference"
 
 
-def test_a_reference_file_name_maps_to_its_case_as_reference_files_writes_it() -> None:
+@pytest.mark.parametrize(("case_id", "shape"), [("img", (8, 8, 3)), ("vid", (3, 8, 8, 3)), ("long", (10001, 2, 2, 3))],
+                         ids=["image", "video", "video-10001-frames"])
+def test_a_reference_file_name_maps_to_its_case_as_reference_files_writes_it(case_id: str, shape: tuple[int, ...]) -> None:
     """One rule for what a reference file is called, for the staged drop list and the format-1 manifest alike."""
     from harness.baselines.images import case_of_file, reference_files
 
-    for case_id, shape in (("img", (8, 8, 3)), ("vid", (3, 8, 8, 3)), ("long", (10001, 2, 2, 3))):
-        assert {case_of_file(name) for name in reference_files(case_id, shape)} == {case_id}
-    for name in ("img.txt", "vid/frame_1.png", "vid/frame_0000.png/x", "vid/other.png", "../keep.txt"):
-        assert case_of_file(name) is None, name
+    assert {case_of_file(name) for name in reference_files(case_id, shape)} == {case_id}
+
+
+@pytest.mark.parametrize("name", ["img.txt", "vid/frame_1.png", "vid/frame_0000.png/x", "vid/other.png", "../keep.txt"])
+def test_a_name_reference_files_never_writes_belongs_to_no_case(name: str) -> None:
+    from harness.baselines.images import case_of_file
+
+    assert case_of_file(name) is None

@@ -50,9 +50,8 @@ def test_gfx1250_overlay_on_h100_keeps_every_h100_value() -> None:
     h100 = ThresholdSet.load(H100)
     chain = ThresholdSet.load(H100, [GFX1250])
     assert chain.case_ids == h100.case_ids
-    for case_id in h100.case_ids:
-        for kind in ("image", "video"):
-            assert chain.for_case(case_id, kind) == h100.for_case(case_id, kind)
+    every = [(case_id, kind) for case_id in h100.case_ids for kind in ("image", "video")]
+    assert {key: chain.for_case(*key) for key in every} == {key: h100.for_case(*key) for key in every}
     merged = chain.to_json()
     assert merged["_comment"].startswith("MI455x / gfx1250")  # the overlay's comment wins
     assert merged["cases"] == json.loads(H100.read_text())["cases"]

@@ -19,8 +19,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def test_top_level_help_lists_each_verb_once(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
-    for verb in VERBS:
-        assert len(re.findall(rf"^ {{2,4}}{verb}\b", text, re.MULTILINE)) == 1, verb  # a verb line, not a wrapped help line
+    lines = {verb: len(re.findall(rf"^ {{2,4}}{verb}\b", text, re.MULTILINE)) for verb in VERBS}  # a verb line, not a wrapped help line
+    assert lines == dict.fromkeys(VERBS, 1)
 
 
 def test_compare_help_says_a_figure_worse_from_zero_or_inf_fails(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -60,14 +59,14 @@ def test_fa_rule_allows_k_times_the_naive_error_plus_the_floor():
     assert "> 2·1.000e-02 + 0.001" in rule.violation(over)
 
 
-def test_ref64_is_exact_attention_in_float64():
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ref64_is_exact_attention_in_float64(causal):
     q, k, v = _qkv(torch.bfloat16, heads=4, kv_heads=2)
-    for causal in (False, True):
-        expected = F.scaled_dot_product_attention(
-            *(t.double().transpose(1, 2) for t in (q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2))), is_causal=causal
-        ).transpose(1, 2)
-        assert attention_ref64(q, k, v, causal).dtype == torch.float64
-        torch.testing.assert_close(attention_ref64(q, k, v, causal), expected, atol=1e-12, rtol=0)
+    expected = F.scaled_dot_product_attention(
+        *(t.double().transpose(1, 2) for t in (q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2))), is_causal=causal
+    ).transpose(1, 2)
+    assert attention_ref64(q, k, v, causal).dtype == torch.float64
+    torch.testing.assert_close(attention_ref64(q, k, v, causal), expected, atol=1e-12, rtol=0)
 
 
 def test_naive_reference_is_computed_in_the_low_precision():
@@ -98,8 +97,8 @@ def test_stats_of_shards_merge_to_the_stats_of_the_whole():
     merged = compare(out[:, :4], ref[:, :4]).merge(compare(out[:, 4:], ref[:, 4:]))
     assert merged.count == whole.count and merged.mismatched == whole.mismatched
     assert merged.max_abs == whole.max_abs
-    for key in ("mean_abs", "rel_err"):
-        assert math.isclose(merged.figures()[key], whole.figures()[key], rel_tol=1e-12)
+    keys = ("mean_abs", "rel_err")
+    assert {k: merged.figures()[k] for k in keys} == pytest.approx({k: whole.figures()[k] for k in keys}, rel=1e-12, abs=0)
 
 
 def test_compare_refuses_shape_mismatch():

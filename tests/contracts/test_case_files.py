@@ -17,10 +17,6 @@ SGLANG = {"batch": 1, "tokens_per_rank": 64, "heads": 30, "head_dim": 128, "repl
 def test_default_set_covers_sglang_world_sizes_dtypes_causal_and_gqa():
     cases = load_cases(default_cases_dir())
     by_id = {c.id: c for c in cases}
-    for cid, contract in (("sglang_suffix_w2", "usp.replicated_suffix_bitwise"), ("sglang_prefix_w2", "usp.replicated_prefix_drift")):
-        assert by_id[cid].contract_id == contract
-        assert by_id[cid].world_size == 2
-        assert {k: by_id[cid].params[k] for k in SGLANG} == SGLANG
     assert by_id["sglang_suffix_w4"].world_size == 4 and by_id["sglang_suffix_w4"].params["heads"] == 32
     assert {c.world_size for c in cases} == {1, 2, 4}
     numeric = [c for c in cases if "dtype" in c.params]
@@ -35,6 +31,15 @@ def test_default_set_covers_sglang_world_sizes_dtypes_causal_and_gqa():
         "usp.ring_parity", "usp.hybrid_parity", "usp.varlen_parity", "usp.masked_parity", "usp.masked_rejects_replicated",
         "usp.ring_admission", "usp.skip_sequence_parallel_local", "backend.selection_precedence",
     }
+
+
+@pytest.mark.parametrize(("cid", "contract"), [("sglang_suffix_w2", "usp.replicated_suffix_bitwise"),
+                                               ("sglang_prefix_w2", "usp.replicated_prefix_drift")])
+def test_default_set_has_sglangs_own_case(cid, contract):
+    case = {c.id: c for c in load_cases(default_cases_dir())}[cid]
+    assert case.contract_id == contract
+    assert case.world_size == 2
+    assert {k: case.params[k] for k in SGLANG} == SGLANG
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -73,10 +73,10 @@ def test_bless_writes_hashed_references_only_when_asked(project: Project, capsys
     entries = read_manifest(project.baselines / "images")
     assert list(entries["img_1rank"].files) == ["img_1rank.png"]
     assert list(entries["vid_2ranks"].files) == [f"vid_2ranks/frame_{i:04d}.png" for i in range(3)]
-    for entry in entries.values():
-        assert entry.fields is not None and entry.fields["prompt"] == "a lighthouse at dusk" and entry.world_size == 1
-        for name, digest in entry.files.items():
-            assert hashlib.sha256((project.baselines / "images" / name).read_bytes()).hexdigest() == digest
+    assert {case_id: (e.fields and e.fields["prompt"], e.world_size) for case_id, e in entries.items()} == dict.fromkeys(
+        entries, ("a lighthouse at dusk", 1))
+    digests = {name: digest for e in entries.values() for name, digest in e.files.items()}
+    assert {name: hashlib.sha256((project.baselines / "images" / name).read_bytes()).hexdigest() for name in digests} == digests
     assert load_reference(project.baselines / "images", "img_1rank").shape == (16, 16, 3)
     assert load_reference(project.baselines / "images", "vid_2ranks").shape == (3, 16, 16, 3)
     assert main(["bless", "nope", "--cases", str(project.cases), "--baselines", str(project.baselines)]) == 2
@@ -92,10 +92,10 @@ def test_gate_passes_with_a_clip_figure_and_leaves_references_alone(
     assert _gate(project, "--clip-model", str(clip_dir), "--json", str(out)) == 0
     assert manifest.read_bytes() == before
     doc = load_results(out)  # the schema recalibration reads
-    for case_id in ("img_1rank", "vid_2ranks"):  # SP=2 and one rank reproduce the single-rank reference bitwise
-        metrics = doc["cases"][case_id]["metrics"]
-        assert doc["cases"][case_id]["passed"] and metrics["psnr"] == float("inf")
-        assert metrics["ssim"] == 1.0 and metrics["mean_abs_diff"] == 0.0 and metrics["clip"] == pytest.approx(1.0, abs=1e-6)
+    cases = ("img_1rank", "vid_2ranks")  # SP=2 and one rank reproduce the single-rank reference bitwise
+    got = {c: (doc["cases"][c]["passed"], *(doc["cases"][c]["metrics"][m] for m in ("psnr", "ssim", "mean_abs_diff"))) for c in cases}
+    assert got == dict.fromkeys(cases, (True, float("inf"), 1.0, 0.0))
+    assert {c: doc["cases"][c]["metrics"]["clip"] for c in cases} == pytest.approx(dict.fromkeys(cases, 1.0), abs=1e-6)
     assert doc["cases"]["vid_2ranks"]["kind"] == "video" and doc["platform"] == doc["stages"]["images"]["platform"]
     record = {r["case_id"]: r for r in doc["stages"]["images"]["records"]}["img_1rank"]
     assert record["figures"]["threshold_source"]["psnr"].endswith("consistency_threshold.json:default_psnr_threshold_image")

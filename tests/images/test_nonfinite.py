@@ -31,13 +31,13 @@ def test_the_reference_pipeline_counts_nan_that_its_uint8_output_hides(monkeypat
     assert result.nonfinite == result.latents.size + 16 * 16 * 3  # every latent and every decoded value
 
 
-def test_nan_in_a_case_float_is_refused_before_any_run() -> None:
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_nan_in_a_case_float_is_refused_before_any_run(value: float) -> None:
     from reference_impl.models.layers import ModelConfigError
     from reference_impl.pipeline import PipelineConfig
 
-    for value in (math.nan, math.inf, -math.inf):
-        with pytest.raises(ModelConfigError, match="flow_shift.*finite"):
-            PipelineConfig(flow_shift=value)
+    with pytest.raises(ModelConfigError, match="flow_shift.*finite"):
+        PipelineConfig(flow_shift=value)
 
 
 @pytest.fixture

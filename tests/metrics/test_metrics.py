@@ -79,14 +79,14 @@ def test_psnr_ssim_mad_equal_scikit_image_calls(label: str, ref: np.ndarray, can
     assert mean_abs_diff(ref, cand) == np.abs(ref.astype(np.float64) - cand.astype(np.float64)).mean()
 
 
-def test_psnr_and_mad_agree_with_torchmetrics() -> None:
+@pytest.mark.parametrize(("label", "ref", "cand"), PAIRS, ids=[p[0] for p in PAIRS])
+def test_psnr_and_mad_agree_with_torchmetrics(label: str, ref: np.ndarray, cand: np.ndarray) -> None:
     tm = pytest.importorskip("torchmetrics.functional")
-    for label, ref, cand in PAIRS:
-        ours = psnr(ref, cand)
-        theirs = tm.image.peak_signal_noise_ratio(_nchw(cand), _nchw(ref), data_range=255.0).item()
-        assert abs(ours - theirs) / ours <= 1e-6, label
-        mad = tm.mean_absolute_error(_nchw(cand), _nchw(ref)).item()
-        assert mean_abs_diff(ref, cand) == pytest.approx(mad, rel=1e-12), label
+    ours = psnr(ref, cand)
+    theirs = tm.image.peak_signal_noise_ratio(_nchw(cand), _nchw(ref), data_range=255.0).item()
+    assert abs(ours - theirs) / ours <= 1e-6
+    mad = tm.mean_absolute_error(_nchw(cand), _nchw(ref)).item()
+    assert mean_abs_diff(ref, cand) == pytest.approx(mad, rel=1e-12)
 
 
 # float64 grouped convolutions are slow on CPU: one candidate kind per photo, 128x128 crops.
@@ -97,30 +97,30 @@ SSIM_PAIRS = [
 ]
 
 
-def test_ssim_agrees_with_torchmetrics() -> None:
+@pytest.mark.parametrize(("label", "ref", "cand"), SSIM_PAIRS, ids=[p[0] for p in SSIM_PAIRS])
+def test_ssim_agrees_with_torchmetrics(label: str, ref: np.ndarray, cand: np.ndarray) -> None:
     tm = pytest.importorskip("torchmetrics.functional.image")
-    for label, ref, cand in SSIM_PAIRS:
-        # whole-image mean, gaussian window: differs only through border handling
-        sk, sk_map = structural_similarity(
-            ref, cand, channel_axis=2, data_range=255, gaussian_weights=True, sigma=1.5,
-            use_sample_covariance=False, full=True,
-        )
-        value, tm_map = tm.structural_similarity_index_measure(
-            _nchw(cand), _nchw(ref), data_range=255.0, return_full_image=True
-        )
-        assert abs(sk - value.item()) <= 5e-3, label
-        pad = 5  # (11 - 1) // 2: the gaussian window's radius
-        tm_interior = tm_map[0].permute(1, 2, 0).numpy()[pad:-pad, pad:-pad]
-        assert np.abs(sk_map[pad:-pad, pad:-pad] - tm_interior).max() <= 1e-9, label
-        # uniform 7x7 window (sglang's window), population covariance: interior maps identical
-        _, sk_map7 = structural_similarity(
-            ref, cand, channel_axis=2, data_range=255, use_sample_covariance=False, full=True
-        )
-        _, tm_map7 = tm.structural_similarity_index_measure(
-            _nchw(cand), _nchw(ref), data_range=255.0, gaussian_kernel=False, kernel_size=7, return_full_image=True
-        )
-        tm7 = tm_map7[0].permute(1, 2, 0).numpy()[3:-3, 3:-3]
-        assert np.abs(sk_map7[3:-3, 3:-3] - tm7).max() <= 1e-9, label
+    # whole-image mean, gaussian window: differs only through border handling
+    sk, sk_map = structural_similarity(
+        ref, cand, channel_axis=2, data_range=255, gaussian_weights=True, sigma=1.5,
+        use_sample_covariance=False, full=True,
+    )
+    value, tm_map = tm.structural_similarity_index_measure(
+        _nchw(cand), _nchw(ref), data_range=255.0, return_full_image=True
+    )
+    assert abs(sk - value.item()) <= 5e-3
+    pad = 5  # (11 - 1) // 2: the gaussian window's radius
+    tm_interior = tm_map[0].permute(1, 2, 0).numpy()[pad:-pad, pad:-pad]
+    assert np.abs(sk_map[pad:-pad, pad:-pad] - tm_interior).max() <= 1e-9
+    # uniform 7x7 window (sglang's window), population covariance: interior maps identical
+    _, sk_map7 = structural_similarity(
+        ref, cand, channel_axis=2, data_range=255, use_sample_covariance=False, full=True
+    )
+    _, tm_map7 = tm.structural_similarity_index_measure(
+        _nchw(cand), _nchw(ref), data_range=255.0, gaussian_kernel=False, kernel_size=7, return_full_image=True
+    )
+    tm7 = tm_map7[0].permute(1, 2, 0).numpy()[3:-3, 3:-3]
+    assert np.abs(sk_map7[3:-3, 3:-3] - tm7).max() <= 1e-9
 
 
 def test_metrics_order_candidates_by_degradation() -> None:

@@ -165,11 +165,16 @@ def test_rope_rounding_is_where_the_table_is_rounded() -> None:
     assert torch.equal(rope_cos_sin(pos, 32, 256.0, rounding="fp32_angles")[0], polar.real)
     angles32 = torch.outer(pos.float(), 1.0 / 256.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
     assert torch.equal(rope_cos_sin(pos, 32, 256.0, rounding="fp32")[1], angles32.sin())
-    for rounding in ("fp32_angles", "fp32"):  # both really differ from the exact table, and fp64 ignores them
-        assert (rope_cos_sin(pos, 32, 256.0, rounding=rounding)[0].double() - exact[0]).abs().max() > 1e-6
-        assert torch.equal(rope_cos_sin(pos, 32, 256.0, torch.float64, rounding)[0], exact[0])
     with pytest.raises(ValueError, match="unknown RoPE rounding 'bf16'"):
         rope_cos_sin(pos, 32, rounding="bf16")
+
+
+@pytest.mark.parametrize("rounding", ["fp32_angles", "fp32"])
+def test_a_rope_rounding_differs_from_the_exact_table_and_fp64_ignores_it(rounding: str) -> None:
+    pos = torch.arange(1024)
+    exact = rope_cos_sin(pos, 32, 256.0, torch.float64)
+    assert (rope_cos_sin(pos, 32, 256.0, rounding=rounding)[0].double() - exact[0]).abs().max() > 1e-6
+    assert torch.equal(rope_cos_sin(pos, 32, 256.0, torch.float64, rounding)[0], exact[0])
 
 
 def test_timestep_embedding_is_cos_then_sin() -> None:
@@ -181,17 +186,22 @@ def test_timestep_embedding_is_cos_then_sin() -> None:
         timestep_embedding(t, 7)
 
 
-def test_axial_rope_is_per_axis_rope_concatenated() -> None:
+def test_axial_rope_positions_and_shape() -> None:
     pos = grid_positions((2, 3, 4), offsets=(7, 0, 0))
     assert pos.shape == (24, 3)
     assert pos[0].tolist() == [7, 0, 0] and pos[1].tolist() == [7, 0, 1] and pos[4].tolist() == [7, 1, 0]
-    cos, sin = axial_rope_cos_sin(pos, (4, 2, 6), theta=256.0)
+    cos, _ = axial_rope_cos_sin(pos, (4, 2, 6), theta=256.0)
     assert cos.shape == (24, 6)
-    for axis, (lo, hi, d) in enumerate([(0, 2, 4), (2, 3, 2), (3, 6, 6)]):
-        c, s = rope_cos_sin(pos[:, axis], d, 256.0)
-        assert torch.equal(cos[:, lo:hi], c) and torch.equal(sin[:, lo:hi], s)
     with pytest.raises(ValueError, match="positions must be"):
         axial_rope_cos_sin(pos[:, :2], (4, 2, 6))
+
+
+@pytest.mark.parametrize(("axis", "lo", "hi", "d"), [(0, 0, 2, 4), (1, 2, 3, 2), (2, 3, 6, 6)], ids=["t", "h", "w"])
+def test_axial_rope_is_per_axis_rope_concatenated(axis: int, lo: int, hi: int, d: int) -> None:
+    pos = grid_positions((2, 3, 4), offsets=(7, 0, 0))
+    cos, sin = axial_rope_cos_sin(pos, (4, 2, 6), theta=256.0)
+    c, s = rope_cos_sin(pos[:, axis], d, 256.0)
+    assert torch.equal(cos[:, lo:hi], c) and torch.equal(sin[:, lo:hi], s)
 
 
 def test_even_shard_bounds_cover_the_sequence_in_order() -> None:
@@ -215,8 +225,7 @@ def test_save_then_load_round_trips(tmp_path) -> None:
     path = save_safetensors(src, tmp_path / "w.safetensors")
     loaded = load_safetensors_into(dst, path)
     assert sorted(loaded) == ["norm.weight", "proj.bias", "proj.weight"]
-    for name, t in src.state_dict().items():
-        assert torch.equal(dst.state_dict()[name], t)
+    torch.testing.assert_close(dst.state_dict(), src.state_dict(), rtol=0, atol=0)  # every tensor, bit for bit
 
 
 def test_load_casts_to_the_module_dtype() -> None:

@@ -94,8 +94,7 @@ def test_dispatch_table_and_cross_branch_agreement():
     problems, figures = judge_video(result)
     assert problems == [], figures
     table = result.table
-    for (platform, dtype), want in EXPECTED_DISPATCH.items():
-        assert table[platform][dtype].split(":")[0] == want, (platform, dtype, table[platform][dtype])
+    assert {key: table[key[0]][key[1]].split(":")[0] for key in EXPECTED_DISPATCH} == EXPECTED_DISPATCH, table
     # Nothing else is installed here, so the USP path on simulated CUDA runs TORCH_SDPA.
     assert table["cuda"]["bf16"] == "usp:torch_sdpa"
     assert result.agreement["fp32"].max_abs_between_branches <= 1e-5

@@ -38,11 +38,13 @@ def test_the_committed_checkpoint_matches_its_card_and_holds_every_model() -> No
     assert weights.card["sha256"] == "5247f5d741ab42ed23dd8d5411c68bb124fda90d8c877b8fd41552b1d479f36b"
     assert {k.split(".", 1)[0] for k in weights.tensors} == {"text_encoder", "vae", "zimage", "hunyuan"}
     assert weights_path(BUILT_IN).stat().st_size < 8 * 2**20
-    for frames in (None, 3):  # every tensor of each model comes from the file (strict load)
-        models = build_models(PipelineConfig(weights=BUILT_IN, num_frames=frames))
-        prefix = "zimage" if frames is None else "hunyuan"
-        for name, tensor in models.dit.state_dict().items():
-            assert torch.equal(tensor, weights.tensors[f"{prefix}.{name}"]), name
+
+
+@pytest.mark.parametrize(("frames", "prefix"), [(None, "zimage"), (3, "hunyuan")], ids=["zimage", "hunyuan"])
+def test_every_tensor_of_a_model_comes_from_the_committed_checkpoint(frames: int | None, prefix: str) -> None:
+    weights = read_pipeline_weights(BUILT_IN)
+    state = build_models(PipelineConfig(weights=BUILT_IN, num_frames=frames)).dit.state_dict()  # a strict load
+    torch.testing.assert_close(state, {name: weights.tensors[f"{prefix}.{name}"] for name in state}, rtol=0, atol=0)
 
 
 def test_trained_weights_repeat_and_are_not_the_random_ones() -> None:
@@ -101,12 +103,12 @@ def test_config_errors_name_the_key() -> None:
         PipelineConfig(weights="no-such")  # at config time, before any rank starts
 
 
-def test_a_checkpoint_builds_the_text_encoder_for_the_run_dtype() -> None:
+@pytest.mark.parametrize("weights", [None, BUILT_IN], ids=["random", "trained"])
+def test_a_checkpoint_builds_the_text_encoder_for_the_run_dtype(weights: str | None) -> None:
     """Trained and random encoders alike choose their attention for bf16 when the run is bf16 (a cast of the
     parameters after building would leave the attention chosen, and computing, for fp32)."""
     from reference_impl.attention.layer import LocalAttention
 
-    for weights in (None, BUILT_IN):
-        encoder = build_models(PipelineConfig(weights=weights, dtype="bfloat16")).text_encoder
-        layers = [m for m in encoder.modules() if isinstance(m, LocalAttention)]
-        assert layers and {m.dtype for m in layers} == {torch.bfloat16}, weights
+    encoder = build_models(PipelineConfig(weights=weights, dtype="bfloat16")).text_encoder
+    layers = [m for m in encoder.modules() if isinstance(m, LocalAttention)]
+    assert layers and {m.dtype for m in layers} == {torch.bfloat16}

@@ -60,7 +60,7 @@ def test_the_interval_covers_the_true_ratio_at_least_as_often_as_promised(noise:
     what the signed-rank interval needs); HEAD truly 8 % slower."""
     rng = np.random.default_rng(2026)
     covered, trials, n = 0, 600, 12
-    for _ in range(trials):
+    for _ in range(trials):  # repeats: Monte Carlo trials of one interval
         def runs(scale: float) -> np.ndarray:
             jitter = rng.lognormal(0, 0.1, n) if noise == "lognormal" else 1 + rng.exponential(0.2, n)
             return scale * jitter

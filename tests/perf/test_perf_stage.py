@@ -156,9 +156,9 @@ def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Pa
         assert stage.skip_reason(ctx) is None  # a baseline for this hardware: on by default
         result = stage.run(ctx)
     assert (counts(result.results)[PASSED], result.failed) == (2, 0)
-    for r in result.results:
-        assert r.figures["tolerances"]["e2e"] == 100000.0 and r.bound.endswith("raw values within their tolerance of the "
-                                                                                 "stored baseline")
+    assert {r.figures["tolerances"]["e2e"] for r in result.results} == {100000.0}
+    assert all(r.bound.endswith("raw values within their tolerance of the stored baseline") for r in result.results), [
+        r.bound for r in result.results]
     assert set(result.top_level["perf"]) == {"perf_a", "perf_b"}
 
 
@@ -188,6 +188,7 @@ def test_a_planted_slowdown_fails_against_this_machines_own_baseline(setup: tupl
     code, doc = _gate(cases, baselines, tmp_path / "slow", "--perf-runs", "3",
                       "--pipeline-target", "tests.targets.slow_pipeline:factory", "--pipeline-target-arg", "fraction=3.0")
     assert code == 1
-    for record in doc["stages"]["perf"]["records"]:
-        assert record["status"] == FAILED and "expected_median_denoise_ms" in record["reason"]
+    records = doc["stages"]["perf"]["records"]
+    assert {r["status"] for r in records} <= {FAILED}
+    assert all("expected_median_denoise_ms" in r["reason"] for r in records), [r["reason"] for r in records]
     assert {r["status"] for r in doc["stages"]["images"]["records"]} == {PASSED}  # the sleep changes no pixel

@@ -168,20 +168,23 @@ def test_thresholds_per_platform_and_platform_mismatch(baselines: Path, tmp_path
         ('{"cases": {}, "perf": {"s": {"stages_ms": {}}}}', "key 'perf.s': missing required key 'expected_e2e_ms'"),
     ],
 )
+@pytest.mark.parametrize("what", ["thresholds", "perf"])
 def test_corrupt_results_are_refused_with_their_path(baselines: Path, tmp_path: Path, three_runs: list[Path], capsys,
-                                                      content: str, message: str) -> None:
+                                                      content: str, message: str, what: str) -> None:
     bad = tmp_path / "broken" / "results.json"
     bad.parent.mkdir()
     bad.write_text(content)
     before = (baselines / "consistency_threshold.json").read_bytes()
-    for what in ("thresholds", "perf"):
-        argv = ["recalibrate", what, "--baselines", str(baselines), "--results", str(three_runs[0]), str(bad), "--write",
-                "--allow-loosen", "--platform", "h200"]
-        assert main(argv) == 2
-        err = capsys.readouterr().err
-        assert f"parity recalibrate: error: {bad}" in err and message in err
+    argv = ["recalibrate", what, "--baselines", str(baselines), "--results", str(three_runs[0]), str(bad), "--write",
+            "--allow-loosen", "--platform", "h200"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"parity recalibrate: error: {bad}" in err and message in err
     assert (baselines / "consistency_threshold.json").read_bytes() == before
     assert not (baselines / "platforms").exists()
+
+
+def test_a_missing_baselines_directory_is_refused(tmp_path: Path, three_runs: list[Path], capsys) -> None:
     assert main(["recalibrate", "perf", "--baselines", str(tmp_path / "nope"), "--results", str(three_runs[0])]) == 2
     assert "no such baselines directory" in capsys.readouterr().err
 
@@ -331,14 +334,13 @@ def test_sigkill_at_random_points_leaves_old_or_new_never_partial(baselines: Pat
         killer = threading.Thread(target=_kill_in_write, args=(proc, directory, delay))
         killer.start()
         runs.append((directory, killer))
-    for directory, killer in runs:
+    for _, killer in runs:
         killer.join()
-        target = directory / base.name
-        doc = json.loads(target.read_text())  # never torn: it always parses ...
-        assert doc in (old, new)  # ... and is exactly the old or the new document
-        bak = target.with_name(target.name + ".bak")
-        if bak.exists():  # the backup is complete too, or absent
-            assert json.loads(bak.read_text()) == old
+    targets = [directory / base.name for directory, _ in runs]
+    docs = [json.loads(target.read_text()) for target in targets]  # never torn: it always parses ...
+    assert [doc in (old, new) for doc in docs] == [True] * len(runs)  # ... and is exactly the old or the new document
+    baks = [bak for t in targets if (bak := t.with_name(t.name + ".bak")).exists()]
+    assert [json.loads(bak.read_text()) == old for bak in baks] == [True] * len(baks)  # the backup is complete too, or absent
 
 
 def test_failed_runs_are_refused_unless_included_and_few_runs_warn(baselines: Path, three_runs: list[Path], capsys) -> None:

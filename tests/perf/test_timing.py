@@ -103,19 +103,21 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[T
     return out
 
 
+@pytest.mark.parametrize("run_index", [0, 1], ids=["run0", "run1"])
 @pytest.mark.parametrize("case_id", ["tiny_2ranks", "tiny_video_1rank"])
-def test_a_session_times_its_runs_on_the_cases_ranks(measured: dict, case_id: str) -> None:
+def test_a_session_times_its_runs_on_the_cases_ranks(measured: dict, case_id: str, run_index: int) -> None:
     runs, _ = measured[case_id]
+    assert len(runs) == 2
+    run = runs[run_index]
     ranks = 2 if case_id == "tiny_2ranks" else 1
-    for run in runs:
-        assert len(run.peak_memory_bytes) == ranks  # rank 0's clock, every rank's memory
-        assert all(b > 50 << 20 for b in run.peak_memory_bytes)  # a rank with torch loaded holds > 50 MB
-        t = run.timings
-        assert len(t.denoise_step_ms) == 3 and t.clock == "perf_counter" and run.output is None
-        # the three stages partition the run: they add up to the end-to-end time (the pipeline's own wall clock) ...
-        assert sum(t.stages_ms.values()) == pytest.approx(t.e2e_ms, rel=1e-3)
-        assert t.stages_ms["DenoisingStage"] == pytest.approx(sum(t.denoise_step_ms), rel=1e-6)
-        assert t.e2e_ms <= run.wall_ms  # ... which parity's clock around the whole call contains
+    assert len(run.peak_memory_bytes) == ranks  # rank 0's clock, every rank's memory
+    assert all(b > 50 << 20 for b in run.peak_memory_bytes)  # a rank with torch loaded holds > 50 MB
+    t = run.timings
+    assert len(t.denoise_step_ms) == 3 and t.clock == "perf_counter" and run.output is None
+    # the three stages partition the run: they add up to the end-to-end time (the pipeline's own wall clock) ...
+    assert sum(t.stages_ms.values()) == pytest.approx(t.e2e_ms, rel=1e-3)
+    assert t.stages_ms["DenoisingStage"] == pytest.approx(sum(t.denoise_step_ms), rel=1e-6)
+    assert t.e2e_ms <= run.wall_ms  # ... which parity's clock around the whole call contains
 
 
 @pytest.mark.parametrize("case_id", ["tiny_2ranks", "tiny_video_1rank"])

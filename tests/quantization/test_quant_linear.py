@@ -98,16 +98,19 @@ def test_bad_scales_are_refused_after_loading() -> None:
         layer.quant_method.process_weights_after_loading(layer)
 
 
-def test_quantize_fp8_keeps_the_block_max_exact_and_bounds_the_rest() -> None:
+@pytest.mark.parametrize("block", [None, (16, 32)], ids=["per-tensor", "block16x32"])
+def test_quantize_fp8_keeps_the_block_max_exact_and_bounds_the_rest(block: tuple[int, int] | None) -> None:
     w = torch.randn(40, 50)
-    for block in (None, (16, 32)):
-        q, scale = quantize_fp8(w, block)
-        back = dequantize_fp8(q, scale, block)
-        assert back.abs().max() == pytest.approx(w.abs().max().item(), rel=1e-6)
-        # e4m3 keeps 3 mantissa bits: round-to-nearest error <= 2^-4 relative (normal range).
-        normal = w.abs() > 2 ** -6 * scale.max() * 2
-        assert ((back - w).abs()[normal] <= w.abs()[normal] * 2 ** -4 + 1e-7).all()
-    assert quantize_fp8(w, (16, 32))[1].shape == (3, 2)
+    q, scale = quantize_fp8(w, block)
+    back = dequantize_fp8(q, scale, block)
+    assert back.abs().max() == pytest.approx(w.abs().max().item(), rel=1e-6)
+    # e4m3 keeps 3 mantissa bits: round-to-nearest error <= 2^-4 relative (normal range).
+    normal = w.abs() > 2 ** -6 * scale.max() * 2
+    assert ((back - w).abs()[normal] <= w.abs()[normal] * 2 ** -4 + 1e-7).all()
+
+
+def test_a_block_scale_has_one_value_per_block() -> None:
+    assert quantize_fp8(torch.randn(40, 50), (16, 32))[1].shape == (3, 2)
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,7 @@ def test_pool_lifecycle_many_calls_raise_restart_close(tmp_path: Path, monkeypat
     assert parity_files(tmp_path) == []  # the rendezvous is a TCPStore served by this process
     first_pids = pool.pids
     _check_collectives(pool.run(collectives, 5), 2, 5)
-    for i in range(50):
+    for i in range(50):  # repeats: one group, 50 calls in a row
         assert pool.run(add_rank, i) == [2 * i + 1] * 2
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         pool.run(lambda: 0)  # refused in the caller; the group is untouched
@@ -183,10 +183,11 @@ def test_two_groups_started_at_once_do_not_collide() -> None:
     assert live_children() <= before
 
 
-def test_a_chosen_thread_count_reaches_torch_in_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("value", ["2", "1"])
+def test_a_chosen_thread_count_reaches_torch_in_every_rank(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     """OMP_NUM_THREADS set after the preloaded server started still decides a new rank's torch threads."""
     from tests.ranks.rank_fns import torch_threads
 
-    for value in ("2", "1"):
-        monkeypatch.setenv("OMP_NUM_THREADS", value)
-        assert run_on_ranks(torch_threads, world_size=2) == [(value, int(value))] * 2
+    RankPool(1).close()  # the server (where ranks fork from) runs from here on, if it did not before
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert run_on_ranks(torch_threads, world_size=2) == [(value, int(value))] * 2

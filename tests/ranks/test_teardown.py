@@ -104,9 +104,8 @@ def test_ranks_fork_from_the_preloaded_server_or_are_spawned(monkeypatch: pytest
     server = {ppid for ppid, _, _ in forked}
     assert len(server) == 1 and me not in server  # both forked by one server, not by this process
     assert {ppid for ppid, _, _ in spawned} == {me}
-    for ppid, variable, group in forked + spawned:
-        assert variable == "set after the server started"  # the parent's environment of now, not the server's
-        assert group != os.getpgid(0)  # a process group of its own: teardown kills it whole
+    assert [variable for _, variable, _ in forked + spawned] == ["set after the server started"] * 4  # the parent's now
+    assert os.getpgid(0) not in {group for _, _, group in forked + spawned}  # groups of their own: teardown kills them whole
 
 
 def test_start_method_cpu_ranks_forked_cuda_ranks_spawned_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:

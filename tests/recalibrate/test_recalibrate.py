@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -148,19 +149,6 @@ def test_policy_files(tmp_path: Path) -> None:
     js = tmp_path / "policy.json"
     js.write_text(json.dumps({"clip": {"margin": 0.01, "cap": 0.99}}))
     assert load_policy(js).threshold("clip", 0.9999) == 0.9899
-    bad = [
-        ({"pnsr": {"margin": 1}}, "pnsr"),
-        ({"psnr": {"margin": 1, "floor": 3}}, "psnr.floor"),  # psnr has a cap, not a floor
-        ({"clip": {"cap": 1.5}}, "clip.cap"),
-        ({"ssim": {"margin": -0.1}}, "ssim.margin"),
-        ({"ssim": {"margin": "0.1"}}, "ssim.margin"),
-        ({"ssim": 0.04}, "ssim"),
-    ]
-    for doc, key in bad:
-        js.write_text(json.dumps(doc))
-        with pytest.raises(ConfigError) as info:
-            load_policy(js)
-        assert (info.value.path, info.value.key) == (str(js), key)
     toml.write_text("[psnr\nmargin = 2\n")
     with pytest.raises(ConfigError, match="invalid TOML.*line 1") as info:
         load_policy(toml)
@@ -174,32 +162,54 @@ GOOD_RESULTS = {
 }
 
 
+@pytest.mark.parametrize(("doc", "key"), [
+    ({"pnsr": {"margin": 1}}, "pnsr"),
+    ({"psnr": {"margin": 1, "floor": 3}}, "psnr.floor"),  # psnr has a cap, not a floor
+    ({"clip": {"cap": 1.5}}, "clip.cap"),
+    ({"ssim": {"margin": -0.1}}, "ssim.margin"),
+    ({"ssim": {"margin": "0.1"}}, "ssim.margin"),
+    ({"ssim": 0.04}, "ssim"),
+], ids=["misspelt-metric", "psnr-floor", "clip-cap-past-1", "negative-margin", "string-margin", "not-a-table"])
+def test_a_bad_policy_is_refused_naming_its_key(tmp_path: Path, doc: dict, key: str) -> None:
+    js = tmp_path / "policy.json"
+    js.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as info:
+        load_policy(js)
+    assert (info.value.path, info.value.key) == (str(js), key)
+
+
 def test_load_results_decodes_and_validates(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
     path.write_text(json.dumps(GOOD_RESULTS))
     doc = load_results(path)
     assert doc["cases"]["c"]["metrics"]["psnr"] == math.inf
     assert parse_results(doc) == doc  # idempotent
-    broken = [
-        (lambda d: d.pop("cases"), "cases"),
-        (lambda d: d["cases"]["c"].__setitem__("kind", "audio"), "cases.c.kind"),
-        (lambda d: d["cases"]["c"].__setitem__("passed", "yes"), "cases.c.passed"),
-        (lambda d: d["cases"]["c"]["metrics"].pop("ssim"), "cases.c.metrics.ssim"),
-        (lambda d: d["cases"]["c"]["metrics"].__setitem__("clip", "high"), "cases.c.metrics.clip"),
-        (lambda d: d["perf"]["s"].__setitem__("expected_e2e_ms", "slow"), "perf.s.expected_e2e_ms"),
-        (lambda d: d.__setitem__("platform", 3), "platform"),
-    ]
-    for mutate, key in broken:
-        doc = copy.deepcopy(GOOD_RESULTS)
-        mutate(doc)
-        path.write_text(json.dumps(doc))
-        with pytest.raises(ConfigError) as info:
-            load_results(path)
-        assert (info.value.path, info.value.key) == (str(path), key)
     path.write_text('{"cases": {')
     with pytest.raises(ConfigError, match="malformed JSON at line 1") as info:
         load_results(path)
     assert info.value.path == str(path)
+
+
+BROKEN_RESULTS = [
+    (lambda d: d.pop("cases"), "cases"),
+    (lambda d: d["cases"]["c"].__setitem__("kind", "audio"), "cases.c.kind"),
+    (lambda d: d["cases"]["c"].__setitem__("passed", "yes"), "cases.c.passed"),
+    (lambda d: d["cases"]["c"]["metrics"].pop("ssim"), "cases.c.metrics.ssim"),
+    (lambda d: d["cases"]["c"]["metrics"].__setitem__("clip", "high"), "cases.c.metrics.clip"),
+    (lambda d: d["perf"]["s"].__setitem__("expected_e2e_ms", "slow"), "perf.s.expected_e2e_ms"),
+    (lambda d: d.__setitem__("platform", 3), "platform"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "key"), BROKEN_RESULTS, ids=[key for _, key in BROKEN_RESULTS])
+def test_a_broken_results_file_is_refused_naming_its_key(tmp_path: Path, mutate: Callable[[dict], object], key: str) -> None:
+    path = tmp_path / "results.json"
+    doc = copy.deepcopy(GOOD_RESULTS)
+    mutate(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as info:
+        load_results(path)
+    assert (info.value.path, info.value.key) == (str(path), key)
 
 
 def test_conflicting_kinds_across_runs_are_refused_naming_both_files() -> None:

@@ -32,8 +32,7 @@ def test_forced_platform(monkeypatch, spec, kind, arch, checks):
     assert current_platform.kind == kind and current_platform.gcn_arch == arch
     really_here = kind == ("cuda" if torch.cuda.is_available() else "cpu")
     assert current_platform.simulated is not really_here
-    for check in checks:
-        assert getattr(current_platform, check)()
+    assert {check: getattr(current_platform, check)() for check in checks} == dict.fromkeys(checks, True)
     assert ("simulated" in current_platform.label()) is not really_here
     if not torch.cuda.is_available():
         assert current_platform.device_type == "cpu"  # tensors stay on the real hardware
@@ -51,13 +50,14 @@ def test_bad_platform_spec():
         parse_platform_spec("cuda:sm90")
 
 
-def test_layers_need_a_forward_context():
+@pytest.mark.parametrize("layer_type", [LocalAttention, USPAttention], ids=["local", "usp"])
+def test_layers_need_a_forward_context(layer_type):
     q = torch.randn(1, 4, 2, 8)
-    for layer in (LocalAttention(2, 8), USPAttention(2, 8)):
-        with pytest.raises(RuntimeError, match=f"{type(layer).__name__} needs a forward context"):
-            layer(q, q, q)
-        with set_forward_context(current_timestep=3):
-            assert layer(q, q, q).shape == q.shape
+    layer = layer_type(2, 8)
+    with pytest.raises(RuntimeError, match=f"{layer_type.__name__} needs a forward context"):
+        layer(q, q, q)
+    with set_forward_context(current_timestep=3):
+        assert layer(q, q, q).shape == q.shape
 
 
 def test_forward_context_nests_and_restores():

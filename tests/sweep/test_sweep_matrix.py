@@ -98,13 +98,16 @@ def test_failed_cells_are_shown_first():
     assert "FAIL 5.00e-01 (+1)" in render_markdown([sweep])
 
 
-def test_an_expected_failure_reads_as_one_and_a_non_finite_error_is_spelled_out():
+@pytest.mark.parametrize(("status", "figures", "text"), [
+    ("xfailed", {"max_abs": 0.1}, "xfail 1.00e-01"),
+    ("failed", {"max_abs": "inf"}, "FAIL inf"),
+], ids=["xfailed", "failed-inf"])
+def test_an_expected_failure_reads_as_one_and_a_non_finite_error_is_spelled_out(status, figures, text):
     from harness.sweep.matrix import Sweep
 
     platform = {"kind": "cpu", "label": "cpu", "device_name": "x"}
-    for status, figures, text in (("xfailed", {"max_abs": 0.1}, "xfail 1.00e-01"), ("failed", {"max_abs": "inf"}, "FAIL inf")):
-        cells = [{"contract": "c", "dtype": "bf16", "backend": "math", "status": status, "figures": figures}]
-        assert text in render_markdown([Sweep("mem", platform, cells, [], {})])
+    cells = [{"contract": "c", "dtype": "bf16", "backend": "math", "status": status, "figures": figures}]
+    assert text in render_markdown([Sweep("mem", platform, cells, [], {})])
 
 
 @pytest.mark.parametrize(

@@ -124,13 +124,16 @@ def test_pngs_are_checked_against_the_case() -> None:
         _run_template(BASE + " --frames 2", {**FIELDS, "num_frames": 3})
 
 
-def test_a_commands_png_goes_through_the_guarded_decoder(tmp_path: Path) -> None:
+HUGE_PNG_HEADER = b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + (100_000).to_bytes(4, "big") * 2 + bytes(5)
+
+
+@pytest.mark.parametrize(("data", "words"), [(b"GIF89a not a png", "not a PNG file"),
+                                             (HUGE_PNG_HEADER, "declares 100000x100000 pixels")], ids=["not-a-png", "huge"])
+def test_a_commands_png_goes_through_the_guarded_decoder(tmp_path: Path, data: bytes, words: str) -> None:
     """Foreign output: a file that only claims to be a PNG, or declares a huge picture, is refused before decoding."""
-    header = b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + (100_000).to_bytes(4, "big") * 2 + bytes(5)
-    for data, words in ((b"GIF89a not a png", "not a PNG file"), (header, "declares 100000x100000 pixels")):
-        (tmp_path / "image.png").write_bytes(data)
-        with pytest.raises(PipelineFailed, match=words):
-            read_pngs(tmp_path, (24, 32, 3))
+    (tmp_path / "image.png").write_bytes(data)
+    with pytest.raises(PipelineFailed, match=words):
+        read_pngs(tmp_path, (24, 32, 3))
 
 
 def _run_template(template: str, fields: dict) -> np.ndarray:
@@ -161,16 +164,29 @@ def test_timings_in_parity_and_sglang_schemas(tmp_path: Path) -> None:
     timings, source = read_timings(tmp_path, 1000.0)
     assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms) == (14959.11, {"TextEncodingStage": 611.83}, [240.5])
     assert source == "timings.json (sglang perf dump)"
-    for bad, message in ((["x"], "must be a JSON object"), ({"e2e_ms": -1}, "non-negative"), ({"steps": []}, "neither e2e_ms"),
-                         ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, "need name/duration_ms")):
-        path.write_text(json.dumps(bad))
-        with pytest.raises(PipelineFailed, match=message):
-            read_timings(tmp_path, 1.0)
-    for text, message in (("{", "line 1"), ('{"e2e_ms": NaN}', "NaN"), ('{"e2e_ms": 1, "stages_ms": {"A": Infinity}}', "Infinity")):
-        path.write_text(text)
-        with pytest.raises(PipelineFailed, match=message) as info:
-            read_timings(tmp_path, 1.0)
-        assert str(path) in str(info.value)  # the file is named
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (["x"], "must be a JSON object"),
+    ({"e2e_ms": -1}, "non-negative"),
+    ({"steps": []}, "neither e2e_ms"),
+    ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, "need name/duration_ms"),
+], ids=["not-an-object", "negative", "no-total", "step-without-duration"])
+def test_timings_of_another_shape_are_refused(tmp_path: Path, bad: object, message: str) -> None:
+    (tmp_path / "timings.json").write_text(json.dumps(bad))
+    with pytest.raises(PipelineFailed, match=message):
+        read_timings(tmp_path, 1.0)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{", "line 1"), ('{"e2e_ms": NaN}', "NaN"), ('{"e2e_ms": 1, "stages_ms": {"A": Infinity}}', "Infinity"),
+], ids=["malformed", "nan", "infinity"])
+def test_timings_that_are_not_strict_json_are_refused_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "timings.json"
+    path.write_text(text)
+    with pytest.raises(PipelineFailed, match=message) as info:
+        read_timings(tmp_path, 1.0)
+    assert str(path) in str(info.value)  # the file is named
 
 
 def test_perf_timing_runs_here_with_the_commands_own_timings() -> None:

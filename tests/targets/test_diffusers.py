@@ -211,7 +211,7 @@ def test_dense_per_head_mask_under_ulysses_raises_a_size_mismatch(rank_pools, wo
     verdict = _run(rank_pools, "usp.masked_parity", world_size=world_size, mask="dense", dtype="bf16")
     assert verdict.status == FAILED and "RuntimeError" in verdict.reason and _size_mismatch(verdict.reason)
     shown = rank_pools.get(world_size).run(div.dense_mask_ulysses, "bf16")
-    for rank in shown:  # the per-head mask is not sliced to the rank's heads; one shared over heads works
+    for rank in shown:  # one result: every rank's figures of one run (the per-head mask is not sliced to its heads)
         assert rank["per_head_error"] is not None and _size_mismatch(rank["per_head_error"])
         assert rank["shared_bitwise"] is True and rank["shared_vs_ref64"] < 2e-2
 
@@ -248,8 +248,8 @@ def test_ring_backward_sends_kv_gradients_the_wrong_way_from_ring_degree_3(rank_
     stock = _run(rank_pools, "usp.ring_grad", **params)
     assert stock.status == FAILED and "dk: " in stock.reason and "dv: " in stock.reason and "dq: " not in stock.reason, stock.reason
     oracle = stock.figures["oracle"]
-    for name in ("dk", "dv"):  # measured: dk 1.565, dv 1.028 against 1.86e-2 and 1.94e-2
-        assert oracle[f"sharded {name}"]["err_ref64"] > 20 * oracle[f"sharded {name}"]["allowed"]
+    far = {name: oracle[f"sharded {name}"]["err_ref64"] > 20 * oracle[f"sharded {name}"]["allowed"] for name in ("dk", "dv")}
+    assert far == {"dk": True, "dv": True}, oracle  # measured: dk 1.565, dv 1.028 against 1.86e-2 and 1.94e-2
     assert oracle["sharded dq"]["err_ref64"] <= oracle["sharded dq"]["allowed"]
     fixed = _run(rank_pools, "usp.ring_grad", FIXED, **params)
     assert fixed.status == PASSED, fixed.reason
@@ -297,12 +297,13 @@ def test_overlay_ranges_follow_each_releases_masks(contract_cases, version: str,
             return f"skip:{case.expected_skip.reason}"
         return f"xfail:{case.expected_failure}" if case.expected_failure else None
 
-    for case_id, expected in ((_KEY_MASK, key_mask), (_DENSE, dense)):
-        got = judged(case_id)
+    def agrees(got: str | None, expected: str | None) -> bool:
         if expected is None:
-            assert got is None, (case_id, got)
-        else:
-            kind, words = expected.split(":", 1)
-            assert got is not None and got.startswith(f"{kind}:") and words in got, (case_id, got)
+            return got is None
+        kind, words = expected.split(":", 1)
+        return got is not None and got.startswith(f"{kind}:") and words in got
+
+    got = {_KEY_MASK: judged(_KEY_MASK), _DENSE: judged(_DENSE)}
+    assert {_KEY_MASK: agrees(got[_KEY_MASK], key_mask), _DENSE: agrees(got[_DENSE], dense)} == dict.fromkeys(got, True), got
     assert gqa_words in cases["masked_gqa"].expected_skip.reason
     assert cases["masked[world_size=1,mask=key_padding]"].expected_skip is None  # one rank takes masks on every release

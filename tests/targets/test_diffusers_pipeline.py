@@ -82,13 +82,20 @@ def test_kind_path_and_context_parallel_plan(flux: Path, tmp_path: Path) -> None
     with pytest.raises(ParamError, match="ZImageTransformer2DModel has no _cp_plan") as info:
         target.check_case({**FIELDS, "path": str(copy)}, 2)
     assert info.value.key == "world_size"
-    for i, (name, text) in enumerate((("model_index.json", "{"), ("model_index.json", "[]"), ("transformer/config.json", '{"a": NaN}'))):
-        damaged = tmp_path / f"damaged_{i}"
-        shutil.copytree(copy, damaged)
-        (damaged / name).write_text(text)  # a damaged saved pipeline: an error naming the file, never a traceback
-        with pytest.raises(ParamError) as info:
-            describe(str(damaged))
-        assert info.value.key == "path" and str(damaged / name) in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("model_index.json", "{"), ("model_index.json", "[]"), ("transformer/config.json", '{"a": NaN}'),
+], ids=["index-malformed", "index-not-an-object", "config-nan"])
+def test_a_damaged_saved_pipeline_is_an_error_naming_the_file(flux: Path, tmp_path: Path, name: str, text: str) -> None:
+    damaged = tmp_path / "damaged"
+    (damaged / "transformer").mkdir(parents=True)
+    for config in ("model_index.json", "transformer/config.json"):  # only the configs are read
+        shutil.copy(flux / config, damaged / config)
+    (damaged / name).write_text(text)  # an error naming the file, never a traceback
+    with pytest.raises(ParamError) as info:
+        describe(str(damaged))
+    assert info.value.key == "path" and str(damaged / name) in str(info.value)
 
 
 def test_what_a_machine_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +134,7 @@ def test_seeded_generation_and_stage_timings_in_a_rank(flux: Path, pools: PoolSe
         session.run()
         runs = [session.run().timings for _ in range(2)]
         measured = absolute.measure(session, runs=1, warmup=0)
-    for run in runs:
+    for run in runs:  # one result: the two timed runs of one session
         assert list(run.stages_ms) == ["TextEncodingStage", "PreparationStage", "DenoisingStage", "DecodingStage"]
         assert all(ms > 0 for ms in run.stages_ms.values()) and len(run.denoise_step_ms) == 3
         assert sum(run.stages_ms.values()) == pytest.approx(run.e2e_ms, rel=1e-9)  # the stages partition the run

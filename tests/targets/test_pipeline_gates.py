@@ -93,11 +93,11 @@ def test_command_target_gate_passes_then_fails_a_planted_multi_rank_error(tmp_pa
     assert run("gate", template, "--report", str(report), "--perf", "--perf-runs", "1", "--perf-warmup", "0") == 0
     doc = load_results(report / "results.json")
     images, perf = _records(doc), _records(doc, "perf")
-    for case_id in ("cmd_1rank", "cmd_2ranks"):
-        assert images[case_id]["status"] == "passed" and doc["cases"][case_id]["metrics"]["psnr"] == float("inf")
-        assert images[case_id]["target"] == "command" and images[case_id]["params"]["target_args"] == {"template": template}
-        assert "timings: timings.json" in images[case_id]["kernel"]
-        assert perf[case_id]["target"] == "command" and perf[case_id]["figures"]["clock"] == "command timings.json"
+    both = ("cmd_1rank", "cmd_2ranks")
+    got = {c: (images[c]["status"], doc["cases"][c]["metrics"]["psnr"], images[c]["target"], images[c]["params"]["target_args"],
+               "timings: timings.json" in images[c]["kernel"], perf[c]["target"], perf[c]["figures"]["clock"]) for c in both}
+    assert got == dict.fromkeys(both, ("passed", float("inf"), "command", {"template": template}, True, "command",
+                                       "command timings.json"))
     measured = doc["perf"]["cmd_2ranks"]  # the command's own timings.json, raw
     assert measured["stages_ms"]["DenoisingStage"] == 1.5
     assert "2" not in doc["stages"]["images"]["pool_startup_s"]  # W=2 asked of the command, no 2-rank group

@@ -122,14 +122,14 @@ def test_overlay_carries_the_version_facts(cases):
     assert "PR #33923" in old["sglang_suffix_w2"].expected_failure and "PR #33923" in old["suffix[world_size=4,causal=true]"].expected_failure
     assert old["suffix[world_size=1,causal=false]"].expected_failure is None  # one rank: nothing to rotate
     # before PR #36735 the legal prefix cannot be expressed: pinned skips there, never an expected failure that cannot fire
-    for case_id in ("masked_rejects_replicated_legal_prefix", "masked_prefix[world_size=2]"):
-        assert old[case_id].expected_failure is None and "PR #36735" in old[case_id].expected_skip.because
-        assert now[case_id].expected_skip is None
+    legal_prefix = ("masked_rejects_replicated_legal_prefix", "masked_prefix[world_size=2]")
+    assert {c: (old[c].expected_failure, "PR #36735" in old[c].expected_skip.because, now[c].expected_skip) for c in legal_prefix} == (
+        dict.fromkeys(legal_prefix, (None, True, None)))
     assert "PR #33923" in old["varlen[world_size=2,causal=false]"].expected_skip.because
     # 0.5.17's own divergences, fixed in 0.5.18 (measured: docs/targets/versions.md)
-    for case_id in (guard, "skip_sequence_parallel_local[world_size=2]"):
-        assert "before 0.5.18" in old[case_id].expected_failure
-        assert _overlaid(cases, "0.5.18")[case_id].expected_failure is None
+    fixed = (guard, "skip_sequence_parallel_local[world_size=2]")
+    then = _overlaid(cases, "0.5.18")
+    assert {c: ("before 0.5.18" in old[c].expected_failure, then[c].expected_failure) for c in fixed} == dict.fromkeys(fixed, (True, None))
     assert _overlaid(cases, "0.5.18")["varlen[world_size=2,causal=false]"].expected_skip is None
     later = _overlaid(cases, "0.5.24")  # unknown yet: judged as any case, so a fix or a regression shows
     assert all(later[i].expected_failure is None for i in divergences)
@@ -163,9 +163,9 @@ def test_refusals_carry_sglangs_text_and_a_kind(sglang_ready, rank_pool):
     assert found == other  # identical on every rank
     assert {kind for kind, _ in filter(None, found.values())} <= set(REFUSALS)
     assert found["ring"][0] == "ring_needs_lse" and "Ring Attention requires a backend whose kernel exposes the softmax LSE" in found["ring"][1]
-    for kwarg in ("num_replicated_suffix", "num_replicated_kv_prefix"):
-        kind, reason = found[kwarg]
-        assert kind == "mask_with_replicated" and "masked path does not support replicated prefix/suffix tokens" in reason
+    replicated = ("num_replicated_suffix", "num_replicated_kv_prefix")
+    said = "masked path does not support replicated prefix/suffix tokens"
+    assert {k: (found[k][0], said in found[k][1]) for k in replicated} == dict.fromkeys(replicated, ("mask_with_replicated", True)), found
     assert found["num_replicated_prefix"] is None  # legal since PR #36735 (0.5.20)
     assert found["dense_mask"][0] == "unsupported" and "expects a [B, S_local] key mask" in found["dense_mask"][1]
     assert found["sdpa_kernel"][0] == "backend_unavailable"
@@ -175,18 +175,20 @@ def test_a_layer_that_crashes_under_ring_fails_instead_of_passing_for_a_refusal(
     assert rank_pool(2).run(sglang_workers.crash_under_ring) == ["RuntimeError", "RuntimeError"]
 
 
-def test_a_backend_name_sglang_lacks_is_refused_before_any_rank_starts(sglang_ready):
+@pytest.mark.parametrize(("params", "key", "words"), [
+    ({"backend": "no_such_backend"}, "backend", "no attention backend 'no_such_backend'"),
+    ({"sdpa_kernel": "math"}, "sdpa_kernel", "cannot pin torch SDPA"),
+], ids=["backend", "sdpa_kernel"])
+def test_a_backend_name_sglang_lacks_is_refused_before_any_rank_starts(sglang_ready, params, key, words):
     from harness.contracts.case import make_case
     from harness.contracts.runner import validate_for_target
     from harness.errors import ConfigError
     from harness.targets.sglang import SglangTarget
 
-    for params, key, words in (({"backend": "no_such_backend"}, "backend", "no attention backend 'no_such_backend'"),
-                               ({"sdpa_kernel": "math"}, "sdpa_kernel", "cannot pin torch SDPA")):
-        case = make_case("usp.ulysses_parity", {"world_size": 2, **params}, case_id="u", source="f.toml")
-        with pytest.raises(ConfigError, match=words) as info:
-            validate_for_target([case], SglangTarget())
-        assert info.value.key == f"cases.u.{key}"
+    case = make_case("usp.ulysses_parity", {"world_size": 2, **params}, case_id="u", source="f.toml")
+    with pytest.raises(ConfigError, match=words) as info:
+        validate_for_target([case], SglangTarget())
+    assert info.value.key == f"cases.u.{key}"
 
 
 def test_refusals_become_skips_and_checked_refusals(sglang_ready, cases, rank_pools):
@@ -204,26 +206,25 @@ def test_refusals_become_skips_and_checked_refusals(sglang_ready, cases, rank_po
 
 def test_masked_gqa_is_a_bug_not_a_refusal(sglang_ready, cases, rank_pools):
     verdicts = _run(cases, ["masked_gqa", "masked_causal_gqa[mask=key_padding,dtype=bf16]"], rank_pools)
-    for verdict in verdicts.values():
-        assert verdict.status == "failed"
-        assert verdict.reason == "rank 0 raised: RuntimeError: The size of tensor a (8) must match the size of tensor b (2) at non-singleton dimension 1"
-        assert "scaled_dot_product_attention" in verdict.traceback
+    reason = "rank 0 raised: RuntimeError: The size of tensor a (8) must match the size of tensor b (2) at non-singleton dimension 1"
+    got = {c: (v.status, v.reason, "scaled_dot_product_attention" in v.traceback) for c, v in verdicts.items()}
+    assert got == dict.fromkeys(verdicts, ("failed", reason, True))
 
 
 def test_causal_with_a_mask_passes_self_comparison_and_fails_the_oracle(sglang_ready, cases, rank_pools):
     result = _run(cases, ["masked_causal"], rank_pools)["masked_causal"]
     assert result.status == "failed" and result.figures["bitwise"]  # one rank and SP agree: both non-causal
-    for output in ("sharded", "single-rank"):
-        oracle = result.figures["oracle"][output]
-        assert oracle["err_ref64"] > 10 * oracle["allowed"], oracle
-        assert f"{output} output vs float64 attention" in result.reason
+    outputs = ("sharded", "single-rank")
+    oracle = result.figures["oracle"]
+    assert {o: oracle[o]["err_ref64"] > 10 * oracle[o]["allowed"] for o in outputs} == dict.fromkeys(outputs, True), oracle
+    assert [o for o in outputs if f"{o} output vs float64 attention" not in result.reason] == [], result.reason
     assert "(it ignores causal: it matches non-causal attention)" in result.reason
 
 
 def test_causal_with_any_mask_is_not_causal(sglang_ready, rank_pool):
     """sglang's causal layer ignores causality once a mask is given, even an all-true one, on one rank and under SP."""
-    for figures in rank_pool(2).run(sglang_workers.causal_with_mask):
-        assert figures["one_rank_no_mask_vs_causal"] < 1e-5
-        for label in ("one_rank_mask", "sp_mask"):
-            assert figures[f"{label}_vs_causal"] > 0.1, figures
-            assert figures[f"{label}_vs_non_causal"] < 1e-5, figures
+    ranks = rank_pool(2).run(sglang_workers.causal_with_mask)
+    labels = ("one_rank_mask", "sp_mask")
+    seen = [(f["one_rank_no_mask_vs_causal"] < 1e-5, {lab: (f[f"{lab}_vs_causal"] > 0.1, f[f"{lab}_vs_non_causal"] < 1e-5) for lab in labels})
+            for f in ranks]
+    assert seen == [(True, dict.fromkeys(labels, (True, True)))] * 2, ranks
