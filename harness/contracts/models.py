@@ -119,7 +119,8 @@ register(Contract(
     "model.zimage_sp_parity",
     "Z-Image block (caption as replicated suffix) and the faithful transformer under Ulysses SP equal one rank "
     "bitwise: items of one caption length (replicated suffix) and per-item caption masks (the unified sequence "
-    "sharded with its mask); the caption-as-prefix control path is reported, not judged",
+    "sharded with its mask; in fp32 on the CPU from 2 image tokens per rank); the caption-as-prefix control path is "
+    "reported, not judged",
     MODEL_PARAMS + (
         Param("grid", "int_list", [8, 8], "image token grid [h, w] of the block paths"),
         Param("caption_tokens", "int", 6, "caption tokens (the replicated suffix) of the block paths"),
@@ -135,8 +136,9 @@ register(Contract(
 register(Contract(
     "model.hunyuan_sp_parity",
     "HunyuanVideo double/single-stream blocks and the faithful transformer under Ulysses SP: text as replicated "
-    "suffix and masked text (joint sequence sharded with its key mask) bitwise, sharded text (seq_lens varlen) "
-    "within the FlashAttention rule",
+    "suffix and masked text (joint sequence sharded with its key mask) bitwise (in fp32 on the CPU where each rank's "
+    "image tokens x MLP width is a multiple of 32 and its GEMMs have more than 4 rows, as at the defaults), sharded "
+    "text (seq_lens varlen) within the FlashAttention rule",
     MODEL_PARAMS + (
         Param("grid", "int_list", [2, 4, 4], "video token grid [t, h, w]"),
         Param("text_tokens", "int", 7, "text tokens (not divisible by W gives uneven shards)"),

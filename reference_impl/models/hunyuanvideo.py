@@ -219,12 +219,23 @@ class JointAttention(HunyuanAttention):
         tq, tk, tv = (proj(txt).unflatten(2, (self.heads, -1)) for proj in (self.add_q_proj, self.add_k_proj, self.add_v_proj))
         tq, tk = self.norm_added_q(tq), self.norm_added_k(tk)
         out = _joint_attention(self.attn, (q, k, v), (tq, tk, tv), attn_mask, txt_is_sharded, txt_valid_lens).flatten(2)
-        # Contiguous copies: in the masked layout a rank's split can be the whole tensor (no text
-        # on that rank), contiguous where one rank's split is a view, and torch's linear fuses
-        # the bias (addmm) only for contiguous 3-D input: bf16 would differ by the bias rounding.
-        img_out, txt_out = (part.contiguous() for part in out.split([img.shape[1], txt.shape[1]], dim=1))
+        img_out, txt_out = out.split([img.shape[1], txt.shape[1]], dim=1)
         assert self.to_out is not None
-        return self.to_out[0](img_out), self.to_add_out(txt_out)
+        return _output_projection(self.to_out[0], img_out), _output_projection(self.to_add_out, txt_out)
+
+
+def _output_projection(linear: nn.Linear, x: Tensor) -> Tensor:
+    """``linear(x)`` rounded as diffusers' ``to_out`` / ``to_add_out`` on its slice of the joint output.
+
+    torch's linear fuses the bias into the GEMM (one bf16 rounding) only for contiguous 3-D
+    input. Diffusers' slices are contiguous for one item and strided for more (GEMM rounded,
+    then the bias added), so the choice follows the batch size, never the layout: in the masked
+    SP layout a rank's split can be the whole tensor where another rank's is a view.
+    """
+    x = x.contiguous()
+    if x.shape[0] == 1 or linear.bias is None:
+        return linear(x)
+    return F.linear(x, linear.weight) + linear.bias
 
 
 # ---------------------------------------------------------------------------- blocks

@@ -131,10 +131,13 @@ class ModelConfig:
 
 # ---------------------------------------------------------------------------- norms
 class RMSNorm(nn.Module):
-    """RMS normalisation over the last dim, computed in fp32 (fp64 for fp64 input) and cast back once.
+    """RMS normalisation over the last dim in fp32 (fp64 for fp64 input), rounded where diffusers rounds.
 
-    ``elementwise_affine=False`` has no parameters at all (nothing to load), which is what an
-    affine-free q/k norm means; with it, the learned weight starts at ones.
+    A half-precision weight multiplies the normalised input after it is rounded to the weight's
+    dtype (diffusers' ``RMSNorm``, transformers' ``Qwen3RMSNorm``); an fp32/fp64 weight multiplies
+    it unrounded, and the result is cast back once. ``elementwise_affine=False`` has no parameters
+    at all (nothing to load), which is what an affine-free q/k norm means; with it, the learned
+    weight starts at ones.
     """
 
     def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
@@ -148,7 +151,9 @@ class RMSNorm(nn.Module):
             raise ValueError(f"RMSNorm({self.dim}) got a last dim of {x.shape[-1]}")
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.weight is not None:
+        if self.weight is not None and self.weight.dtype in (torch.float16, torch.bfloat16):
+            y = y.to(self.weight.dtype) * self.weight
+        elif self.weight is not None:
             y = y * self.weight.to(x32.dtype)
         return y.to(x.dtype)
 
@@ -241,6 +246,28 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = True) ->
         x1, x2 = x32[..., :half], x32[..., half:]
         out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
     return out.to(x.dtype)
+
+
+def apply_rope_complex(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`apply_rope` (interleaved) as a complex multiply, the way diffusers' Z-Image rotates q and k.
+
+    Channels (2i, 2i+1) are one complex number, multiplied by ``cos + i·sin`` in complex64
+    (complex128 for fp64 input); the result is in x's dtype. The value is the real rotation's,
+    but the CPU's vectorised complex multiply rounds differently from four real products: it
+    differs from :func:`apply_rope` by an ulp wherever ``D/2`` is not a multiple of the vector
+    width (head dims 8, 24, 36 on this CPU), so a model that follows diffusers must multiply here.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"apply_rope_complex expects [B, S, H, D], got shape {tuple(x.shape)}")
+    half = x.shape[-1] // 2
+    if cos.shape[-1] != half or cos.shape[-2] != x.shape[1]:
+        raise ValueError(f"RoPE tables {tuple(cos.shape)} do not fit x {tuple(x.shape)} (need [..., {x.shape[1]}, {half}])")
+    compute = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for an fp64 reference
+    rotation = torch.complex(cos.to(compute), sin.to(compute)).unsqueeze(-2)  # broadcast over heads
+    if rotation.dim() == 3:
+        rotation = rotation.unsqueeze(0)
+    pairs = torch.view_as_complex(x.to(compute).reshape(*x.shape[:-1], half, 2))
+    return torch.view_as_real(pairs * rotation).flatten(3).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------- timesteps

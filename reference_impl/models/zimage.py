@@ -7,7 +7,8 @@ sequence parallelism) is :mod:`reference_impl.models.zimage_transformer`.
 - :class:`ZImageConfig` has diffusers' config keys and defaults (the released 6B model); the
   sizes diffusers derives from them (head dim, SwiGLU width, adaLN width) are properties.
 - RoPE is 3-D axial and interleaved, its table rounded where diffusers rounds it (angles in fp64,
-  rounded to fp32, cos/sin in fp32): the fp64 table differs by 1.5e-5 near position 513.
+  rounded to fp32, cos/sin in fp32: the fp64 table differs by 1.5e-5 near position 513) and
+  applied as diffusers applies it, a complex64 multiply (:func:`apply_rope_complex`).
 - :class:`ZImageAttention`: ``to_q``/``to_k``/``to_v`` → per-head RMSNorm on q and k → RoPE →
   USPAttention → ``to_out``. The caption refiner's attention runs rank-locally
   (``skip_sequence_parallel``): every rank holds the whole caption, so there is nothing to shard.
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.attention.layer import USPAttention
-from reference_impl.models.layers import ModelConfig, RMSNorm, apply_rope, axial_rope_cos_sin, timestep_embedding
+from reference_impl.models.layers import ModelConfig, RMSNorm, apply_rope_complex, axial_rope_cos_sin, timestep_embedding
 
 Tensor = torch.Tensor
 Rope = tuple[Tensor, Tensor]
@@ -137,7 +138,7 @@ class ZImageAttention(nn.Module):
         q, k, v = (proj(hidden).view(b, s, self.heads, self.head_dim) for proj in (self.to_q, self.to_k, self.to_v))
         if self.norm_q is not None and self.norm_k is not None:
             q, k = self.norm_q(q), self.norm_k(k)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k = apply_rope_complex(q, *rope), apply_rope_complex(k, *rope)
         out = self.attn(q, k, v, attn_mask=attn_mask, num_replicated_prefix=num_replicated_prefix,
                         num_replicated_suffix=num_replicated_suffix)
         return self.to_out[0](out.reshape(b, s, self.heads * self.head_dim))
