@@ -42,7 +42,6 @@ checkout of an editable install, else the read-only copy inside the installed pa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.paths import parity_version
 
     parser = argparse.ArgumentParser(
         prog="parity", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -18,8 +18,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness.files.jsonio import expect_id, expect_known_key, expect_object, expect_str, join_key, read_json
 from harness.errors import ConfigError
+from harness.files.jsonio import expect_id, expect_known_key, expect_object, expect_str, join_key, read_json
 
 
 class Status(StrEnum):

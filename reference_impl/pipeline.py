@@ -13,10 +13,9 @@ the turbo-drift check: the replicated caption becomes the prefix, RoPE applied b
 from __future__ import annotations
 
 import os
-
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,12 @@ from reference_impl.models.minimax_vae import ViT3DDecoder, ViT3DDecoderConfig
 from reference_impl.models.qwen3 import Qwen3EncoderConfig, Qwen3TextEncoder
 from reference_impl.models.zimage import ZImageConfig
 from reference_impl.models.zimage_transformer import ZImageTransformer
-from reference_impl.parallel.state import destroy_sequence_parallel, get_sp_rank, get_sp_world_size, init_sequence_parallel
+from reference_impl.parallel.state import (
+    destroy_sequence_parallel,
+    get_sp_rank,
+    get_sp_world_size,
+    init_sequence_parallel,
+)
 from reference_impl.weights import WEIGHTS_DIR, read_pipeline_weights, weights_path
 
 Tensor = torch.Tensor

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.targets.reference.pipeline import turbo_drift  # the measuring function behind pipeline.turbo_drift
 from harness.ranks import RankPool
+from harness.targets.reference.pipeline import turbo_drift  # the measuring function behind pipeline.turbo_drift
 from reference_impl.attention.layer import USPAttention
 from reference_impl.models.layers import ModelConfigError
 from reference_impl.pipeline import (

@@ -24,7 +24,15 @@ from typing import Any
 import numpy as np
 
 from harness.baselines.images import (
-    MANIFEST, PENDING, Entry, case_of_file, fingerprint, manifest_json, pending_set, read_manifest, reference_files,
+    MANIFEST,
+    PENDING,
+    Entry,
+    case_of_file,
+    fingerprint,
+    manifest_json,
+    pending_set,
+    read_manifest,
+    reference_files,
 )
 from harness.errors import ConfigError
 from harness.files.atomic import dump_json, fsync_dir

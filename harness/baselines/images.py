@@ -185,7 +185,7 @@ def read_manifest(directory: str | Path) -> dict[str, Entry]:
                           "references again)", path=path, key="format")
     unknown = sorted(set(doc) - {"format", "cases"})
     if unknown:
-        raise ConfigError(f"unknown key (a manifest holds {{format, cases}})", path=path, key=unknown[0])
+        raise ConfigError("unknown key (a manifest holds {format, cases})", path=path, key=unknown[0])
     cases = expect_object(doc.get("cases", {}), path, "cases")
     return {expect_id(case_id, path, join_key("cases", case_id)): _entry(case_id, raw, path) for case_id, raw in cases.items()}
 

@@ -23,10 +23,10 @@ from harness.baselines.platforms import find_overlay
 from harness.baselines.tolerances import (
     ABS_FLOOR,
     MAX_MS,
-    OPTIONAL_KEYS,
-    WALL,
     MAX_TOLERANCE,
+    OPTIONAL_KEYS,
     TOLERANCE_KEYS,
+    WALL,
     Tolerances,
     check_env_tolerances,
     env_tolerance,
@@ -34,7 +34,15 @@ from harness.baselines.tolerances import (
 )
 from harness.errors import ConfigError
 from harness.files.atomic import write_json_atomic
-from harness.files.jsonio import expect_id, expect_known_key, expect_number, expect_object, expect_str, join_key, read_json
+from harness.files.jsonio import (
+    expect_id,
+    expect_known_key,
+    expect_number,
+    expect_object,
+    expect_str,
+    join_key,
+    read_json,
+)
 
 PROFILES: tuple[str, ...] = ("pr_test", "long_term")
 _MAX_STEP_DIGITS = 6  # step keys are indices "0", "1", ...: a million steps is already absurd

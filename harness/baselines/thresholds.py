@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.baselines.named import NamedValues
+from harness.errors import ConfigError
 from harness.files.atomic import write_json_atomic
 from harness.files.jsonio import expect_id, expect_known_key, expect_number, expect_object, join_key, read_json
-from harness.errors import ConfigError
 
 __all__ = [
     "METRICS",

@@ -21,10 +21,10 @@ from typing import Any
 
 from harness.cases.files import case_glob, load_case_directory, read_case_tables
 from harness.cases.overlays import apply_platform_overlay, apply_target_overlay
-from harness.files.jsonio import expect_id
-from harness.files.reading import is_present
 from harness.contracts.case import Case, contract_of, make_case, with_overrides
 from harness.errors import ConfigError
+from harness.files.jsonio import expect_id
+from harness.files.reading import is_present
 
 _CASE_META = ("contract", "description", "matrix")
 MAX_MATRIX_CASES = 1024

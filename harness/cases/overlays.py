@@ -22,9 +22,9 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from harness.cases.files import case_glob
 from harness.contracts.case import Case, ExpectedSkip, rebuilt
 from harness.errors import ConfigError
-from harness.cases.files import case_glob
 from harness.files.tomlio import read_toml
 from reference_impl.platform import PLATFORM_KINDS
 

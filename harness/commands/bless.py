@@ -7,8 +7,19 @@ import time
 from pathlib import Path
 
 from harness.commands._options import (
-    add_baselines, add_cases, add_device, add_json, add_pipeline_target, baselines_dir, cases_root, device, existing_baselines_dir,
-    pipeline_target, project, seconds, writable_baselines_dir,
+    add_baselines,
+    add_cases,
+    add_device,
+    add_json,
+    add_pipeline_target,
+    baselines_dir,
+    cases_root,
+    device,
+    existing_baselines_dir,
+    pipeline_target,
+    project,
+    seconds,
+    writable_baselines_dir,
 )
 from harness.errors import ConfigError
 from harness.project.hints import command

@@ -6,7 +6,15 @@ import argparse
 import sys
 
 from harness.commands._options import (
-    add_cases, add_outputs, add_tables, add_target, cases_root, check_backends, project, run_options, world_size,
+    add_cases,
+    add_outputs,
+    add_tables,
+    add_target,
+    cases_root,
+    check_backends,
+    project,
+    run_options,
+    world_size,
 )
 
 HELP = "run contract cases on a target and print the results"

@@ -6,8 +6,21 @@ import argparse
 from pathlib import Path
 
 from harness.commands._options import (
-    add_ab_sampling, add_baselines, add_cases, add_outputs, add_pipeline_target, add_target, ab_sampling, baselines_dir,
-    add_tables, cases_root, count, perf_profile, pipeline_target, project, run_options,
+    ab_sampling,
+    add_ab_sampling,
+    add_baselines,
+    add_cases,
+    add_outputs,
+    add_pipeline_target,
+    add_tables,
+    add_target,
+    baselines_dir,
+    cases_root,
+    count,
+    perf_profile,
+    pipeline_target,
+    project,
+    run_options,
 )
 
 HELP = "the CI gate: contract cases, image quality against references, timings (HEAD against BASE, or a stored baseline)"

@@ -10,7 +10,15 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands._options import add_baselines, add_cases, add_json, add_pipeline_target, baselines_dir, cases_root, pipeline_target
+from harness.commands._options import (
+    add_baselines,
+    add_cases,
+    add_json,
+    add_pipeline_target,
+    baselines_dir,
+    cases_root,
+    pipeline_target,
+)
 from harness.report.output import emit_json, human_console
 
 HELP = "list the contracts, the contract cases, the image cases, the perf scenarios and the targets"

@@ -6,7 +6,16 @@ import argparse
 from pathlib import Path
 
 from harness.commands._options import (
-    add_ab_sampling, add_baselines, add_cases, add_device, add_outputs, ab_sampling, baselines_dir, cases_root, device, project,
+    ab_sampling,
+    add_ab_sampling,
+    add_baselines,
+    add_cases,
+    add_device,
+    add_outputs,
+    baselines_dir,
+    cases_root,
+    device,
+    project,
     seconds,
 )
 

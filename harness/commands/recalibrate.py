@@ -20,9 +20,15 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from harness.commands._options import (
+    add_baselines,
+    existing_baselines_dir,
+    perf_profile,
+    project,
+    writable_baselines_dir,
+)
 from harness.errors import ConfigError
 from harness.files.reading import is_present
-from harness.commands._options import add_baselines, existing_baselines_dir, perf_profile, project, writable_baselines_dir
 from harness.report.console import make_console
 
 HELP = "propose thresholds or perf baselines from N gate results (a diff table); --write writes them"
@@ -177,7 +183,14 @@ def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[
 
 def run_thresholds(args: argparse.Namespace) -> int:
     from harness.baselines.thresholds import OVERLAYS_DIR, THRESHOLDS_FILE, ThresholdSet
-    from harness.recalibrate import DEFAULT_POLICY, PROPOSAL_HEADER, apply_proposals, load_policy, proposal_rows, propose_thresholds
+    from harness.recalibrate import (
+        DEFAULT_POLICY,
+        PROPOSAL_HEADER,
+        apply_proposals,
+        load_policy,
+        proposal_rows,
+        propose_thresholds,
+    )
 
     directory = writable_baselines_dir(args) if args.write else existing_baselines_dir(args)
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
@@ -216,7 +229,6 @@ def run_perf(args: argparse.Namespace) -> int:
     groups = _group(args.results, docs, args.platform, per_platform=True)
     if not any(doc.get("perf") for doc in docs):
         from harness.gate.perf import how_to_create
-
         from harness.project import carried_options
 
         carried = carried_options(project(args), baselines=directory)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from harness.commands._options import (
-    add_cases, add_json, add_target, cases_root, check_backends, run_options, world_size,
+    add_cases,
+    add_json,
+    add_target,
+    cases_root,
+    check_backends,
+    run_options,
+    world_size,
 )
 from harness.errors import ConfigError
 
@@ -37,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from harness.gate.contracts import check_device, load_contract_cases
     from harness.report.console import make_console, progress
     from harness.report.output import check_outputs, emit_json, human_console
-    from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
     from harness.results import EXIT_CODES, CaseResult, summary_line, verdict
+    from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
     from harness.sweep.matrix import parse_sweep, render_markdown
 
     run = run_options(args)

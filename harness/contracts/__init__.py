@@ -7,8 +7,8 @@ Nothing here imports an implementation: contracts reach one through ``harness.ta
 
 from harness.contracts import backend, models, perf, pipeline, usp, usp_grad, usp_guards  # noqa: F401  (registration)
 from harness.contracts.case import Case, make_case, with_overrides
-from harness.contracts.registry import Contract, RankContext, all_contracts, get_contract, register
 from harness.contracts.judging import RankOutcome
+from harness.contracts.registry import Contract, RankContext, all_contracts, get_contract, register
 from harness.contracts.stats import Stats, compare
 
 __all__ = [

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from harness.contracts.judging import RankOutcome
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.judging import RankOutcome
 from harness.targets.base import AttentionSpec, Capability
 
 _COMPONENT = "parity_component"

@@ -7,8 +7,8 @@ source, the case and the key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -14,13 +14,22 @@ from typing import Any
 import torch
 
 from harness.contracts.bounds import Bound, judge, parse_bound
+from harness.contracts.judging import RankOutcome
 from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, bound_param, long_dtype_check
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.judging import RankOutcome
 from harness.contracts.stats import Stats
 from harness.targets.base import Capability
 from harness.targets.figures import (
-    Admission, AudioFused, AudioRun, Fp8Parity, MaskedCausal, ModelParity, PackedQkv, PathFigures, VideoDispatch, reported,
+    Admission,
+    AudioFused,
+    AudioRun,
+    Fp8Parity,
+    MaskedCausal,
+    ModelParity,
+    PackedQkv,
+    PathFigures,
+    VideoDispatch,
+    reported,
 )
 
 _check_models_dtype = long_dtype_check("the models run")

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
+from harness.contracts.judging import RankOutcome
 from harness.contracts.params import NUMERIC, Param, ParamError, Params
 from harness.contracts.pipeline import check_pipeline_dtype, pipeline_fields, pipeline_run_params
 from harness.contracts.registry import Contract, RankContext, register
-from harness.contracts.judging import RankOutcome
 from harness.targets.base import Capability
 from harness.targets.figures import StepRatio, reported
 

@@ -12,13 +12,12 @@ see a change of key order and the bitwise result means something.
 from __future__ import annotations
 
 from harness.contracts.bounds import Bitwise
-from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, long_dtype_check
 from harness.contracts.judging import RankOutcome
+from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, long_dtype_check
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import compare
 from harness.targets.base import Capability
 from harness.targets.figures import TurboDrift, reported
-
 
 
 def pipeline_run_params(dtype: str, steps: int) -> tuple[Param, ...]:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from harness.contracts import collectives
 from harness.contracts.case import Case
+from harness.contracts.judging import RankOutcome
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext, get_contract
-from harness.contracts.judging import RankOutcome
 from harness.errors import ConfigError, ParamError
 from harness.ranks import PoolSet, RankFailure, capacity_reason, preload, rank_device
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult

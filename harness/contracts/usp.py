@@ -18,8 +18,8 @@ import torch
 
 from harness.contracts import layouts
 from harness.contracts.bounds import Bound, parse_bound
-from harness.contracts.layouts import LayoutFn
 from harness.contracts.judging import RankOutcome
+from harness.contracts.layouts import LayoutFn
 from harness.contracts.outputs import ORACLE, check_oracle, judge_output, oracle_rule
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Body, Contract, RankContext, register

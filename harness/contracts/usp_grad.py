@@ -26,7 +26,16 @@ from harness.contracts.params import Params
 from harness.contracts.registry import RankContext
 from harness.contracts.stats import Stats, compare, digest
 from harness.contracts.usp import (
-    HYBRID, KV_PREFIX, MASKED, PREFIX, RING, SUFFIX, ULYSSES, VARLEN, attention_contract, bitwise_unless_ring,
+    HYBRID,
+    KV_PREFIX,
+    MASKED,
+    PREFIX,
+    RING,
+    SUFFIX,
+    ULYSSES,
+    VARLEN,
+    attention_contract,
+    bitwise_unless_ring,
 )
 from harness.targets.base import Capability
 

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.contracts import layouts
 from harness.contracts.bounds import Bitwise
 from harness.contracts.judging import RankOutcome
-from harness.contracts import layouts
 from harness.contracts.layouts import qkv
 from harness.contracts.outputs import Asked, judge_output
 from harness.contracts.params import Param, ParamError, Params

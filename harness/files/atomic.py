@@ -17,8 +17,9 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from harness.errors import ConfigError
 

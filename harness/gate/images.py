@@ -13,7 +13,6 @@ saved for ``parity bless --from-results``; the stage fills the results' ``cases`
 from __future__ import annotations
 
 import math
-
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,8 +26,8 @@ from harness.baselines.images import REFERENCES_DIR, Reference, changed_fields, 
 from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet, meets
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
 from harness.files.reading import is_directory_present
-from harness.pipelines.sessions import generate
 from harness.gate.stage import GateContext, case_params, run_each_case
+from harness.pipelines.sessions import generate
 from harness.project.hints import command
 from harness.report.console import Column, print_results
 from harness.report.format import figure

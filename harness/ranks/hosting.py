@@ -18,7 +18,19 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from harness.ranks.control import (
-    Abort, Answer, Answered, Beat, Call, Channel, Command, Exit, JobLost, Start, Stop, first_line, store_gone,
+    Abort,
+    Answer,
+    Answered,
+    Beat,
+    Call,
+    Channel,
+    Command,
+    Exit,
+    JobLost,
+    Start,
+    Stop,
+    first_line,
+    store_gone,
 )
 from harness.ranks.group import FailureKind, Group, RankFailure, Rendezvous
 from harness.ranks.job import Job

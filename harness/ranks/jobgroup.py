@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.ranks.control import Abort, Answer, Call, JobLost, Start, Stop
+from harness.ranks.control import Abort, Call, JobLost, Start, Stop
 from harness.ranks.group import FailureKind, RankFailure, call_name, describe_failure, pickle_call, timed_out
 from harness.ranks.session import JobSession
 from harness.ranks.starting import preloaded_modules

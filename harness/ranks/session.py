@@ -20,8 +20,21 @@ import torch.distributed as dist
 
 from harness.errors import ConfigError
 from harness.ranks.control import (
-    Alive, Answer, Answered, Beat, Channel, Command, Event, Exit, Exited, Heartbeat, JobLost, LOST_ENV, first_line,
-    lost_after_s, store_gone,
+    LOST_ENV,
+    Alive,
+    Answer,
+    Answered,
+    Beat,
+    Channel,
+    Command,
+    Event,
+    Exit,
+    Exited,
+    Heartbeat,
+    JobLost,
+    first_line,
+    lost_after_s,
+    store_gone,
 )
 from harness.ranks.hosting import Host
 from harness.ranks.job import Job, current_job

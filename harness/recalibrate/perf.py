@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.baselines.perf import DISPERSION, PerfBaselines, Tolerances, scenario_values, set_scenario_values, tolerance_category
+from harness.baselines.perf import (
+    DISPERSION,
+    PerfBaselines,
+    Tolerances,
+    scenario_values,
+    set_scenario_values,
+    tolerance_category,
+)
 from harness.errors import ConfigError
 from harness.files.reading import is_present
 from harness.recalibrate.proposals import change_word, fmt, refuse_loosening

@@ -17,6 +17,7 @@ from harness.files.reading import is_present
 from harness.recalibrate.policy import DEFAULT_POLICY, Policy
 from harness.recalibrate.proposals import change_word, fmt, refuse_loosening
 
+
 @dataclass(frozen=True)
 class Proposal:
     """A proposed threshold for one case and metric; ``loosens`` = less strict than ``old``."""

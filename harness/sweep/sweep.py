@@ -125,7 +125,7 @@ def run_sweep(cases: Sequence[Case], options: SweepOptions, on_result: Callable[
         results = run_cases([c for c, _ in matrix], explore, pools, release_pools=True, on_result=on_result)
     document: dict[str, Any] = {
         "schema": SWEEP_SCHEMA,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "target": options.run.target,
         "device": device,
         "platform": machine_record(),

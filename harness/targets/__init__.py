@@ -3,19 +3,25 @@
 from harness.targets.base import (
     CAPABILITIES,
     REFUSALS,
-    Capability,
-    Refusal,
     Attention,
     AttentionSpec,
+    Capability,
     PipelineFailed,
     PipelineOutput,
     PipelineTarget,
     PreparedPipeline,
+    Refusal,
     Target,
     Timings,
     Unsupported,
 )
-from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target, parse_target_args
+from harness.targets.loader import (
+    BUILTIN_PIPELINES,
+    BUILTIN_TARGETS,
+    load_pipeline_target,
+    load_target,
+    parse_target_args,
+)
 
 __all__ = [
     "BUILTIN_PIPELINES", "BUILTIN_TARGETS", "CAPABILITIES", "REFUSALS", "Attention", "Capability", "Refusal", "AttentionSpec", "PipelineFailed",

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+
 class Capability(StrEnum):
     """What a target can declare; a contract requires a subset. Each is the keyword argument or mode a contract
     uses, so a target that lacks one is never handed it. A StrEnum: overlays, external targets and docs keep the

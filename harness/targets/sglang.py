@@ -16,7 +16,8 @@ import importlib
 import inspect
 import sys
 import warnings
-from importlib.metadata import PackageNotFoundError, version as distribution_version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as distribution_version
 from types import ModuleType
 from typing import Any
 

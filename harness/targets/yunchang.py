@@ -11,7 +11,8 @@ single-rank reference calls the same kernel through yunchang's own wrapper.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -25,7 +25,6 @@ from reference_impl.parallel.state import (
     get_ring_world_size,
     get_sp_world_size,
     get_ulysses_group,
-    get_ulysses_rank,
     get_ulysses_world_size,
 )
 

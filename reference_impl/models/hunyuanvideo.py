@@ -39,7 +39,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.attention.layer import USPAttention
-from reference_impl.models.layers import ModelConfig, RMSNorm, apply_rope, axial_rope_cos_sin, even_shard_bounds, grid_positions
+from reference_impl.models.layers import (
+    ModelConfig,
+    RMSNorm,
+    apply_rope,
+    axial_rope_cos_sin,
+    even_shard_bounds,
+    grid_positions,
+)
 
 Tensor = torch.Tensor
 Rope = tuple[Tensor, Tensor]

@@ -33,7 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.models.hunyuanvideo import HunyuanVideoBlockConfig, MMDoubleStreamBlock, MMSingleStreamBlock, hunyuan_rope, shard_text
+from reference_impl.models.hunyuanvideo import (
+    HunyuanVideoBlockConfig,
+    MMDoubleStreamBlock,
+    MMSingleStreamBlock,
+    hunyuan_rope,
+    shard_text,
+)
 from reference_impl.models.hunyuanvideo_conditioning import ConditionEmbedding, TokenRefiner
 from reference_impl.models.layers import ModelConfig, build_and_load, even_shard_bounds, load_safetensors_into
 from reference_impl.models.sequences import gather_shards, key_mask, ulysses_rank_and_world

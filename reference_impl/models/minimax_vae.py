@@ -31,7 +31,14 @@ from reference_impl.attention.backends import AttentionBackendEnum, pinned_sdpa_
 from reference_impl.attention.layer import USPAttention
 from reference_impl.attention.selector import attention_component
 from reference_impl.forward_context import set_forward_context
-from reference_impl.models.layers import ModelConfig, RMSNorm, apply_rope, axial_rope_cos_sin, grid_positions, load_safetensors_into
+from reference_impl.models.layers import (
+    ModelConfig,
+    RMSNorm,
+    apply_rope,
+    axial_rope_cos_sin,
+    grid_positions,
+    load_safetensors_into,
+)
 from reference_impl.platform import current_platform
 
 Tensor = torch.Tensor

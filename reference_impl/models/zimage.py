@@ -25,7 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.attention.layer import USPAttention
-from reference_impl.models.layers import ModelConfig, RMSNorm, apply_rope_complex, axial_rope_cos_sin, timestep_embedding
+from reference_impl.models.layers import (
+    ModelConfig,
+    RMSNorm,
+    apply_rope_complex,
+    axial_rope_cos_sin,
+    timestep_embedding,
+)
 
 Tensor = torch.Tensor
 Rope = tuple[Tensor, Tensor]

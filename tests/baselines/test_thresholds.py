@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.baselines.thresholds import ThresholdSet, Thresholds
+from harness.baselines.thresholds import Thresholds, ThresholdSet
 from harness.errors import ConfigError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sglang"

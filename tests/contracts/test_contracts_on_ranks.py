@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from harness.contracts.case import make_case
-from harness.errors import ConfigError
-from harness.results import FAILED, PASSED, SKIPPED
 from harness.contracts.runner import RunOptions, precheck, run_cases
+from harness.errors import ConfigError
 from harness.ranks import PoolSet
+from harness.results import FAILED, PASSED, SKIPPED
 from harness.targets.yunchang import CUDA_ONLY, NOT_INSTALLED, YunchangTarget
 
 pytestmark = pytest.mark.timeout(300)

@@ -3,6 +3,7 @@ through `parity check`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,8 +12,6 @@ from packaging.version import Version
 
 from harness.cases.overlays import apply_target_overlay
 from harness.cli import main
-import dataclasses
-
 from harness.contracts.case import ExpectedSkip, make_case
 from harness.contracts.runner import expectations_applied
 from harness.errors import ConfigError

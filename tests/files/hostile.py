@@ -15,12 +15,11 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tests.files.kinds import CASE, KINDS, REFERENCE, REFERENCE_PIXELS, Kind, Project, manifest_for, png_bytes
+from tests.files.kinds import KINDS, REFERENCE, REFERENCE_PIXELS, Kind, Project, manifest_for, png_bytes
 
 ACCEPT = "accept"
 DELETE = object()

@@ -25,7 +25,7 @@ import pytest
 
 from harness.errors import ConfigError
 from tests.files.hostile import ACCEPT, DELETE, Hostile, file_level, mutations, png_cases
-from tests.files.kinds import CASE, KINDS, PLATFORM, Project, build_project
+from tests.files.kinds import CASE, KINDS, PLATFORM, build_project
 
 pytestmark = [
     pytest.mark.timeout(20),
@@ -34,7 +34,7 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 HUGE = 10**400  # serialised by json.dumps as 400 digits
 
-C, I, T = ("cases", "uly"), ("cases", CASE), ("cases", CASE)  # contract case, image case, threshold case tables
+C, IM, T = ("cases", "uly"), ("cases", CASE), ("cases", CASE)  # contract case, image case, threshold case tables
 MUTATIONS = [
     *mutations("thresholds", [
         ("psnr_int_kept", {(*T, "psnr_threshold"): 19}, ACCEPT),
@@ -183,23 +183,23 @@ MUTATIONS = [
         ("world_size_4096", {("overrides", "uly*", "world_size"): 4096}, "cases.uly.world_size"),
     ]),
     *mutations("image_cases", [
-        ("flow_shift_nan", {(*I, "flow_shift"): math.nan}, "cases.case_a.flow_shift"),
-        ("flow_shift_inf", {(*I, "flow_shift"): math.inf}, "cases.case_a.flow_shift"),
-        ("flow_shift_negative", {(*I, "flow_shift"): -1.0}, "cases.case_a.flow_shift"),
-        ("flow_shift_nan_default", {("defaults", "flow_shift"): math.nan, (*I, "flow_shift"): DELETE},
+        ("flow_shift_nan", {(*IM, "flow_shift"): math.nan}, "cases.case_a.flow_shift"),
+        ("flow_shift_inf", {(*IM, "flow_shift"): math.inf}, "cases.case_a.flow_shift"),
+        ("flow_shift_negative", {(*IM, "flow_shift"): -1.0}, "cases.case_a.flow_shift"),
+        ("flow_shift_nan_default", {("defaults", "flow_shift"): math.nan, (*IM, "flow_shift"): DELETE},
          "defaults.flow_shift"),
-        ("flow_shift_huge_int", {(*I, "flow_shift"): 2**62}, ACCEPT),
-        ("height_1e9", {(*I, "height"): 10**9}, "cases.case_a.height"),
-        ("width_2_pow_70", {(*I, "width"): 2**70}, "cases.case_a.width"),
-        ("steps_1e6", {(*I, "steps"): 10**6}, "cases.case_a.steps"),
-        ("steps_zero", {(*I, "steps"): 0}, "cases.case_a.steps"),
-        ("num_frames_1e6", {(*I, "num_frames"): 10**6}, "cases.case_a.num_frames"),
-        ("world_size_4096", {(*I, "world_size"): 4096}, "cases.case_a.world_size"),
-        ("world_size_2_kept", {(*I, "world_size"): 2}, ACCEPT),
-        ("seed_negative_kept", {(*I, "seed"): -1}, ACCEPT),
-        ("prompt_10k_kept", {(*I, "prompt"): "fox " * 2500}, ACCEPT),
-        ("dtype_unknown", {(*I, "dtype"): "fp8"}, "cases.case_a.dtype"),
-        ("unknown_field", {(*I, "stepz"): 3}, "cases.case_a.stepz"),
+        ("flow_shift_huge_int", {(*IM, "flow_shift"): 2**62}, ACCEPT),
+        ("height_1e9", {(*IM, "height"): 10**9}, "cases.case_a.height"),
+        ("width_2_pow_70", {(*IM, "width"): 2**70}, "cases.case_a.width"),
+        ("steps_1e6", {(*IM, "steps"): 10**6}, "cases.case_a.steps"),
+        ("steps_zero", {(*IM, "steps"): 0}, "cases.case_a.steps"),
+        ("num_frames_1e6", {(*IM, "num_frames"): 10**6}, "cases.case_a.num_frames"),
+        ("world_size_4096", {(*IM, "world_size"): 4096}, "cases.case_a.world_size"),
+        ("world_size_2_kept", {(*IM, "world_size"): 2}, ACCEPT),
+        ("seed_negative_kept", {(*IM, "seed"): -1}, ACCEPT),
+        ("prompt_10k_kept", {(*IM, "prompt"): "fox " * 2500}, ACCEPT),
+        ("dtype_unknown", {(*IM, "dtype"): "fp8"}, "cases.case_a.dtype"),
+        ("unknown_field", {(*IM, "stepz"): 3}, "cases.case_a.stepz"),
         ("case_id_300_chars", {("cases", "i" * 300): {"world_size": 1}}, "cases." + "i" * 300),
         ("case_id_escape", {("cases", "../x"): {"world_size": 1}}, "cases.../x"),
         ("case_id_dot_first", {("cases", ".hidden"): {"world_size": 1}}, "cases..hidden"),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.errors import ConfigError
-from harness.files.png import decode_rgb_png, encode_png
+from harness.files.png import decode_rgb_png
 from tests.files.hostile import apng_bytes
 
 PEAK_LIMIT = 64 * 2**20  # one decoded 2048 x 2048 frame is 12 MiB; all 100 are 1.2 GiB

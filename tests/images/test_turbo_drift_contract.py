@@ -7,10 +7,10 @@ from collections.abc import Callable
 import pytest
 
 from harness.contracts.case import make_case
-from harness.results import FAILED, PASSED
-from harness.errors import ConfigError
 from harness.contracts.runner import RunOptions, run_cases, validate_for_target
+from harness.errors import ConfigError
 from harness.ranks import PoolSet
+from harness.results import FAILED, PASSED
 from harness.targets.reference import ReferenceTarget
 
 pytestmark = pytest.mark.timeout(240)

@@ -28,7 +28,14 @@ from reference_impl.models import hunyuanvideo
 from reference_impl.models.checkpoint import DIFFUSERS_WEIGHTS, SafetensorsCheckpoint
 from reference_impl.models.hunyuanvideo import hunyuan_rope
 from reference_impl.models.hunyuanvideo_transformer import HunyuanVideoConfig, HunyuanVideoTransformer
-from reference_impl.models.layers import RMSNorm, WeightLoadError, apply_rope, apply_rope_complex, grid_positions, timestep_embedding
+from reference_impl.models.layers import (
+    RMSNorm,
+    WeightLoadError,
+    apply_rope,
+    apply_rope_complex,
+    grid_positions,
+    timestep_embedding,
+)
 from reference_impl.models.zimage import ZImageConfig, zimage_rope
 from reference_impl.models.zimage_transformer import ZImageTransformer
 

@@ -8,13 +8,18 @@ import math
 import pytest
 import torch
 
+from harness.ranks import RankPool
 from harness.targets.figures import ModelParity
 from harness.targets.reference.models import ZIMAGE_TINY, zimage_sp_parity_worker
-from harness.ranks import RankPool
 from reference_impl import set_forward_context
 from reference_impl.models.layers import ModelConfigError, WeightLoadError, save_safetensors
 from reference_impl.models.zimage import QK_NORM_EPS, ZImageAttention, ZImageConfig, zimage_rope
-from reference_impl.models.zimage_transformer import ZImageTransformer, caption_positions, image_positions, padded_length
+from reference_impl.models.zimage_transformer import (
+    ZImageTransformer,
+    caption_positions,
+    image_positions,
+    padded_length,
+)
 
 CFG = ZIMAGE_TINY
 

@@ -14,8 +14,8 @@ import pytest
 from harness.baselines.perf import PERF_BASE_FILE, perf_overlay_path
 from harness.baselines.platforms import platform_name
 from harness.cli import main
-from harness.gate.stage import GateContext, GateOptions, PerfOptions
 from harness.gate.perf import PerfStage
+from harness.gate.stage import GateContext, GateOptions, PerfOptions
 from harness.perf.ab import Sampling
 from harness.ranks import PoolSet
 from harness.report.console import make_console

@@ -16,7 +16,16 @@ import pytest
 from harness.ranks import PoolSet, RankFailure, RankPool
 from harness.ranks.starting import START_METHOD_ENV, start_method
 
-from .procs import alive, assert_all_ended, descendants, kill_tagged, live_children, parity_files, tagged, wait_until_gone
+from .procs import (
+    alive,
+    assert_all_ended,
+    descendants,
+    kill_tagged,
+    live_children,
+    parity_files,
+    tagged,
+    wait_until_gone,
+)
 from .rank_fns import add_rank, how_i_started, rank_0_holds_the_gil_in_c_rank_1_waits, start_a_child
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,6 @@ import pytest
 from harness.baselines.perf import PerfBaselines, Tolerances
 from harness.baselines.thresholds import ThresholdSet
 from harness.errors import ConfigError
-from harness.results import load_results, parse_results
 from harness.recalibrate import (
     DEFAULT_POLICY,
     LooseningRefused,
@@ -29,6 +28,7 @@ from harness.recalibrate import (
     propose_perf,
     propose_thresholds,
 )
+from harness.results import load_results, parse_results
 
 BASE = Path(__file__).resolve().parents[1] / "data" / "sglang" / "consistency_threshold.json"
 

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference_impl.attention.backends import (
-    _bool_mask_to_additive,
     BACKENDS,
     AttentionBackendEnum,
     MathBackend,
     TorchSDPABackend,
+    _bool_mask_to_additive,
     backend_class,
     expand_kv_heads,
 )

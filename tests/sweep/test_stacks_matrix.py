@@ -9,7 +9,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import ConfigError
-from harness.sweep.stacks import load_stack_run, render_markdown
+from harness.sweep.stacks import load_stack_run
 
 
 def _doc(target: str, version: str | None, records: list[dict]) -> dict:

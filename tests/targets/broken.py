@@ -16,6 +16,7 @@ from harness.targets.base import AttentionSpec, Unsupported
 from harness.targets.reference import ReferenceAttention, ReferenceTarget
 from harness.targets.reference.pipeline import ReferencePipelineTarget
 
+
 def one_sided_message(rank: int) -> str:
     return f"rank {rank} cannot build its sequence-parallel layer (a deliberate one-sided failure)"
 

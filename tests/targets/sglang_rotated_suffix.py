@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from sglang.multimodal_gen.runtime.layers.attention.layer import USPAttention
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import statistics
 import sys
 import tempfile
 import time

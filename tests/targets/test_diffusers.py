@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from harness.contracts.case import make_case
-from harness.results import FAILED, PASSED, SKIPPED
-from harness.errors import ConfigError
 from harness.contracts.runner import RunOptions, run_cases
-from harness.targets.base import Unsupported
+from harness.errors import ConfigError
+from harness.results import FAILED, PASSED, SKIPPED
 from harness.targets import diffusers as adapter
+from harness.targets.base import Unsupported
 from harness.targets.loader import load_target
 from tests.targets import diffusers_divergences as div
 
@@ -79,6 +79,7 @@ def test_a_mask_under_cp_is_a_refusal_only_where_diffusers_guards_it(monkeypatch
     """0.36's templated CP entry raises ValueError for any mask (a skip); from 0.37 a ValueError there is a failure."""
     import torch
     from diffusers.models import attention_dispatch
+
     from harness.targets.base import AttentionSpec
 
     def guarded(*args, **kwargs):

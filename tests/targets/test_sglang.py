@@ -19,8 +19,8 @@ from harness.errors import ConfigError
 from harness.paths import default_cases_dir
 from harness.results import CaseResult
 from harness.targets import CAPABILITIES, load_target
-from harness.targets.base import REFUSALS
 from harness.targets import sglang as sglang_target
+from harness.targets.base import REFUSALS
 from harness.targets.loader import BUILTIN_TARGETS
 from tests.targets import sglang_workers
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 # With diffusers' default init the attention hardly reaches the image (zeroing every attention output
 # left it at 42 dB from the original): a planted attention fault would pass any threshold. Values and
 # output projections 20x louder make the attention carry the image (see test_diffusers_pipeline.py).

@@ -24,7 +24,11 @@ from reference_impl.attention.backends import (
     backend_class,
 )
 from reference_impl.attention.layer import (
-    MaskWithReplicatedError, RingAdmissionError, RingBackwardError, RingUnsupportedError, USPAttention,
+    MaskWithReplicatedError,
+    RingAdmissionError,
+    RingBackwardError,
+    RingUnsupportedError,
+    USPAttention,
 )
 from reference_impl.attention.selector import BackendRefused, attention_backend_config, attention_component
 from reference_impl.forward_context import set_forward_context

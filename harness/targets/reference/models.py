@@ -19,7 +19,6 @@ from __future__ import annotations
 # W=4 with 32 image + 8 text tokens rank 3 holds 2 image tokens per item and the fp32 output moves
 # by 2.4e-7 (within the FlashAttention rule); the default masked shape (16 text tokens) leaves every
 # rank at least 4 tokens of a stream it holds, so there the masked paths are bitwise.
-
 import copy
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -34,7 +33,13 @@ from reference_impl.attention.backends import pinned_sdpa_kernel
 from reference_impl.attention.layer import USPAttention
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
-from reference_impl.models.hunyuanvideo import HunyuanVideoBlockConfig, MMDoubleStreamBlock, MMSingleStreamBlock, hunyuan_rope, shard_text
+from reference_impl.models.hunyuanvideo import (
+    HunyuanVideoBlockConfig,
+    MMDoubleStreamBlock,
+    MMSingleStreamBlock,
+    hunyuan_rope,
+    shard_text,
+)
 from reference_impl.models.hunyuanvideo_transformer import HunyuanVideoConfig, HunyuanVideoTransformer
 from reference_impl.models.layers import even_shard_bounds, grid_positions
 from reference_impl.models.sequences import key_mask
