@@ -74,11 +74,17 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("CUDA unavailable: nothing to measure here (the CPU dequant reference is covered by tests/quantization)")
         return 0
-    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get_device_name()} "
-          f"sm{''.join(map(str, torch.cuda.get_device_capability()))}; tokens={args.tokens}")
+    print(
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get_device_name()} "
+        f"sm{''.join(map(str, torch.cuda.get_device_capability()))}; tokens={args.tokens}"
+    )
     failed = False
-    cases = [("down_proj", "down", None), ("qkv_proj", "qkv", None), ("qkv_proj", "qkv", (128, 128)),
-             ("down_proj", "down", (128, 128))]
+    cases = [
+        ("down_proj", "down", None),
+        ("qkv_proj", "qkv", None),
+        ("qkv_proj", "qkv", (128, 128)),
+        ("down_proj", "down", (128, 128)),
+    ]
     for name, kind, block in cases:
         layer, dense = _build(kind, block)
         x_cpu = torch.randn(args.tokens, layer.input_size, generator=torch.Generator().manual_seed(1)).bfloat16()
@@ -99,12 +105,16 @@ def main() -> int:
         w_bf16 = dense.bfloat16().cuda()
         times["bf16 F.linear"] = _median_ms(lambda: F.linear(x, w_bf16), args.reps)
         layout = "per-tensor" if block is None else f"block {block[0]}x{block[1]}"
-        print(f"{name} {layout} [{args.tokens}x{layer.input_size}] x [{layer.output_size}x{layer.input_size}]: auto -> {kernel}")
+        print(
+            f"{name} {layout} [{args.tokens}x{layer.input_size}] x [{layer.output_size}x{layer.input_size}]: auto -> {kernel}"
+        )
         for mode, out in outputs.items():
             if out is not None:
                 err = _rel_l2(out, ref)
-                print(f"  {mode:<10} rel L2 vs CPU reference {err:.4e}  max abs {(out.float().cpu() - ref).abs().max().item():.4e}"
-                      f"  {times[mode]:.4f} ms")
+                print(
+                    f"  {mode:<10} rel L2 vs CPU reference {err:.4e}  max abs {(out.float().cpu() - ref).abs().max().item():.4e}"
+                    f"  {times[mode]:.4f} ms"
+                )
                 failed |= mode == "scaled_mm" and not err <= SCALED_MM_REL_L2_BOUND
         print(f"  bf16 F.linear (dense weights) {times['bf16 F.linear']:.4f} ms")
     print(f"scaled_mm bound: rel L2 <= {SCALED_MM_REL_L2_BOUND} -> {'FAIL' if failed else 'ok'}")

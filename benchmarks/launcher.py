@@ -76,7 +76,9 @@ def print_start_costs(worlds: list[int], starts: int) -> None:
     for world in worlds:  # alternated, so a change of the machine's load falls on both methods alike
         pairs = [(_start_s(world, SPAWN), _start_s(world, PRELOADED)) for _ in range(starts)]
         rows.append((world, statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)))
-    print(f"group start until every rank is ready, median of {starts} (the server preloads {', '.join(preloaded_modules())}):")
+    print(
+        f"group start until every rank is ready, median of {starts} (the server preloads {', '.join(preloaded_modules())}):"
+    )
     print(f"  {'W':>2}  {'spawn':>9}  {'preloaded':>9}  {'spawn/preloaded':>15}")
     for world, spawned, preloaded in rows:
         print(f"  {world:>2}  {spawned:8.2f}s  {preloaded:8.2f}s  {spawned / preloaded:14.1f}x")
@@ -101,7 +103,9 @@ def main() -> None:
     print_start_costs(args.worlds, args.starts)
     print(f"\ncase: all_to_all_single of a {list(SHAPE)} shard + exact check, 2 ranks, preloaded")
 
-    fresh = [_timed(lambda: run_on_ranks(all_to_all_case, world_size=2, start_method=PRELOADED)) for _ in range(args.fresh)]
+    fresh = [
+        _timed(lambda: run_on_ranks(all_to_all_case, world_size=2, start_method=PRELOADED)) for _ in range(args.fresh)
+    ]
     with RankPool(2, start_method=PRELOADED) as pool:
         assert pool.run(all_to_all_case) == [0.0, 0.0]
         pooled = _pool_median(pool, all_to_all_case, args.calls)
@@ -115,7 +119,9 @@ def main() -> None:
     try:
         with RankPool(2) as pool:  # ranks default to 1 thread
             one = _pool_median(pool, compute_case, args.calls // 2)
-        os.environ["OMP_NUM_THREADS"] = "2"  # handed to the ranks with the rest of the environment; the launcher then leaves it
+        os.environ["OMP_NUM_THREADS"] = (
+            "2"  # handed to the ranks with the rest of the environment; the launcher then leaves it
+        )
         with RankPool(2) as pool:
             two = _pool_median(pool, compute_case, args.calls // 2)
     finally:

@@ -33,17 +33,22 @@ def per_row_loop(q: Tensor, k: Tensor, v: Tensor, lengths: list[int]) -> Tensor:
     batch, seq = q.shape[:2]
     if all(n == seq for n in lengths):
         k_all, v_all = expand_kv_heads(k, v, q.shape[2])
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
-                                              is_causal=True).transpose(1, 2)
+        return F.scaled_dot_product_attention(
+            q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), is_causal=True
+        ).transpose(1, 2)
     out = torch.zeros_like(q)
     for b, n in enumerate(lengths):
         if n == 0:
             continue
         kb, vb = expand_kv_heads(k[b : b + 1, :n], v[b : b + 1, :n], q.shape[2])
         kt, vt = kb.transpose(1, 2), vb.transpose(1, 2)
-        out[b : b + 1, :n] = F.scaled_dot_product_attention(q[b : b + 1, :n].transpose(1, 2), kt, vt, is_causal=True).transpose(1, 2)
+        out[b : b + 1, :n] = F.scaled_dot_product_attention(
+            q[b : b + 1, :n].transpose(1, 2), kt, vt, is_causal=True
+        ).transpose(1, 2)
         if n < seq:
-            out[b : b + 1, n:] = F.scaled_dot_product_attention(q[b : b + 1, n:].transpose(1, 2), kt, vt).transpose(1, 2)
+            out[b : b + 1, n:] = F.scaled_dot_product_attention(q[b : b + 1, n:].transpose(1, 2), kt, vt).transpose(
+                1, 2
+            )
     return out
 
 
@@ -100,9 +105,11 @@ def main() -> int:
     max_abs = (out_vec.double() - out_loop.double()).abs().max().item()
     bound = AGREEMENT_BOUND[dtype]
     loop, vec, plan_t = statistics.median(loop_ms), statistics.median(vec_ms), statistics.median(plan_ms)
-    print(f"device={device} dtype={args.dtype} B={len(lengths)} S={args.seq} H={args.heads} KV={args.kv_heads} "
-          f"D={args.head_dim} lengths={lengths} threads={torch.get_num_threads()} backend={attn.masked.backend.value} "
-          f"reps={args.reps}")
+    print(
+        f"device={device} dtype={args.dtype} B={len(lengths)} S={args.seq} H={args.heads} KV={args.kv_heads} "
+        f"D={args.head_dim} lengths={lengths} threads={torch.get_num_threads()} backend={attn.masked.backend.value} "
+        f"reps={args.reps}"
+    )
     print(f"per-row loop (seed)      median {loop:9.3f} ms   (min {min(loop_ms):.3f}, max {max(loop_ms):.3f})")
     print(f"one masked call (ours)   median {vec:9.3f} ms   (min {min(vec_ms):.3f}, max {max(vec_ms):.3f})")
     print(f"mask build, once/forward median {plan_t:9.3f} ms")

@@ -51,10 +51,14 @@ VERDICTS = ("failed", "inconclusive", "passed")
 def workload(name: str) -> tuple[PipelineRun, PipelineRun]:
     """The unchanged and the 10 % slower pipeline of a workload."""
     if name == "reference":
-        return (PipelineRun("reference", (), REFERENCE_FIELDS, 1),
-                PipelineRun("tests.targets.slow_pipeline:factory", (("fraction", str(SLOWDOWN)),), REFERENCE_FIELDS, 1))
-    return (PipelineRun("command", (("template", TEMPLATE),), sleep_generator.FIELDS, 1),
-            PipelineRun("command", (("template", f"{TEMPLATE} --slow {SLOWDOWN}"),), sleep_generator.FIELDS, 1))
+        return (
+            PipelineRun("reference", (), REFERENCE_FIELDS, 1),
+            PipelineRun("tests.targets.slow_pipeline:factory", (("fraction", str(SLOWDOWN)),), REFERENCE_FIELDS, 1),
+        )
+    return (
+        PipelineRun("command", (("template", TEMPLATE),), sleep_generator.FIELDS, 1),
+        PipelineRun("command", (("template", f"{TEMPLATE} --slow {SLOWDOWN}"),), sleep_generator.FIELDS, 1),
+    )
 
 
 def absolute_verdict(session: Session, baseline: dict[str, Any], tolerances: Tolerances, runs: int) -> str:
@@ -83,13 +87,16 @@ def neighbour(active: bool) -> Iterator[None]:
 def run(name: str, args: argparse.Namespace, pools: PoolSet) -> list[dict[str, Any]]:
     same_run, slow_run = workload(name)
     sampling = Sampling(max_pairs=args.max_pairs)
-    tally: dict[str, Counter[str]] = {key: Counter() for key in
-                                      ("ab same", "ab slow", "pr_test same", "pr_test slow", "5% same", "5% slow")}
+    tally: dict[str, Counter[str]] = {
+        key: Counter() for key in ("ab same", "ab slow", "pr_test same", "pr_test slow", "5% same", "5% slow")
+    }
     pairs: list[int] = []
     seconds: dict[str, list[float]] = {"ab": [], "absolute": []}
-    with Session(same_run, pools, tag="base") as base, \
-            Session(same_run, pools, tag="head") as head, \
-            Session(slow_run, pools, tag="slow") as slow:
+    with (
+        Session(same_run, pools, tag="base") as base,
+        Session(same_run, pools, tag="head") as head,
+        Session(slow_run, pools, tag="slow") as slow,
+    ):
         measured = [absolute.measure(base, runs=args.runs, warmup=1) for _ in range(3)]
         baseline = absolute.median_scenario([scenario_values(m) for m in measured])
         five = Tolerances(e2e=0.05, denoise_stage=0.05, non_denoise_stage=0.05, denoise_step=0.05, denoise_agg=0.05)
@@ -105,17 +112,32 @@ def run(name: str, args: argparse.Namespace, pools: PoolSet) -> list[dict[str, A
                     for tol_name, tol in (("pr_test", PR_TEST), ("5%", five)):
                         tally[f"{tol_name} {label}"][absolute_verdict(head_side, baseline, tol, args.runs)] += 1
                     seconds["absolute"].append((time.perf_counter() - t0) / 2)
-            print(f"  {name} repetition {rep + 1}/{args.repetitions}: "
-                  + ", ".join(f"{k} {dict(v)}" for k, v in tally.items()), file=sys.stderr, flush=True)
+            print(
+                f"  {name} repetition {rep + 1}/{args.repetitions}: "
+                + ", ".join(f"{k} {dict(v)}" for k, v in tally.items()),
+                file=sys.stderr,
+                flush=True,
+            )
     rows = []
-    for mode, same, slow, secs in (("A/B (5 %, ABBA pairs)", "ab same", "ab slow", seconds["ab"]),
-                                   ("absolute, pr_test (25 %)", "pr_test same", "pr_test slow", seconds["absolute"]),
-                                   ("absolute, 5 %", "5% same", "5% slow", seconds["absolute"])):
-        rows.append({"workload": name, "mode": mode, "false_alarm": tally[same]["failed"], "inconclusive_same":
-                     tally[same]["inconclusive"], "detected": tally[slow]["failed"], "inconclusive_slow":
-                     tally[slow]["inconclusive"], "missed": tally[slow]["passed"], "repetitions": args.repetitions,
-                     "seconds_per_verdict": statistics.median(secs),
-                     **({"median_pairs": statistics.median(pairs)} if mode.startswith("A/B") else {})})
+    for mode, same, slow, secs in (
+        ("A/B (5 %, ABBA pairs)", "ab same", "ab slow", seconds["ab"]),
+        ("absolute, pr_test (25 %)", "pr_test same", "pr_test slow", seconds["absolute"]),
+        ("absolute, 5 %", "5% same", "5% slow", seconds["absolute"]),
+    ):
+        rows.append(
+            {
+                "workload": name,
+                "mode": mode,
+                "false_alarm": tally[same]["failed"],
+                "inconclusive_same": tally[same]["inconclusive"],
+                "detected": tally[slow]["failed"],
+                "inconclusive_slow": tally[slow]["inconclusive"],
+                "missed": tally[slow]["passed"],
+                "repetitions": args.repetitions,
+                "seconds_per_verdict": statistics.median(secs),
+                **({"median_pairs": statistics.median(pairs)} if mode.startswith("A/B") else {}),
+            }
+        )
     return rows
 
 
@@ -133,14 +155,20 @@ def main() -> None:
     with PoolSet(args.device) as pools:
         for name in args.workloads:
             rows += run(name, args, pools)
-    print(f"\n{args.repetitions} repetitions per row; a 10 % slowdown of every denoising step; "
-          f"neighbour: {'every other repetition' if args.neighbour else 'none'}")
-    print(f"{'workload':10} {'mode':26} {'BASE=HEAD failed':>17} {'inconclusive':>13} {'slow detected':>14} "
-          f"{'inconclusive':>13} {'missed':>7} {'s/verdict':>10} {'pairs':>6}")
+    print(
+        f"\n{args.repetitions} repetitions per row; a 10 % slowdown of every denoising step; "
+        f"neighbour: {'every other repetition' if args.neighbour else 'none'}"
+    )
+    print(
+        f"{'workload':10} {'mode':26} {'BASE=HEAD failed':>17} {'inconclusive':>13} {'slow detected':>14} "
+        f"{'inconclusive':>13} {'missed':>7} {'s/verdict':>10} {'pairs':>6}"
+    )
     for r in rows:
-        print(f"{r['workload']:10} {r['mode']:26} {r['false_alarm']:>11}/{r['repetitions']:<5} {r['inconclusive_same']:>13} "
-              f"{r['detected']:>8}/{r['repetitions']:<5} {r['inconclusive_slow']:>13} {r['missed']:>7} "
-              f"{r['seconds_per_verdict']:>10.2f} {r.get('median_pairs', ''):>6}")
+        print(
+            f"{r['workload']:10} {r['mode']:26} {r['false_alarm']:>11}/{r['repetitions']:<5} {r['inconclusive_same']:>13} "
+            f"{r['detected']:>8}/{r['repetitions']:<5} {r['inconclusive_slow']:>13} {r['missed']:>7} "
+            f"{r['seconds_per_verdict']:>10.2f} {r.get('median_pairs', ''):>6}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -46,7 +46,7 @@ def _live_children() -> dict[int, list[int]]:
                 stat = fh.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # the command name may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()  # the command name may hold spaces and parentheses
         if fields and fields[0] != b"Z":
             tree.setdefault(int(fields[1]), []).append(int(name))
     return tree

@@ -23,13 +23,28 @@ if TYPE_CHECKING:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("parity", "parity contracts")
-    group.addoption("--parity-target", default="reference", help="target for assert_contract: a built-in name or module:factory")
-    group.addoption("--parity-target-arg", action="append", default=[], metavar="KEY=VALUE",
-                    help="keyword argument of the target's factory (repeatable)")
-    group.addoption("--parity-device", default="cpu", choices=("cpu", "cuda"), help="device of the ranks for rank_pool / assert_contract")
-    group.addoption("--parity-no-skip", action="store_true",
-                    help="assert_contract fails a case the target cannot express instead of skipping it (a suite whose "
-                         "every case must run: a capability the target dropped then turns the run red, not silently skipped)")
+    group.addoption(
+        "--parity-target", default="reference", help="target for assert_contract: a built-in name or module:factory"
+    )
+    group.addoption(
+        "--parity-target-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument of the target's factory (repeatable)",
+    )
+    group.addoption(
+        "--parity-device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="device of the ranks for rank_pool / assert_contract",
+    )
+    group.addoption(
+        "--parity-no-skip",
+        action="store_true",
+        help="assert_contract fails a case the target cannot express instead of skipping it (a suite whose "
+        "every case must run: a capability the target dropped then turns the run red, not silently skipped)",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -59,11 +74,16 @@ def assert_contract(request: pytest.FixtureRequest, rank_pools: PoolSet) -> Call
     def check(contract_id: str, *, target: str = default_target, **params: Any) -> CaseResult:
         case = make_case(contract_id, params, case_id=f"{request.node.name}:{contract_id}", source="assert_contract")
         no_skip = request.config.getoption("--parity-no-skip")  # else a skip skips the test, pinned or not
-        options = RunOptions(target, target_args if target == default_target else (), device, allow_new_skips=not no_skip)
+        options = RunOptions(
+            target, target_args if target == default_target else (), device, allow_new_skips=not no_skip
+        )
         [result] = run_cases([case], options, rank_pools)
         if result.status == SKIPPED:
             if no_skip:
-                pytest.fail(f"{contract_id} was skipped on target {target} under --parity-no-skip: {result.reason}", pytrace=False)
+                pytest.fail(
+                    f"{contract_id} was skipped on target {target} under --parity-no-skip: {result.reason}",
+                    pytrace=False,
+                )
             pytest.skip(f"{contract_id}: {result.reason}")
         if result.status == FAILED:
             details = f"\n{result.traceback}" if result.traceback else ""

@@ -33,7 +33,13 @@ class Status(StrEnum):
     INCONCLUSIVE = "inconclusive"
 
 
-PASSED, FAILED, SKIPPED, XFAILED, INCONCLUSIVE = Status.PASSED, Status.FAILED, Status.SKIPPED, Status.XFAILED, Status.INCONCLUSIVE
+PASSED, FAILED, SKIPPED, XFAILED, INCONCLUSIVE = (
+    Status.PASSED,
+    Status.FAILED,
+    Status.SKIPPED,
+    Status.XFAILED,
+    Status.INCONCLUSIVE,
+)
 #: The statuses of a case that was checked (a skip checked nothing).
 RAN = frozenset({PASSED, FAILED, XFAILED, INCONCLUSIVE})
 #: A run's verdict as a process exit code: 0 passed, 1 failed (a regression), 2 empty (no case ran: as a usage or
@@ -95,9 +101,26 @@ class CaseResult:
 RECORD_KEYS = tuple(f.name for f in fields(CaseResult))
 #: Every top-level key a results document has (:func:`environment`, :func:`results_document` and the stages'
 #: ``top_level``): one that is none of them is a misspelling or a hand edit, refused when the file is read.
-DOCUMENT_KEYS = ("command", "target", "target_version", "device", "platform", "torch", "python", "host",
-                 "parity_version", "git", "project", "wall_s", "passed", "verdict", "stages", "cases", "device_name",
-                 "perf")
+DOCUMENT_KEYS = (
+    "command",
+    "target",
+    "target_version",
+    "device",
+    "platform",
+    "torch",
+    "python",
+    "host",
+    "parity_version",
+    "git",
+    "project",
+    "wall_s",
+    "passed",
+    "verdict",
+    "stages",
+    "cases",
+    "device_name",
+    "perf",
+)
 #: The keys of an image case's entry in ``cases`` (:func:`image_entry`).
 IMAGE_ENTRY_KEYS = ("kind", "passed", "metrics", "thresholds", "threshold_source", "skipped_metrics", "world_size")
 
@@ -137,8 +160,10 @@ def summary_line(results: Iterable[CaseResult], wall_s: float | None = None) -> 
     if tally[INCONCLUSIVE]:
         parts.append(f"{tally[INCONCLUSIVE]} {INCONCLUSIVE}")
     line = ", ".join(parts) + (f" in {wall_s:.1f} s" if wall_s is not None else "")
-    return line + "".join(f"; {metric} not measured in {n} case{'s' if n > 1 else ''} ({why})"
-                          for (metric, why), n in metric_skips(results).items())
+    return line + "".join(
+        f"; {metric} not measured in {n} case{'s' if n > 1 else ''} ({why})"
+        for (metric, why), n in metric_skips(results).items()
+    )
 
 
 def metric_skips(results: Iterable[CaseResult]) -> dict[tuple[str, str], int]:
@@ -167,10 +192,13 @@ class StageResult:
     def failed(self) -> int:
         return counts(self.results)[FAILED]
 
-
     def to_dict(self) -> dict[str, Any]:
-        return {"summary": counts(self.results), "wall_s": self.wall_s,
-                "records": [r.to_dict() for r in self.results], **json_safe(self.extra)}
+        return {
+            "summary": counts(self.results),
+            "wall_s": self.wall_s,
+            "records": [r.to_dict() for r in self.results],
+            **json_safe(self.extra),
+        }
 
 
 def git_state(directory: str | Path) -> dict[str, Any]:
@@ -191,7 +219,9 @@ def git_state(directory: str | Path) -> dict[str, Any]:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
 
 
-def environment(target: str, device: str, target_version: str | None = None, project: Path | None = None) -> dict[str, Any]:
+def environment(
+    target: str, device: str, target_version: str | None = None, project: Path | None = None
+) -> dict[str, Any]:
     """Where and on what a run happened: what every results document records next to its results
     (``git``: the checkout of the working directory, which is the tree under test; ``project``: the
     project file in effect, None when parity's own cases and baselines ran)."""
@@ -202,10 +232,18 @@ def environment(target: str, device: str, target_version: str | None = None, pro
     from harness.paths import parity_version
     from reference_impl.platform import current_platform
 
-    return {"target": target, "target_version": target_version, "device": device, "platform": current_platform.label(),
-            "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
-            "parity_version": parity_version(), "git": git_state(Path.cwd()),
-            "project": None if project is None else str(project)}
+    return {
+        "target": target,
+        "target_version": target_version,
+        "device": device,
+        "platform": current_platform.label(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "parity_version": parity_version(),
+        "git": git_state(Path.cwd()),
+        "project": None if project is None else str(project),
+    }
 
 
 def verdict(results: Iterable[CaseResult], inconclusive_fails: bool = True) -> str:
@@ -220,8 +258,14 @@ def verdict(results: Iterable[CaseResult], inconclusive_fails: bool = True) -> s
     return "inconclusive" if inconclusive_fails and INCONCLUSIVE in statuses else "passed"
 
 
-def results_document(command: str, environment: Mapping[str, Any], stages: Mapping[str, StageResult | str],
-                     wall_s: float, inconclusive_fails: bool = True, **extra: Any) -> dict[str, Any]:
+def results_document(
+    command: str,
+    environment: Mapping[str, Any],
+    stages: Mapping[str, StageResult | str],
+    wall_s: float,
+    inconclusive_fails: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
     """The results document of a run: ``stages`` maps a stage name to its result or to why it was skipped;
     ``verdict`` as :func:`verdict` decides it, ``passed`` whether that verdict is a pass."""
     sections: dict[str, Any] = {}
@@ -233,8 +277,16 @@ def results_document(command: str, environment: Mapping[str, Any], stages: Mappi
         sections[name] = stage.to_dict()
         top_level.update(json_safe(stage.top_level))
     outcome = verdict((r for s in stages.values() if isinstance(s, StageResult) for r in s.results), inconclusive_fails)
-    document = {"command": command, **environment, "wall_s": wall_s, "passed": outcome == "passed", "verdict": outcome,
-                "stages": sections, **json_safe(extra), **top_level}
+    document = {
+        "command": command,
+        **environment,
+        "wall_s": wall_s,
+        "passed": outcome == "passed",
+        "verdict": outcome,
+        "stages": sections,
+        **json_safe(extra),
+        **top_level,
+    }
     unknown = set(document) - set(DOCUMENT_KEYS)
     assert not unknown, f"results_document writes keys its reader refuses: {sorted(unknown)}"
     return document
@@ -277,8 +329,9 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     if "platform" in doc:
         expect_str(doc["platform"], path, "platform")
     if "cases" not in doc:
-        raise ConfigError("missing required key (the image stage's map; {} when there were no image cases)", path=path,
-                          key="cases")
+        raise ConfigError(
+            "missing required key (the image stage's map; {} when there were no image cases)", path=path, key="cases"
+        )
     cases = {}
     for case_id, case in expect_object(doc["cases"], path, "cases").items():
         case_path = join_key("cases", case_id)
@@ -321,7 +374,9 @@ def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, st
     a ``status`` and ``figures``, and no case twice in a stage (the later record would hide the earlier)."""
     doc = expect_object(doc, path, "")
     if "stages" not in doc:
-        raise ConfigError("missing required key 'stages' (not a results file of parity gate or parity check)", path=path)
+        raise ConfigError(
+            "missing required key 'stages' (not a results file of parity gate or parity check)", path=path
+        )
     _known_keys(doc, DOCUMENT_KEYS, path, "")
     out: dict[tuple[str, str], StageRecord] = {}
     for name, stage in expect_object(doc["stages"], path, "stages").items():
@@ -335,11 +390,16 @@ def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, st
             _known_keys(record, RECORD_KEYS, path, key)
             case_id = expect_str(record.get("case_id"), path, join_key(key, "case_id"))
             if record.get("status") not in tuple(str(s) for s in Status):
-                raise ConfigError(f"status must be one of {[str(s) for s in Status]}", path=path, key=join_key(key, "status"))
+                raise ConfigError(
+                    f"status must be one of {[str(s) for s in Status]}", path=path, key=join_key(key, "status")
+                )
             expect_object(record.get("figures", {}), path, join_key(key, "figures"))
             if (name, case_id) in out:
-                raise ConfigError(f"a second record of case {case_id!r} (the first is {out[(name, case_id)].key})", path=path,
-                                  key=join_key(key, "case_id"))
+                raise ConfigError(
+                    f"a second record of case {case_id!r} (the first is {out[(name, case_id)].key})",
+                    path=path,
+                    key=join_key(key, "case_id"),
+                )
             out[(name, case_id)] = StageRecord(key, record)
     return out
 

@@ -45,17 +45,47 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SUFFIX_MODES = ("order_preserving", "rotate_to_front")
 
 # Tiny sizes: a 32×32 image in 4 steps takes well under a second on one CPU core.
-TEXT_ENCODER_TINY = dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+TEXT_ENCODER_TINY = dict(
+    vocab_size=320,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+)
 LATENT_CHANNELS = 4
-VAE_TINY = ViT3DDecoderConfig(latent_channels=LATENT_CHANNELS, hidden_size=32, num_heads=2, num_layers=2, patch_size=(1, 4, 4))
+VAE_TINY = ViT3DDecoderConfig(
+    latent_channels=LATENT_CHANNELS, hidden_size=32, num_heads=2, num_layers=2, patch_size=(1, 4, 4)
+)
 DIT_PATCH = 2
 # diffusers config keys; cap_feat_dim / text_embed_dim / pooled_projection_dim follow the text encoder.
-ZIMAGE_TINY = dict(all_patch_size=[DIT_PATCH], all_f_patch_size=[1], in_channels=LATENT_CHANNELS, dim=64, n_layers=2,
-                   n_refiner_layers=2, n_heads=4, n_kv_heads=4, axes_dims=[4, 6, 6], axes_lens=[1024, 64, 64])
-HUNYUAN_TINY = dict(in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS, num_attention_heads=4, attention_head_dim=16,
-                    num_layers=1, num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0, patch_size=DIT_PATCH,
-                    patch_size_t=1, rope_axes_dim=[4, 6, 6], guidance_embeds=True)
+ZIMAGE_TINY = dict(
+    all_patch_size=[DIT_PATCH],
+    all_f_patch_size=[1],
+    in_channels=LATENT_CHANNELS,
+    dim=64,
+    n_layers=2,
+    n_refiner_layers=2,
+    n_heads=4,
+    n_kv_heads=4,
+    axes_dims=[4, 6, 6],
+    axes_lens=[1024, 64, 64],
+)
+HUNYUAN_TINY = dict(
+    in_channels=LATENT_CHANNELS,
+    out_channels=LATENT_CHANNELS,
+    num_attention_heads=4,
+    attention_head_dim=16,
+    num_layers=1,
+    num_single_layers=1,
+    num_refiner_layers=1,
+    mlp_ratio=2.0,
+    patch_size=DIT_PATCH,
+    patch_size_t=1,
+    rope_axes_dim=[4, 6, 6],
+    guidance_embeds=True,
+)
 GUIDANCE = 6.0  # HunyuanVideo's default guidance scale, embedded (×1000) by the guidance-distilled transformer
 PIXELS_PER_DIT_TOKEN = VAE_TINY.patch_size[1] * DIT_PATCH  # along H and along W
 
@@ -104,11 +134,15 @@ class PipelineConfig(ModelConfig):
         if self.flow_shift <= 0:
             raise self.error("flow_shift", f"must be positive, got {self.flow_shift}")
         if self.text_encoder_dir is not None and not os.path.isfile(os.path.join(self.text_encoder_dir, "config.json")):
-            raise self.error("text_encoder_dir", f"{self.text_encoder_dir!r}: not a transformers model directory "
-                                                 "(no config.json in it)")  # found now, not after the ranks started
+            raise self.error(
+                "text_encoder_dir",
+                f"{self.text_encoder_dir!r}: not a transformers model directory (no config.json in it)",
+            )  # found now, not after the ranks started
         if self.weights is not None:
             if self.text_encoder_dir is not None:
-                raise self.error("text_encoder_dir", "a checkpoint (weights) brings the text encoder its DiT was trained on")
+                raise self.error(
+                    "text_encoder_dir", "a checkpoint (weights) brings the text encoder its DiT was trained on"
+                )
             try:
                 path = weights_path(self.weights)
             except ValueError as exc:
@@ -167,8 +201,15 @@ class CaptionToFront(nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, num_replicated_suffix: int = 0, num_replicated_prefix: int = 0,
-                **kwargs: Any) -> Tensor:
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        num_replicated_suffix: int = 0,
+        num_replicated_prefix: int = 0,
+        **kwargs: Any,
+    ) -> Tensor:
         n = num_replicated_suffix
         if n == 0 or num_replicated_prefix or get_sp_world_size() == 1:
             return self.inner(q, k, v, num_replicated_suffix=n, num_replicated_prefix=num_replicated_prefix, **kwargs)
@@ -179,8 +220,12 @@ class CaptionToFront(nn.Module):
 
 def rotate_captions_to_front(model: nn.Module) -> int:
     """Wrap every USPAttention of ``model`` in :class:`CaptionToFront`; returns how many were wrapped."""
-    targets = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
-               if isinstance(child, USPAttention)]
+    targets = [
+        (parent, name)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, USPAttention)
+    ]
     for parent, name in targets:
         setattr(parent, name, CaptionToFront(getattr(parent, name)))
     return len(targets)
@@ -214,7 +259,9 @@ class PipelineModels:
         """Refuse a config these models were not built for, naming the key that differs."""
         for key in MODEL_KEYS:
             if getattr(config, key) != getattr(self.built_for, key):
-                raise ValueError(f"models were built for {key}={getattr(self.built_for, key)!r}, config has {getattr(config, key)!r}")
+                raise ValueError(
+                    f"models were built for {key}={getattr(self.built_for, key)!r}, config has {getattr(config, key)!r}"
+                )
         if (config.num_frames is None) != (self.built_for.num_frames is None):
             raise ValueError("num_frames: models built for an image cannot make a video, nor the reverse")
 
@@ -256,20 +303,31 @@ def build_models(config: PipelineConfig) -> PipelineModels:
     if config.text_encoder_dir is not None:
         encoder = Qwen3TextEncoder.from_pretrained(config.text_encoder_dir, device=device, dtype=dtype)
     elif checkpoint is not None:
-        encoder = build("text_encoder", lambda: Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY), dtype=dtype), s)
+        encoder = build(
+            "text_encoder", lambda: Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY), dtype=dtype), s
+        )
     else:
         encoder = _init_text_encoder(Qwen3TextEncoder(Qwen3EncoderConfig(**TEXT_ENCODER_TINY), dtype=dtype), s)
     text_dim = encoder.config.hidden_size
     if config.num_frames is None:
-        dit: nn.Module = build("zimage", lambda: ZImageTransformer(ZImageConfig.from_dict({**ZIMAGE_TINY, "cap_feat_dim": text_dim}),
-                                                                   compute_dtype=dtype), s + 1)
+        dit: nn.Module = build(
+            "zimage",
+            lambda: ZImageTransformer(
+                ZImageConfig.from_dict({**ZIMAGE_TINY, "cap_feat_dim": text_dim}), compute_dtype=dtype
+            ),
+            s + 1,
+        )
     else:
-        video = HunyuanVideoConfig.from_dict({**HUNYUAN_TINY, "text_embed_dim": text_dim, "pooled_projection_dim": text_dim})
+        video = HunyuanVideoConfig.from_dict(
+            {**HUNYUAN_TINY, "text_embed_dim": text_dim, "pooled_projection_dim": text_dim}
+        )
         dit = build("hunyuan", lambda: HunyuanVideoTransformer(video, compute_dtype=dtype), s + 1)
     if config.suffix_mode == "rotate_to_front":
         rotate_captions_to_front(dit)
     vae = build("vae", lambda: ViT3DDecoder(VAE_TINY), s + 2)
-    return PipelineModels(encoder.to(device, dtype).eval(), dit.to(device, dtype).eval(), vae.to(device, dtype).eval(), config)
+    return PipelineModels(
+        encoder.to(device, dtype).eval(), dit.to(device, dtype).eval(), vae.to(device, dtype).eval(), config
+    )
 
 
 class _Clock:
@@ -313,11 +371,18 @@ def velocity(dit: nn.Module, latents: Tensor, sigma: float | Tensor, texts: list
         pred = dit(list(latents.unsqueeze(2).unbind(0)), _per_item(sigma, b, device, lambda s: 1.0 - s), texts)
         return -torch.stack(pred).squeeze(2)
     text = torch.nn.utils.rnn.pad_sequence(texts, batch_first=True)
-    mask = torch.nn.utils.rnn.pad_sequence([torch.ones(t.shape[0], dtype=torch.long, device=device) for t in texts],
-                                           batch_first=True)
+    mask = torch.nn.utils.rnn.pad_sequence(
+        [torch.ones(t.shape[0], dtype=torch.long, device=device) for t in texts], batch_first=True
+    )
     pooled = torch.stack([t.mean(dim=0) for t in texts])
-    return dit(latents, _per_item(sigma, b, device, lambda s: 1000.0 * s), text, mask, pooled,
-               torch.full((b,), 1000.0 * GUIDANCE, device=device))
+    return dit(
+        latents,
+        _per_item(sigma, b, device, lambda s: 1000.0 * s),
+        text,
+        mask,
+        pooled,
+        torch.full((b,), 1000.0 * GUIDANCE, device=device),
+    )
 
 
 def _per_item(sigma: float | Tensor, b: int, device: torch.device, of: Callable[[Any], Any]) -> Tensor:
@@ -389,9 +454,19 @@ def run_pipeline(config: PipelineConfig, models: PipelineModels | None = None) -
     )
     backends = _backends(models)
     backends["vae"] = ",".join(sorted({d or "" for d in models.vae.attention_dispatches()}))
-    nonfinite = int((~torch.isfinite(latents)).sum()) + int((~torch.isfinite(decoded)).sum())  # after the clock: not timed
-    return PipelineResult(output[0] if frames is None else output, latents.cpu().numpy(), timings, config, get_sp_world_size(),
-                          get_sp_rank(), backends, nonfinite)
+    nonfinite = int((~torch.isfinite(latents)).sum()) + int(
+        (~torch.isfinite(decoded)).sum()
+    )  # after the clock: not timed
+    return PipelineResult(
+        output[0] if frames is None else output,
+        latents.cpu().numpy(),
+        timings,
+        config,
+        get_sp_world_size(),
+        get_sp_rank(),
+        backends,
+        nonfinite,
+    )
 
 
 def run_pipeline_sequence_parallel(config: PipelineConfig) -> PipelineResult:

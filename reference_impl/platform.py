@@ -100,8 +100,10 @@ def parse_platform_spec(spec: str) -> tuple[str, str | None]:
     """Parse ``kind[:gcn_arch]``; anything else is a PlatformSpecError naming the variable and the valid values."""
     kind, colon, arch = spec.strip().lower().partition(":")
     if kind not in PLATFORM_KINDS:
-        raise PlatformSpecError(f"unknown platform {kind!r} in {spec!r}; valid: {', '.join(PLATFORM_KINDS)} "
-                                "(rocm optionally with its arch, e.g. rocm:gfx950)")
+        raise PlatformSpecError(
+            f"unknown platform {kind!r} in {spec!r}; valid: {', '.join(PLATFORM_KINDS)} "
+            "(rocm optionally with its arch, e.g. rocm:gfx950)"
+        )
     if colon and kind != "rocm":
         raise PlatformSpecError(f"{spec!r}: only rocm takes an arch (e.g. rocm:gfx950)")
     if colon and not _GCN_ARCH.fullmatch(arch):

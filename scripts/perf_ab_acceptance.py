@@ -30,7 +30,9 @@ TEMPLATE = sleep_generator.template()  # the interpreter's whole start, as a rea
 
 
 def toml_value(value: object) -> str:
-    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+    return (
+        json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+    )
 
 
 def write_copies(root: Path, defaults: dict, cases: dict[str, dict], copies: int) -> Path:
@@ -45,25 +47,44 @@ def write_copies(root: Path, defaults: dict, cases: dict[str, dict], copies: int
 
 def perf(label: str, out: Path, cases: Path, device: str, *argv: str) -> dict[str, object]:
     path = out / f"{label}.json"
-    command = [sys.executable, "-m", "harness.cli", "perf", *argv, "--cases", str(cases), "--device", device,
-               "--json", str(path)]
+    command = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "perf",
+        *argv,
+        "--cases",
+        str(cases),
+        "--device",
+        device,
+        "--json",
+        str(path),
+    ]
     code = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL).returncode
     records = json.loads(path.read_text())["stages"]["perf"]["records"]
     by_case: dict[str, Counter[str]] = {}
     for r in records:
         by_case.setdefault(r["case_id"].rsplit("__", 1)[0], Counter())[r["status"]] += 1
     pairs = sorted(r["figures"].get("pairs", 0) for r in records)
-    return {"label": label, "exit": code, "verdicts": {c: dict(v) for c, v in by_case.items()},
-            "median_pairs": pairs[len(pairs) // 2] if pairs else None,
-            "wall_s": json.loads(path.read_text())["wall_s"]}
+    return {
+        "label": label,
+        "exit": code,
+        "verdicts": {c: dict(v) for c, v in by_case.items()},
+        "median_pairs": pairs[len(pairs) // 2] if pairs else None,
+        "wall_s": json.loads(path.read_text())["wall_s"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--copies", type=int, default=10)
-    parser.add_argument("--cases", nargs="+", default=["zimage_t2i_1rank", "zimage_t2i_2ranks"],
-                        help="built-in image cases of cases/images/pipelines.toml to copy")
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=["zimage_t2i_1rank", "zimage_t2i_2ranks"],
+        help="built-in image cases of cases/images/pipelines.toml to copy",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -73,17 +94,47 @@ def main() -> None:
     command = write_copies(args.out / "command", sleep_generator.FIELDS, {"sleepy": {}}, args.copies)
     rows = [
         perf("builtin_same", args.out, builtin, args.device, "reference", "reference"),
-        perf("builtin_slow", args.out, builtin, args.device, "reference", "tests.targets.slow_pipeline:factory",
-             "--head-arg", "fraction=0.1"),
-        perf("command_same", args.out, command, args.device, "command", "command", "--base-arg", f"template={TEMPLATE}",
-             "--head-arg", f"template={TEMPLATE}"),
-        perf("command_slow", args.out, command, args.device, "command", "command", "--base-arg", f"template={TEMPLATE}",
-             "--head-arg", f"template={TEMPLATE} --slow 0.1"),
+        perf(
+            "builtin_slow",
+            args.out,
+            builtin,
+            args.device,
+            "reference",
+            "tests.targets.slow_pipeline:factory",
+            "--head-arg",
+            "fraction=0.1",
+        ),
+        perf(
+            "command_same",
+            args.out,
+            command,
+            args.device,
+            "command",
+            "command",
+            "--base-arg",
+            f"template={TEMPLATE}",
+            "--head-arg",
+            f"template={TEMPLATE}",
+        ),
+        perf(
+            "command_slow",
+            args.out,
+            command,
+            args.device,
+            "command",
+            "command",
+            "--base-arg",
+            f"template={TEMPLATE}",
+            "--head-arg",
+            f"template={TEMPLATE} --slow 0.1",
+        ),
     ]
     (args.out / "summary.json").write_text(json.dumps(rows, indent=2))
     for row in rows:
-        print(f"{row['label']:14} exit {row['exit']}  median pairs {row['median_pairs']}  {row['wall_s']:.0f} s  "
-              + "  ".join(f"{case}: {dict(sorted(v.items()))}" for case, v in row["verdicts"].items()))
+        print(
+            f"{row['label']:14} exit {row['exit']}  median pairs {row['median_pairs']}  {row['wall_s']:.0f} s  "
+            + "  ".join(f"{case}: {dict(sorted(v.items()))}" for case, v in row["verdicts"].items())
+        )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,14 @@ Tensor = torch.Tensor
 
 #: prompt -> the scikit-image sample photo it draws.
 SUBJECTS: dict[str, str] = {
-    "an astronaut": "astronaut", "a cat": "chelsea", "a cup of coffee": "coffee", "a rocket at night": "rocket",
-    "a cameraman": "camera", "a colour wheel": "colorwheel", "silver coins": "coins", "the scikit-image logo": "logo",
+    "an astronaut": "astronaut",
+    "a cat": "chelsea",
+    "a cup of coffee": "coffee",
+    "a rocket at night": "rocket",
+    "a cameraman": "camera",
+    "a colour wheel": "colorwheel",
+    "silver coins": "coins",
+    "the scikit-image logo": "logo",
 }
 IMAGE_SIZES = (32, 64)
 CLIP_FRAMES, CLIP_SIZE = 3, 32
@@ -70,7 +76,7 @@ def photo(name: str) -> np.ndarray:
 
 
 def _square(image: np.ndarray, side: int, y: int, x: int, size: int) -> np.ndarray:
-    return resize(image[y:y + side, x:x + side], (size, size), anti_aliasing=True)
+    return resize(image[y : y + side, x : x + side], (size, size), anti_aliasing=True)
 
 
 def training_image(prompt: str, size: int) -> np.ndarray:
@@ -100,7 +106,9 @@ def clip_views(prompt: str, count: int, rng: np.random.Generator) -> np.ndarray:
     clips = []
     for _ in range(count):
         step = int(rng.integers(-(w - side) // (2 * CLIP_FRAMES), (w - side) // (2 * CLIP_FRAMES) + 1))
-        x0 = int(rng.integers(max(0, -step * (CLIP_FRAMES - 1)), min(w - side, w - side - step * (CLIP_FRAMES - 1)) + 1))
+        x0 = int(
+            rng.integers(max(0, -step * (CLIP_FRAMES - 1)), min(w - side, w - side - step * (CLIP_FRAMES - 1)) + 1)
+        )
         y = int(rng.integers(0, h - side + 1))
         clips.append(np.stack([_square(image, side, y, x0 + step * f, CLIP_SIZE) for f in range(CLIP_FRAMES)]))
     return np.stack(clips)
@@ -123,8 +131,10 @@ def make_views(config: TrainConfig) -> Views:
     def as_tensor(x: np.ndarray) -> Tensor:  # [..., T, H, W, 3] in [0, 1] -> [N, 3, T, H, W] in [-1, 1]
         return torch.tensor(x, dtype=torch.float32).movedim(-1, 1) * 2 - 1
 
-    images = {s: as_tensor(np.concatenate([image_views(p, s, config.crops, config.min_crop, rng) for p in prompts])[:, None])
-              for s in IMAGE_SIZES}
+    images = {
+        s: as_tensor(np.concatenate([image_views(p, s, config.crops, config.min_crop, rng) for p in prompts])[:, None])
+        for s in IMAGE_SIZES
+    }
     clips = as_tensor(np.concatenate([clip_views(p, config.clips, rng) for p in prompts]))
     subjects = torch.arange(len(prompts))
     return Views(images, subjects.repeat_interleave(config.crops), clips, subjects.repeat_interleave(config.clips))
@@ -137,8 +147,13 @@ class Encoder(nn.Module):
     def __init__(self, width: int = 64) -> None:
         super().__init__()
         p = VAE_TINY.patch_size[1]
-        self.net = nn.Sequential(nn.Conv2d(3, width, p, p), nn.GELU(), nn.Conv2d(width, width, 1), nn.GELU(),
-                                 nn.Conv2d(width, LATENT_CHANNELS, 1))
+        self.net = nn.Sequential(
+            nn.Conv2d(3, width, p, p),
+            nn.GELU(),
+            nn.Conv2d(width, width, 1),
+            nn.GELU(),
+            nn.Conv2d(width, LATENT_CHANNELS, 1),
+        )
 
     def forward(self, frames: Tensor) -> Tensor:
         b, _, t, h, w = frames.shape
@@ -164,7 +179,9 @@ def train_autoencoder(decoder: nn.Module, views: Views, config: TrainConfig, ste
     params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer = torch.optim.AdamW(params, lr=config.ae_lr, weight_decay=0.0)
     schedule, losses = _schedule(optimizer, config.ae_lr, steps), []
-    pools = [views.images[s] for s in IMAGE_SIZES] + [views.clips]  # the 32×32 images, the 64×64 ones, the clips in turn
+    pools = [views.images[s] for s in IMAGE_SIZES] + [
+        views.clips
+    ]  # the 32×32 images, the 64×64 ones, the clips in turn
     with set_forward_context():
         for step in range(steps):
             pool = pools[step % len(pools)]
@@ -216,7 +233,9 @@ def _image_or_clip(x: Tensor, video: bool) -> Tensor:
     return x if video else x[:, :, 0]
 
 
-def eval_flow_loss(dit: nn.Module, pools: list[tuple[Tensor, Tensor]], captions: list[Tensor], seed: int, video: bool) -> float:
+def eval_flow_loss(
+    dit: nn.Module, pools: list[tuple[Tensor, Tensor]], captions: list[Tensor], seed: int, video: bool
+) -> float:
     """The flow loss over every latent at 8 fixed noise levels with fixed noise: a deterministic yardstick."""
     gen, total, count = torch.Generator().manual_seed(seed), 0.0, 0
     with torch.no_grad(), set_forward_context():
@@ -224,13 +243,22 @@ def eval_flow_loss(dit: nn.Module, pools: list[tuple[Tensor, Tensor]], captions:
             x0 = _image_or_clip(latents, video)
             for sigma in torch.linspace(0.05, 0.95, 8, dtype=torch.float64):
                 noise = torch.randn(x0.shape, generator=gen)
-                total += flow_loss(dit, x0, [captions[i] for i in subject], noise, sigma.expand(len(x0))).item() * len(x0)
+                total += flow_loss(dit, x0, [captions[i] for i in subject], noise, sigma.expand(len(x0))).item() * len(
+                    x0
+                )
                 count += len(x0)
     return total / count
 
 
-def train_dit(dit: nn.Module, pools: list[tuple[Tensor, Tensor]], captions: list[Tensor], steps: int, lr: float,
-              config: TrainConfig, video: bool) -> list[float]:
+def train_dit(
+    dit: nn.Module,
+    pools: list[tuple[Tensor, Tensor]],
+    captions: list[Tensor],
+    steps: int,
+    lr: float,
+    config: TrainConfig,
+    video: bool,
+) -> list[float]:
     """AdamW on the flow loss (sigma uniform in [0, 1), rectified flow's choice), the pools in turn, a seeded batch
     each step; leaves the DiT holding the moving average of its weights; returns the losses."""
     gen = torch.Generator().manual_seed(config.seed + (3 if video else 2))
@@ -243,7 +271,10 @@ def train_dit(dit: nn.Module, pools: list[tuple[Tensor, Tensor]], captions: list
             latents, subject = pools[step % len(pools)]
             pick = torch.randint(0, len(latents), (config.batch,), generator=gen)
             x0 = _image_or_clip(latents[pick], video)
-            noise, sigma = torch.randn(x0.shape, generator=gen), torch.rand(config.batch, generator=gen, dtype=torch.float64)
+            noise, sigma = (
+                torch.randn(x0.shape, generator=gen),
+                torch.rand(config.batch, generator=gen, dtype=torch.float64),
+            )
             loss = flow_loss(dit, x0, [captions[i] for i in subject[pick]], noise, sigma)
             optimizer.zero_grad()
             loss.backward()
@@ -299,22 +330,34 @@ def _train(config: TrainConfig, out: Path) -> dict[str, Any]:
     image_pools = [(latents[f"image{s}"], views.image_subject) for s in IMAGE_SIZES]
     clip_pools = [(latents["clips"], views.clip_subject)]
     runs: dict[str, Any] = {}
-    for name, dit, pools, steps, lr, is_video in (("zimage", image.dit, image_pools, config.dit_steps, config.dit_lr, False),
-                                                  ("hunyuan", video.dit, clip_pools, config.video_steps, config.video_lr, True)):
+    for name, dit, pools, steps, lr, is_video in (
+        ("zimage", image.dit, image_pools, config.dit_steps, config.dit_lr, False),
+        ("hunyuan", video.dit, clip_pools, config.video_steps, config.video_lr, True),
+    ):
         before = eval_flow_loss(dit, pools, captions, config.seed, is_video)
         curve = train_dit(dit.train(), pools, captions, steps, lr, config, is_video)
         after = eval_flow_loss(dit.eval(), pools, captions, config.seed, is_video)
-        runs[name] = {"steps": steps, "eval_flow_loss_initial": before, "eval_flow_loss_final": after, **_summary(curve)}
+        runs[name] = {
+            "steps": steps,
+            "eval_flow_loss_initial": before,
+            "eval_flow_loss_final": after,
+            **_summary(curve),
+        }
         clocks[name] = time.perf_counter()
     psnr = {f"image{s}": reconstruction_psnr(decoder, latents[f"image{s}"], views.images[s]) for s in IMAGE_SIZES}
     psnr["clips"] = reconstruction_psnr(decoder, latents["clips"], views.clips)
     card = {
         "subjects": SUBJECTS,
         "training": dataclasses.asdict(config),
-        "losses": {"autoencoder": {"steps": config.ae_steps, **_summary(ae_losses), "reconstruction_psnr_db": psnr}, **runs},
-        "wall_s": {"autoencoder": round(clocks["autoencoder"] - clocks["start"], 1),
-                   "zimage": round(clocks["zimage"] - clocks["autoencoder"], 1),
-                   "hunyuan": round(clocks["hunyuan"] - clocks["zimage"], 1)},
+        "losses": {
+            "autoencoder": {"steps": config.ae_steps, **_summary(ae_losses), "reconstruction_psnr_db": psnr},
+            **runs,
+        },
+        "wall_s": {
+            "autoencoder": round(clocks["autoencoder"] - clocks["start"], 1),
+            "zimage": round(clocks["zimage"] - clocks["autoencoder"], 1),
+            "hunyuan": round(clocks["hunyuan"] - clocks["zimage"], 1),
+        },
         "cpu_s": round(time.process_time() - cpu_start, 1),  # wall time also counts what else this machine ran
         "versions": {"torch": torch.__version__, "scikit-image": skimage.__version__},
     }
@@ -325,7 +368,9 @@ def _train(config: TrainConfig, out: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=WEIGHTS_DIR / "tiny-v1.safetensors", help="checkpoint path (.safetensors)")
+    parser.add_argument(
+        "--out", type=Path, default=WEIGHTS_DIR / "tiny-v1.safetensors", help="checkpoint path (.safetensors)"
+    )
     for field in dataclasses.fields(TrainConfig):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = vars(parser.parse_args())

@@ -118,8 +118,15 @@ def test_prebuilt_models_give_the_same_bytes_and_refuse_other_configs():
 
 def test_text_encoder_from_a_transformers_directory(tmp_path):
     transformers = pytest.importorskip("transformers")
-    hf_config = transformers.Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, head_dim=8, vocab_size=300)
+    hf_config = transformers.Qwen3Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=300,
+    )
     torch.manual_seed(3)
     transformers.Qwen3Model(hf_config).save_pretrained(str(tmp_path), safe_serialization=True)
     config = PipelineConfig(text_encoder_dir=str(tmp_path))
@@ -165,7 +172,9 @@ def test_sp2_output_is_bitwise_the_single_rank_output(pool2, config):
     assert sp1.output.tobytes() == sp0.output.tobytes()
 
 
-@pytest.mark.parametrize("fields", [{}, {"weights": "tiny-v1", "prompt": "the scikit-image logo"}], ids=["random", "trained"])
+@pytest.mark.parametrize(
+    "fields", [{}, {"weights": "tiny-v1", "prompt": "the scikit-image logo"}], ids=["random", "trained"]
+)
 def test_turbo_drift_rotate_to_front_against_one_rank(pool2, fields):
     """Measured here (2 ranks), bf16 64×64 rotate_to_front pixel MAE against one rank: random weights
     ('a red fox in fresh snow') 0.114 at 9 steps, 0.0 at 30; the trained checkpoint ('the scikit-image
@@ -176,8 +185,13 @@ def test_turbo_drift_rotate_to_front_against_one_rank(pool2, fields):
     asserted: order-preserving is bitwise at both step counts, and in fp32 the rotated layout moves
     the latents (the control).
     """
-    drift = {steps: pool2.run(drift_figures, dict(fields, dtype="bfloat16", steps=steps, height=64, width=64))[0]
-             for steps in (9, 30)}
-    assert {s: (f["order_preserving_bitwise"], f["order_preserving_mae"]) for s, f in drift.items()} == {9: (True, 0.0), 30: (True, 0.0)}
+    drift = {
+        steps: pool2.run(drift_figures, dict(fields, dtype="bfloat16", steps=steps, height=64, width=64))[0]
+        for steps in (9, 30)
+    }
+    assert {s: (f["order_preserving_bitwise"], f["order_preserving_mae"]) for s, f in drift.items()} == {
+        9: (True, 0.0),
+        30: (True, 0.0),
+    }
     fp32 = pool2.run(drift_figures, dict(fields, dtype="float32", steps=9))[0]
     assert fp32["order_preserving_bitwise"] and fp32["rotate_to_front_latent_mae"] > 0.0

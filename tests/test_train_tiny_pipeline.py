@@ -58,10 +58,15 @@ def test_a_short_run_lowers_every_loss(tmp_path: Path) -> None:
     ae = losses["autoencoder"]
     assert ae["last_20_mean"] < 0.6 * ae["first_20_mean"], ae
     # The same noise, noise levels and latents before and after: only training can move this figure.
-    lowered = {name: losses[name]["eval_flow_loss_final"] < 0.7 * losses[name]["eval_flow_loss_initial"] for name in ("zimage", "hunyuan")}
+    lowered = {
+        name: losses[name]["eval_flow_loss_final"] < 0.7 * losses[name]["eval_flow_loss_initial"]
+        for name in ("zimage", "hunyuan")
+    }
     assert lowered == {"zimage": True, "hunyuan": True}, losses
     written = tmp_path / "short.safetensors"
-    assert hashlib.sha256(written.read_bytes()).hexdigest() == card["sha256"]  # the card returned names the file written
+    assert (
+        hashlib.sha256(written.read_bytes()).hexdigest() == card["sha256"]
+    )  # the card returned names the file written
     read_pipeline_weights(str(written))  # and the reader takes it
 
 
@@ -77,7 +82,10 @@ def test_the_committed_card_records_a_trained_run() -> None:
     assert card["subjects"] == train.SUBJECTS
     assert card["training"] == dataclasses.asdict(train.TrainConfig())  # the script's defaults made it
     losses = card["losses"]
-    halved = {name: losses[name]["eval_flow_loss_final"] < 0.5 * losses[name]["eval_flow_loss_initial"] for name in ("zimage", "hunyuan")}
+    halved = {
+        name: losses[name]["eval_flow_loss_final"] < 0.5 * losses[name]["eval_flow_loss_initial"]
+        for name in ("zimage", "hunyuan")
+    }
     assert halved == {"zimage": True, "hunyuan": True}, losses
     assert min(card["losses"]["autoencoder"]["reconstruction_psnr_db"].values()) > 20.0
 

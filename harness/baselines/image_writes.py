@@ -55,8 +55,9 @@ class Blessing:
     data: dict[str, bytes] = field(repr=False, default_factory=dict)
 
 
-def blessing(case_id: str, array: Any, fields: Mapping[str, Any] | None = None, world_size: int = 1,
-             pipeline: str | None = None) -> Blessing:
+def blessing(
+    case_id: str, array: Any, fields: Mapping[str, Any] | None = None, world_size: int = 1, pipeline: str | None = None
+) -> Blessing:
     """Encode ``array`` (``HxWx3`` image or ``TxHxWx3`` video, uint8) as the reference of ``case_id``,
     generated from ``fields`` on ``world_size`` ranks of ``pipeline``."""
     array = np.asarray(array)
@@ -65,9 +66,15 @@ def blessing(case_id: str, array: Any, fields: Mapping[str, Any] | None = None, 
     names = reference_files(case_id, array.shape)
     frames = [array] if array.ndim == 3 else list(array)
     data = {name: encode_png(frame) for name, frame in zip(names, frames)}
-    entry = Entry(case_id, {n: hashlib.sha256(b).hexdigest() for n, b in data.items()},
-                  None if fields is None else fingerprint(fields), None if fields is None else dict(fields),
-                  world_size, pipeline, tuple(array.shape))
+    entry = Entry(
+        case_id,
+        {n: hashlib.sha256(b).hexdigest() for n, b in data.items()},
+        None if fields is None else fingerprint(fields),
+        None if fields is None else dict(fields),
+        world_size,
+        pipeline,
+        tuple(array.shape),
+    )
     return Blessing(entry, array, data)
 
 
@@ -158,8 +165,9 @@ def write_set(directory: str | Path, blessings: Sequence[Blessing]) -> None:
     entries = read_manifest(directory)
     new = {**entries, **{b.entry.case_id: b.entry for b in blessings}}
     kept = {name for e in new.values() for name in e.files}
-    dropped = sorted({name for b in blessings if b.entry.case_id in entries
-                      for name in entries[b.entry.case_id].files} - kept)
+    dropped = sorted(
+        {name for b in blessings if b.entry.case_id in entries for name in entries[b.entry.case_id].files} - kept
+    )
     staging = directory / f".bless-{secrets.token_hex(6)}.tmp"
     staging.mkdir()
     try:
@@ -179,8 +187,14 @@ def write_set(directory: str | Path, blessings: Sequence[Blessing]) -> None:
     recover(directory)
 
 
-def bless(directory: str | Path, case_id: str, array: Any, fields: Mapping[str, Any] | None = None,
-          world_size: int = 1, pipeline: str | None = None) -> list[str]:
+def bless(
+    directory: str | Path,
+    case_id: str,
+    array: Any,
+    fields: Mapping[str, Any] | None = None,
+    world_size: int = 1,
+    pipeline: str | None = None,
+) -> list[str]:
     """Store ``array`` as the reference of ``case_id`` (one case of :func:`write_set`); the files it is stored in."""
     one = blessing(case_id, array, fields, world_size, pipeline)
     write_set(directory, [one])

@@ -22,12 +22,25 @@ from typing import Any
 import numpy as np
 
 from harness.errors import ConfigError
-from harness.files.jsonio import expect_id, expect_object, expect_str, join_key, read_json
+from harness.files.jsonio import expect_id, expect_known_key, expect_object, expect_str, join_key, read_json
 from harness.files.png import decode_rgb_png
 from harness.files.reading import is_present, lstat_kind, read_regular_bytes
 
-__all__ = ["MANIFEST", "PENDING", "REFERENCES_DIR", "Entry", "Reference", "changed_fields", "case_of_file", "check_case_id",
-           "find_reference", "fingerprint", "load_reference", "read_manifest", "reference_files"]
+__all__ = [
+    "MANIFEST",
+    "PENDING",
+    "REFERENCES_DIR",
+    "Entry",
+    "Reference",
+    "changed_fields",
+    "case_of_file",
+    "check_case_id",
+    "find_reference",
+    "fingerprint",
+    "load_reference",
+    "read_manifest",
+    "reference_files",
+]
 
 MANIFEST = "manifest.json"
 REFERENCES_DIR = "images"  # <baselines>/images: reference PNGs and their manifest
@@ -92,8 +105,14 @@ class Entry:
     shape: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "fields": self.fields, "world_size": self.world_size,
-                "pipeline": self.pipeline, "shape": list(self.shape) if self.shape else None, "files": dict(self.files)}
+        return {
+            "fingerprint": self.fingerprint,
+            "fields": self.fields,
+            "world_size": self.world_size,
+            "pipeline": self.pipeline,
+            "shape": list(self.shape) if self.shape else None,
+            "files": dict(self.files),
+        }
 
 
 @dataclass(frozen=True)
@@ -112,8 +131,9 @@ def pending_set(directory: Path) -> Path | None:
     if kind == "nothing":
         return None
     if kind != "a directory":
-        raise ConfigError(f"is {kind or 'a regular file'}, not a set staged by parity bless (a directory); remove it",
-                          path=pending)
+        raise ConfigError(
+            f"is {kind or 'a regular file'}, not a set staged by parity bless (a directory); remove it", path=pending
+        )
     return pending if lstat_kind(pending / MANIFEST) is None else None
 
 
@@ -139,7 +159,9 @@ def _ordered_files(case_id: str, files: dict[str, Any], path: Path, key: str) ->
     expected = [f"{case_id}/frame_{i:04d}.png" for i in range(len(files))]
     for name in expected:
         if name not in files:
-            raise ConfigError(f"video frames must be numbered 0..T-1; {name} is not listed", path=path, key=key or case_id)
+            raise ConfigError(
+                f"video frames must be numbered 0..T-1; {name} is not listed", path=path, key=key or case_id
+            )
     return {name: files[name] for name in expected}
 
 
@@ -149,9 +171,8 @@ _ENTRY_KEYS = ("fingerprint", "fields", "world_size", "pipeline", "shape", "file
 def _entry(case_id: str, raw: Any, path: Path) -> Entry:
     key = join_key("cases", case_id)
     raw = expect_object(raw, path, key)
-    unknown = sorted(set(raw) - set(_ENTRY_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown key; a case holds {', '.join(_ENTRY_KEYS)}", path=path, key=join_key(key, unknown[0]))
+    for name in raw:
+        expect_known_key(name, _ENTRY_KEYS, (), path, join_key(key, name))
     files = expect_object(raw.get("files"), path, join_key(key, "files"))
     if not files:
         raise ConfigError("a case needs at least one file", path=path, key=join_key(key, "files"))
@@ -164,14 +185,28 @@ def _entry(case_id: str, raw: Any, path: Path) -> Entry:
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ConfigError(f"must be a positive integer, got {world!r}", path=path, key=join_key(key, "world_size"))
     shape, pipeline = raw.get("shape"), raw.get("pipeline")
-    if shape is not None and not (isinstance(shape, list) and len(shape) in (3, 4) and shape[-1] == 3
-                                  and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)):
-        raise ConfigError(f"must be [H, W, 3] or [T, H, W, 3] of positive integers, got {shape!r}", path=path,
-                          key=join_key(key, "shape"))
+    if shape is not None and not (
+        isinstance(shape, list)
+        and len(shape) in (3, 4)
+        and shape[-1] == 3
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+    ):
+        raise ConfigError(
+            f"must be [H, W, 3] or [T, H, W, 3] of positive integers, got {shape!r}",
+            path=path,
+            key=join_key(key, "shape"),
+        )
     if pipeline is not None:
         expect_str(pipeline, path, join_key(key, "pipeline"))
-    return Entry(case_id, files, digest, None if fields is None else expect_object(fields, path, join_key(key, "fields")),
-                 world, pipeline, tuple(shape) if shape is not None else None)
+    return Entry(
+        case_id,
+        files,
+        digest,
+        None if fields is None else expect_object(fields, path, join_key(key, "fields")),
+        world,
+        pipeline,
+        tuple(shape) if shape is not None else None,
+    )
 
 
 def read_manifest(directory: str | Path) -> dict[str, Entry]:
@@ -181,13 +216,18 @@ def read_manifest(directory: str | Path) -> dict[str, Entry]:
         return {}
     doc = expect_object(read_json(path, within=directory), path, "")
     if doc.get("format") != FORMAT:
-        raise ConfigError(f"unknown manifest format {doc.get('format')!r} (this parity reads {FORMAT}; bless the "
-                          "references again)", path=path, key="format")
-    unknown = sorted(set(doc) - {"format", "cases"})
-    if unknown:
-        raise ConfigError("unknown key (a manifest holds {format, cases})", path=path, key=unknown[0])
+        raise ConfigError(
+            f"unknown manifest format {doc.get('format')!r} (this parity reads {FORMAT}; bless the references again)",
+            path=path,
+            key="format",
+        )
+    for name in doc:
+        expect_known_key(name, ("format", "cases"), (), path, name)
     cases = expect_object(doc.get("cases", {}), path, "cases")
-    return {expect_id(case_id, path, join_key("cases", case_id)): _entry(case_id, raw, path) for case_id, raw in cases.items()}
+    return {
+        expect_id(case_id, path, join_key("cases", case_id)): _entry(case_id, raw, path)
+        for case_id, raw in cases.items()
+    }
 
 
 def manifest_json(entries: Mapping[str, Entry]) -> dict[str, Any]:
@@ -209,7 +249,9 @@ def _verified_bytes(directory: Path, name: str, expected: str) -> bytes:
     return data
 
 
-def find_reference(directory: str | Path, case_id: str, manifest: Mapping[str, Entry] | None = None) -> Reference | None:
+def find_reference(
+    directory: str | Path, case_id: str, manifest: Mapping[str, Entry] | None = None
+) -> Reference | None:
     """The verified reference of ``case_id``, or None when the manifest has none (a file on disk that it
     does not list is a ConfigError: it was never blessed). ``manifest``: the set's manifest, already
     read (:func:`read_manifest`), for a caller that looks up many cases."""
@@ -230,8 +272,10 @@ def find_reference(directory: str | Path, case_id: str, manifest: Mapping[str, E
     else:
         found = Reference(entry, np.stack(arrays))
     if entry.shape is not None and found.array.shape != entry.shape:
-        raise ConfigError(f"its pixels are {list(found.array.shape)} but {MANIFEST} records shape {list(entry.shape)}",
-                          path=directory / next(iter(entry.files)))
+        raise ConfigError(
+            f"its pixels are {list(found.array.shape)} but {MANIFEST} records shape {list(entry.shape)}",
+            path=directory / next(iter(entry.files)),
+        )
     return found
 
 
@@ -239,6 +283,8 @@ def load_reference(directory: str | Path, case_id: str) -> np.ndarray:
     """The verified reference for ``case_id``: ``HxWx3`` uint8 for an image, ``TxHxWx3`` for a video."""
     found = find_reference(directory, case_id)
     if found is None:
-        raise ConfigError(f"no reference for case {case_id!r} in {MANIFEST}: run `parity bless {case_id}`",
-                          path=Path(directory) / MANIFEST)
+        raise ConfigError(
+            f"no reference for case {case_id!r} in {MANIFEST}: run `parity bless {case_id}`",
+            path=Path(directory) / MANIFEST,
+        )
     return found.array

@@ -55,15 +55,26 @@ STEPS = "denoise_step_ms"
 DISPERSION = "dispersion"
 #: The profile an A/B verdict reads (how much slower HEAD may be than BASE); built in where a file has none.
 AB_PROFILE = "ab"
-DEFAULT_AB_TOLERANCES = Tolerances(e2e=0.05, denoise_stage=0.05, non_denoise_stage=0.25, denoise_step=0.15,
-                                   denoise_agg=0.05, abs_floor_ms=0.5, wall=0.10)
+DEFAULT_AB_TOLERANCES = Tolerances(
+    e2e=0.05,
+    denoise_stage=0.05,
+    non_denoise_stage=0.25,
+    denoise_step=0.15,
+    denoise_agg=0.05,
+    abs_floor_ms=0.5,
+    wall=0.10,
+)
 
 #: sglang's keys (its perf_baselines.json and BaselineConfig of 2026) that parity keeps and writes back, not reads:
 #: sglang gates load time and peak VRAM, which parity's pipelines do not measure.
 UPSTREAM_TOP_KEYS: tuple[str, ...] = ("improvement_reporting", "sampling")
 UPSTREAM_PROFILE_KEYS: tuple[str, ...] = ("load", "load_peak_vram", "runtime_peak_vram")
-UPSTREAM_SCENARIO_KEYS: tuple[str, ...] = ("estimated_full_test_time_s", "expected_load_ms", "load_peak_vram_mb",
-                                           "runtime_peak_vram_mb")
+UPSTREAM_SCENARIO_KEYS: tuple[str, ...] = (
+    "estimated_full_test_time_s",
+    "expected_load_ms",
+    "load_peak_vram_mb",
+    "runtime_peak_vram_mb",
+)
 PER_FRAME = "per_frame_generation"  # in stages_ms: sglang's per-frame time of a video (a number or null), not a stage
 _TOP_KEYS = ("metadata", "tolerances", "scenarios")
 _SCENARIO_KEYS = (E2E, AVG, MEDIAN, STAGES, STEPS, DISPERSION)
@@ -130,14 +141,16 @@ def validate_scenario(scenario: Any, path: str | Path, key: str) -> dict[str, An
                 continue
             if group == STEPS and not (name.isascii() and name.isdigit() and len(name) <= _MAX_STEP_DIGITS):
                 raise ConfigError(
-                    f"step keys are string indices like \"0\", got {name[:40]!r}", path=path, key=join_key(key, group)
+                    f'step keys are string indices like "0", got {name[:40]!r}', path=path, key=join_key(key, group)
                 )
             expect_number(ms, path, join_key(join_key(key, group), name), lo=0.0, hi=MAX_MS)
     for label, spread in expect_object(scenario.get(DISPERSION, {}), path, join_key(key, DISPERSION)).items():
         try:
             tolerance_category(label)
         except KeyError:
-            raise ConfigError(f"not a perf value label: {label[:60]!r}", path=path, key=join_key(key, DISPERSION)) from None
+            raise ConfigError(
+                f"not a perf value label: {label[:60]!r}", path=path, key=join_key(key, DISPERSION)
+            ) from None
         expect_number(spread, path, join_key(join_key(key, DISPERSION), label), lo=0.0, hi=MAX_TOLERANCE)
     return scenario
 
@@ -221,11 +234,18 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
         expect_known_key(profile, (*PROFILES, AB_PROFILE), (), path, profile_key)
         values = expect_object(values, path, profile_key)
         for name in values:
-            expect_known_key(name, (*TOLERANCE_KEYS, *OPTIONAL_KEYS), UPSTREAM_PROFILE_KEYS, path, join_key(profile_key, name))
+            expect_known_key(
+                name, (*TOLERANCE_KEYS, *OPTIONAL_KEYS), UPSTREAM_PROFILE_KEYS, path, join_key(profile_key, name)
+            )
         for name in (*TOLERANCE_KEYS, *OPTIONAL_KEYS, *UPSTREAM_PROFILE_KEYS):
             if name in values:
-                expect_number(values[name], path, join_key(profile_key, name), lo=0.0,
-                              hi=MAX_MS if name == ABS_FLOOR else MAX_TOLERANCE)
+                expect_number(
+                    values[name],
+                    path,
+                    join_key(profile_key, name),
+                    lo=0.0,
+                    hi=MAX_MS if name == ABS_FLOOR else MAX_TOLERANCE,
+                )
     if "platform" in metadata:
         expect_str(metadata["platform"], path, "metadata.platform")
     scenarios = expect_object(doc.get("scenarios", {}), path, "scenarios")

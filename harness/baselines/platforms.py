@@ -97,10 +97,19 @@ def machine_record() -> dict[str, Any]:
 
     from reference_impl.platform import current_platform as p
 
-    record: dict[str, Any] = {"kind": p.kind, "label": p.label(), "simulated": p.simulated, "gcn_arch": p.gcn_arch,
-                              "device_name": p.device_name}
-    record.update(torch=torch.__version__, torch_cuda=torch.version.cuda, torch_hip=getattr(torch.version, "hip", None),
-                  python=py.python_version())
+    record: dict[str, Any] = {
+        "kind": p.kind,
+        "label": p.label(),
+        "simulated": p.simulated,
+        "gcn_arch": p.gcn_arch,
+        "device_name": p.device_name,
+    }
+    record.update(
+        torch=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        torch_hip=getattr(torch.version, "hip", None),
+        python=py.python_version(),
+    )
     record["driver"] = _driver_version() if torch.cuda.is_available() else None
     return record
 
@@ -108,7 +117,10 @@ def machine_record() -> dict[str, Any]:
 def _driver_version() -> str | None:
     import subprocess
 
-    for cmd in (["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], ["rocm-smi", "--showdriverversion"]):
+    for cmd in (
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        ["rocm-smi", "--showdriverversion"],
+    ):
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout.strip()
         except (OSError, subprocess.SubprocessError):

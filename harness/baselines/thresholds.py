@@ -50,11 +50,16 @@ HIGHER_IS_BETTER: frozenset[str] = frozenset({"clip", "ssim", "psnr"})
 def meets(metric: str, value: float, bound: float) -> bool:
     """Whether ``value`` is on the right side of ``bound`` (``>=`` for clip/ssim/psnr, ``<=`` for mean_abs_diff)."""
     return value >= bound if metric in HIGHER_IS_BETTER else value <= bound
+
+
 #: The values a measured metric can take: a cosine and SSIM in [-1, 1]; PSNR in dB from 0 (the
 #: worst an 8-bit image can be) upwards, ``inf`` for identical images, finite values far below
 #: 1000 dB (one level off in a 10^90-pixel image); mean abs diff in 0..255 pixel levels.
 METRIC_RANGES: dict[str, tuple[float, float]] = {
-    "clip": (-1.0, 1.0), "ssim": (-1.0, 1.0), "psnr": (0.0, 1000.0), "mean_abs_diff": (0.0, 255.0),
+    "clip": (-1.0, 1.0),
+    "ssim": (-1.0, 1.0),
+    "psnr": (0.0, 1000.0),
+    "mean_abs_diff": (0.0, 255.0),
 }
 
 
@@ -64,8 +69,13 @@ def check_metric(metric: str, value: float | None, path: str | Path, key: str) -
     if value is None or (metric == "psnr" and value == math.inf):
         return value
     if not lo <= value <= hi:
-        raise ConfigError(f"{value!r} is impossible for {metric} (its values lie in [{lo:g}, {hi:g}]"
-                          + (', or "inf"' if metric == "psnr" else "") + ")", path=path, key=key)
+        raise ConfigError(
+            f"{value!r} is impossible for {metric} (its values lie in [{lo:g}, {hi:g}]"
+            + (', or "inf"' if metric == "psnr" else "")
+            + ")",
+            path=path,
+            key=key,
+        )
     return value
 
 
@@ -88,8 +98,12 @@ def _check_kind(kind: str) -> str:
 
 _DEFAULT_KEYS = {default_key(m, k): m for m in METRICS for k in KINDS}
 #: Metrics sglang's files bound that parity does not gate (sglang 0.5.23's h100.json): kept, not read.
-UPSTREAM_METRICS: tuple[str, ...] = ("audio_spectral_similarity", "audio_waveform_correlation", "audio_rms_db_diff",
-                                     "audio_duration_diff")
+UPSTREAM_METRICS: tuple[str, ...] = (
+    "audio_spectral_similarity",
+    "audio_waveform_correlation",
+    "audio_rms_db_diff",
+    "audio_duration_diff",
+)
 _UPSTREAM_DEFAULT_KEYS = tuple(f"default_{m}_threshold" for m in UPSTREAM_METRICS)
 _CASE_KEYS = tuple(case_key(m) for m in METRICS)
 _UPSTREAM_CASE_KEYS = tuple(case_key(m) for m in UPSTREAM_METRICS)
@@ -189,7 +203,8 @@ class ThresholdSet:
                 raise ConfigError(
                     f"no {metric} threshold for {kind} case {case_id!r}: add "
                     f"cases.{case_id}.{case_key(metric)} or {default_key(metric, kind)}",
-                    path=" + ".join(self.paths), key=f"cases.{case_id}.{case_key(metric)}",
+                    path=" + ".join(self.paths),
+                    key=f"cases.{case_id}.{case_key(metric)}",
                 )
             values[metric], source[metric] = found
         return Thresholds(**values, source=source)

@@ -20,8 +20,19 @@ from dataclasses import dataclass
 from harness.baselines.named import NamedValues
 from harness.errors import ConfigError
 
-__all__ = ["TOLERANCE_KEYS", "ABS_FLOOR", "WALL", "OPTIONAL_KEYS", "ENV_PREFIX", "MAX_TOLERANCE", "MAX_MS", "Tolerances",
-           "env_tolerance", "check_env_tolerances", "with_env_overrides"]
+__all__ = [
+    "TOLERANCE_KEYS",
+    "ABS_FLOOR",
+    "WALL",
+    "OPTIONAL_KEYS",
+    "ENV_PREFIX",
+    "MAX_TOLERANCE",
+    "MAX_MS",
+    "Tolerances",
+    "env_tolerance",
+    "check_env_tolerances",
+    "with_env_overrides",
+]
 
 TOLERANCE_KEYS: tuple[str, ...] = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
 WALL = "wall"
@@ -74,7 +85,9 @@ def env_tolerance(key: str, env: Mapping[str, str] | None = None) -> float | Non
 
 def with_env_overrides(tolerances: Tolerances, env: Mapping[str, str] | None = None) -> Tolerances:
     """``tolerances`` with every ``PARITY_PERF_TOL_*`` variable that is set in place of its value."""
-    overrides = {key: value for key in (*TOLERANCE_KEYS, *OPTIONAL_KEYS) if (value := env_tolerance(key, env)) is not None}
+    overrides = {
+        key: value for key in (*TOLERANCE_KEYS, *OPTIONAL_KEYS) if (value := env_tolerance(key, env)) is not None
+    }
     return dataclasses.replace(tolerances, **overrides)
 
 

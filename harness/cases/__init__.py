@@ -7,6 +7,13 @@ from harness.cases.contract import CaseSelection, load_case_file, load_cases, pl
 from harness.cases.image import ImageCase, load_image_case_file, load_image_cases, select_image_cases
 
 __all__ = [
-    "CaseSelection", "ImageCase", "load_case_file", "load_cases", "load_image_case_file", "load_image_cases",
-    "platform_of_device", "select_cases", "select_image_cases",
+    "CaseSelection",
+    "ImageCase",
+    "load_case_file",
+    "load_cases",
+    "load_image_case_file",
+    "load_image_cases",
+    "platform_of_device",
+    "select_cases",
+    "select_image_cases",
 ]

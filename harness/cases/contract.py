@@ -38,11 +38,17 @@ def load_case_file(path: str | Path) -> list[Case]:
     for case_id, body in cases_table.items():
         cases.extend(_expand(path, case_id, body, defaults))
         if len(cases) > MAX_FILE_CASES:
-            raise ConfigError(f"the file expands to more than {MAX_FILE_CASES} cases", path=path, key=f"cases.{case_id}")
+            raise ConfigError(
+                f"the file expands to more than {MAX_FILE_CASES} cases", path=path, key=f"cases.{case_id}"
+            )
     used = {key for case in cases for key in case.raw}
     for key in defaults:
         if key not in used:
-            raise ConfigError("applies to no case of this file (no contract here has that parameter)", path=path, key=f"defaults.{key}")
+            raise ConfigError(
+                "applies to no case of this file (no contract here has that parameter)",
+                path=path,
+                key=f"defaults.{key}",
+            )
     return cases
 
 
@@ -62,24 +68,36 @@ def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) ->
         raise ConfigError(f"case '{case_id}': matrix must be a table of lists", path=path, key=f"{where}.matrix")
     for key, values in matrix.items():
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"case '{case_id}': matrix values must be a non-empty list", path=path, key=f"{where}.matrix.{key}")
+            raise ConfigError(
+                f"case '{case_id}': matrix values must be a non-empty list", path=path, key=f"{where}.matrix.{key}"
+            )
         if key in body:
-            raise ConfigError(f"case '{case_id}': '{key}' is both a parameter and a matrix axis", path=path, key=f"{where}.{key}")
+            raise ConfigError(
+                f"case '{case_id}': '{key}' is both a parameter and a matrix axis", path=path, key=f"{where}.{key}"
+            )
     size = math.prod(len(values) for values in matrix.values())
     if size > MAX_MATRIX_CASES:
-        raise ConfigError(f"case '{case_id}': the matrix expands to {size} cases; at most {MAX_MATRIX_CASES} per case table",
-                          path=path, key=f"{where}.matrix")
+        raise ConfigError(
+            f"case '{case_id}': the matrix expands to {size} cases; at most {MAX_MATRIX_CASES} per case table",
+            path=path,
+            key=f"{where}.matrix",
+        )
     contract = contract_of(path, case_id, contract_id)
     # A default applies where the contract has that parameter (a file may mix contracts).
     declared = {p.name for p in contract.params}
-    params = {**{k: v for k, v in defaults.items() if k in declared}, **{k: v for k, v in body.items() if k not in _CASE_META}}
+    params = {
+        **{k: v for k, v in defaults.items() if k in declared},
+        **{k: v for k, v in body.items() if k not in _CASE_META},
+    }
     combos = [dict(zip(matrix, values)) for values in itertools.product(*matrix.values())] if matrix else [{}]
     cases = []
     for combo in combos:
         cid = case_id + ("[" + ",".join(f"{k}={_show(v)}" for k, v in combo.items()) + "]" if combo else "")
         raw = {**params, **combo}
         inherited = set(params) - set(body) - set(combo)
-        cases.append(make_case(contract_id, raw, case_id=cid, source=str(path), description=description, inherited=inherited))
+        cases.append(
+            make_case(contract_id, raw, case_id=cid, source=str(path), description=description, inherited=inherited)
+        )
     return cases
 
 
@@ -137,7 +155,9 @@ def _matches(case: Case, pattern: str) -> bool:
     if pattern in (case.id, case.contract_id, case.id.split("[", 1)[0]):
         return True
     glob = case_glob(pattern)
-    return any(ch in pattern for ch in "*?") and (glob.fullmatch(case.id) is not None or glob.fullmatch(case.contract_id) is not None)
+    return any(ch in pattern for ch in "*?") and (
+        glob.fullmatch(case.id) is not None or glob.fullmatch(case.contract_id) is not None
+    )
 
 
 def select_cases(cases: Sequence[Case], selection: CaseSelection) -> list[Case]:

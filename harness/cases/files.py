@@ -21,8 +21,9 @@ def read_case_tables(path: Path, what: str) -> tuple[dict[str, Any], dict[str, A
     data = read_toml(path)
     unknown = set(data) - {"defaults", "cases"}
     if unknown:
-        raise ConfigError(f"unknown top-level table; {what} file holds [defaults] and [cases.<id>]", path=path,
-                          key=sorted(unknown)[0])
+        raise ConfigError(
+            f"unknown top-level table; {what} file holds [defaults] and [cases.<id>]", path=path, key=sorted(unknown)[0]
+        )
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
         raise ConfigError("must be a table", path=path, key="defaults")
@@ -51,7 +52,9 @@ def load_case_directory(directory: Path, load_file: Callable[[Path], Sequence[C]
     for file in files:
         for case in load_file(file):
             if case.id in seen:
-                raise ConfigError(f"case '{case.id}' is also defined in {seen[case.id]}", path=file, key=f"cases.{case.id}")
+                raise ConfigError(
+                    f"case '{case.id}' is also defined in {seen[case.id]}", path=file, key=f"cases.{case.id}"
+                )
             seen[case.id] = str(file)
             cases.append(case)
     return cases
@@ -61,4 +64,3 @@ def case_glob(pattern: str) -> re.Pattern[str]:
     """A case-id pattern: ``*`` and ``?`` as wildcards; brackets stay literal, since matrix case ids contain
     them (``masked_ring[*]`` means every matrix case of ``masked_ring``), in overlays and on the command line alike."""
     return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
-

@@ -52,7 +52,9 @@ class ImageCase(CaseOrigin):
     target: str = "reference"
     target_args: TargetArgs = ()
     unmeasured: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    identity: dict[str, Any] | None = None  # what its reference is pinned to (PipelineTarget.identity); None: the fields
+    identity: dict[str, Any] | None = (
+        None  # what its reference is pinned to (PipelineTarget.identity); None: the fields
+    )
 
     @property
     def pinned(self) -> dict[str, Any]:
@@ -69,7 +71,9 @@ class ImageCase(CaseOrigin):
         return dataclasses.replace(self, world_size=1, ulysses_degree=1, ring_degree=1)
 
 
-def load_image_case_file(path: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()) -> list[ImageCase]:
+def load_image_case_file(
+    path: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()
+) -> list[ImageCase]:
     """The cases of one file; ``pipeline`` (with ``pipeline_args``) runs the cases that name no ``target``."""
     path = Path(path)
     defaults, table = read_case_tables(path, "an image case")
@@ -79,8 +83,9 @@ def load_image_case_file(path: str | Path, pipeline: str = "reference", pipeline
     return [_make_case(path, case_id, body, defaults, (pipeline, pipeline_args)) for case_id, body in table.items()]
 
 
-def _case_target(path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any],
-                 default: tuple[str, TargetArgs]) -> tuple[str, TargetArgs, str]:
+def _case_target(
+    path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any], default: tuple[str, TargetArgs]
+) -> tuple[str, TargetArgs, str]:
     """The case's target spec and factory args (its own ``target``, the file's, or the run's default)
     and the key that chose it (for errors)."""
     if TARGET_KEY in body:
@@ -90,8 +95,11 @@ def _case_target(path: Path, case_id: str, body: Mapping[str, Any], defaults: Ma
     else:
         return default[0], default[1], "--pipeline-target"
     if not isinstance(spec, str) or not spec:
-        raise ConfigError(f"case '{case_id}': target must be a pipeline target name or 'module:factory', got {spec!r}",
-                          path=path, key=where)
+        raise ConfigError(
+            f"case '{case_id}': target must be a pipeline target name or 'module:factory', got {spec!r}",
+            path=path,
+            key=where,
+        )
     return spec, default[1] if spec == default[0] else (), where
 
 
@@ -103,11 +111,14 @@ def _load_target(path: Path, case_id: str, spec: str, args: TargetArgs, where: s
         if exc.key != "target":
             raise  # a factory argument's error names its option
         message = str(exc).removeprefix(f"key '{exc.key}': ")
-        raise ConfigError(f"case '{case_id}': {message}", path=None if where.startswith("--") else path, key=where) from None
+        raise ConfigError(
+            f"case '{case_id}': {message}", path=None if where.startswith("--") else path, key=where
+        ) from None
 
 
-def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
-               default_target: tuple[str, TargetArgs]) -> ImageCase:
+def _make_case(
+    path: Path, case_id: str, body: Any, defaults: Mapping[str, Any], default_target: tuple[str, TargetArgs]
+) -> ImageCase:
     where = f"cases.{case_id}"
     if not isinstance(body, dict):
         raise ConfigError(f"case '{case_id}' must be a table", path=path, key=where)
@@ -116,19 +127,28 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
     def meta_int(key: str, default: int) -> int:
         value = body.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORLD_SIZE:
-            raise ConfigError(f"case '{case_id}': must be a positive integer <= {MAX_WORLD_SIZE}, got {value!r}", path=path,
-                              key=f"{where}.{key}")
+            raise ConfigError(
+                f"case '{case_id}': must be a positive integer <= {MAX_WORLD_SIZE}, got {value!r}",
+                path=path,
+                key=f"{where}.{key}",
+            )
         return value
 
     world = meta_int("world_size", 1)
     ring = meta_int("ring_degree", 1)
     ulysses = meta_int("ulysses_degree", world // ring if world % ring == 0 else world)
     if ulysses * ring != world:
-        raise ConfigError(f"case '{case_id}': ulysses_degree ({ulysses}) × ring_degree ({ring}) must equal world_size ({world})",
-                          path=path, key=f"{where}.ulysses_degree")
+        raise ConfigError(
+            f"case '{case_id}': ulysses_degree ({ulysses}) × ring_degree ({ring}) must equal world_size ({world})",
+            path=path,
+            key=f"{where}.ulysses_degree",
+        )
     if ring != 1:
-        raise ConfigError(f"case '{case_id}': the pipeline's DiTs shard image tokens over Ulysses only (ring_degree must be 1)",
-                          path=path, key=f"{where}.ring_degree")
+        raise ConfigError(
+            f"case '{case_id}': the pipeline's DiTs shard image tokens over Ulysses only (ring_degree must be 1)",
+            path=path,
+            key=f"{where}.ring_degree",
+        )
     description = body.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
@@ -140,12 +160,28 @@ def _make_case(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any],
         kind = pipeline.check_case(fields, world)
     except ParamError as exc:
         note = " (value from [defaults])" if exc.key in defaults and exc.key not in body else ""
-        raise ConfigError(f"case '{case_id}': {exc}{note}", path=path, key=f"{where}.{exc.key}" if exc.key else where) from None
+        raise ConfigError(
+            f"case '{case_id}': {exc}{note}", path=path, key=f"{where}.{exc.key}" if exc.key else where
+        ) from None
     declared = body.get("kind", kind)
     if declared not in KINDS or declared != kind:
-        raise ConfigError(f"case '{case_id}': kind {declared!r} but the case makes it {kind!r}", path=path, key=f"{where}.kind")
-    return ImageCase(case_id, kind, world, ulysses, ring, fields, target, target_args, unmeasured,
-                     pipeline.identity(fields), source=str(path), description=description)
+        raise ConfigError(
+            f"case '{case_id}': kind {declared!r} but the case makes it {kind!r}", path=path, key=f"{where}.kind"
+        )
+    return ImageCase(
+        case_id,
+        kind,
+        world,
+        ulysses,
+        ring,
+        fields,
+        target,
+        target_args,
+        unmeasured,
+        pipeline.identity(fields),
+        source=str(path),
+        description=description,
+    )
 
 
 def _unmeasured(path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, str]:
@@ -153,15 +189,20 @@ def _unmeasured(path: Path, case_id: str, body: Mapping[str, Any], defaults: Map
     where = f"cases.{case_id}.{UNMEASURED_KEY}" if UNMEASURED_KEY in body else f"defaults.{UNMEASURED_KEY}"
     pins = body.get(UNMEASURED_KEY, defaults.get(UNMEASURED_KEY, {}))
     if not isinstance(pins, dict):
-        raise ConfigError(f"case '{case_id}': a table of metric = \"words of its skip reason\", got {pins!r}", path=path,
-                          key=where)
+        raise ConfigError(
+            f"case '{case_id}': a table of metric = \"words of its skip reason\", got {pins!r}", path=path, key=where
+        )
     for metric, words in pins.items():
         if metric not in METRICS:
-            raise ConfigError(f"case '{case_id}': not a metric (known: {', '.join(METRICS)})", path=path,
-                              key=f"{where}.{metric}")
+            raise ConfigError(
+                f"case '{case_id}': not a metric (known: {', '.join(METRICS)})", path=path, key=f"{where}.{metric}"
+            )
         if not isinstance(words, str) or not words.strip():
-            raise ConfigError(f"case '{case_id}': the words the skip reason holds, as a non-empty string, got {words!r}",
-                              path=path, key=f"{where}.{metric}")
+            raise ConfigError(
+                f"case '{case_id}': the words the skip reason holds, as a non-empty string, got {words!r}",
+                path=path,
+                key=f"{where}.{metric}",
+            )
     return dict(pins)
 
 
@@ -173,11 +214,15 @@ def check_case_on(case: ImageCase, spec: str, args: TargetArgs, option: str) -> 
     try:
         kind = pipeline.check_case(case.fields, case.world_size)
     except ParamError as exc:
-        raise ConfigError(f"case '{case.id}' on {option} {spec!r}: {exc}", path=case.source,
-                          key=f"{where}.{exc.key}" if exc.key else where) from None
+        raise ConfigError(
+            f"case '{case.id}' on {option} {spec!r}: {exc}",
+            path=case.source,
+            key=f"{where}.{exc.key}" if exc.key else where,
+        ) from None
     if kind != case.kind:
-        raise ConfigError(f"case '{case.id}' is {case.kind!r} but {option} {spec!r} makes it {kind!r}", path=case.source,
-                          key=where)
+        raise ConfigError(
+            f"case '{case.id}' is {case.kind!r} but {option} {spec!r} makes it {kind!r}", path=case.source, key=where
+        )
 
 
 def image_case_dir(cases_root: str | Path) -> Path:
@@ -189,10 +234,13 @@ def is_image_only(cases_root: str | Path) -> bool:
     return image_case_dir(cases_root).is_dir() and not (Path(cases_root) / "contracts").is_dir()
 
 
-def load_image_cases(cases_root: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()) -> list[ImageCase]:
+def load_image_cases(
+    cases_root: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()
+) -> list[ImageCase]:
     """Every case of every ``<cases_root>/images/*.toml``; ids must be unique across files."""
-    cases = load_case_directory(image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline, pipeline_args),
-                                "image case")
+    cases = load_case_directory(
+        image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline, pipeline_args), "image case"
+    )
     check_pipeline_args_used(cases, pipeline, pipeline_args)
     return cases
 
@@ -204,9 +252,11 @@ def check_pipeline_args_used(cases: Sequence[ImageCase], pipeline: str, pipeline
         return
     named = sorted({c.target for c in cases})
     why = f"each names its own target ({', '.join(named)})" if named else "there are none"
-    raise ConfigError(f"no image case runs on --pipeline-target {pipeline!r}: {why}, so {', '.join(k for k, _ in pipeline_args)} "
-                      "would be ignored; set them as case fields, or pass --pipeline-target for those cases",
-                      key="--pipeline-target-arg")
+    raise ConfigError(
+        f"no image case runs on --pipeline-target {pipeline!r}: {why}, so {', '.join(k for k, _ in pipeline_args)} "
+        "would be ignored; set them as case fields, or pass --pipeline-target for those cases",
+        key="--pipeline-target-arg",
+    )
 
 
 def select_image_cases(cases: Sequence[ImageCase], ids: Sequence[str]) -> list[ImageCase]:

@@ -77,7 +77,9 @@ def apply_platform_overlay(cases: list[Case], path: Path) -> list[Case]:
     data = read_toml(path)
     unknown = set(data) - {"overrides"}
     if unknown:
-        raise ConfigError('a platform overlay holds only [overrides."<case glob>"] tables', path=path, key=sorted(unknown)[0])
+        raise ConfigError(
+            'a platform overlay holds only [overrides."<case glob>"] tables', path=path, key=sorted(unknown)[0]
+        )
     cases = list(cases)
     for pattern, values in _tables(data, "overrides", path).items():
         if not values:
@@ -96,11 +98,15 @@ def installed_version(distribution: str) -> Version | None:
 def _applies(entry: Mapping[str, Any], version: Version | None, platform: str | None, path: Path, key: str) -> bool:
     because = entry.get("because")
     if not isinstance(because, str) or not because.strip():
-        raise ConfigError("every entry needs 'because': the upstream fact that justifies it", path=path, key=f"{key}.because")
+        raise ConfigError(
+            "every entry needs 'because': the upstream fact that justifies it", path=path, key=f"{key}.because"
+        )
     platforms = entry.get("platforms")
     if platforms is not None:
         if not isinstance(platforms, list) or not platforms or any(p not in PLATFORM_KINDS for p in platforms):
-            raise ConfigError(f"must be a non-empty list of {', '.join(PLATFORM_KINDS)}", path=path, key=f"{key}.platforms")
+            raise ConfigError(
+                f"must be a non-empty list of {', '.join(PLATFORM_KINDS)}", path=path, key=f"{key}.platforms"
+            )
     versions = entry.get("versions")
     if versions is None:
         return platforms is None or platform in platforms
@@ -109,14 +115,17 @@ def _applies(entry: Mapping[str, Any], version: Version | None, platform: str | 
     except InvalidSpecifier:
         spec = None
     if spec is None:
-        raise ConfigError(f"{versions!r} is not a PEP 440 version specifier (e.g. '>=0.5.20')", path=path, key=f"{key}.versions")
+        raise ConfigError(
+            f"{versions!r} is not a PEP 440 version specifier (e.g. '>=0.5.20')", path=path, key=f"{key}.versions"
+        )
     if platforms is not None and platform not in platforms:
         return False
     return version is not None and spec.contains(version, prereleases=True)
 
 
-def apply_target_overlay(cases: list[Case], path: Path, version: Version | None = None,
-                         platform: str | None = None) -> list[Case]:
+def apply_target_overlay(
+    cases: list[Case], path: Path, version: Version | None = None, platform: str | None = None
+) -> list[Case]:
     """The cases as ``path`` says they run on its target at the installed ``version`` (default: looked up)
     on ``platform`` (an entry with ``platforms`` applies only there).
 
@@ -127,15 +136,21 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
     data = read_toml(path)
     unknown = set(data) - {"target", "overrides", "expected_failures", "expected_skips"}
     if unknown:
-        raise ConfigError("a target overlay holds [target], [overrides.*], [expected_failures.*] and [expected_skips.*]",
-                          path=path, key=sorted(unknown)[0])
+        raise ConfigError(
+            "a target overlay holds [target], [overrides.*], [expected_failures.*] and [expected_skips.*]",
+            path=path,
+            key=sorted(unknown)[0],
+        )
     target = data.get("target", {})
     distribution = target.get("distribution") if isinstance(target, dict) else None
     if not isinstance(target, dict) or not isinstance(distribution, (str, type(None))):
-        raise ConfigError("must be a table with distribution = \"<installed distribution>\"", path=path, key="target")
+        raise ConfigError('must be a table with distribution = "<installed distribution>"', path=path, key="target")
     if distribution is None and _uses_versions(data, path):
-        raise ConfigError("entries with 'versions' need [target] distribution = \"<installed distribution>\"", path=path,
-                          key="target.distribution")
+        raise ConfigError(
+            "entries with 'versions' need [target] distribution = \"<installed distribution>\"",
+            path=path,
+            key="target.distribution",
+        )
     version = version if version is not None else installed_version(distribution) if distribution else None
     cases = list(cases)
     for pattern, key, entry in _entries(data, "overrides", path):
@@ -149,7 +164,9 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
         hits = _hits(cases, pattern, path, key)
         extra = sorted(set(entry) - set(_META))
         if extra:
-            raise ConfigError(f"unknown key; an expected failure has only {', '.join(_META)}", path=path, key=f"{key}.{extra[0]}")
+            raise ConfigError(
+                f"unknown key; an expected failure has only {', '.join(_META)}", path=path, key=f"{key}.{extra[0]}"
+            )
         if _applies(entry, version, platform, path, key):
             for i in hits:
                 because = f"{entry['because']} ({distribution} {version}; {path.name}: {key})"
@@ -164,14 +181,19 @@ def apply_target_overlay(cases: list[Case], path: Path, version: Version | None 
 
 
 def _uses_versions(data: Mapping[str, Any], path: Path) -> bool:
-    return any("versions" in entry for section in ("overrides", "expected_failures", "expected_skips")
-               for _, _, entry in _entries(data, section, path))
+    return any(
+        "versions" in entry
+        for section in ("overrides", "expected_failures", "expected_skips")
+        for _, _, entry in _entries(data, section, path)
+    )
 
 
 def _expected_skip(entry: Mapping[str, Any], path: Path, key: str) -> ExpectedSkip:
     extra = sorted(set(entry) - set(_SKIP_KEYS))
     if extra:
-        raise ConfigError(f"unknown key; an expected skip has only {', '.join(_SKIP_KEYS)}", path=path, key=f"{key}.{extra[0]}")
+        raise ConfigError(
+            f"unknown key; an expected skip has only {', '.join(_SKIP_KEYS)}", path=path, key=f"{key}.{extra[0]}"
+        )
     for name in ("reason", "when_missing"):
         if name in entry and (not isinstance(entry[name], str) or not entry[name].strip()):
             raise ConfigError("must be a non-empty string", path=path, key=f"{key}.{name}")

@@ -30,6 +30,7 @@ def seconds(text: str) -> float:
 
 def count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """argparse type of a count: an integer >= ``minimum`` (and <= ``maximum``)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -46,7 +47,9 @@ def count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
 world_size = count(1, MAX_WORLD_SIZE)  # argparse type of a world size
 
 
-def check_backends(options: RunOptions, backends: Sequence[tuple[str | None, str | None]], flags: Mapping[str, str]) -> None:
+def check_backends(
+    options: RunOptions, backends: Sequence[tuple[str | None, str | None]], flags: Mapping[str, str]
+) -> None:
     """Backend names (with a pinned SDPA kernel) from the command line, judged by the target before
     any work; ``flags`` names the option of each ParamError key (``backend`` -> ``--backend``)."""
     target = options.load()
@@ -59,14 +62,23 @@ def check_backends(options: RunOptions, backends: Sequence[tuple[str | None, str
 
 def add_cases(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--cases", type=Path, default=None, metavar="DIR",
+        "--cases",
+        type=Path,
+        default=None,
+        metavar="DIR",
         help="cases root (contracts/ and images/ hold the case files) or a directory of *.toml contract case "
         f"files (default: {FROM_PROJECT} {default_cases_dir()})",
     )
 
 
 def add_baselines(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baselines", type=Path, default=None, metavar="DIR", help=f"baselines directory (default: {FROM_PROJECT} {default_baselines_dir()})")
+    parser.add_argument(
+        "--baselines",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"baselines directory (default: {FROM_PROJECT} {default_baselines_dir()})",
+    )
 
 
 def json_target(text: str) -> Path | str:
@@ -75,14 +87,20 @@ def json_target(text: str) -> Path | str:
         return text
     if not text.endswith(".json"):
         raise argparse.ArgumentTypeError(
-            f"expected FILE.json, or - for stdout; got {text!r} (to select cases, name them before the options)")
+            f"expected FILE.json, or - for stdout; got {text!r} (to select cases, name them before the options)"
+        )
     return Path(text)
 
 
 def add_json(parser: argparse.ArgumentParser, what: str) -> None:
     """The one ``--json FILE`` of every verb."""
-    parser.add_argument("--json", type=json_target, default=None, metavar="FILE",
-                        help=f"write {what} as JSON to FILE (- for stdout; tables then go to stderr)")
+    parser.add_argument(
+        "--json",
+        type=json_target,
+        default=None,
+        metavar="FILE",
+        help=f"write {what} as JSON to FILE (- for stdout; tables then go to stderr)",
+    )
 
 
 def add_outputs(parser: argparse.ArgumentParser) -> None:
@@ -93,37 +111,74 @@ def add_outputs(parser: argparse.ArgumentParser) -> None:
 def add_tables(parser: argparse.ArgumentParser) -> None:
     """``-q`` / ``--failures-only``: how much of the result tables to print (the summaries and the verdict always are)."""
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("-q", "--quiet", dest="tables", action="store_const", const="none", default="all",
-                       help="no result tables: the summary lines and the verdict with each failing case only")
-    group.add_argument("--failures-only", dest="tables", action="store_const", const="failures",
-                       help="result tables with the failing and undecided cases only")
+    group.add_argument(
+        "-q",
+        "--quiet",
+        dest="tables",
+        action="store_const",
+        const="none",
+        default="all",
+        help="no result tables: the summary lines and the verdict with each failing case only",
+    )
+    group.add_argument(
+        "--failures-only",
+        dest="tables",
+        action="store_const",
+        const="failures",
+        help="result tables with the failing and undecided cases only",
+    )
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help=f"device of the ranks (default: {FROM_PROJECT} cpu)")
+    parser.add_argument(
+        "--device", default=None, choices=("cpu", "cuda"), help=f"device of the ranks (default: {FROM_PROJECT} cpu)"
+    )
 
 
 def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--target", default=None, metavar="T",
+        "--target",
+        default=None,
+        metavar="T",
         help=f"implementation under test: {', '.join(BUILTIN_TARGETS)}, or module:factory (default: {FROM_PROJECT} reference)",
     )
-    parser.add_argument("--target-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="keyword argument for the target's factory (repeatable), e.g. layer=pkg.mod:Class")
+    parser.add_argument(
+        "--target-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for the target's factory (repeatable), e.g. layer=pkg.mod:Class",
+    )
     add_device(parser)
-    parser.add_argument("--timeout", type=seconds, default=None, metavar="S", help="per-case timeout in seconds, > 0 (default: the contract's)")
-    parser.add_argument("--allow-new-skips", action="store_true",
-                        help="a skip the target's overlay does not pin stays a skip instead of failing its case (an exploratory run)")
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=None,
+        metavar="S",
+        help="per-case timeout in seconds, > 0 (default: the contract's)",
+    )
+    parser.add_argument(
+        "--allow-new-skips",
+        action="store_true",
+        help="a skip the target's overlay does not pin stays a skip instead of failing its case (an exploratory run)",
+    )
 
 
 def add_pipeline_target(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
-        "--pipeline-target", default=None, metavar="P",
+        "--pipeline-target",
+        default=None,
+        metavar="P",
         help=f"pipeline {what} for image cases that name no `target`: {', '.join(BUILTIN_PIPELINES)}, "
         f"or module:factory (default: {FROM_PROJECT} reference)",
     )
-    parser.add_argument("--pipeline-target-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="keyword argument for the pipeline target's factory (repeatable), e.g. path=DIR for diffusers")
+    parser.add_argument(
+        "--pipeline-target-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for the pipeline target's factory (repeatable), e.g. path=DIR for diffusers",
+    )
 
 
 def fraction(text: str) -> float:
@@ -143,16 +198,40 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
     from harness.perf.ab import Sampling
 
     d = Sampling()
-    group.add_argument(f"--{prefix}warmup", type=count(0), default=d.warmup, metavar="N",
-                       help=f"untimed warm-up runs per side and case (default {d.warmup})")
-    group.add_argument(f"--{prefix}min-pairs", type=count(1), default=d.min_pairs, metavar="N",
-                       help=f"A/B: BASE+HEAD pairs before the first verdict (default {d.min_pairs})")
-    group.add_argument(f"--{prefix}max-pairs", type=count(1), default=d.max_pairs, metavar="N",
-                       help=f"A/B: the most pairs per case; a figure still undecided then is inconclusive (default {d.max_pairs})")
-    group.add_argument(f"--{prefix}confidence", type=fraction, default=d.confidence, metavar="C",
-                       help=f"A/B: confidence of each figure's HEAD/BASE interval (default {d.confidence})")
-    group.add_argument(f"--{prefix}inconclusive", choices=INCONCLUSIVE_POLICIES, default="fail",
-                       help="A/B: an undecided case fails the run (exit 3 when nothing failed; default) or passes it")
+    group.add_argument(
+        f"--{prefix}warmup",
+        type=count(0),
+        default=d.warmup,
+        metavar="N",
+        help=f"untimed warm-up runs per side and case (default {d.warmup})",
+    )
+    group.add_argument(
+        f"--{prefix}min-pairs",
+        type=count(1),
+        default=d.min_pairs,
+        metavar="N",
+        help=f"A/B: BASE+HEAD pairs before the first verdict (default {d.min_pairs})",
+    )
+    group.add_argument(
+        f"--{prefix}max-pairs",
+        type=count(1),
+        default=d.max_pairs,
+        metavar="N",
+        help=f"A/B: the most pairs per case; a figure still undecided then is inconclusive (default {d.max_pairs})",
+    )
+    group.add_argument(
+        f"--{prefix}confidence",
+        type=fraction,
+        default=d.confidence,
+        metavar="C",
+        help=f"A/B: confidence of each figure's HEAD/BASE interval (default {d.confidence})",
+    )
+    group.add_argument(
+        f"--{prefix}inconclusive",
+        choices=INCONCLUSIVE_POLICIES,
+        default="fail",
+        help="A/B: an undecided case fails the run (exit 3 when nothing failed; default) or passes it",
+    )
 
 
 def ab_sampling(args: argparse.Namespace, prefix: str):
@@ -161,8 +240,12 @@ def ab_sampling(args: argparse.Namespace, prefix: str):
 
     dest = prefix.replace("-", "_")
     try:
-        return Sampling(getattr(args, f"{dest}warmup"), getattr(args, f"{dest}min_pairs"), getattr(args, f"{dest}max_pairs"),
-                        getattr(args, f"{dest}confidence"))
+        return Sampling(
+            getattr(args, f"{dest}warmup"),
+            getattr(args, f"{dest}min_pairs"),
+            getattr(args, f"{dest}max_pairs"),
+            getattr(args, f"{dest}confidence"),
+        )
     except ValueError as exc:
         raise ConfigError(str(exc), key=f"--{prefix}min-pairs") from None
 
@@ -227,8 +310,11 @@ def existing_baselines_dir(args: argparse.Namespace) -> Path:
     if not directory.is_dir():
         p = project(args)
         if args.baselines is None and p is None:
-            raise ConfigError("parity's own baselines are not here: run `parity init` to make a project with its own "
-                              "baselines, or set PARITY_HOME to a checkout of parity", path=directory)
+            raise ConfigError(
+                "parity's own baselines are not here: run `parity init` to make a project with its own "
+                "baselines, or set PARITY_HOME to a checkout of parity",
+                path=directory,
+            )
         raise ConfigError("no such baselines directory", path=directory, key="--baselines")
     return directory
 
@@ -239,11 +325,18 @@ def writable_baselines_dir(args: argparse.Namespace) -> Path:
     directory = existing_baselines_dir(args)
     p = project(args)
     if is_inside_package(directory):
-        raise ConfigError("these are the defaults inside the installed parity package, never written: run `parity init` "
-                          "to make a project (parity.toml) whose baselines take the writes, or set PARITY_HOME to a "
-                          "checkout of parity", path=directory, key="--baselines" if args.baselines else None)
+        raise ConfigError(
+            "these are the defaults inside the installed parity package, never written: run `parity init` "
+            "to make a project (parity.toml) whose baselines take the writes, or set PARITY_HOME to a "
+            "checkout of parity",
+            path=directory,
+            key="--baselines" if args.baselines else None,
+        )
     if p is not None and directory.resolve().is_relative_to(default_baselines_dir().resolve()):
-        raise ConfigError(f"the project file {p.file} is in use, so writes go to its baselines"
-                          f"{f' ({p.baselines})' if p.baselines else ''}, not to parity's own", path=directory,
-                          key="--baselines" if args.baselines else p.key("baselines"))
+        raise ConfigError(
+            f"the project file {p.file} is in use, so writes go to its baselines"
+            f"{f' ({p.baselines})' if p.baselines else ''}, not to parity's own",
+            path=directory,
+            key="--baselines" if args.baselines else p.key("baselines"),
+        )
     return directory

@@ -39,18 +39,28 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bless", help=HELP, description=DESCRIPTION, epilog=EPILOG,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(
+        "bless", help=HELP, description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("ids", nargs="*", metavar="CASE", help="image case ids to bless")
-    parser.add_argument("--all", action="store_true", help="every image case (with --from-results: every saved candidate)")
-    parser.add_argument("--from-results", type=Path, default=None, metavar="DIR",
-                        help="promote the candidates a gate run saved in DIR (its --report directory) instead of running")
+    parser.add_argument(
+        "--all", action="store_true", help="every image case (with --from-results: every saved candidate)"
+    )
+    parser.add_argument(
+        "--from-results",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="promote the candidates a gate run saved in DIR (its --report directory) instead of running",
+    )
     parser.add_argument("--dry-run", action="store_true", help="show the table, write nothing")
     add_cases(parser)
     add_baselines(parser)
     add_device(parser)
     add_pipeline_target(parser, "to bless from")
-    parser.add_argument("--timeout", type=seconds, default=300.0, metavar="S", help="per-case timeout in seconds (default: 300)")
+    parser.add_argument(
+        "--timeout", type=seconds, default=300.0, metavar="S", help="per-case timeout in seconds (default: 300)"
+    )
     add_json(parser, "the old -> new table")
     parser.set_defaults(run=run)
 
@@ -70,7 +80,9 @@ def _ids(args: argparse.Namespace) -> list[str]:
             example = command(["bless", "--from-results", str(args.from_results), *(failed or saved)], carried(args))
             raise ConfigError(f"name the cases to bless (`{example}`) or pass --all; nothing was written", key="CASE")
     elif not args.ids and not args.all:
-        raise ConfigError("name the image cases to bless, or pass --all to bless every one; nothing was written", key="CASE")
+        raise ConfigError(
+            "name the image cases to bless, or pass --all to bless every one; nothing was written", key="CASE"
+        )
     return list(args.ids)
 
 
@@ -78,8 +90,13 @@ def carried(args: argparse.Namespace) -> list[str]:
     """The options of this bless that a printed bless command must repeat."""
     from harness.project import carried_options
 
-    return carried_options(project(args), cases=cases_root(args), baselines=baselines_dir(args),
-                           pipeline=pipeline_target(args), device=device(args))
+    return carried_options(
+        project(args),
+        cases=cases_root(args),
+        baselines=baselines_dir(args),
+        pipeline=pipeline_target(args),
+        device=device(args),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,19 +125,31 @@ def run(args: argparse.Namespace) -> int:
             try:
                 blessings = generate_blessings(cases, pools, args.timeout)
             except PipelineFailed as exc:  # an external command failed: nothing was written
-                make_console(stderr=True).print(f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False)
+                make_console(stderr=True).print(
+                    f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False
+                )
                 return 1
     rows = changes(directory, blessings)
-    out.print(text_table(f"bless -> {directory}", CHANGE_HEADERS, (c.cells() for c in rows),
-                         no_wrap=("case", "old sha256", "new sha256")))
+    out.print(
+        text_table(
+            f"bless -> {directory}",
+            CHANGE_HEADERS,
+            (c.cells() for c in rows),
+            no_wrap=("case", "old sha256", "new sha256"),
+        )
+    )
     if args.json is not None:
-        emit_json(args.json, {"dry_run": args.dry_run, "directory": str(directory), "changes": [c.to_json() for c in rows]})
+        emit_json(
+            args.json, {"dry_run": args.dry_run, "directory": str(directory), "changes": [c.to_json() for c in rows]}
+        )
     if args.dry_run:
         out.print(f"dry run: nothing written ({len(rows)} case(s) would be blessed)")
         return 0
     write_set(directory, blessings)
     counts = {k: sum(c.kind == k for c in rows) for k in ("new", "changed", "unchanged", "repaired")}
-    out.print(f"{len(rows)} reference(s) written as one set with {directory / MANIFEST} ({counts['new']} new, "
-              f"{counts['changed']} changed, {counts['unchanged']} unchanged, {counts['repaired']} repaired) "
-              f"in {time.perf_counter() - start:.1f} s")
+    out.print(
+        f"{len(rows)} reference(s) written as one set with {directory / MANIFEST} ({counts['new']} new, "
+        f"{counts['changed']} changed, {counts['unchanged']} unchanged, {counts['repaired']} repaired) "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
     return 0

@@ -38,14 +38,22 @@ def _dtype(text: str) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     from harness.contracts.params import SDPA_KERNELS
 
-    parser = sub.add_parser("check", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(
+        "check", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("ids", nargs="*", metavar="ID", help="contracts or cases to run (default: every case)")
     add_cases(parser)
     add_target(parser)
-    parser.add_argument("--world-size", type=world_size, default=None, metavar="N", help="only the cases at this world size")
+    parser.add_argument(
+        "--world-size", type=world_size, default=None, metavar="N", help="only the cases at this world size"
+    )
     parser.add_argument("--backend", default=None, metavar="B", help="override the backend of every case")
-    parser.add_argument("--dtype", type=_dtype, default=None, metavar="D", help="override the dtype of every case (fp32, bf16, fp16)")
-    parser.add_argument("--sdpa-kernel", default=None, choices=SDPA_KERNELS, help="pin torch SDPA to one kernel in every case")
+    parser.add_argument(
+        "--dtype", type=_dtype, default=None, metavar="D", help="override the dtype of every case (fp32, bf16, fp16)"
+    )
+    parser.add_argument(
+        "--sdpa-kernel", default=None, choices=SDPA_KERNELS, help="pin torch SDPA to one kernel in every case"
+    )
     add_outputs(parser)
     add_tables(parser)
     parser.set_defaults(run=run)
@@ -62,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
     options = run_options(args)
     options.usable()
-    check_backends(options, [(args.backend, args.sdpa_kernel)], {"backend": "--backend", "sdpa_kernel": "--sdpa-kernel"})
+    check_backends(
+        options, [(args.backend, args.sdpa_kernel)], {"backend": "--backend", "sdpa_kernel": "--sdpa-kernel"}
+    )
     check_outputs((args.json, "--json"), (args.junit, "--junit"))
     selection = CaseSelection(tuple(args.ids), args.world_size, args.backend, args.dtype, args.sdpa_kernel)
     cases = select_cases(load_contract_cases(cases_root(args), options), selection)
@@ -79,9 +89,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"\n--- {r.case_id}: {r.reason}\n{r.traceback}", file=sys.stderr)
     if args.json is not None:
         used = project(args)
-        emit_json(args.json, results_document("check", environment(options.target, options.device, options.load().version(),
-                                                                   used.file if used else None),
-                                              {"contracts": stage}, stage.wall_s))
+        emit_json(
+            args.json,
+            results_document(
+                "check",
+                environment(options.target, options.device, options.load().version(), used.file if used else None),
+                {"contracts": stage},
+                stage.wall_s,
+            ),
+        )
     if args.junit:
         write_junit(args.junit, {"contracts": results})
     print_verdict(out, "check", {"contracts": results})

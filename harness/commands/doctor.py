@@ -17,7 +17,9 @@ from harness.project import Project
 from harness.report.console import make_console
 from harness.report.output import emit_json
 
-HELP = "show Python/torch versions, the platform, devices, every attention backend and target, and why one is unavailable"
+HELP = (
+    "show Python/torch versions, the platform, devices, every attention backend and target, and why one is unavailable"
+)
 _PACKAGES = ("torch", "flash-attn", "sageattention", "yunchang", "transformers", "scikit-image", "rich")
 
 
@@ -49,16 +51,25 @@ def diagnose(project: Project | None = None) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     devices = [{"type": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}]
     if cuda:
-        devices += [{"type": "cuda", "index": i, "name": torch.cuda.get_device_name(i)} for i in range(torch.cuda.device_count())]
+        devices += [
+            {"type": "cuda", "index": i, "name": torch.cuda.get_device_name(i)}
+            for i in range(torch.cuda.device_count())
+        ]
     backends = backend_report()
     device = "cuda" if cuda else "cpu"
     targets = [
-        {"name": name, "available": load_target(name).unavailable_reason(device) is None,
-         "reason": load_target(name).unavailable_reason(device), "device": device}
+        {
+            "name": name,
+            "available": load_target(name).unavailable_reason(device) is None,
+            "reason": load_target(name).unavailable_reason(device),
+            "device": device,
+        }
         for name in BUILTIN_TARGETS
     ]
-    pipelines = [{"name": name, "reason": load_pipeline_target(name).unavailable_reason(device), "device": device}
-                 for name in BUILTIN_PIPELINES]
+    pipelines = [
+        {"name": name, "reason": load_pipeline_target(name).unavailable_reason(device), "device": device}
+        for name in BUILTIN_PIPELINES
+    ]
     return {
         "python": machine["python"],
         "torch": machine["torch"],
@@ -71,13 +82,25 @@ def diagnose(project: Project | None = None) -> dict[str, Any]:
         "targets": targets,
         "pipeline_targets": [{**p, "available": p["reason"] is None} for p in pipelines],
         "packages": {p: _version(p) for p in _PACKAGES},
-        "project": None if project is None else {
-            "file": str(project.file), "cases": _text(project.cases), "baselines": _text(project.baselines),
-            "target": project.target, "target_args": dict(project.target_args), "pipeline_target": project.pipeline_target,
-            "pipeline_target_args": dict(project.pipeline_target_args), "device": project.device, "profile": project.profile},
-        "paths": {HOME_ENV: os.environ.get(HOME_ENV), "home": str(parity_home()),
-                  "cases": str((project and project.cases) or default_cases_dir()),
-                  "baselines": str((project and project.baselines) or default_baselines_dir())},
+        "project": None
+        if project is None
+        else {
+            "file": str(project.file),
+            "cases": _text(project.cases),
+            "baselines": _text(project.baselines),
+            "target": project.target,
+            "target_args": dict(project.target_args),
+            "pipeline_target": project.pipeline_target,
+            "pipeline_target_args": dict(project.pipeline_target_args),
+            "device": project.device,
+            "profile": project.profile,
+        },
+        "paths": {
+            HOME_ENV: os.environ.get(HOME_ENV),
+            "home": str(parity_home()),
+            "cases": str((project and project.cases) or default_cases_dir()),
+            "baselines": str((project and project.baselines) or default_baselines_dir()),
+        },
     }
 
 
@@ -92,23 +115,40 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = make_console()
     p = data["platform"]
-    console.print(f"python {data['python']}, torch {data['torch']} (cuda {data['torch_cuda']}, hip {data['torch_hip']})")
-    console.print(f"platform {escape(p['label'])} on {escape(p['device_name'])}" + (" [yellow](forced by PARITY_PLATFORM)[/]" if p["simulated"] else ""))
+    console.print(
+        f"python {data['python']}, torch {data['torch']} (cuda {data['torch_cuda']}, hip {data['torch_hip']})"
+    )
+    console.print(
+        f"platform {escape(p['label'])} on {escape(p['device_name'])}"
+        + (" [yellow](forced by PARITY_PLATFORM)[/]" if p["simulated"] else "")
+    )
     for d in data["devices"]:
         console.print(escape(f"device {d['type']}{':' + str(d['index']) if 'index' in d else ''} {d['name']}"))
     table = Table(title="attention backends")
     for column in ("backend", "available", "returns LSE (ring)", "reason"):
         table.add_column(column, overflow="fold")
     for b in data["backends"]:
-        table.add_row(b["name"], "[green]yes[/]" if b["available"] else "[red]no[/]", "yes" if b["returns_lse"] else "no", escape(b["reason"] or ""))
+        table.add_row(
+            b["name"],
+            "[green]yes[/]" if b["available"] else "[red]no[/]",
+            "yes" if b["returns_lse"] else "no",
+            escape(b["reason"] or ""),
+        )
     console.print(table)
     device = data["targets"][0]["device"]
     console.print(_availability(f"targets on {device}", "target", data["targets"]))
-    console.print(_availability(f"pipeline targets on {device} (at one rank)", "pipeline target", data["pipeline_targets"]))
+    console.print(
+        _availability(f"pipeline targets on {device} (at one rank)", "pipeline target", data["pipeline_targets"])
+    )
     console.print(escape("packages: " + ", ".join(f"{k} {v or '-'}" for k, v in data["packages"].items())))
     used = data["project"]
-    console.print(escape(f"project file {used['file']}" if used else
-                         "project file: none (no parity.toml or [tool.parity] from here upwards; `parity init` writes one)"))
+    console.print(
+        escape(
+            f"project file {used['file']}"
+            if used
+            else "project file: none (no parity.toml or [tool.parity] from here upwards; `parity init` writes one)"
+        )
+    )
     console.print(escape(f"cases {data['paths']['cases']}, baselines {data['paths']['baselines']}"))
     return 0
 

@@ -15,8 +15,12 @@ if a file exists already, nothing is written. Prints the next commands to run.""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("init", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dir", nargs="?", type=Path, default=Path("."), metavar="DIR", help="the project's root (default: .)")
+    parser = sub.add_parser(
+        "init", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "dir", nargs="?", type=Path, default=Path("."), metavar="DIR", help="the project's root (default: .)"
+    )
     parser.add_argument("--images-only", action="store_true", help="no contract case: a project that gates images only")
     parser.set_defaults(run=run)
 

@@ -13,9 +13,13 @@ contract cases, columns the targets with their versions. All files must be of on
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("matrix", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(
+        "matrix", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="sweep files or results files")
-    parser.add_argument("--format", choices=("markdown", "html"), default="markdown", help="output format (default: markdown)")
+    parser.add_argument(
+        "--format", choices=("markdown", "html"), default="markdown", help="output format (default: markdown)"
+    )
     parser.add_argument("--output", "-o", type=Path, default=None, metavar="FILE", help="write here instead of stdout")
     parser.set_defaults(run=run)
 

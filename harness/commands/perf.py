@@ -38,20 +38,36 @@ exit codes: 0 passed, 1 HEAD slower (a regression), 2 usage or configuration err
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("perf", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(
+        "perf", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("base", metavar="BASE", help="the pipeline target timed as the baseline side")
     parser.add_argument("head", metavar="HEAD", help="the pipeline target under test")
     parser.add_argument("ids", nargs="*", metavar="CASE", help="image cases to time (default: every image case)")
-    parser.add_argument("--base-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="keyword argument for BASE's factory (repeatable), e.g. template='...' for command")
-    parser.add_argument("--head-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="keyword argument for HEAD's factory (repeatable)")
+    parser.add_argument(
+        "--base-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for BASE's factory (repeatable), e.g. template='...' for command",
+    )
+    parser.add_argument(
+        "--head-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for HEAD's factory (repeatable)",
+    )
     add_cases(parser)
     add_baselines(parser)
     add_device(parser)
-    parser.add_argument("--timeout", type=seconds, default=None, metavar="S", help="per-run timeout in seconds (default 600)")
+    parser.add_argument(
+        "--timeout", type=seconds, default=None, metavar="S", help="per-run timeout in seconds (default 600)"
+    )
     add_ab_sampling(parser.add_argument_group("sampling"), "")
-    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="write results.json, junit.xml and index.html here")
+    parser.add_argument(
+        "--report", type=Path, default=None, metavar="DIR", help="write results.json, junit.xml and index.html here"
+    )
     add_outputs(parser)
     parser.set_defaults(run=run)
 
@@ -64,12 +80,26 @@ def run(args: argparse.Namespace) -> int:
     from harness.results import EXIT_CODES
     from harness.targets.loader import parse_target_args
 
-    perf = PerfOptions(enabled=True, base=Side(args.base, parse_target_args(args.base_arg, "--base-arg")),
-                       sampling=ab_sampling(args, ""), inconclusive=args.inconclusive, cases=tuple(args.ids),
-                       ratio_contracts=False)
-    options = GateOptions(cases_root=cases_root(args), baselines_dir=baselines_dir(args),
-                          run=RunOptions(device=device(args), timeout=args.timeout), pipeline=args.head,
-                          pipeline_args=parse_target_args(args.head_arg, "--head-arg"), report_dir=args.report,
-                          json_path=args.json, junit_path=args.junit, perf=perf, stages=("perf",), command="perf",
-                          project=project(args))
+    perf = PerfOptions(
+        enabled=True,
+        base=Side(args.base, parse_target_args(args.base_arg, "--base-arg")),
+        sampling=ab_sampling(args, ""),
+        inconclusive=args.inconclusive,
+        cases=tuple(args.ids),
+        ratio_contracts=False,
+    )
+    options = GateOptions(
+        cases_root=cases_root(args),
+        baselines_dir=baselines_dir(args),
+        run=RunOptions(device=device(args), timeout=args.timeout),
+        pipeline=args.head,
+        pipeline_args=parse_target_args(args.head_arg, "--head-arg"),
+        report_dir=args.report,
+        json_path=args.json,
+        junit_path=args.junit,
+        perf=perf,
+        stages=("perf",),
+        command="perf",
+        project=project(args),
+    )
     return EXIT_CODES[run_gate(options)["verdict"]]

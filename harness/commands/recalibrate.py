@@ -57,36 +57,70 @@ class Group:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("recalibrate", help=HELP, description=DESCRIPTION, epilog=EPILOG,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(
+        "recalibrate",
+        help=HELP,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     what = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
-    thresholds = what.add_parser("thresholds", help="clip/ssim/psnr/mean_abs_diff thresholds from the worst run",
-                                 description="Thresholds from the worst value over the runs (policy in harness/recalibrate/policy.py).")
+    thresholds = what.add_parser(
+        "thresholds",
+        help="clip/ssim/psnr/mean_abs_diff thresholds from the worst run",
+        description="Thresholds from the worst value over the runs (policy in harness/recalibrate/policy.py).",
+    )
     _common(thresholds)
-    thresholds.add_argument("--policy", type=Path, default=None, metavar="FILE",
-                            help="policy overrides, JSON or TOML (e.g. [psnr] margin = 2, cap = 35)")
+    thresholds.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="policy overrides, JSON or TOML (e.g. [psnr] margin = 2, cap = 35)",
+    )
     where = thresholds.add_mutually_exclusive_group()
-    where.add_argument("--platform", default=None, metavar="NAME", help="write the overlay platforms/NAME.json instead of the base file")
+    where.add_argument(
+        "--platform",
+        default=None,
+        metavar="NAME",
+        help="write the overlay platforms/NAME.json instead of the base file",
+    )
     where.add_argument("--per-platform", action="store_true", help="one overlay per 'platform' recorded in the results")
     thresholds.set_defaults(run=run_thresholds)
-    perf = what.add_parser("perf", help="perf baselines: median of the runs, changed only beyond tolerance/3",
-                           description="Perf baselines per machine: median of N runs, changed only when |Δ| > tolerance/3, "
-                           "4 significant figures.")
+    perf = what.add_parser(
+        "perf",
+        help="perf baselines: median of the runs, changed only beyond tolerance/3",
+        description="Perf baselines per machine: median of N runs, changed only when |Δ| > tolerance/3, "
+        "4 significant figures.",
+    )
     _common(perf)
-    perf.add_argument("--platform", default=None, metavar="NAME",
-                      help="write platforms/perf/NAME.json from all results (default: the 'platform' of each result)")
-    perf.add_argument("--profile", default=None, metavar="P",
-                      help="tolerance profile whose tolerance/3 is the margin (default: the project file's, else pr_test)")
+    perf.add_argument(
+        "--platform",
+        default=None,
+        metavar="NAME",
+        help="write platforms/perf/NAME.json from all results (default: the 'platform' of each result)",
+    )
+    perf.add_argument(
+        "--profile",
+        default=None,
+        metavar="P",
+        help="tolerance profile whose tolerance/3 is the margin (default: the project file's, else pr_test)",
+    )
     perf.set_defaults(run=run_perf)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--results", type=Path, nargs="+", required=True, metavar="FILE", help="results.json files of gate runs")
+    parser.add_argument(
+        "--results", type=Path, nargs="+", required=True, metavar="FILE", help="results.json files of gate runs"
+    )
     add_baselines(parser)
     parser.add_argument("--write", action="store_true", help="write the proposals (default: only show them)")
     parser.add_argument("--allow-loosen", action="store_true", help="allow proposals that loosen a bound")
-    parser.add_argument("--include-failed", action="store_true",
-                        help="use results of failed gate runs too (refused by default: they hold the values the gate rejected)")
+    parser.add_argument(
+        "--include-failed",
+        action="store_true",
+        help="use results of failed gate runs too (refused by default: they hold the values the gate rejected)",
+    )
 
 
 def _load(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -101,7 +135,9 @@ def _load(args: argparse.Namespace) -> list[dict[str, Any]]:
     return docs
 
 
-def _group(paths: Sequence[Path], docs: Sequence[dict[str, Any]], platform: str | None, per_platform: bool) -> list[Group]:
+def _group(
+    paths: Sequence[Path], docs: Sequence[dict[str, Any]], platform: str | None, per_platform: bool
+) -> list[Group]:
     """Sort results into the files they belong to (see the module docstring)."""
     from harness.baselines.perf import platform_matches
 
@@ -113,14 +149,18 @@ def _group(paths: Sequence[Path], docs: Sequence[dict[str, Any]], platform: str 
         for path, doc in zip(paths, docs):
             recorded = doc.get("platform")
             if recorded is not None and not platform_matches(platform, recorded):
-                raise ConfigError(f"results are from platform {recorded!r}, not {platform!r}", path=path, key="platform")
+                raise ConfigError(
+                    f"results are from platform {recorded!r}, not {platform!r}", path=path, key="platform"
+                )
         return [Group(platform, list(paths), list(docs))]
     if not per_platform:
         return [Group(None, list(paths), list(docs))]
     groups: dict[str, Group] = {}
     for path, doc in zip(paths, docs):
         if "platform" not in doc:
-            raise ConfigError("missing key 'platform' (which machine these results are from): pass --platform NAME", path=path)
+            raise ConfigError(
+                "missing key 'platform' (which machine these results are from): pass --platform NAME", path=path
+            )
         groups.setdefault(doc["platform"], Group(doc["platform"], [], [])).paths.append(path)
         groups[doc["platform"]].docs.append(doc)
     return list(groups.values())
@@ -131,8 +171,12 @@ def _check_platform(name: str, path: Path | None, key: str) -> None:
     from harness.baselines.platforms import normalize_device_name
 
     if not name or normalize_device_name(name) != name:
-        raise ConfigError(f"{name!r} is not a normalised platform name (lowercase letters, digits, '_'; "
-                          "e.g. h200, mi300x, cpu_x86_64)", path=path, key=key)
+        raise ConfigError(
+            f"{name!r} is not a normalised platform name (lowercase letters, digits, '_'; "
+            "e.g. h200, mi300x, cpu_x86_64)",
+            path=path,
+            key=key,
+        )
 
 
 def _table(header: Sequence[str], rows: Sequence[tuple[str, ...]]) -> Table:
@@ -155,8 +199,11 @@ def _report(title: str, header: Sequence[str], rows: Sequence[tuple[str, ...]], 
     out.print(f"{changed} of {len(proposals)} values change, {loosening} loosen")
 
 
-def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[Any]]],
-            write: Callable[[Path, Any, Sequence[Any]], None]) -> int:
+def _finish(
+    args: argparse.Namespace,
+    plans: Sequence[tuple[Path, Any, Sequence[Any]]],
+    write: Callable[[Path, Any, Sequence[Any]], None],
+) -> int:
     """Refuse loosening for every file before writing any; then write each file atomically."""
     from harness.recalibrate import refuse_loosening
 
@@ -164,7 +211,9 @@ def _finish(args: argparse.Namespace, plans: Sequence[tuple[Path, Any, Sequence[
     every = [p for _, _, proposals in plans for p in proposals]
     if not args.write:
         loosening = sum(p.loosens for p in every)
-        note = f"; {loosening} would loosen: --write needs --allow-loosen" if loosening and not args.allow_loosen else ""
+        note = (
+            f"; {loosening} would loosen: --write needs --allow-loosen" if loosening and not args.allow_loosen else ""
+        )
         out.print(f"dry run: nothing written (pass --write){note}")
         return 0
     refuse_loosening(every, args.allow_loosen)  # for every file at once, before any is written
@@ -232,9 +281,11 @@ def run_perf(args: argparse.Namespace) -> int:
         from harness.project import carried_options
 
         carried = carried_options(project(args), baselines=directory)
-        raise ConfigError(f"the results hold no timings (the perf stage did not run); "
-                          f"{how_to_create(str(groups[0].platform), carried, carried)}",
-                          key="--results")
+        raise ConfigError(
+            f"the results hold no timings (the perf stage did not run); "
+            f"{how_to_create(str(groups[0].platform), carried, carried)}",
+            key="--results",
+        )
     plans = []
     for group in groups:
         assert group.platform is not None  # per_platform grouping always names one
@@ -248,7 +299,9 @@ def run_perf(args: argparse.Namespace) -> int:
     if args.write:
         from harness.recalibrate import refuse_inside_noise
 
-        refuse_inside_noise(p for _, _, proposals in plans for p in proposals)  # every file at once, before any is written
+        refuse_inside_noise(
+            p for _, _, proposals in plans for p in proposals
+        )  # every file at once, before any is written
 
     def write(path: Path, plan: tuple[Any, Group], proposals: Sequence[Any]) -> None:
         from harness.recalibrate import merge_into_perf_overlay

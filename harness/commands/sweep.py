@@ -26,12 +26,24 @@ machines with `parity matrix`."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("sweep", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(
+        "sweep", help=HELP, description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_target(parser)
     parser.add_argument("--backends", nargs="+", default=None, metavar="B", help="backend columns (default: all)")
-    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16", "fp16"], metavar="D", help="dtypes (default: fp32 bf16 fp16)")
-    parser.add_argument("--world-sizes", nargs="+", type=world_size, default=None, metavar="N", help="only cases at these world sizes")
-    parser.add_argument("--contracts", nargs="+", default=None, metavar="ID", help="only these contracts (default: every contract with a backend and a dtype)")
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["fp32", "bf16", "fp16"], metavar="D", help="dtypes (default: fp32 bf16 fp16)"
+    )
+    parser.add_argument(
+        "--world-sizes", nargs="+", type=world_size, default=None, metavar="N", help="only cases at these world sizes"
+    )
+    parser.add_argument(
+        "--contracts",
+        nargs="+",
+        default=None,
+        metavar="ID",
+        help="only these contracts (default: every contract with a backend and a dtype)",
+    )
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel timings")
     add_json(parser, "the sweep (every cell, kernel times; what `parity matrix` merges)")
     add_cases(parser)
@@ -62,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc), key="--dtypes") from None
     backends = tuple(BackendColumn.parse(b) for b in args.backends or ())
-    check_backends(run, [(b.backend, b.kernel) for b in backends], {"backend": "--backends", "sdpa_kernel": "--backends"})
+    check_backends(
+        run, [(b.backend, b.kernel) for b in backends], {"backend": "--backends", "sdpa_kernel": "--backends"}
+    )
     options = SweepOptions(run, backends, dtypes, tuple(args.world_sizes or ()), not args.no_kernels)
     total = len(expand_matrix(cases, options.columns(), dtypes, options.world_sizes))
     if total == 0:

@@ -75,7 +75,9 @@ def selection_precedence(ctx: RankContext, p: Params) -> RankOutcome:
         problems.append(f"{label}: no ValueError (chose {chosen})")
 
     expect_error("unknown explicit backend", base.with_(backend="no_such_backend"), tuple(p.valid_names))
-    expect_error("unknown name in the global setting", base.with_(backend_config="default=no_such_backend"), tuple(p.valid_names))
+    expect_error(
+        "unknown name in the global setting", base.with_(backend_config="default=no_such_backend"), tuple(p.valid_names)
+    )
     expect_error(
         "component override outside the layer's supported set",
         base.with_(component=_COMPONENT, backend_config=f"{_COMPONENT}={y}", supported_backends=(x,)),
@@ -88,19 +90,26 @@ def selection_precedence(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(problems=problems, checks=checks)
 
 
-register(Contract(
-    "backend.selection_precedence",
-    "backend selector: each precedence level beats every level below it; unknown names are a ValueError "
-    "listing the valid names; a strict component override that cannot be honoured is an error",
-    (
-        Param("world_size", "int", 1, "ranks (the check is rank-local)"),
-        Param("backends", "str_list", ["torch_sdpa", "math"], "two distinct backends available here"),
-        Param("valid_names", "str_list", ["torch_sdpa", "fa", "sage_attn", "math"], "names an unknown-name error must list"),
-        Param("heads", "int", 4, "query heads"),
-        Param("head_dim", "int", 32, "head dim"),
-        Param("dtype", "dtype", "fp32", "dtype the layers are built for"),
-    ),
-    selection_precedence,
-    requires=frozenset({Capability.BACKEND_CHOICE, Capability.BACKEND_SELECTION}),
-    checks=(_check_backends,),
-))
+register(
+    Contract(
+        "backend.selection_precedence",
+        "backend selector: each precedence level beats every level below it; unknown names are a ValueError "
+        "listing the valid names; a strict component override that cannot be honoured is an error",
+        (
+            Param("world_size", "int", 1, "ranks (the check is rank-local)"),
+            Param("backends", "str_list", ["torch_sdpa", "math"], "two distinct backends available here"),
+            Param(
+                "valid_names",
+                "str_list",
+                ["torch_sdpa", "fa", "sage_attn", "math"],
+                "names an unknown-name error must list",
+            ),
+            Param("heads", "int", 4, "query heads"),
+            Param("head_dim", "int", 32, "head dim"),
+            Param("dtype", "dtype", "fp32", "dtype the layers are built for"),
+        ),
+        selection_precedence,
+        requires=frozenset({Capability.BACKEND_CHOICE, Capability.BACKEND_SELECTION}),
+        checks=(_check_backends,),
+    )
+)

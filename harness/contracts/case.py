@@ -78,8 +78,13 @@ def make_case(
 
 def rebuilt(case: Case, values: Mapping[str, Any], source: str | None = None) -> Case:
     """``case`` with ``values`` over its raw parameters, re-validated; it keeps its expected failure and skip."""
-    fresh = make_case(case.contract_id, {**case.raw, **values}, case_id=case.id, source=source or case.source,
-                      description=case.description)
+    fresh = make_case(
+        case.contract_id,
+        {**case.raw, **values},
+        case_id=case.id,
+        source=source or case.source,
+        description=case.description,
+    )
     return dataclasses.replace(fresh, expected_failure=case.expected_failure, expected_skip=case.expected_skip)
 
 

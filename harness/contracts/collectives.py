@@ -1,51 +1,111 @@
-"""How many collectives an attention layer made, counted at the dispatcher as PyTorch's CommDebugMode does.
+"""How many collectives an attention layer made: torch.distributed's entry points counted during its calls.
 
-Every torch.distributed call (c10d's in-place ops and the functional collectives) reaches the
-dispatcher, whatever the backend, so a dispatch mode sees the layer's exchanges without its code
-being touched. CommDebugMode counts collectives only; this counts sends and receives too (a ring's
-steps). Only the layer's own calls under sequence parallelism are counted (:func:`counting_calls` inside
-:func:`recording`), never the contract's set-up or its single-rank reference.
+The functions of ``torch.distributed`` and of its functional collectives are wrapped for the length of a
+counted call, so a layer's exchanges are seen whatever its code or backend; a dispatch mode (how PyTorch's
+CommDebugMode counts) would also see them, but it changes which SDPA path a call takes (a masked CPU call
+decomposes differently), and a harness must not change what it measures. Nested calls count once (an
+``all_gather_object`` is one all-gather); a ``batch_isend_irecv`` counts its sends and receives. Only the
+layer's own calls under sequence parallelism are counted, never the contract's set-up or reference.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.distributed.distributed_c10d as c10d
 
-# dispatcher op name (its schema's, overload dropped) -> the kind a figure counts
-_KINDS = {
-    "c10d::alltoall_base_": "all_to_all", "c10d::alltoall_": "all_to_all",
-    "_c10d_functional::all_to_all_single": "all_to_all",
-    "c10d::allgather_": "all_gather", "c10d::_allgather_base_": "all_gather",
-    "c10d::allgather_into_tensor_coalesced_": "all_gather", "c10d::allgather_coalesced_": "all_gather",
-    "_c10d_functional::all_gather_into_tensor": "all_gather",
-    "_c10d_functional::all_gather_into_tensor_coalesced": "all_gather",
-    "c10d::allreduce_": "all_reduce", "c10d::allreduce_coalesced_": "all_reduce",
-    "_c10d_functional::all_reduce": "all_reduce", "_c10d_functional::all_reduce_coalesced": "all_reduce",
-    "c10d::reduce_scatter_": "reduce_scatter", "c10d::_reduce_scatter_base_": "reduce_scatter",
-    "_c10d_functional::reduce_scatter_tensor": "reduce_scatter",
-    "c10d::broadcast_": "broadcast", "_c10d_functional::broadcast": "broadcast",
-    "c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv",
-    "c10d::barrier": "barrier",
+# function name -> the kind a figure counts, for torch.distributed (c10d) and its functional collectives
+_C10D = {
+    "all_to_all_single": "all_to_all",
+    "all_to_all": "all_to_all",
+    "all_gather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "_all_gather_base": "all_gather",
+    "all_gather_object": "all_gather",
+    "all_gather_coalesced": "all_gather",
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "broadcast": "broadcast",
+    "broadcast_object_list": "broadcast",
+    "send": "send",
+    "isend": "send",
+    "recv": "recv",
+    "irecv": "recv",
+    "barrier": "barrier",
 }
-KINDS = tuple(dict.fromkeys(_KINDS.values()))
+_FUNCTIONAL = {
+    "all_to_all_single": "all_to_all",
+    "all_to_all_single_autograd": "all_to_all",
+    "all_gather_tensor": "all_gather",
+    "all_gather_tensor_autograd": "all_gather",
+    "all_reduce": "all_reduce",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_autograd": "reduce_scatter",
+    "broadcast": "broadcast",
+}
+KINDS = tuple(dict.fromkeys([*_C10D.values(), *_FUNCTIONAL.values()]))
+_MODULES = ((dist, _C10D), (c10d, _C10D), (funcol, _FUNCTIONAL))
 
 
-class _Counting(TorchDispatchMode):
-    def __init__(self, counts: Counter[str]) -> None:
-        super().__init__()
-        self.counts = counts
+def _counting(counts: Counter[str], kind: str, fn: Callable[..., Any], depth: list[int]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if not depth[0]:
+            counts[kind] += 1
+        depth[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            depth[0] -= 1
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kind = _KINDS.get(func._schema.name)  # noqa: SLF001 - the op's qualified name, as its schema spells it
-        if kind is not None:
-            self.counts[kind] += 1
-        return func(*args, **(kwargs or {}))
+    return counted
+
+
+def _batch(counts: Counter[str], fn: Callable[..., Any], depth: list[int]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def counted(p2p_op_list: list[Any], *args: Any, **kwargs: Any) -> Any:
+        if not depth[0]:
+            for op in p2p_op_list:
+                counts["send" if getattr(op.op, "__name__", "") == "isend" else "recv"] += 1
+        depth[0] += 1
+        try:
+            return fn(p2p_op_list, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    return counted
+
+
+@contextmanager
+def _wrapped(counts: Counter[str]) -> Iterator[None]:
+    """torch.distributed's entry points counting into ``counts`` for the block, restored after it. One wrapper
+    per function, shared by the modules exporting it (``P2POp`` checks its op is c10d's ``isend`` itself)."""
+    depth: list[int] = [0]
+    wrappers: dict[int, Callable[..., Any]] = {}
+    saved = []
+    for module, names in _MODULES:
+        for name, kind in [*names.items(), ("batch_isend_irecv", "")]:
+            fn = getattr(module, name, None)
+            if fn is None or (not kind and module is funcol):
+                continue
+            if id(fn) not in wrappers:
+                wrappers[id(fn)] = _batch(counts, fn, depth) if not kind else _counting(counts, kind, fn, depth)
+            saved.append((module, name, fn))
+            setattr(module, name, wrappers[id(fn)])
+    try:
+        yield
+    finally:
+        for module, name, fn in reversed(saved):
+            setattr(module, name, fn)
 
 
 _active: ContextVar[Counter[str] | None] = ContextVar("parity_collective_counts", default=None)
@@ -69,7 +129,7 @@ def counting_calls() -> Iterator[None]:
         yield
         return
     counts["calls"] += 1
-    with _Counting(counts):
+    with _wrapped(counts):
         yield
 
 

@@ -119,7 +119,9 @@ def _reasons(bound: Bound, stats: Stats, name: str | None) -> list[str]:
     return [] if reason is None else [reason if name is None else f"{name}: {reason}"]
 
 
-def _judge_oracle(bound: Bound, rule: FlashAttentionRule, outcomes: Sequence[RankOutcome]) -> tuple[list[str], dict[str, Any]]:
+def _judge_oracle(
+    bound: Bound, rule: FlashAttentionRule, outcomes: Sequence[RankOutcome]
+) -> tuple[list[str], dict[str, Any]]:
     """Each output's distance to float64 attention, merged over ranks, judged by ``rule``.
 
     Where the case's own bound is that same rule it has judged the sharded output against float64
@@ -127,8 +129,11 @@ def _judge_oracle(bound: Bound, rule: FlashAttentionRule, outcomes: Sequence[Ran
     problems: list[str] = []
     figures: dict[str, Any] = {"bound": rule.describe()}
     for output, merged in _merged([o.oracle for o in outcomes]).items():
-        figures[output.key] = {"err_ref64": merged.err_ref64, "naive_err_ref64": merged.naive_err_ref64,
-                               "allowed": rule.allowed(merged)}
+        figures[output.key] = {
+            "err_ref64": merged.err_ref64,
+            "naive_err_ref64": merged.naive_err_ref64,
+            "allowed": rule.allowed(merged),
+        }
         reason = judge(rule, merged)
         if reason:
             hints = "; ".join(sorted({o.hints[output] for o in outcomes if output in o.hints}))
@@ -157,8 +162,10 @@ def _not_alike(outcomes: Sequence[RankOutcome]) -> list[str]:
     for name in dict.fromkeys(n for o in outcomes for n in o.replicated):
         differ = [rank for rank, o in enumerate(outcomes) if o.replicated.get(name) != outcomes[0].replicated.get(name)]
         if differ:
-            problems.append(f"the replicated {name} is not the same on every rank: rank{'s' if len(differ) > 1 else ''} "
-                            f"{', '.join(map(str, differ))} differ{'' if len(differ) > 1 else 's'} from rank 0")
+            problems.append(
+                f"the replicated {name} is not the same on every rank: rank{'s' if len(differ) > 1 else ''} "
+                f"{', '.join(map(str, differ))} differ{'' if len(differ) > 1 else 's'} from rank 0"
+            )
     return problems
 
 

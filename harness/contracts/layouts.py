@@ -85,8 +85,16 @@ def replicated_suffix(ctx: RankContext, p: Params) -> Layout:
     sl = shard(ctx, p)
     pick = lambda t: torch.cat([t[:, sl], t[:, total:]], dim=1)  # noqa: E731
     tail = slice(p.tokens_per_rank, p.tokens_per_rank + rep)
-    return Layout(Asked(q, k, v, p.causal), _same(pick, q, k, v), pick, pick, (p.ulysses_degree, p.ring_degree),
-                  {"num_replicated_suffix": rep}, tail, tail)
+    return Layout(
+        Asked(q, k, v, p.causal),
+        _same(pick, q, k, v),
+        pick,
+        pick,
+        (p.ulysses_degree, p.ring_degree),
+        {"num_replicated_suffix": rep},
+        tail,
+        tail,
+    )
 
 
 def replicated_prefix(ctx: RankContext, p: Params) -> Layout:
@@ -96,8 +104,16 @@ def replicated_prefix(ctx: RankContext, p: Params) -> Layout:
     sl = shard(ctx, p)
     pick = lambda t: torch.cat([t[:, total:], t[:, sl]], dim=1)  # noqa: E731
     head = slice(0, rep)
-    return Layout(Asked(q, k, v, p.causal), _same(pick, q, k, v), pick, pick, (p.ulysses_degree, p.ring_degree),
-                  {"num_replicated_prefix": rep}, head, head)
+    return Layout(
+        Asked(q, k, v, p.causal),
+        _same(pick, q, k, v),
+        pick,
+        pick,
+        (p.ulysses_degree, p.ring_degree),
+        {"num_replicated_prefix": rep},
+        head,
+        head,
+    )
 
 
 def replicated_kv_prefix(ctx: RankContext, p: Params) -> Layout:
@@ -107,8 +123,16 @@ def replicated_kv_prefix(ctx: RankContext, p: Params) -> Layout:
     sl = shard(ctx, p)
     pick_q = lambda t: t[:, sl]  # noqa: E731
     pick_kv = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
-    return Layout(Asked(q, k, v), (pick_q(q), pick_kv(k), pick_kv(v)), pick_q, pick_kv, (p.ulysses_degree, p.ring_degree),
-                  {"num_replicated_kv_prefix": rep}, None, slice(0, rep))
+    return Layout(
+        Asked(q, k, v),
+        (pick_q(q), pick_kv(k), pick_kv(v)),
+        pick_q,
+        pick_kv,
+        (p.ulysses_degree, p.ring_degree),
+        {"num_replicated_kv_prefix": rep},
+        None,
+        slice(0, rep),
+    )
 
 
 def varlen(ctx: RankContext, p: Params) -> Layout:
@@ -137,8 +161,14 @@ def masked(ctx: RankContext, p: Params) -> Layout:
     sl = shard(ctx, p)
     pick = lambda t: t[:, sl]  # noqa: E731
     mine = full[:, sl] if p.mask == "key_padding" else full
-    return Layout(Asked(q, k, v, p.causal, full), _same(pick, q, k, v), pick, pick, (p.ulysses_degree, p.ring_degree),
-                  {"attn_mask": mine})
+    return Layout(
+        Asked(q, k, v, p.causal, full),
+        _same(pick, q, k, v),
+        pick,
+        pick,
+        (p.ulysses_degree, p.ring_degree),
+        {"attn_mask": mine},
+    )
 
 
 def masked_replicated_prefix(ctx: RankContext, p: Params) -> Layout:
@@ -152,5 +182,13 @@ def masked_replicated_prefix(ctx: RankContext, p: Params) -> Layout:
     sl = shard(ctx, p)
     pick = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
     head = slice(0, rep)
-    return Layout(Asked(q, k, v, False, full), _same(pick, q, k, v), pick, pick, (p.world_size, 1),
-                  {"attn_mask": pick(full), "num_replicated_prefix": rep}, head, head)
+    return Layout(
+        Asked(q, k, v, False, full),
+        _same(pick, q, k, v),
+        pick,
+        pick,
+        (p.world_size, 1),
+        {"attn_mask": pick(full), "num_replicated_prefix": rep},
+        head,
+        head,
+    )

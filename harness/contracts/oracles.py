@@ -87,7 +87,9 @@ def _scaled(o: torch.Tensor, ref: torch.Tensor, allowed: float, what: str) -> st
     return None
 
 
-def diagnose_gradient(grad: torch.Tensor, ref64: torch.Tensor, naive: torch.Tensor, rule: FlashAttentionRule) -> str | None:
+def diagnose_gradient(
+    grad: torch.Tensor, ref64: torch.Tensor, naive: torch.Tensor, rule: FlashAttentionRule
+) -> str | None:
     """What a gradient that missed the oracle looks like instead: all zeros, or the float64 gradient times a
     constant (a replicated gradient summed over W ranks is W times it). None: neither."""
     g, ref = grad.detach().double().cpu(), ref64.detach().double().cpu()
@@ -95,13 +97,22 @@ def diagnose_gradient(grad: torch.Tensor, ref64: torch.Tensor, naive: torch.Tens
         return None
     if not g.any():
         return "the gradient is all zeros"
-    allowed = rule.allowed(Stats(count=g.numel(), naive_err_ref64=float((naive.detach().double().cpu() - ref).abs().max())))
+    allowed = rule.allowed(
+        Stats(count=g.numel(), naive_err_ref64=float((naive.detach().double().cpu() - ref).abs().max()))
+    )
     return _scaled(g, ref, allowed, "float64 gradient")
 
 
 def diagnose(
-    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
-    attn_mask: torch.Tensor | None, pick: Callable[[torch.Tensor], torch.Tensor], rule: FlashAttentionRule,
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    softmax_scale: float | None,
+    attn_mask: torch.Tensor | None,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+    rule: FlashAttentionRule,
 ) -> str | None:
     """What an output that missed the oracle looks like instead: all zeros, attention with ``causal``
     or the mask or the softmax scale ignored, or the attention times a constant. None: none of those.
@@ -124,10 +135,16 @@ def diagnose(
 
     candidates: list[tuple[str, tuple]] = []
     if causal:
-        candidates.append(("it ignores causal: it matches non-causal attention", (q, k, v, False, softmax_scale, attn_mask)))
+        candidates.append(
+            ("it ignores causal: it matches non-causal attention", (q, k, v, False, softmax_scale, attn_mask))
+        )
     if attn_mask is not None:
-        candidates.append(("it ignores the attention mask: it matches unmasked attention", (q, k, v, causal, softmax_scale, None)))
-    candidates.append(("it ignores the softmax scale: it matches attention with scale 1", (q, k, v, causal, 1.0, attn_mask)))
+        candidates.append(
+            ("it ignores the attention mask: it matches unmasked attention", (q, k, v, causal, softmax_scale, None))
+        )
+    candidates.append(
+        ("it ignores the softmax scale: it matches attention with scale 1", (q, k, v, causal, 1.0, attn_mask))
+    )
     for text, args in candidates:
         if explains(pick(attention_ref64(*args)).cpu()):
             return text

@@ -68,8 +68,15 @@ def _unlike(out: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: Role)
 
 
 def judge_output(
-    bound: Bound, p: Params, asked: Asked, out: Tensor, single: Tensor, pick: Callable[[Tensor], Tensor], kernel: str,
-    *, report_single: bool,
+    bound: Bound,
+    p: Params,
+    asked: Asked,
+    out: Tensor,
+    single: Tensor,
+    pick: Callable[[Tensor], Tensor],
+    kernel: str,
+    *,
+    report_single: bool,
 ) -> RankOutcome:
     """This rank's sharded ``out`` against ``pick(single)`` (the case's ``bound``) and both against the oracle.
 
@@ -78,8 +85,9 @@ def judge_output(
     ``report_single``: this rank speaks for the single-rank output (every rank computed the same one).
     """
     expected = pick(single)
-    single_dtype, single_shape = _unlike(single, asked.q.dtype, tuple(asked.q.shape[:3]) + (asked.v.shape[3],),
-                                         Role.SINGLE_RANK)
+    single_dtype, single_shape = _unlike(
+        single, asked.q.dtype, tuple(asked.q.shape[:3]) + (asked.v.shape[3],), Role.SINGLE_RANK
+    )
     out_dtype, out_shape = _unlike(out, asked.q.dtype, tuple(expected.shape), Role.SHARDED)
     problems = single_dtype + single_shape + out_dtype + out_shape
     if single_shape or out_shape:

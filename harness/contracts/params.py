@@ -20,17 +20,26 @@ from harness.files.documents import INT_MAX, INT_MIN, out_of_range
 
 REQUIRED: Any = object()
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp64": torch.float64,
+}
 # The dtypes the reference models and the tiny pipeline run in, under their (torch) long names.
 LONG_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def long_dtype_check(what: str) -> Callable[[Params], None]:
     """A contract check: the case's dtype is one ``what`` (the models, the pipeline) runs in."""
+
     def check(p: Params) -> None:
         if p.dtype not in LONG_DTYPE:
             raise ParamError("dtype", f"{what} in {', '.join(LONG_DTYPE)}, not {p.dtype}")
+
     return check
+
+
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float64": "fp64"}
 
 #: torch's SDPA kernels a case may pin (torch.nn.attention.SDPBackend: MATH, FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION).
@@ -107,7 +116,9 @@ def _check_kind(param: Param, value: Any) -> Any:
             return list(value)
     if kind == "str_list" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return list(value)
-    expected = {"int_list": "a list of integers", "str_list": "a list of strings", "dtype": "a dtype name"}.get(kind, kind)
+    expected = {"int_list": "a list of integers", "str_list": "a list of strings", "dtype": "a dtype name"}.get(
+        kind, kind
+    )
     raise ParamError(param.name, f"expected {expected}, got {type(value).__name__} {value!r}")
 
 
@@ -138,16 +149,16 @@ def resolve(
 
 # ------------------------------------------------------------------ the standard parameter sets
 
-PARALLEL = (
-    Param("world_size", "int", doc="number of ranks W"),
-)
+PARALLEL = (Param("world_size", "int", doc="number of ranks W"),)
 
 
 def degrees(ring_default: Callable[[Params], int] | int = 1) -> tuple[Param, ...]:
     """ring_degree (default per contract) and ulysses_degree (default W / ring_degree)."""
     return (
         Param("ring_degree", "int", ring_default, "ring degree R"),
-        Param("ulysses_degree", "int", lambda p: max(1, p["world_size"] // max(1, p["ring_degree"])), "Ulysses degree U"),
+        Param(
+            "ulysses_degree", "int", lambda p: max(1, p["world_size"] // max(1, p["ring_degree"])), "Ulysses degree U"
+        ),
     )
 
 

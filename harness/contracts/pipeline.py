@@ -36,8 +36,14 @@ def pipeline_run_params(dtype: str, steps: int) -> tuple[Param, ...]:
 
 def pipeline_fields(p: Params) -> dict[str, object]:
     """What the target's pipeline is asked to generate, from a contract's :func:`pipeline_run_params`."""
-    fields: dict[str, object] = {"prompt": p.prompt, "seed": p.seed, "height": p.height, "width": p.width,
-                                 "steps": p.steps, "dtype": LONG_DTYPE[p.dtype]}
+    fields: dict[str, object] = {
+        "prompt": p.prompt,
+        "seed": p.seed,
+        "height": p.height,
+        "width": p.width,
+        "steps": p.steps,
+        "dtype": LONG_DTYPE[p.dtype],
+    }
     if p.weights is not None:
         fields["weights"] = p.weights
     return fields
@@ -53,10 +59,17 @@ def _body(ctx: RankContext, p: Params) -> RankOutcome:
     stats = compare(torch.from_numpy(measured.preserving_latents), torch.from_numpy(measured.single_latents))
     problems = []
     if p.control_drift and measured.figures.rotate_to_front_latent_mae == 0.0:
-        problems.append("control: rotate_to_front latents equal one rank's, so this case cannot tell key orders apart "
-                        "(change steps/size/dtype, or set control_drift = false)")
-    return RankOutcome(stats=stats, problems=problems, checks=2 if p.control_drift else 1, kernel=measured.kernel,
-                       figures=reported(measured.figures))
+        problems.append(
+            "control: rotate_to_front latents equal one rank's, so this case cannot tell key orders apart "
+            "(change steps/size/dtype, or set control_drift = false)"
+        )
+    return RankOutcome(
+        stats=stats,
+        problems=problems,
+        checks=2 if p.control_drift else 1,
+        kernel=measured.kernel,
+        figures=reported(measured.figures),
+    )
 
 
 def _check(p: Params) -> None:
@@ -67,16 +80,18 @@ def _check(p: Params) -> None:
             raise ParamError(key, f"must be positive, got {p[key]}")
 
 
-register(Contract(
-    "pipeline.turbo_drift",
-    "few-step pipeline under Ulysses SP: caption kept at the tail (order-preserving) equals one rank bitwise; "
-    "caption rotated to the front (sglang's old layout) reported as pixel/latent MAE against one rank",
-    pipeline_run_params("bf16", 9)  # sglang measured 9 and 30 steps
-    + (Param("control_drift", "bool", True, "also require the rotated layout to move the latents (the control)"),),
-    _body,
-    requires=frozenset({Capability.REFERENCE_MODELS}),
-    bound=lambda p: Bitwise(),
-    checks=(_check,),
-    min_world_size=2,
-    timeout_s=300.0,
-))
+register(
+    Contract(
+        "pipeline.turbo_drift",
+        "few-step pipeline under Ulysses SP: caption kept at the tail (order-preserving) equals one rank bitwise; "
+        "caption rotated to the front (sglang's old layout) reported as pixel/latent MAE against one rank",
+        pipeline_run_params("bf16", 9)  # sglang measured 9 and 30 steps
+        + (Param("control_drift", "bool", True, "also require the rotated layout to move the latents (the control)"),),
+        _body,
+        requires=frozenset({Capability.REFERENCE_MODELS}),
+        bound=lambda p: Bitwise(),
+        checks=(_check,),
+        min_world_size=2,
+        timeout_s=300.0,
+    )
+)

@@ -63,16 +63,22 @@ class RankContext:
         return spec.with_(**changes)
 
     def attention(self, params: Params, **changes: Any) -> Attention:
-        return collectives.Counted(checked_attention(self.target.make_attention(self.spec(params, **changes)), self.target))  # type: ignore[return-value]
+        return collectives.Counted(
+            checked_attention(self.target.make_attention(self.spec(params, **changes)), self.target)
+        )  # type: ignore[return-value]
 
     def randn(self, params: Params, tokens: int, heads: int, seed: int) -> torch.Tensor:
         """Seeded on the CPU (identical on every rank and device), rounded to the dtype, then moved."""
         gen = torch.Generator().manual_seed(seed)
-        return torch.randn(params.batch, tokens, heads, params.head_dim, generator=gen).to(self.device, params.torch_dtype)
+        return torch.randn(params.batch, tokens, heads, params.head_dim, generator=gen).to(
+            self.device, params.torch_dtype
+        )
 
 
 Body = Callable[[RankContext, Params], RankOutcome]
-_REPLICATED_KINDS = frozenset({Capability.REPLICATED_PREFIX, Capability.REPLICATED_SUFFIX, Capability.REPLICATED_KV_PREFIX})
+_REPLICATED_KINDS = frozenset(
+    {Capability.REPLICATED_PREFIX, Capability.REPLICATED_SUFFIX, Capability.REPLICATED_KV_PREFIX}
+)
 
 
 @dataclass(frozen=True)
@@ -123,17 +129,39 @@ class Contract:
             needed.add(Capability.BACKEND_CHOICE)
         return frozenset(needed)
 
-    def result(self, case_id: str, params: Params, status: Status, reason: str | None, target: str, **fields: Any) -> CaseResult:
+    def result(
+        self, case_id: str, params: Params, status: Status, reason: str | None, target: str, **fields: Any
+    ) -> CaseResult:
         """A result of this contract for ``case_id`` (its bound described from ``params``)."""
-        return CaseResult(case_id, self.id, status, reason, bound=self.bound(params).describe(), params=dict(params),
-                          target=target, **fields)
+        return CaseResult(
+            case_id,
+            self.id,
+            status,
+            reason,
+            bound=self.bound(params).describe(),
+            params=dict(params),
+            target=target,
+            **fields,
+        )
 
-    def judge(self, case_id: str, params: Params, outcomes: Sequence[RankOutcome], duration_s: float, target: str) -> CaseResult:
+    def judge(
+        self, case_id: str, params: Params, outcomes: Sequence[RankOutcome], duration_s: float, target: str
+    ) -> CaseResult:
         """Every rank's outcome merged into the case's result (:func:`~harness.contracts.judging.verdict`)."""
         bound = self.bound(params)
         judged = verdict(bound, self.oracle(params) if self.oracle else None, outcomes)
-        return CaseResult(case_id, self.id, judged.status, judged.reason, bound=bound.describe(), params=dict(params),
-                          target=target, figures=judged.figures, kernel=judged.kernel, duration_s=duration_s)
+        return CaseResult(
+            case_id,
+            self.id,
+            judged.status,
+            judged.reason,
+            bound=bound.describe(),
+            params=dict(params),
+            target=target,
+            figures=judged.figures,
+            kernel=judged.kernel,
+            duration_s=duration_s,
+        )
 
 
 _REGISTRY: dict[str, Contract] = {}

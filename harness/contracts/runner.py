@@ -122,8 +122,9 @@ def run_cases(
             skipped = get_contract(case.contract_id).result(case.id, case.params, SKIPPED, reason, options.target)
             # A job with fewer ranks, or a check of reference_impl's own models, claims nothing about the target.
             not_a_claim = capacity_reason(case.world_size) or _checks_reference_models(case, target)
-            results[index] = skipped if not_a_claim else expectations_applied(case, skipped, overlay,
-                                                                               options.allow_new_skips)
+            results[index] = (
+                skipped if not_a_claim else expectations_applied(case, skipped, overlay, options.allow_new_skips)
+            )
             if on_result:
                 on_result(results[index])
         else:
@@ -162,9 +163,11 @@ def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new
             result.reason = f"{reason} (not pinned; --allow-new-skips)"
         elif pin is None:
             result.status = FAILED
-            result.reason = (f"skipped, and this target was expected to run it: {reason}. If the target cannot express it, "
-                             f"pin it in cases/contracts/targets/{overlay}.toml [expected_skips] with the fact that "
-                             "justifies it (--allow-new-skips for an exploratory run)")
+            result.reason = (
+                f"skipped, and this target was expected to run it: {reason}. If the target cannot express it, "
+                f"pin it in cases/contracts/targets/{overlay}.toml [expected_skips] with the fact that "
+                "justifies it (--allow-new-skips for an exploratory run)"
+            )
         elif pin.reason is not None and pin.reason not in reason:
             result.status = FAILED
             result.reason = f"skipped for another reason than its pin ({pin.where}) expects ({pin.reason!r}): {reason}"
@@ -182,8 +185,10 @@ def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new
         result.status, result.reason = XFAILED, f"expected failure: {case.expected_failure}. It failed: {result.reason}"
     elif result.status == PASSED:
         result.status = FAILED
-        result.reason = (f"expected to fail, but passed: {case.expected_failure}. If upstream fixed it, narrow or drop "
-                         "that entry's `versions`")
+        result.reason = (
+            f"expected to fail, but passed: {case.expected_failure}. If upstream fixed it, narrow or drop "
+            "that entry's `versions`"
+        )
     return result
 
 
@@ -193,9 +198,22 @@ def _run_one(case: Case, pools: PoolSet, options: RunOptions) -> CaseResult:
     try:
         pool = pools.get(case.world_size)
         start = time.perf_counter()  # a case's cost excludes starting its group
-        outcomes = pool.run(run_case_in_rank, case.contract_id, dict(case.params), options.target, options.target_args,
-                            timeout=options.timeout or contract.timeout_s)
+        outcomes = pool.run(
+            run_case_in_rank,
+            case.contract_id,
+            dict(case.params),
+            options.target,
+            options.target_args,
+            timeout=options.timeout or contract.timeout_s,
+        )
     except RankFailure as exc:
-        return contract.result(case.id, case.params, FAILED, str(exc).splitlines()[0], options.target,
-                               duration_s=time.perf_counter() - start, traceback=exc.traceback)
+        return contract.result(
+            case.id,
+            case.params,
+            FAILED,
+            str(exc).splitlines()[0],
+            options.target,
+            duration_s=time.perf_counter() - start,
+            traceback=exc.traceback,
+        )
     return contract.judge(case.id, case.params, outcomes, time.perf_counter() - start, options.target)

@@ -34,10 +34,17 @@ def _bound(params: Params) -> Bound:
 
 
 def attention_contract(
-    contract_id: str, description: str, body: Body, *, bound: str | Bound | Callable[[Params], str] | None = None,
-    extra: tuple[Param, ...] = (), ring: Callable[[Params], int] | int | None = None,
+    contract_id: str,
+    description: str,
+    body: Body,
+    *,
+    bound: str | Bound | Callable[[Params], str] | None = None,
+    extra: tuple[Param, ...] = (),
+    ring: Callable[[Params], int] | int | None = None,
     requires: tuple[Capability, ...] = (),
-    checks: tuple[Callable[[Params], None], ...] = (), min_world_size: int = 1, timeout_s: float = 120.0,
+    checks: tuple[Callable[[Params], None], ...] = (),
+    min_world_size: int = 1,
+    timeout_s: float = 120.0,
 ) -> None:
     """Register a ``usp.*`` contract on the standard parameters (world size, [degrees,] shape, numerics, ``extra``).
 
@@ -46,8 +53,16 @@ def attention_contract(
     so it also takes the ``oracle`` bound (:mod:`.outputs`).
     """
     params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + extra
-    contract = Contract(contract_id, description, params, body, requires=frozenset(requires), checks=checks,
-                        min_world_size=min_world_size, timeout_s=timeout_s)
+    contract = Contract(
+        contract_id,
+        description,
+        params,
+        body,
+        requires=frozenset(requires),
+        checks=checks,
+        min_world_size=min_world_size,
+        timeout_s=timeout_s,
+    )
     if bound is None:
         register(contract)
         return
@@ -56,7 +71,11 @@ def attention_contract(
         params, judged_by = params + (ORACLE,), lambda p: fixed
     else:
         params, judged_by = params + (ORACLE, bound_param(bound)), _bound
-    register(dataclasses.replace(contract, params=params, checks=checks + (check_oracle,), bound=judged_by, oracle=oracle_rule))
+    register(
+        dataclasses.replace(
+            contract, params=params, checks=checks + (check_oracle,), bound=judged_by, oracle=oracle_rule
+        )
+    )
 
 
 def bitwise_unless_ring(p: Params) -> str:
@@ -107,7 +126,9 @@ def _ulysses_at_least(n: int) -> Callable[[Params], None]:
 
 def _ring_only(p: Params) -> None:
     if p.ring_degree != 1:
-        raise ParamError("ring_degree", "Ulysses-only contract: ring_degree must be 1 (see usp.ring_parity / usp.hybrid_parity)")
+        raise ParamError(
+            "ring_degree", "Ulysses-only contract: ring_degree must be 1 (see usp.ring_parity / usp.hybrid_parity)"
+        )
 
 
 ULYSSES = dict(ring=1, checks=(_ring_only,))
@@ -117,17 +138,23 @@ HYBRID = dict(ring=2, checks=(_ring_at_least(2), _ulysses_at_least(2)), min_worl
 _output_contract(
     "usp.ulysses_parity",
     "Ulysses SP output equals the single-rank output bitwise (the all-to-all keeps the reduction order)",
-    layouts.sharded, bound="bitwise", **ULYSSES,
+    layouts.sharded,
+    bound="bitwise",
+    **ULYSSES,
 )
 _output_contract(
     "usp.ring_parity",
     "ring attention (partials merged in fp32 through the LSE) within the FlashAttention rule, k=2",
-    layouts.sharded, bound="fa:2", **RING,
+    layouts.sharded,
+    bound="fa:2",
+    **RING,
 )
 _output_contract(
     "usp.hybrid_parity",
     "Ulysses × ring (e.g. W=4 as 2×2) within the FlashAttention rule, k=2",
-    layouts.sharded, bound="fa:2", **HYBRID,
+    layouts.sharded,
+    bound="fa:2",
+    **HYBRID,
 )
 
 
@@ -152,27 +179,40 @@ def _not_causal(why: str) -> Callable[[Params], None]:
 PREFIX_NOT_CAUSAL = _not_causal("the prefix order changes a causal mask: compare without causal")
 KV_PREFIX_NOT_CAUSAL = _not_causal("cross attention on cached K/V is not causal")
 SUFFIX = dict(extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_SUFFIX,), checks=(replicated_positive,))
-PREFIX = dict(extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_PREFIX,), checks=(replicated_positive, PREFIX_NOT_CAUSAL))
-KV_PREFIX = dict(extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_KV_PREFIX,), checks=(replicated_positive, KV_PREFIX_NOT_CAUSAL))
+PREFIX = dict(
+    extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_PREFIX,), checks=(replicated_positive, PREFIX_NOT_CAUSAL)
+)
+KV_PREFIX = dict(
+    extra=REPLICATED,
+    ring=1,
+    requires=(Capability.REPLICATED_KV_PREFIX,),
+    checks=(replicated_positive, KV_PREFIX_NOT_CAUSAL),
+)
 
 _output_contract(
     "usp.replicated_suffix_bitwise",
     "replicated suffix kept at the tail (order-preserving): shard and suffix outputs torch.equal to one rank, the "
     "suffix the same on every rank (under ring: the FlashAttention rule, the replicated queries' partials merged in "
     "rank order)",
-    layouts.replicated_suffix, bound=bitwise_unless_ring, **SUFFIX,
+    layouts.replicated_suffix,
+    bound=bitwise_unless_ring,
+    **SUFFIX,
 )
 _output_contract(
     "usp.replicated_prefix_drift",
     "replicated prefix path against the single-rank output computed in suffix order: max abs <= 1e-2, the prefix "
     "the same on every rank (also under ring)",
-    layouts.replicated_prefix, bound="abs:1e-2", **PREFIX,
+    layouts.replicated_prefix,
+    bound="abs:1e-2",
+    **PREFIX,
 )
 _output_contract(
     "usp.replicated_kv_prefix",
     "cross attention on a replicated K/V prefix (queries sharded) equals one rank bitwise (under ring: the "
     "FlashAttention rule, the K/V prefix one more block merged through the LSE)",
-    layouts.replicated_kv_prefix, bound=bitwise_unless_ring, **KV_PREFIX,
+    layouts.replicated_kv_prefix,
+    bound=bitwise_unless_ring,
+    **KV_PREFIX,
 )
 
 
@@ -198,26 +238,39 @@ def _check_mask_kind(p: Params) -> None:
         raise ParamError("mask", f"unknown mask kind {p.mask!r}; valid: {', '.join(MASK_KINDS)}")
 
 
-VARLEN = dict(extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
-              requires=(Capability.VARLEN,), checks=(_check_seq_lens,))
-MASKED = dict(ring=1, extra=(Param("mask", "str", "key_padding", "key_padding or dense"),), requires=(Capability.MASK,),
-              checks=(_check_mask_kind,))
+VARLEN = dict(
+    extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
+    requires=(Capability.VARLEN,),
+    checks=(_check_seq_lens,),
+)
+MASKED = dict(
+    ring=1,
+    extra=(Param("mask", "str", "key_padding", "key_padding or dense"),),
+    requires=(Capability.MASK,),
+    checks=(_check_mask_kind,),
+)
 
 _output_contract(
     "usp.varlen_parity",
     "seq_lens varlen (uneven per-rank lengths): valid tokens equal one rank bitwise, padding rows are zeros",
-    layouts.varlen, bound="bitwise", **VARLEN,
+    layouts.varlen,
+    bound="bitwise",
+    **VARLEN,
 )
 _output_contract(
     "usp.masked_parity",
     "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise "
     "(under ring: within the FlashAttention rule, bound fa:2)",
-    layouts.masked, bound=bitwise_unless_ring, **MASKED,
+    layouts.masked,
+    bound=bitwise_unless_ring,
+    **MASKED,
 )
 _output_contract(
     "usp.masked_replicated_prefix_parity",
     "a [B, n + S_local] key mask with a replicated prefix under SP equals the masked single-rank output bitwise",
-    layouts.masked_replicated_prefix, bound="bitwise", extra=REPLICATED,
+    layouts.masked_replicated_prefix,
+    bound="bitwise",
+    extra=REPLICATED,
     requires=(Capability.MASK, Capability.REPLICATED_PREFIX, Capability.MASKED_REPLICATED_PREFIX),
     checks=(replicated_positive, PREFIX_NOT_CAUSAL),
 )

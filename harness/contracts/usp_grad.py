@@ -68,8 +68,16 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
     problems += sharded_problems
     if problems:
         return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
-    outcome = judge_gradients(ctx.bound, p, case, dout, sharded, single, attn.kernel,  # type: ignore[arg-type]
-                              report_single=ctx.rank == 0)
+    outcome = judge_gradients(
+        ctx.bound,
+        p,
+        case,
+        dout,
+        sharded,
+        single,
+        attn.kernel,  # type: ignore[arg-type]
+        report_single=ctx.rank == 0,
+    )
     for name, grad, rows in zip(NAMES, sharded, (case.replicated_q, case.replicated_kv, case.replicated_kv)):
         if rows is not None:
             outcome.replicated[name] = digest(grad[:, rows])  # type: ignore[index]
@@ -77,7 +85,15 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
 
 
 def judge_gradients(
-    bound: Bound, p: Params, case: Layout, dout: Tensor, sharded: list[Tensor], single: list[Tensor], kernel: str, *, report_single: bool,
+    bound: Bound,
+    p: Params,
+    case: Layout,
+    dout: Tensor,
+    sharded: list[Tensor],
+    single: list[Tensor],
+    kernel: str,
+    *,
+    report_single: bool,
 ) -> RankOutcome:
     """Each gradient: dtype and shape, then against its share of the single-rank one (the case's bound, per name)
     and against float64 attention's (the ``oracle`` rule), with a diagnosis where the oracle is missed."""
@@ -96,7 +112,9 @@ def judge_gradients(
     oracle: dict[Output, Stats] = {}
     hints: dict[Output, str] = {}
     for name, grad, whole, g64, gnaive, pick in zip(NAMES, sharded, single, ref64, naive, picks):
-        parts[name] = compare(grad, pick(whole), pick(g64), pick(gnaive)) if bound.needs_ref64 else compare(grad, pick(whole))
+        parts[name] = (
+            compare(grad, pick(whole), pick(g64), pick(gnaive)) if bound.needs_ref64 else compare(grad, pick(whole))
+        )
         judged: dict[Output, tuple[Tensor, Any]] = {Output(Role.SHARDED, name): (grad, pick)}
         if report_single:
             judged[Output(Role.SINGLE_RANK, name)] = (whole, lambda t: t)
@@ -114,30 +132,61 @@ def _gradient_contract(contract_id: str, description: str, layout: LayoutFn, **o
     attention_contract(contract_id, description, partial(gradient_parity, layout), requires=requires, **options)
 
 
-_gradient_contract("usp.ulysses_grad", "Ulysses dq, dk, dv equal one rank's bitwise (the adjoint all-to-all keeps the order)",
-                   layouts.sharded, bound="bitwise", **ULYSSES)
-_gradient_contract("usp.ring_grad", "ring attention's dq, dk, dv (the ring shifted back) within the FlashAttention rule",
-                   layouts.sharded, bound="fa:2", **RING)
-_gradient_contract("usp.hybrid_grad", "Ulysses × ring dq, dk, dv within the FlashAttention rule",
-                   layouts.sharded, bound="fa:2", **HYBRID)
-_gradient_contract("usp.varlen_grad", "varlen dq, dk, dv equal one rank's bitwise on valid tokens, zeros on padding",
-                   layouts.varlen, bound="bitwise", **VARLEN)
-_gradient_contract("usp.masked_grad", "masked dq, dk, dv under SP equal one rank's bitwise",
-                   layouts.masked, bound=bitwise_unless_ring, **MASKED)
+_gradient_contract(
+    "usp.ulysses_grad",
+    "Ulysses dq, dk, dv equal one rank's bitwise (the adjoint all-to-all keeps the order)",
+    layouts.sharded,
+    bound="bitwise",
+    **ULYSSES,
+)
+_gradient_contract(
+    "usp.ring_grad",
+    "ring attention's dq, dk, dv (the ring shifted back) within the FlashAttention rule",
+    layouts.sharded,
+    bound="fa:2",
+    **RING,
+)
+_gradient_contract(
+    "usp.hybrid_grad",
+    "Ulysses × ring dq, dk, dv within the FlashAttention rule",
+    layouts.sharded,
+    bound="fa:2",
+    **HYBRID,
+)
+_gradient_contract(
+    "usp.varlen_grad",
+    "varlen dq, dk, dv equal one rank's bitwise on valid tokens, zeros on padding",
+    layouts.varlen,
+    bound="bitwise",
+    **VARLEN,
+)
+_gradient_contract(
+    "usp.masked_grad",
+    "masked dq, dk, dv under SP equal one rank's bitwise",
+    layouts.masked,
+    bound=bitwise_unless_ring,
+    **MASKED,
+)
 _gradient_contract(
     "usp.replicated_suffix_grad",
     "replicated-suffix dq, dk, dv equal one rank's (bitwise without ring), the suffix's whole and alike on every rank",
-    layouts.replicated_suffix, bound=bitwise_unless_ring, **SUFFIX,
+    layouts.replicated_suffix,
+    bound=bitwise_unless_ring,
+    **SUFFIX,
 )
 _gradient_contract(
     "usp.replicated_prefix_grad",
     "replicated-prefix dq, dk, dv against one rank in suffix order (the FlashAttention rule), the prefix's whole and "
     "alike on every rank",
-    layouts.replicated_prefix, bound="fa:2", **PREFIX,
+    layouts.replicated_prefix,
+    bound="fa:2",
+    **PREFIX,
 )
 _gradient_contract(
     "usp.replicated_kv_prefix_grad",
     "dq, dk, dv of cross attention on a replicated K/V prefix equal one rank's (bitwise without ring), the prefix's "
     "dk, dv whole and alike on every rank",
-    layouts.replicated_kv_prefix, bound=bitwise_unless_ring, **KV_PREFIX,
+    layouts.replicated_kv_prefix,
+    bound=bitwise_unless_ring,
+    **KV_PREFIX,
 )

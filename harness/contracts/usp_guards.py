@@ -30,7 +30,9 @@ def all_ranks_alive(world_size: int) -> list[str]:
     """A collective after the checks: it completes only if no rank is stuck in (or skipped) another one."""
     flag = torch.ones(1)
     dist.all_reduce(flag)
-    return [] if int(flag.item()) == world_size else [f"all_reduce after the checks gave {flag.item()}, not {world_size}"]
+    return (
+        [] if int(flag.item()) == world_size else [f"all_reduce after the checks gave {flag.item()}, not {world_size}"]
+    )
 
 
 def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
@@ -48,14 +50,19 @@ def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
         except Exception as exc:  # noqa: BLE001
             problems.append(f"{p.no_lse_backend}: {type(exc).__name__} instead of a ring_needs_lse refusal: {exc}")
         for label, changes in (
-            (f"{p.no_lse_backend} with skip_sequence_parallel=True", {"backend": p.no_lse_backend, "skip_sequence_parallel": True}),
+            (
+                f"{p.no_lse_backend} with skip_sequence_parallel=True",
+                {"backend": p.no_lse_backend, "skip_sequence_parallel": True},
+            ),
             (f"control backend {p.backend or '(default)'}", {}),
         ):
             try:
                 ctx.attention(p, **changes)
             except Unsupported as exc:
                 if not changes and exc.kind is Refusal.RING_NEEDS_LSE:  # nothing here can rotate: no control, no case
-                    raise Unsupported(f"no ring-capable backend to serve as the control: {exc.reason}", exc.kind) from exc
+                    raise Unsupported(
+                        f"no ring-capable backend to serve as the control: {exc.reason}", exc.kind
+                    ) from exc
                 problems.append(f"{label} was refused: {exc.kind}: {exc.reason}")
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{label} was refused: {type(exc).__name__}: {exc}")
@@ -67,9 +74,12 @@ attention_contract(
     "usp.ring_admission",
     "ring degree > 1 with a backend that returns no LSE is refused at construction (ring_needs_lse), "
     "admitted with skip_sequence_parallel=True; a ring-capable control backend is admitted",
-    ring_admission, ring=lambda p: p["world_size"],
+    ring_admission,
+    ring=lambda p: p["world_size"],
     extra=(Param("no_lse_backend", "str", "sage_attn", "a backend whose supports_ring_rotation() is False"),),
-    requires=(Capability.RING, Capability.BACKEND_CHOICE), checks=RING["checks"], min_world_size=2,
+    requires=(Capability.RING, Capability.BACKEND_CHOICE),
+    checks=RING["checks"],
+    min_world_size=2,
 )
 
 
@@ -81,7 +91,9 @@ def ring_backward_admission(ctx: RankContext, p: Params) -> RankOutcome:
     figures: dict[str, Any] = {}
     inputs = [t.requires_grad_() for t in qkv(ctx, p, p.tokens_per_rank)]
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
-        refused = ctx.attention(p, backend=p.no_grad_backend, sdpa_kernel=p.no_grad_kernel or None)  # unavailable: a skip
+        refused = ctx.attention(
+            p, backend=p.no_grad_backend, sdpa_kernel=p.no_grad_kernel or None
+        )  # unavailable: a skip
         try:
             refused(*inputs)
             problems.append(f"{chosen} ran ring attention under autograd instead of refusing it")
@@ -103,11 +115,13 @@ attention_contract(
     "usp.ring_backward_admission",
     "ring attention under autograd with a kernel whose log-sum-exp has no gradient is refused (no_backward) on every "
     "rank before any collective; the target's own choice gives finite gradients",
-    ring_backward_admission, extra=(
+    ring_backward_admission,
+    extra=(
         Param("no_grad_backend", "str", "torch_sdpa", "a backend whose LSE has no gradient (with no_grad_kernel)"),
         Param("no_grad_kernel", "str", "flash", "its pinned torch SDPA kernel (empty: none)"),
     ),
-    requires=(Capability.RING, Capability.BACKWARD, Capability.BACKEND_CHOICE), **RING,
+    requires=(Capability.RING, Capability.BACKWARD, Capability.BACKEND_CHOICE),
+    **RING,
 )
 
 
@@ -122,8 +136,9 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p, skip_sequence_parallel=True)
-        outcome = judge_output(ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, lambda t: t, attn.kernel,
-                               report_single=True)
+        outcome = judge_output(
+            ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, lambda t: t, attn.kernel, report_single=True
+        )
         for _ in range(ctx.rank):
             assert outcome.stats is not None
             outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref))
@@ -156,9 +171,14 @@ def ulysses_collectives(ctx: RankContext, p: Params) -> RankOutcome:
         attn = ctx.attention(p)
         attn(*case.local, **case.kwargs)
     made = _made(ctx)
-    problems = [] if made == ULYSSES_EXCHANGES else [
-        f"one call made {_said(made)}; the Ulysses path makes exactly 2 all_to_all (Q, K and V stacked in one, the "
-        "output in one) and no other collective"]
+    problems = (
+        []
+        if made == ULYSSES_EXCHANGES
+        else [
+            f"one call made {_said(made)}; the Ulysses path makes exactly 2 all_to_all (Q, K and V stacked in one, the "
+            "output in one) and no other collective"
+        ]
+    )
     return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
 
 
@@ -166,7 +186,9 @@ attention_contract(
     "usp.ulysses_collectives",
     "one Ulysses call makes exactly two all-to-alls (Q, K, V stacked in one; the output in one) and no other "
     "collective, counted at the dispatcher",
-    ulysses_collectives, **ULYSSES, min_world_size=2,
+    ulysses_collectives,
+    **ULYSSES,
+    min_world_size=2,
 )
 
 
@@ -175,14 +197,21 @@ attention_contract(
     "skip_sequence_parallel=True under an SP group (default Ulysses over W, which every sequence-parallel "
     "target has; ring_degree for ring) constructs, runs rank-locally with no collective and equals local "
     "attention on the rank's own data, bitwise",
-    skip_sequence_parallel_local, bound=Bitwise(), ring=1, min_world_size=2,
+    skip_sequence_parallel_local,
+    bound=Bitwise(),
+    ring=1,
+    min_world_size=2,
 )
 
 
 # A mask with replicated tokens under SP: until sglang PR #36735 (0.5.20) every kind was refused (the all-to-all
 # would shard the replicated rows too); since then a [B, n + S_local] key mask with a replicated prefix runs
 # rank-locally over the whole sequence (usp.masked_replicated_prefix_parity judges its values).
-_REPLICATED_KWARGS = {"prefix": "num_replicated_prefix", "suffix": "num_replicated_suffix", "kv_prefix": "num_replicated_kv_prefix"}
+_REPLICATED_KWARGS = {
+    "prefix": "num_replicated_prefix",
+    "suffix": "num_replicated_suffix",
+    "kv_prefix": "num_replicated_kv_prefix",
+}
 
 
 def _check_refused(p: Params) -> None:
@@ -194,7 +223,9 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
     """mask + replicated tokens under SP: the ``refused`` kinds are refused (MASK_WITH_REPLICATED) on every rank, the
     others run. A prefix left out of ``refused`` needs ``masked_replicated_prefix``; the group must still answer."""
     if "prefix" not in p.refused and Capability.MASKED_REPLICATED_PREFIX not in ctx.target.capabilities():
-        raise Unsupported("a masked replicated prefix is expected to run; this target does not declare masked_replicated_prefix")
+        raise Unsupported(
+            "a masked replicated prefix is expected to run; this target does not declare masked_replicated_prefix"
+        )
     q, k, v = qkv(ctx, p, p.tokens_per_rank + p.replicated)
     mask = torch.ones(p.batch, q.shape[1], dtype=torch.bool, device=ctx.device)
     problems: list[str] = []
@@ -207,14 +238,18 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
                 if refused:
                     problems.append(f"{call} ran instead of being refused")
                 elif out.shape != q.shape or not torch.isfinite(out).all():
-                    problems.append(f"{call} gave shape {tuple(out.shape)} (expected {tuple(q.shape)}) or non-finite values")
+                    problems.append(
+                        f"{call} gave shape {tuple(out.shape)} (expected {tuple(q.shape)}) or non-finite values"
+                    )
             except Unsupported as exc:
                 if exc.kind is not Refusal.MASK_WITH_REPLICATED:
                     problems.append(f"{call}: refused as {exc.kind}, not mask_with_replicated: {exc.reason}")
                 elif not refused:
                     problems.append(f"{call} was refused, but it is legal here: {exc.reason}")
             except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
-                problems.append(f"{call}: {type(exc).__name__} instead of {'a mask_with_replicated refusal' if refused else 'running'}: {exc}")
+                problems.append(
+                    f"{call}: {type(exc).__name__} instead of {'a mask_with_replicated refusal' if refused else 'running'}: {exc}"
+                )
         problems += all_ranks_alive(p.world_size)
     return RankOutcome(problems=problems, checks=len(_REPLICATED_KWARGS) + 1, kernel=attn.kernel)
 
@@ -223,8 +258,24 @@ attention_contract(
     "usp.masked_rejects_replicated",
     "attn_mask with replicated tokens under SP (Ulysses, ring or both): each kind in `refused` is refused "
     "(mask_with_replicated) on every rank, before any collective; the others run",
-    masked_rejects_replicated, ring=1,
-    extra=REPLICATED + (Param("refused", "str_list", list(_REPLICATED_KWARGS), "replicated kinds refused with a mask: prefix, suffix, kv_prefix"),),
-    requires=(Capability.MASK, Capability.REPLICATED_PREFIX, Capability.REPLICATED_SUFFIX, Capability.REPLICATED_KV_PREFIX),
-    checks=(replicated_positive, _check_refused), min_world_size=2, timeout_s=60.0,
+    masked_rejects_replicated,
+    ring=1,
+    extra=REPLICATED
+    + (
+        Param(
+            "refused",
+            "str_list",
+            list(_REPLICATED_KWARGS),
+            "replicated kinds refused with a mask: prefix, suffix, kv_prefix",
+        ),
+    ),
+    requires=(
+        Capability.MASK,
+        Capability.REPLICATED_PREFIX,
+        Capability.REPLICATED_SUFFIX,
+        Capability.REPLICATED_KV_PREFIX,
+    ),
+    checks=(replicated_positive, _check_refused),
+    min_world_size=2,
+    timeout_s=60.0,
 )

@@ -28,8 +28,15 @@ try:
 except ImportError:  # Windows: no flock; stale temp files are then recognised by age alone
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["write_bytes_atomic", "write_json_atomic", "dump_json", "check_writable", "remove_orphaned_temps",
-           "ORPHAN_GRACE_S", "STALE_TEMP_S"]
+__all__ = [
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "dump_json",
+    "check_writable",
+    "remove_orphaned_temps",
+    "ORPHAN_GRACE_S",
+    "STALE_TEMP_S",
+]
 
 ORPHAN_GRACE_S = 30.0
 STALE_TEMP_S = 3600.0
@@ -136,7 +143,11 @@ def remove_orphaned_temps(directory: str | Path) -> list[Path]:
     removed = []
     now = time.time()
     try:
-        entries = [Path(e.path) for e in os.scandir(directory) if _TEMP_NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+        entries = [
+            Path(e.path)
+            for e in os.scandir(directory)
+            if _TEMP_NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False)
+        ]
     except OSError:
         return removed
     for path in entries:

@@ -17,8 +17,17 @@ from typing import Any
 
 from harness.errors import ConfigError
 
-__all__ = ["MAX_DEPTH", "INT_MIN", "INT_MAX", "Refused", "JSON_HOOKS", "toml_float", "check_document", "join_key",
-           "out_of_range"]
+__all__ = [
+    "MAX_DEPTH",
+    "INT_MIN",
+    "INT_MAX",
+    "Refused",
+    "JSON_HOOKS",
+    "toml_float",
+    "check_document",
+    "join_key",
+    "out_of_range",
+]
 
 #: Nesting levels a document may have (parity's deepest, a results file, has 7).
 MAX_DEPTH = 64
@@ -82,8 +91,11 @@ def check_document(value: Any, path: str | Path, key: str = "", depth: int = 0, 
     if depth > MAX_DEPTH:
         raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", path=path, key=key or None)
     if nul_free and isinstance(value, str) and "\x00" in value:
-        raise ConfigError("a NUL character in a string (it cannot be part of a path, an argument or a name)", path=path,
-                          key=key or None)
+        raise ConfigError(
+            "a NUL character in a string (it cannot be part of a path, an argument or a name)",
+            path=path,
+            key=key or None,
+        )
     if isinstance(value, Refused):
         raise ConfigError(str(value), path=path, key=key or None)
     if isinstance(value, float) and not math.isfinite(value):

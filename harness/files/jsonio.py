@@ -19,8 +19,17 @@ from harness.errors import ConfigError
 from harness.files.documents import INT_MAX, INT_MIN, JSON_HOOKS, check_document, join_key, out_of_range
 from harness.files.reading import MAX_BYTES, read_text
 
-__all__ = ["read_json", "join_key", "expect_object", "expect_number", "expect_int", "expect_str", "expect_id",
-           "expect_known_key", "MAX_ID_LENGTH"]
+__all__ = [
+    "read_json",
+    "join_key",
+    "expect_object",
+    "expect_number",
+    "expect_int",
+    "expect_str",
+    "expect_id",
+    "expect_known_key",
+    "MAX_ID_LENGTH",
+]
 
 #: Ids become file names (``<id>.png`` plus a temp-file prefix): a safe alphabet and well under 255 bytes.
 MAX_ID_LENGTH = 128
@@ -60,13 +69,14 @@ def expect_known_key(key: str, own: Sequence[str], upstream: Sequence[str], path
     near = difflib.get_close_matches(key, [*own, *upstream], n=1, cutoff=0.6)
     hint = f"did you mean {near[0]!r}? " if near else ""
     theirs = f", sglang's {', '.join(upstream)} (kept, not gated)" if upstream else ""
-    raise ConfigError(f"unknown key: {hint}the keys here are {', '.join(own)}{theirs} and comments starting with '_'",
-                      path=path, key=where)
+    raise ConfigError(
+        f"unknown key: {hint}the keys here are {', '.join(own)}{theirs} and comments starting with '_'",
+        path=path,
+        key=where,
+    )
 
 
-def expect_number(
-    value: Any, path: str | Path, key: str, *, lo: float | None = None, hi: float | None = None
-) -> float:
+def expect_number(value: Any, path: str | Path, key: str, *, lo: float | None = None, hi: float | None = None) -> float:
     """A finite JSON number within [lo, hi] as float; ints are accepted (sglang writes
     ``"psnr_threshold": 19``) but booleans are not (``true`` is an int to Python, not a bound)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -108,8 +118,12 @@ def expect_id(value: Any, path: str | Path | None, key: str, what: str = "case i
     no ``..``, at most :data:`MAX_ID_LENGTH` characters."""
     if not isinstance(value, str) or not _SAFE_ID.fullmatch(value) or ".." in value or len(value) > MAX_ID_LENGTH:
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        raise ConfigError(f"{what} {shown} is not usable as a file name: letters, digits, '_', '.', '-' (not first), "
-                          f"no '..', at most {MAX_ID_LENGTH} characters", path=path, key=key)
+        raise ConfigError(
+            f"{what} {shown} is not usable as a file name: letters, digits, '_', '.', '-' (not first), "
+            f"no '..', at most {MAX_ID_LENGTH} characters",
+            path=path,
+            key=key,
+        )
     return value
 
 

@@ -50,12 +50,15 @@ def _refuse_animation(data: bytes, path: str | Path) -> None:
     """Walk the chunk headers (length, type) without decoding anything; an APNG's frame chunks are refused."""
     offset = len(_PNG_SIGNATURE)
     while offset + 8 <= len(data):
-        length, kind = int.from_bytes(data[offset:offset + 4], "big"), data[offset + 4:offset + 8]
+        length, kind = int.from_bytes(data[offset : offset + 4], "big"), data[offset + 4 : offset + 8]
         if kind in _ANIMATION_CHUNKS:
-            frames = int.from_bytes(data[offset + 8:offset + 12], "big") if kind == b"acTL" else None
+            frames = int.from_bytes(data[offset + 8 : offset + 12], "big") if kind == b"acTL" else None
             count = f", {frames} frames" if frames is not None else ""
-            raise ConfigError(f"an animated PNG (APNG{count}): a reference or candidate file is one still image "
-                              "(a video is one PNG per frame)", path=path)
+            raise ConfigError(
+                f"an animated PNG (APNG{count}): a reference or candidate file is one still image "
+                "(a video is one PNG per frame)",
+                path=path,
+            )
         if kind == b"IEND":
             return
         offset += 12 + length  # length, type, data, CRC

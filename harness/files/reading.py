@@ -19,14 +19,26 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 
-__all__ = ["MAX_BYTES", "describe_non_regular", "is_present", "is_directory_present", "read_regular_bytes",
-           "read_text", "lstat_kind"]
+__all__ = [
+    "MAX_BYTES",
+    "describe_non_regular",
+    "is_present",
+    "is_directory_present",
+    "read_regular_bytes",
+    "read_text",
+    "lstat_kind",
+]
 
 #: The largest file parity reads (results and sweep files of big runs are a few MB).
 MAX_BYTES = 32 * 2**20
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def describe_non_regular(path: str | Path) -> str | None:
@@ -170,6 +182,7 @@ def read_text(path: str | Path, max_bytes: int = MAX_BYTES, within: str | Path |
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line})",
-                          path=path) from None
+        raise ConfigError(
+            f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line})", path=path
+        ) from None
     return text.removeprefix("\ufeff")

@@ -38,9 +38,12 @@ def read_toml(path: str | Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
         if found is None:
             raise ConfigError("invalid TOML: a value Python cannot convert", path=p) from None
         start = text.rfind("\n", 0, found.start()) + 1
-        raise ConfigError(f"invalid TOML: line {text.count(chr(10), 0, start) + 1}: an integer of "
-                          f"{len(found.group())} digits is out of range", path=p,
-                          key=_key_at(text, start, text[start:found.start()].partition("=")[0])) from None
+        raise ConfigError(
+            f"invalid TOML: line {text.count(chr(10), 0, start) + 1}: an integer of "
+            f"{len(found.group())} digits is out of range",
+            path=p,
+            key=_key_at(text, start, text[start : found.start()].partition("=")[0]),
+        ) from None
     check_document(data, p, nul_free=True)
     return data
 

@@ -50,14 +50,26 @@ class Change:
 
     def cells(self) -> tuple[str, ...]:
         """Its row of ``parity bless``'s table, under :data:`CHANGE_HEADERS`."""
-        return (self.case_id, self.kind, self.shape, (self.old_digest or "-")[:12], self.new_digest[:12],
-                psnr_text(self.psnr), "; ".join(self.fields) or "-")
+        return (
+            self.case_id,
+            self.kind,
+            self.shape,
+            (self.old_digest or "-")[:12],
+            self.new_digest[:12],
+            psnr_text(self.psnr),
+            "; ".join(self.fields) or "-",
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"case_id": self.case_id, "change": self.kind, "shape": self.shape, "old_sha256": self.old_digest,
-                "new_sha256": self.new_digest,
-                "psnr_old_vs_new": None if self.psnr is None else ("inf" if math.isinf(self.psnr) else self.psnr),
-                "fields_changed": self.fields}
+        return {
+            "case_id": self.case_id,
+            "change": self.kind,
+            "shape": self.shape,
+            "old_sha256": self.old_digest,
+            "new_sha256": self.new_digest,
+            "psnr_old_vs_new": None if self.psnr is None else ("inf" if math.isinf(self.psnr) else self.psnr),
+            "fields_changed": self.fields,
+        }
 
 
 CHANGE_HEADERS = ("case", "change", "shape", "old sha256", "new sha256", "psnr old vs new", "fields changed")
@@ -75,8 +87,11 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
     for reference in references:
         reason = reference.pipeline_run.unavailable(pools.device)
         if reason:
-            raise ConfigError(f"its pipeline target {reference.target!r} cannot run here: {reason}", path=reference.source,
-                              key=f"cases.{reference.id}")
+            raise ConfigError(
+                f"its pipeline target {reference.target!r} cannot run here: {reason}",
+                path=reference.source,
+                key=f"cases.{reference.id}",
+            )
     if any(r.pipeline_run.in_ranks for r in references):
         pools.prestart([1])
     by_run: dict[str, np.ndarray] = {}
@@ -86,8 +101,11 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
         if key not in by_run:
             produced = generate(reference.pipeline_run, pools, timeout)
             if produced.nonfinite:
-                raise ConfigError(f"refusing to bless: {nonfinite_reason(produced.nonfinite)}", path=case.source,
-                                  key=f"cases.{case.id}")
+                raise ConfigError(
+                    f"refusing to bless: {nonfinite_reason(produced.nonfinite)}",
+                    path=case.source,
+                    key=f"cases.{case.id}",
+                )
             by_run[key] = produced.output
         out.append(blessing(case.id, by_run[key], case.pinned, 1, case.target))
     return out
@@ -98,8 +116,11 @@ def _candidates(results_dir: Path) -> Path:
     directory = results_dir / CANDIDATES_DIR
     kind = lstat_kind(directory)
     if kind not in ("a directory", "nothing"):
-        raise ConfigError(f"is {kind or 'a regular file'}, not the folder of candidates a gate run saves", path=directory,
-                          key="--from-results")
+        raise ConfigError(
+            f"is {kind or 'a regular file'}, not the folder of candidates a gate run saves",
+            path=directory,
+            key="--from-results",
+        )
     return directory
 
 
@@ -109,8 +130,12 @@ def saved_candidates(results_dir: Path, carried: Sequence[str] = ()) -> list[str
     directory = _candidates(results_dir)
     if lstat_kind(directory / MANIFEST) == "nothing":
         gate = command(["gate", "--report", str(results_dir), "--keep-outputs"], carried)
-        raise ConfigError(f"holds no saved candidates: run `{gate}` (failing image cases save theirs, "
-                          "--keep-outputs saves every case's)", path=results_dir, key="--from-results")
+        raise ConfigError(
+            f"holds no saved candidates: run `{gate}` (failing image cases save theirs, "
+            "--keep-outputs saves every case's)",
+            path=results_dir,
+            key="--from-results",
+        )
     return sorted(read_manifest(directory))
 
 
@@ -121,10 +146,14 @@ def failed_cases(results_dir: Path) -> list[str]:
         records = stage_records(read_json(path, within=results_dir), path)
     except ConfigError:  # unreadable: the message that wanted the names does without them
         return []
-    return sorted(case_id for (stage, case_id), r in records.items() if stage == "images" and r.record["status"] == FAILED)
+    return sorted(
+        case_id for (stage, case_id), r in records.items() if stage == "images" and r.record["status"] == FAILED
+    )
 
 
-def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path, carried: Sequence[str] = ()) -> list[Blessing]:
+def blessings_from_results(
+    cases: Sequence[ImageCase], results_dir: Path, carried: Sequence[str] = ()
+) -> list[Blessing]:
     """The candidates a gate run saved, as new references of ``cases``; refused (nothing written) when one is unusable.
 
     A reference is a one-rank output, so an N-rank case takes the candidate of a one-rank case
@@ -140,23 +169,32 @@ def blessings_from_results(cases: Sequence[ImageCase], results_dir: Path, carrie
         entry = saved.get(case.id)
         source = case.id if entry is not None and entry.world_size == 1 else one_rank.get(want)
         if entry is not None and entry.fingerprint != want:
-            problems.append(f"{case.id}: its fields changed after that run ({'; '.join(changed_fields(entry.fields, case.pinned))})")
+            problems.append(
+                f"{case.id}: its fields changed after that run ({'; '.join(changed_fields(entry.fields, case.pinned))})"
+            )
         elif source is None and entry is None:
             problems.append(f"{case.id}: that run saved no candidate for it")
         elif source is None:
-            problems.append(f"{case.id}: its candidate ran on {entry.world_size} ranks and a reference is a one-rank "
-                            f"output; no one-rank case of that run has its fields: run `{command(['bless', case.id], carried)}`")
+            problems.append(
+                f"{case.id}: its candidate ran on {entry.world_size} ranks and a reference is a one-rank "
+                f"output; no one-rank case of that run has its fields: run `{command(['bless', case.id], carried)}`"
+            )
         else:
             found = find_reference(directory, source, saved)
             assert found is not None  # listed in the manifest just read
             shape = load_pipeline_target(case.target, case.target_args).output_shape(case.fields)
             if shape is not None and found.array.shape != shape:
-                problems.append(f"{case.id}: its candidate ({source}) is {list(found.array.shape)}; the case makes {list(shape)}")
+                problems.append(
+                    f"{case.id}: its candidate ({source}) is {list(found.array.shape)}; the case makes {list(shape)}"
+                )
                 continue
             out.append(blessing(case.id, found.array, case.pinned, 1, found.entry.pipeline))
     if problems:
-        raise ConfigError("cannot bless from that run; nothing was written:\n  " + "\n  ".join(problems),
-                          path=directory, key="--from-results")
+        raise ConfigError(
+            "cannot bless from that run; nothing was written:\n  " + "\n  ".join(problems),
+            path=directory,
+            key="--from-results",
+        )
     return out
 
 
@@ -191,7 +229,11 @@ def changes(directory: Path, blessings: Sequence[Blessing]) -> list[Change]:
         value = psnr(old.array, b.array) if old.array.shape == b.array.shape else None
         if old.array.shape != b.array.shape:
             shape = f"{'x'.join(map(str, old.array.shape))} → {shape}"
-        fields = changed_fields(old.entry.fields, b.entry.fields or {}) if old.entry.fingerprint != b.entry.fingerprint else []
+        fields = (
+            changed_fields(old.entry.fields, b.entry.fields or {})
+            if old.entry.fingerprint != b.entry.fingerprint
+            else []
+        )
         old_digest = _digest(old.entry.files)
         kind = "unchanged" if old.entry.files == b.entry.files else "changed"
         out.append(Change(b.entry.case_id, kind, old_digest, new_digest, value, fields, shape))

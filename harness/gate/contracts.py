@@ -25,16 +25,21 @@ def load_contract_cases(cases_root: Path, options: RunOptions) -> list[Case]:
     return load_cases(cases_root, platform_of_device(options.device), target.overlay or target.name)
 
 
-def run_contract_cases(cases: Sequence[Case], options: RunOptions, pools: PoolSet, err: Console,
-                       name: str = "contracts", release_pools: bool = False) -> StageResult:
+def run_contract_cases(
+    cases: Sequence[Case],
+    options: RunOptions,
+    pools: PoolSet,
+    err: Console,
+    name: str = "contracts",
+    release_pools: bool = False,
+) -> StageResult:
     """Run ``cases`` with a progress bar on ``err``; the stage's results with its timing in ``extra``."""
     check_device(options.device)
     start = time.perf_counter()
     with progress(err, len(cases), name) as advance:
         results = run_cases(cases, options, pools, release_pools=release_pools, on_result=advance)
     wall = time.perf_counter() - start
-    timing = {"cases_s": sum(r.duration_s for r in results),
-              "pool_startup_s": dict(sorted(pools.startup_s.items()))}
+    timing = {"cases_s": sum(r.duration_s for r in results), "pool_startup_s": dict(sorted(pools.startup_s.items()))}
     return StageResult(name, results, wall, extra=timing)
 
 

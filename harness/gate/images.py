@@ -41,8 +41,15 @@ CANDIDATES_DIR = "candidates"  # <report>/candidates: the outputs a gate run sav
 TRIPTYCHS_DIR = "triptychs"
 IMAGE_COLUMNS: tuple[Column, ...] = (
     ("kind", lambda r: str(r.params.get("kind", ""))),
-    *((name, lambda r, m=metric: "skipped" if m in (r.figures.get("skipped_metrics") or {}) else figure(r.figures.get(m)))
-      for name, metric in zip(("clip", "ssim", "psnr", "mad"), METRICS)),
+    *(
+        (
+            name,
+            lambda r, m=metric: (
+                "skipped" if m in (r.figures.get("skipped_metrics") or {}) else figure(r.figures.get(m))
+            ),
+        )
+        for name, metric in zip(("clip", "ssim", "psnr", "mad"), METRICS)
+    ),
 )
 
 
@@ -78,16 +85,33 @@ def violations(metrics: dict[str, float | None], thresholds: Thresholds) -> list
     return out
 
 
-def judge_case(case: ImageCase, ref: np.ndarray, cand: np.ndarray, thresholds: Thresholds,
-               scorer: ClipScorer | None, clip_skip: str | None) -> CaseResult:
+def judge_case(
+    case: ImageCase,
+    ref: np.ndarray,
+    cand: np.ndarray,
+    thresholds: Thresholds,
+    scorer: ClipScorer | None,
+    clip_skip: str | None,
+) -> CaseResult:
     """The case's result: the metrics of ``cand`` (from the case's target) against ``ref``, judged by ``thresholds``."""
-    figures: dict[str, object] = {"thresholds": {m: thresholds.get(m) for m in METRICS},
-                                  "threshold_source": dict(thresholds.source)}
-    result = CaseResult(case.id, f"images.{case.kind}", PASSED, bound=describe_bounds(thresholds), params=case_params(case),
-                        target=case.target, figures=figures)
+    figures: dict[str, object] = {
+        "thresholds": {m: thresholds.get(m) for m in METRICS},
+        "threshold_source": dict(thresholds.source),
+    }
+    result = CaseResult(
+        case.id,
+        f"images.{case.kind}",
+        PASSED,
+        bound=describe_bounds(thresholds),
+        params=case_params(case),
+        target=case.target,
+        figures=figures,
+    )
     if ref.shape != cand.shape:
         result.status = FAILED
-        result.reason = f"candidate shape {cand.shape} differs from the reference's {ref.shape} (re-bless if the case changed)"
+        result.reason = (
+            f"candidate shape {cand.shape} differs from the reference's {ref.shape} (re-bless if the case changed)"
+        )
         figures.update(dict.fromkeys(METRICS))
         return result
     metrics = measure(ref, cand, case.kind, scorer)
@@ -99,9 +123,12 @@ def judge_case(case: ImageCase, ref: np.ndarray, cand: np.ndarray, thresholds: T
         skipped["clip"] = clip_skip
     if skipped:
         figures["skipped_metrics"] = skipped
-    unpinned = [f"{m} bound not measured ({why}), and the case does not pin it: measure it, or pin it with "
-                f"unmeasured = {{ {m} = \"{why}\" }} in {case.source}" for m, why in skipped.items()
-                if m not in nan and case.unmeasured.get(m, "\0") not in why]
+    unpinned = [
+        f"{m} bound not measured ({why}), and the case does not pin it: measure it, or pin it with "
+        f'unmeasured = {{ {m} = "{why}" }} in {case.source}'
+        for m, why in skipped.items()
+        if m not in nan and case.unmeasured.get(m, "\0") not in why
+    ]
     problems = [f"{m} is NaN: it can neither pass nor fail" for m in nan] + unpinned + violations(metrics, thresholds)
     if problems:
         result.status, result.reason = FAILED, "; ".join(problems)
@@ -128,8 +155,9 @@ def load_inputs(ctx: GateContext) -> _Inputs:
 
     options = ctx.options
     platform = platform_name(ctx.device)
-    cases = sorted(load_image_cases(options.cases_root, options.pipeline, options.pipeline_args),
-                   key=lambda c: c.world_size)  # stable: file order per world
+    cases = sorted(
+        load_image_cases(options.cases_root, options.pipeline, options.pipeline_args), key=lambda c: c.world_size
+    )  # stable: file order per world
     thresholds = ThresholdSet.for_platform(options.baselines_dir, platform)
     bounds = {c.id: thresholds.for_case(c.id, c.kind) for c in cases}
     references = {c.id: find_reference(options.baselines_dir / REFERENCES_DIR, c.id) for c in cases}
@@ -158,7 +186,9 @@ class ImageStage:
             ctx.out.print(f"images: clip skipped: {inputs.clip_skip}")
         options = ctx.options
         timeout = options.run.timeout or DEFAULT_CASE_TIMEOUT_S
-        if options.report_dir is not None:  # only this run's candidates: bless --from-results must not promote an older one
+        if (
+            options.report_dir is not None
+        ):  # only this run's candidates: bless --from-results must not promote an older one
             shutil.rmtree(options.report_dir / CANDIDATES_DIR, ignore_errors=True)
 
         def judge(case: ImageCase) -> CaseResult:
@@ -167,8 +197,9 @@ class ImageStage:
             result = unjudged(case, ref, inputs.bounds[case.id], options.carried())
             if result is None:
                 assert ref is not None  # unjudged() answers for a missing reference
-                result = judge_case(case, ref.array, produced.output, inputs.bounds[case.id], inputs.scorer,
-                                    inputs.clip_skip)
+                result = judge_case(
+                    case, ref.array, produced.output, inputs.bounds[case.id], inputs.scorer, inputs.clip_skip
+                )
                 _name_reference_pipeline(result, ref, case)
             if produced.nonfinite:  # its uint8 pixels hide NaN as 0: whatever the metrics say, the run is broken
                 result.status, result.reason = FAILED, nonfinite_reason(produced.nonfinite)
@@ -189,7 +220,9 @@ class ImageStage:
         print_results(ctx.out, results, "gate: images", IMAGE_COLUMNS, options.tables)
         ctx.out.print(f"images: {summary_line(results, wall)}")
         return StageResult(
-            self.name, results, wall,
+            self.name,
+            results,
+            wall,
             extra={
                 "platform": inputs.platform,
                 "thresholds_files": inputs.thresholds.paths,
@@ -201,7 +234,9 @@ class ImageStage:
         )
 
 
-def unjudged(case: ImageCase, ref: Reference | None, bounds: Thresholds, carried: Sequence[str] = ()) -> CaseResult | None:
+def unjudged(
+    case: ImageCase, ref: Reference | None, bounds: Thresholds, carried: Sequence[str] = ()
+) -> CaseResult | None:
     """The failed result of a case that has no reference, or whose fields changed since it was blessed; None
     when the reference is this case's (a reference blessed before fingerprints were recorded counts as this case's)."""
     if ref is not None and ref.entry.fingerprint in (None, fingerprint(case.pinned)):
@@ -212,10 +247,23 @@ def unjudged(case: ImageCase, ref: Reference | None, bounds: Thresholds, carried
     else:
         changes = "; ".join(changed_fields(ref.entry.fields, case.pinned))
         reason, state = f"case changed since it was blessed ({changes}): run `{bless}`", "changed"
-    figures: dict[str, object] = {"reference": state, **dict.fromkeys(METRICS),
-                                  "thresholds": {m: bounds.get(m) for m in METRICS}, "threshold_source": dict(bounds.source)}
-    return CaseResult(case.id, f"images.{case.kind}", FAILED, reason, figures, describe_bounds(bounds),
-                      params=case_params(case), target=case.target, next_step=bless)
+    figures: dict[str, object] = {
+        "reference": state,
+        **dict.fromkeys(METRICS),
+        "thresholds": {m: bounds.get(m) for m in METRICS},
+        "threshold_source": dict(bounds.source),
+    }
+    return CaseResult(
+        case.id,
+        f"images.{case.kind}",
+        FAILED,
+        reason,
+        figures,
+        describe_bounds(bounds),
+        params=case_params(case),
+        target=case.target,
+        next_step=bless,
+    )
 
 
 def _name_reference_pipeline(result: CaseResult, ref: Reference, case: ImageCase) -> None:
@@ -228,11 +276,17 @@ def _name_reference_pipeline(result: CaseResult, ref: Reference, case: ImageCase
 
 def _regression_step(case: ImageCase, report: Path | None, carried: Sequence[str]) -> str:
     """Where to look, and how to bless if the change is intended (a saved candidate only serves a one-rank case)."""
-    bless = command(["bless", "--from-results", str(report), case.id] if report is not None and case.world_size == 1
-                    else ["bless", case.id], carried)
+    bless = command(
+        ["bless", "--from-results", str(report), case.id]
+        if report is not None and case.world_size == 1
+        else ["bless", case.id],
+        carried,
+    )
     if report is None:
-        return (f"{command(['gate', '--report', 'parity-report'], carried)}  (writes the triptych of {case.id}); "
-                f"if the change is intended: {bless}")
+        return (
+            f"{command(['gate', '--report', 'parity-report'], carried)}  (writes the triptych of {case.id}); "
+            f"if the change is intended: {bless}"
+        )
     from harness.report.html import anchor
 
     return f"see {report / 'index.html'}#{anchor('images', case.id)}; if the change is intended: {bless}"

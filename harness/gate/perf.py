@@ -40,13 +40,18 @@ RATIO_CASES_DIR = "perf"
 ABSOLUTE_PROFILE = "pr_test"
 POOL_TAGS = {BASE: "perf-base", HEAD: "perf-head"}
 ABSOLUTE_COLUMNS: tuple[Column, ...] = (
-    figure_column("e2e ms", "e2e_ms"), figure_column("expected", "expected_e2e_ms"), figure_column("wall ms", "wall_ms"),
-    figure_column("denoise ms", "denoise_ms"), figure_column("step ms", "median_step_ms"),
+    figure_column("e2e ms", "e2e_ms"),
+    figure_column("expected", "expected_e2e_ms"),
+    figure_column("wall ms", "wall_ms"),
+    figure_column("denoise ms", "denoise_ms"),
+    figure_column("step ms", "median_step_ms"),
     figure_column("peak MB", "peak_memory_mb"),
 )
 AB_COLUMNS: tuple[Column, ...] = (
-    figure_column("base e2e ms", "e2e_base_ms"), figure_column("head e2e ms", "e2e_head_ms"),
-    figure_column("head/base", "e2e_ratio"), ("interval", lambda r: _interval(r.figures)),
+    figure_column("base e2e ms", "e2e_base_ms"),
+    figure_column("head e2e ms", "e2e_head_ms"),
+    figure_column("head/base", "e2e_ratio"),
+    ("interval", lambda r: _interval(r.figures)),
     figure_column("pairs", "pairs"),
 )
 
@@ -61,7 +66,9 @@ def how_to_create(platform: str, gate: Sequence[str], recalibrate: Sequence[str]
     ``recalibrate`` are the options each must carry (:func:`harness.project.carried_options`)."""
     runs = [f"perf-run{i}" for i in (1, 2, 3)]
     lines = [command(["gate", "--perf", "--report", run], gate) for run in runs]
-    lines.append(command(["recalibrate", "perf", "--results", *(f"{run}/results.json" for run in runs), "--write"], recalibrate))
+    lines.append(
+        command(["recalibrate", "perf", "--results", *(f"{run}/results.json" for run in runs), "--write"], recalibrate)
+    )
     return f"to create one on this machine, run `{' && '.join(lines)}` (writes platforms/perf/{platform}.json)"
 
 
@@ -120,10 +127,15 @@ class PerfStage:
         platform = platform_name(ctx.device)
         baseline = machine_baseline(ctx, platform)
         if baseline is None or not baseline.scenario_ids:
-            where = f"no {PERF_BASE_FILE} in {ctx.options.baselines_dir}" if baseline is None else \
-                f"no perf baseline for hardware '{platform}'"
-            return (f"{where}; time HEAD against BASE side by side with `--perf-base SPEC` (or `parity perf BASE HEAD`), "
-                    f"or, on a dedicated runner, {how_to_create(platform, ctx.options.carried(), _baselines_only(ctx))}")
+            where = (
+                f"no {PERF_BASE_FILE} in {ctx.options.baselines_dir}"
+                if baseline is None
+                else f"no perf baseline for hardware '{platform}'"
+            )
+            return (
+                f"{where}; time HEAD against BASE side by side with `--perf-base SPEC` (or `parity perf BASE HEAD`), "
+                f"or, on a dedicated runner, {how_to_create(platform, ctx.options.carried(), _baselines_only(ctx))}"
+            )
         return None
 
     def preflight(self, ctx: GateContext) -> None:
@@ -160,10 +172,17 @@ class PerfStage:
         print_results(ctx.out, results, title, columns, ctx.options.tables)
         ctx.out.print(f"perf: {summary_line(results, wall)}")
         extra.update(platform=platform, pool_startup_s=dict(sorted(ctx.pools.startup_s.items())))
-        return StageResult(self.name, results, wall, extra=extra,
-                           top_level={"platform": platform, "device_name": hardware_name(ctx.device), **top})
+        return StageResult(
+            self.name,
+            results,
+            wall,
+            extra=extra,
+            top_level={"platform": platform, "device_name": hardware_name(ctx.device), **top},
+        )
 
-    def _run_ab(self, ctx: GateContext, cases: list[ImageCase]) -> tuple[list[CaseResult], float, dict[str, Any], dict[str, Any]]:
+    def _run_ab(
+        self, ctx: GateContext, cases: list[ImageCase]
+    ) -> tuple[list[CaseResult], float, dict[str, Any], dict[str, Any]]:
         perf, timeout = ctx.options.perf, ctx.options.run.timeout or DEFAULT_CASE_TIMEOUT_S
         assert perf.base is not None
         tolerances = ab_tolerances(ctx)
@@ -176,39 +195,59 @@ class PerfStage:
 
             def judge(case: ImageCase) -> CaseResult:
                 (base_spec, base_tag), (head_spec, head_tag) = runs_of(case)
-                with Session(base_spec, ctx.pools, tag=base_tag, timeout=timeout) as b, \
-                        Session(head_spec, ctx.pools, tag=head_tag, timeout=timeout) as h:
+                with (
+                    Session(base_spec, ctx.pools, tag=base_tag, timeout=timeout) as b,
+                    Session(head_spec, ctx.pools, tag=head_tag, timeout=timeout) as h,
+                ):
                     comparison = compare(b, h, perf.sampling, tolerances)
                 return ab_result(case, comparison, base, heads[case.id], perf.sampling.confidence, tolerances)
 
             results, wall = run_each_case(ctx, self.name, cases, "perf", judge, runs_of)
-        extra = {"mode": "ab", "base": base.describe(), "method": METHOD, "order": ORDER,
-                 "sampling": dataclasses.asdict(perf.sampling), "tolerances": dataclasses.asdict(tolerances),
-                 "inconclusive": perf.inconclusive}
+        extra = {
+            "mode": "ab",
+            "base": base.describe(),
+            "method": METHOD,
+            "order": ORDER,
+            "sampling": dataclasses.asdict(perf.sampling),
+            "tolerances": dataclasses.asdict(tolerances),
+            "inconclusive": perf.inconclusive,
+        }
         return results, wall, extra, {}
 
-    def _run_absolute(self, ctx: GateContext, cases: list[ImageCase],
-                      platform: str) -> tuple[list[CaseResult], float, dict[str, Any], dict[str, Any]]:
+    def _run_absolute(
+        self, ctx: GateContext, cases: list[ImageCase], platform: str
+    ) -> tuple[list[CaseResult], float, dict[str, Any], dict[str, Any]]:
         perf, timeout = ctx.options.perf, ctx.options.run.timeout or DEFAULT_CASE_TIMEOUT_S
         baseline = machine_baseline(ctx, platform)
         measured_all: dict[str, dict[str, Any]] = {}
 
         def judge(case: ImageCase) -> CaseResult:
             with Session(case.pipeline_run, ctx.pools, timeout=timeout) as session:
-                measured = {**absolute.measure(session, runs=perf.runs, warmup=perf.sampling.warmup),
-                            "world_size": case.world_size}
+                measured = {
+                    **absolute.measure(session, runs=perf.runs, warmup=perf.sampling.warmup),
+                    "world_size": case.world_size,
+                }
             measured_all[case.id] = measured
             expected = baseline.scenario(case.id) if baseline is not None else None
-            result = CaseResult(case.id, f"perf.{case.kind}", SKIPPED, params=case_params(case), target=case.target,
-                                figures=_absolute_figures(measured))
+            result = CaseResult(
+                case.id,
+                f"perf.{case.kind}",
+                SKIPPED,
+                params=case_params(case),
+                target=case.target,
+                figures=_absolute_figures(measured),
+            )
             if baseline is None or expected is None:
                 result.reason = f"no perf baseline for scenario '{case.id}' on '{platform}'"
                 return result
             return _judge_absolute(result, measured, expected, baseline.tolerances(perf.profile or ABSOLUTE_PROFILE))
 
         results, wall = run_each_case(ctx, self.name, cases, "perf", judge, own_pipeline)
-        extra = {"mode": "absolute", "baseline_files": baseline.paths if baseline is not None else [],
-                 "profile": perf.profile or ABSOLUTE_PROFILE}
+        extra = {
+            "mode": "absolute",
+            "baseline_files": baseline.paths if baseline is not None else [],
+            "profile": perf.profile or ABSOLUTE_PROFILE,
+        }
         return results, wall, extra, {"perf": measured_all}
 
 
@@ -247,36 +286,63 @@ def _absolute_figures(measured: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _judge_absolute(result: CaseResult, measured: dict[str, Any], expected: dict[str, Any],
-                    tolerances: Tolerances) -> CaseResult:
+def _judge_absolute(
+    result: CaseResult, measured: dict[str, Any], expected: dict[str, Any], tolerances: Tolerances
+) -> CaseResult:
     """The raw measurement against the stored scenario, value by value."""
     checks = check_perf(expected, measured, tolerances)
     problems = failed_checks(checks)
-    result.figures.update(expected_e2e_ms=expected[E2E], tolerances=dataclasses.asdict(tolerances),
-                          values=[dataclasses.asdict(c) for c in checks])
-    result.status, result.reason = (FAILED, "; ".join(problems) + " [raw times against the stored baseline]") if problems \
-        else (PASSED, None)
+    result.figures.update(
+        expected_e2e_ms=expected[E2E],
+        tolerances=dataclasses.asdict(tolerances),
+        values=[dataclasses.asdict(c) for c in checks],
+    )
+    result.status, result.reason = (
+        (FAILED, "; ".join(problems) + " [raw times against the stored baseline]") if problems else (PASSED, None)
+    )
     result.bound = f"{len(checks)} raw values within their tolerance of the stored baseline"
     return result
 
 
-def ab_result(case: ImageCase, comparison: Comparison, base: Side, head: Side, confidence: float,
-              tolerances: Tolerances) -> CaseResult:
+def ab_result(
+    case: ImageCase, comparison: Comparison, base: Side, head: Side, confidence: float, tolerances: Tolerances
+) -> CaseResult:
     """An A/B as a case result: failed if any figure is slower beyond its limit, inconclusive if any is undecided."""
-    figures: dict[str, Any] = {"mode": "ab", "pairs": comparison.pairs, "confidence": confidence, "method": METHOD,
-                               "order": ORDER, "base": base.describe(), "head": head.describe()}
+    figures: dict[str, Any] = {
+        "mode": "ab",
+        "pairs": comparison.pairs,
+        "confidence": confidence,
+        "method": METHOD,
+        "order": ORDER,
+        "base": base.describe(),
+        "head": head.describe(),
+    }
     for key, label in (("e2e", E2E), ("wall", WALL)):
         verdict = comparison.verdict(label)
         if verdict is not None and verdict.interval is not None:
-            figures.update({f"{key}_base_ms": verdict.base_ms, f"{key}_head_ms": verdict.head_ms,
-                            f"{key}_ratio": verdict.interval.ratio, f"{key}_ratio_low": verdict.interval.low,
-                            f"{key}_ratio_high": verdict.interval.high})
-    figures.update(figures_judged={v.label: v.to_json() for v in comparison.verdicts}, unpaired=comparison.unpaired,
-                   peak_memory_mb=comparison.peak_memory_mb, tolerances=dataclasses.asdict(tolerances),
-                   samples=comparison.samples)
-    result = CaseResult(case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=case.target, figures=figures)
-    result.bound = (f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "
-                    f"({comparison.pairs} {ORDER} pairs)")
+            figures.update(
+                {
+                    f"{key}_base_ms": verdict.base_ms,
+                    f"{key}_head_ms": verdict.head_ms,
+                    f"{key}_ratio": verdict.interval.ratio,
+                    f"{key}_ratio_low": verdict.interval.low,
+                    f"{key}_ratio_high": verdict.interval.high,
+                }
+            )
+    figures.update(
+        figures_judged={v.label: v.to_json() for v in comparison.verdicts},
+        unpaired=comparison.unpaired,
+        peak_memory_mb=comparison.peak_memory_mb,
+        tolerances=dataclasses.asdict(tolerances),
+        samples=comparison.samples,
+    )
+    result = CaseResult(
+        case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=case.target, figures=figures
+    )
+    result.bound = (
+        f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "
+        f"({comparison.pairs} {ORDER} pairs)"
+    )
     if comparison.failed:
         result.status = FAILED
         result.reason = "HEAD is slower than BASE: " + "; ".join(v.describe() for v in comparison.failed)
@@ -284,6 +350,7 @@ def ab_result(case: ImageCase, comparison: Comparison, base: Side, head: Side, c
         result.status = INCONCLUSIVE
         shown = comparison.undecided[:3]
         more = f"; and {len(comparison.undecided) - 3} more" if len(comparison.undecided) > 3 else ""
-        result.reason = (f"undecided after {comparison.pairs} pairs (the cap): "
-                         + "; ".join(v.describe() for v in shown) + more)
+        result.reason = (
+            f"undecided after {comparison.pairs} pairs (the cap): " + "; ".join(v.describe() for v in shown) + more
+        )
     return result

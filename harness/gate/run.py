@@ -43,11 +43,17 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
     outcome: dict[str, StageResult | str] = {}
     out = human_console(options.json_path)
     if options.project is not None:
-        out.print(f"project {options.project.file}: cases {options.cases_root}, baselines {options.baselines_dir}",
-                  markup=False, highlight=False, soft_wrap=True)
+        out.print(
+            f"project {options.project.file}: cases {options.cases_root}, baselines {options.baselines_dir}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     with PoolSet(options.run.device) as pools:
         ctx = GateContext(options, out, make_console(stderr=True), pools)
-        plan = [(stage, stage.skip_reason(ctx)) for stage in stages() if not options.stages or stage.name in options.stages]
+        plan = [
+            (stage, stage.skip_reason(ctx)) for stage in stages() if not options.stages or stage.name in options.stages
+        ]
         for stage, reason in plan:
             if not reason:
                 stage.preflight(ctx)
@@ -59,12 +65,22 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
                 outcome[stage.name] = stage.run(ctx)
     inconclusive_fails = options.perf.inconclusive == "fail"
     project = options.project.file if options.project else None
-    document = results_document(options.command, environment(options.run.target, options.run.device, options.run.load().version(),
-                                                              project), outcome, time.perf_counter() - start, inconclusive_fails)
+    document = results_document(
+        options.command,
+        environment(options.run.target, options.run.device, options.run.load().version(), project),
+        outcome,
+        time.perf_counter() - start,
+        inconclusive_fails,
+    )
     results = {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)}
     write_reports(options, document, results)
-    print_verdict(out, options.command, results, options.report_dir / "index.html" if options.report_dir else None,
-                  inconclusive_fails)
+    print_verdict(
+        out,
+        options.command,
+        results,
+        options.report_dir / "index.html" if options.report_dir else None,
+        inconclusive_fails,
+    )
     return document
 
 

@@ -69,7 +69,9 @@ class GateOptions:
     perf: PerfOptions = field(default_factory=PerfOptions)
     keep_outputs: bool = False  # save the candidates of passing image cases too (failing ones always are)
     pipeline_args: TargetArgs = ()  # the factory arguments of ``pipeline`` (--pipeline-target-arg)
-    stages: tuple[str, ...] = ()  # the stages to run (every stage when empty): ``parity perf`` runs the perf stage alone
+    stages: tuple[
+        str, ...
+    ] = ()  # the stages to run (every stage when empty): ``parity perf`` runs the perf stage alone
     command: str = "gate"  # the verb the results document and the last line name
     project: Project | None = None  # the project file in effect: recorded, and what printed commands need not repeat
     tables: str = "all"  # the result tables' rows: all, failures (--failures-only) or none (-q)
@@ -78,9 +80,14 @@ class GateOptions:
         """The options a printed command must repeat to run on these cases, baselines, pipeline (and target) and device."""
         from harness.project import carried_options
 
-        return carried_options(self.project, cases=self.cases_root, baselines=self.baselines_dir if baselines else None,
-                               target=(self.run.target, self.run.target_args) if target else None,
-                               pipeline=None if target else (self.pipeline, self.pipeline_args), device=self.run.device)
+        return carried_options(
+            self.project,
+            cases=self.cases_root,
+            baselines=self.baselines_dir if baselines else None,
+            target=(self.run.target, self.run.target_args) if target else None,
+            pipeline=None if target else (self.pipeline, self.pipeline_args),
+            device=self.run.device,
+        )
 
 
 @dataclass
@@ -110,9 +117,14 @@ def own_pipeline(case: ImageCase) -> list[tuple[PipelineRun, str]]:
     return [(case.pipeline_run, "")]
 
 
-def run_each_case(ctx: GateContext, label: str, cases: Sequence[ImageCase], check: str,
-                  judge: Callable[[ImageCase], CaseResult],
-                  runs_of: Callable[[ImageCase], Sequence[tuple[PipelineRun, str]]] = own_pipeline) -> tuple[list[CaseResult], float]:
+def run_each_case(
+    ctx: GateContext,
+    label: str,
+    cases: Sequence[ImageCase],
+    check: str,
+    judge: Callable[[ImageCase], CaseResult],
+    runs_of: Callable[[ImageCase], Sequence[tuple[PipelineRun, str]]] = own_pipeline,
+) -> tuple[list[CaseResult], float]:
     """``judge(case)`` for every case in the gate's pools, with a progress bar; the results and the wall time.
 
     ``runs_of`` says which pipelines a case runs, each with the tag of its pools (an A/B runs two).
@@ -128,8 +140,16 @@ def run_each_case(ctx: GateContext, label: str, cases: Sequence[ImageCase], chec
     skips = {c.id: next((r for run, _ in plans[c.id] if (r := _why_not(run, ctx.device))), None) for c in cases}
     with progress(ctx.err, len(cases), label) as advance:
         for tag in sorted({tag for plan in plans.values() for _, tag in plan}):
-            ctx.pools.prestart((run.world_size for c in cases if not skips[c.id] for run, t in plans[c.id]
-                                if t == tag and run.in_ranks), tag)
+            ctx.pools.prestart(
+                (
+                    run.world_size
+                    for c in cases
+                    if not skips[c.id]
+                    for run, t in plans[c.id]
+                    if t == tag and run.in_ranks
+                ),
+                tag,
+            )
         for case in cases:
             t0 = time.perf_counter()
             try:
@@ -155,13 +175,28 @@ def _why_not(run: PipelineRun, device: str) -> str | None:
     return run.unavailable(device) or (capacity_reason(run.world_size) if run.in_ranks else None)
 
 
-def _failed_or_skipped(case: ImageCase, check: str, status: Status, reason: str, traceback: str | None = None) -> CaseResult:
-    return CaseResult(case.id, f"{check}.{case.kind}", status, reason, params=case_params(case), target=case.target,
-                      traceback=traceback)
+def _failed_or_skipped(
+    case: ImageCase, check: str, status: Status, reason: str, traceback: str | None = None
+) -> CaseResult:
+    return CaseResult(
+        case.id,
+        f"{check}.{case.kind}",
+        status,
+        reason,
+        params=case_params(case),
+        target=case.target,
+        traceback=traceback,
+    )
 
 
 def case_params(case: ImageCase) -> dict[str, object]:
     """An image case as a result's ``params``: its degrees, kind, pipeline fields and target arguments (when any)."""
     args = {"target_args": dict(case.target_args)} if case.target_args else {}
-    return {"world_size": case.world_size, "ulysses_degree": case.ulysses_degree, "ring_degree": case.ring_degree,
-            "kind": case.kind, **case.fields, **args}
+    return {
+        "world_size": case.world_size,
+        "ulysses_degree": case.ulysses_degree,
+        "ring_degree": case.ring_degree,
+        "kind": case.kind,
+        **case.fields,
+        **args,
+    }

@@ -40,9 +40,11 @@ class Sampling:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
         fewest = min_pairs(self.confidence)
         if self.warmup < 0 or not fewest <= self.min_pairs <= self.max_pairs <= MAX_PAIRS:
-            raise ValueError(f"need warmup >= 0 and {fewest} <= min_pairs <= max_pairs <= {MAX_PAIRS} at confidence "
-                             f"{self.confidence:g}; got warmup={self.warmup}, min_pairs={self.min_pairs}, "
-                             f"max_pairs={self.max_pairs}")
+            raise ValueError(
+                f"need warmup >= 0 and {fewest} <= min_pairs <= max_pairs <= {MAX_PAIRS} at confidence "
+                f"{self.confidence:g}; got warmup={self.warmup}, min_pairs={self.min_pairs}, "
+                f"max_pairs={self.max_pairs}"
+            )
 
 
 class FigureStatus(StrEnum):
@@ -75,14 +77,28 @@ class FigureVerdict:
 
     def to_json(self) -> dict[str, Any]:
         i, c = self.interval, self.claim
-        return {"base_median_ms": self.base_ms, "head_median_ms": self.head_ms, "ratio": i.ratio if i else None,
-                "ratio_low": i.low if i else None, "ratio_high": i.high if i else None, "limit": self.limit,
-                "coverage": i.coverage if i else None, "claim_low": c.low if c else None,
-                "claim_coverage": c.coverage if c else None, "status": str(self.status)}
+        return {
+            "base_median_ms": self.base_ms,
+            "head_median_ms": self.head_ms,
+            "ratio": i.ratio if i else None,
+            "ratio_low": i.low if i else None,
+            "ratio_high": i.high if i else None,
+            "limit": self.limit,
+            "coverage": i.coverage if i else None,
+            "claim_low": c.low if c else None,
+            "claim_coverage": c.coverage if c else None,
+            "status": str(self.status),
+        }
 
 
-def judge_figure(label: str, base: Sequence[float], head: Sequence[float], tolerances: Tolerances,
-                 confidence: float, figures: int = 1) -> FigureVerdict:
+def judge_figure(
+    label: str,
+    base: Sequence[float],
+    head: Sequence[float],
+    tolerances: Tolerances,
+    confidence: float,
+    figures: int = 1,
+) -> FigureVerdict:
     """The verdict on one figure of ``figures`` judged together, from its paired values (rules in the module docstring)."""
     base_ms, head_ms = statistics.median(base), statistics.median(head)
     limit = 1.0 + max(tolerances.get(family(label)), tolerances.abs_floor_ms / base_ms)
@@ -131,9 +147,13 @@ def _paired(base: list[dict[str, float]], head: list[dict[str, float]]) -> tuple
     paired, unpaired = [], {}
     for label in sorted(seen):
         if not all(label in r for r in base):
-            unpaired[label] = "recorded by HEAD only" if not any(label in r for r in base) else "missing from some BASE runs"
+            unpaired[label] = (
+                "recorded by HEAD only" if not any(label in r for r in base) else "missing from some BASE runs"
+            )
         elif not all(label in r for r in head):
-            unpaired[label] = "recorded by BASE only" if not any(label in r for r in head) else "missing from some HEAD runs"
+            unpaired[label] = (
+                "recorded by BASE only" if not any(label in r for r in head) else "missing from some HEAD runs"
+            )
         elif any(r[label] <= 0 for r in base + head):
             unpaired[label] = "a run recorded 0 ms: no ratio"
         else:
@@ -141,16 +161,24 @@ def _paired(base: list[dict[str, float]], head: list[dict[str, float]]) -> tuple
     return paired, unpaired
 
 
-def _judge(base: list[dict[str, float]], head: list[dict[str, float]], tolerances: Tolerances,
-           confidence: float) -> tuple[list[FigureVerdict], dict[str, str]]:
+def _judge(
+    base: list[dict[str, float]], head: list[dict[str, float]], tolerances: Tolerances, confidence: float
+) -> tuple[list[FigureVerdict], dict[str, str]]:
     labels, unpaired = _paired(base, head)
-    verdicts = [judge_figure(label, [r[label] for r in base], [r[label] for r in head], tolerances, confidence, len(labels))
-                for label in labels]
+    verdicts = [
+        judge_figure(label, [r[label] for r in base], [r[label] for r in head], tolerances, confidence, len(labels))
+        for label in labels
+    ]
     return verdicts, unpaired
 
 
-def compare(base: Session, head: Session, sampling: Sampling, tolerances: Tolerances,
-            on_pair: Callable[[int], None] | None = None) -> Comparison:
+def compare(
+    base: Session,
+    head: Session,
+    sampling: Sampling,
+    tolerances: Tolerances,
+    on_pair: Callable[[int], None] | None = None,
+) -> Comparison:
     """Run both sides interleaved until the verdict is decided or capped (module docstring)."""
     for i in range(sampling.warmup):
         base.run(placement=i)
@@ -173,8 +201,15 @@ def compare(base: Session, head: Session, sampling: Sampling, tolerances: Tolera
         if FigureStatus.FAILED in statuses or FigureStatus.UNDECIDED not in statuses:
             break
     base_figures, head_figures = [run_figures(r) for r in base_runs], [run_figures(r) for r in head_runs]
-    samples = {label: {"base": [r[label] for r in base_figures], "head": [r[label] for r in head_figures]}
-               for label in (v.label for v in verdicts)}
-    return Comparison(len(base_runs), verdicts, unpaired, samples,
-                      {"base": _peak_mb(base_runs), "head": _peak_mb(head_runs)},
-                      capped=len(base_runs) == sampling.max_pairs)
+    samples = {
+        label: {"base": [r[label] for r in base_figures], "head": [r[label] for r in head_figures]}
+        for label in (v.label for v in verdicts)
+    }
+    return Comparison(
+        len(base_runs),
+        verdicts,
+        unpaired,
+        samples,
+        {"base": _peak_mb(base_runs), "head": _peak_mb(head_runs)},
+        capped=len(base_runs) == sampling.max_pairs,
+    )

@@ -51,7 +51,7 @@ class Revisions:
 
         args = dict(side.args)
         repo = Path(args["repo"]) if "repo" in args else default_repo()
-        commit = resolve_commit(side.target[len(REVISION_PREFIX):], repo)
+        commit = resolve_commit(side.target[len(REVISION_PREFIX) :], repo)
         key = (str(repo.resolve()), commit)
         if key not in self._trees:
             tree = Path(tempfile.mkdtemp(prefix=f"parity-rev-{commit[:12]}-"))

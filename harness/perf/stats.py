@@ -92,5 +92,6 @@ def paired_ratio(base: Sequence[float], head: Sequence[float], confidence: float
         return None
     logs = [math.log(h / b) for b, h in zip(base, head)]
     walsh = walsh_averages(logs)
-    return RatioInterval(math.exp(statistics.median(walsh)), math.exp(walsh[k - 1]), math.exp(walsh[-k]),
-                         _coverage(n, k), n)
+    return RatioInterval(
+        math.exp(statistics.median(walsh)), math.exp(walsh[k - 1]), math.exp(walsh[-k]), _coverage(n, k), n
+    )

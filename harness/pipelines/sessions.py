@@ -200,7 +200,9 @@ class Session:
         if self._pool is None:
             assert self._here is not None
             return _timed_run(self._here, self.device, in_ranks=False, barrier=lambda: None, keep_output=keep_output)
-        answers = self._pool.run(_run_on_rank, self._key, keep_output, placement if CAN_PIN else None, timeout=self.timeout)
+        answers = self._pool.run(
+            _run_on_rank, self._key, keep_output, placement if CAN_PIN else None, timeout=self.timeout
+        )
         first = answers[0][0]
         if first is None:
             raise RuntimeError(f"rank 0 returned no run of {self.spec.target}")

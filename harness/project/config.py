@@ -59,7 +59,9 @@ def find_project(start: Path) -> Path | None:
         own, pyproject = directory / PROJECT_FILE, directory / PYPROJECT
         has_table = is_present(pyproject) and "parity" in _tool(read_toml(pyproject), pyproject)
         if is_present(own) and has_table:
-            raise ConfigError(f"both {PROJECT_FILE} and [tool.parity] in {PYPROJECT} are here: keep one", path=directory)
+            raise ConfigError(
+                f"both {PROJECT_FILE} and [tool.parity] in {PYPROJECT} are here: keep one", path=directory
+            )
         if is_present(own):
             return own
         if has_table:
@@ -87,8 +89,9 @@ def load_project(path: Path) -> Project:
     project = Project(path, table)
     unknown = sorted(set(body) - set(_KEYS))
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}", path=path,
-                          key=project.key(unknown[0]))
+        raise ConfigError(
+            f"unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}", path=path, key=project.key(unknown[0])
+        )
 
     def text(name: str, choices: tuple[str, ...] = ()) -> str | None:
         value = body.get(name)
@@ -112,16 +115,28 @@ def load_project(path: Path) -> Project:
     def pairs(name: str) -> TargetArgs:
         value = body.get(name, {})
         if not isinstance(value, dict):
-            raise ConfigError("must be a table of KEY = \"VALUE\" strings", path=path, key=project.key(name))
+            raise ConfigError('must be a table of KEY = "VALUE" strings', path=path, key=project.key(name))
         for key, item in value.items():
             if not isinstance(item, str):
-                raise ConfigError(f"must be a string, as --target-arg passes it, got {item!r}", path=path,
-                                  key=project.key(f"{name}.{key}"))
+                raise ConfigError(
+                    f"must be a string, as --target-arg passes it, got {item!r}",
+                    path=path,
+                    key=project.key(f"{name}.{key}"),
+                )
         try:
             return parse_target_args([f"{k}={v}" for k, v in value.items()], project.key(name))
         except ConfigError as exc:
             raise ConfigError(str(exc).removeprefix(f"key '{exc.key}': "), path=path, key=exc.key) from None
 
-    return Project(path, table, directory("cases"), directory("baselines"), text("target"), pairs("target_args"),
-                   text("pipeline_target"), pairs("pipeline_target_args"), text("device", DEVICES),
-                   text("profile", PROFILES))
+    return Project(
+        path,
+        table,
+        directory("cases"),
+        directory("baselines"),
+        text("target"),
+        pairs("target_args"),
+        text("pipeline_target"),
+        pairs("pipeline_target_args"),
+        text("device", DEVICES),
+        text("profile", PROFILES),
+    )

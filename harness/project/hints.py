@@ -24,9 +24,15 @@ def _same_path(a: Path, b: Path | None) -> bool:
     return b is not None and Path(a).resolve() == Path(b).resolve()
 
 
-def carried_options(project: Project | None, *, cases: Path | None = None, baselines: Path | None = None,
-                    target: tuple[str, TargetArgs] | None = None, pipeline: tuple[str, TargetArgs] | None = None,
-                    device: str | None = None) -> list[str]:
+def carried_options(
+    project: Project | None,
+    *,
+    cases: Path | None = None,
+    baselines: Path | None = None,
+    target: tuple[str, TargetArgs] | None = None,
+    pipeline: tuple[str, TargetArgs] | None = None,
+    device: str | None = None,
+) -> list[str]:
     """The words of the options given here whose value the bare command would not resolve to by itself."""
     p = project
     words: list[str] = []
@@ -36,7 +42,11 @@ def carried_options(project: Project | None, *, cases: Path | None = None, basel
         words += ["--baselines", str(baselines)]
     for spec, option, bare in (
         (target, "--target", ((p and p.target) or DEFAULT_TARGET, p.target_args if p else ())),
-        (pipeline, "--pipeline-target", ((p and p.pipeline_target) or DEFAULT_TARGET, p.pipeline_target_args if p else ())),
+        (
+            pipeline,
+            "--pipeline-target",
+            ((p and p.pipeline_target) or DEFAULT_TARGET, p.pipeline_target_args if p else ()),
+        ),
     ):
         if spec is not None and (spec[0], tuple(spec[1])) != (bare[0], tuple(bare[1])):
             words += [option, spec[0]]

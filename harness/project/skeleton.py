@@ -90,8 +90,10 @@ class Skeleton:
 def _thresholds() -> dict[str, Any]:
     """parity's own default bounds (``default_*``), no case: a case without its own entry gets them."""
     own = read_json(default_baselines_dir() / THRESHOLDS_FILE)
-    doc = {"_comment": "Image thresholds in sglang's consistency_threshold.json schema: default_* for every case, "
-                       "cases.<id> to override one; `parity recalibrate thresholds` proposes values from gate results."}
+    doc = {
+        "_comment": "Image thresholds in sglang's consistency_threshold.json schema: default_* for every case, "
+        "cases.<id> to override one; `parity recalibrate thresholds` proposes values from gate results."
+    }
     doc.update({k: v for k, v in own.items() if k.startswith("default_")})
     doc["cases"] = {}
     ThresholdSet.from_json(doc, THRESHOLDS_FILE)
@@ -101,11 +103,17 @@ def _thresholds() -> dict[str, Any]:
 def _perf() -> dict[str, Any]:
     """parity's tolerance profiles, no scenario: a machine gets its own in platforms/perf/ via ``parity recalibrate perf``."""
     own = read_json(default_baselines_dir() / PERF_BASE_FILE)
-    doc = {"_comment": "Perf baselines in sglang's perf_baselines.json schema: the tolerances here, each machine's "
-                       "scenarios in platforms/perf/<platform>.json (`parity gate --perf` 3 times, then "
-                       "`parity recalibrate perf --write`); on shared runners time HEAD against BASE with `parity perf`.",
-           "metadata": {"model": "this project's image cases", "hardware": "per machine in platforms/perf/<platform>.json"},
-           "scenarios": {}, "tolerances": own["tolerances"]}
+    doc = {
+        "_comment": "Perf baselines in sglang's perf_baselines.json schema: the tolerances here, each machine's "
+        "scenarios in platforms/perf/<platform>.json (`parity gate --perf` 3 times, then "
+        "`parity recalibrate perf --write`); on shared runners time HEAD against BASE with `parity perf`.",
+        "metadata": {
+            "model": "this project's image cases",
+            "hardware": "per machine in platforms/perf/<platform>.json",
+        },
+        "scenarios": {},
+        "tolerances": own["tolerances"],
+    }
     PerfBaselines.from_json(doc, PERF_BASE_FILE)
     return doc
 
@@ -115,7 +123,9 @@ def write_skeleton(root: Path, images_only: bool = False) -> Skeleton:
     or ``root`` lies inside parity itself (its writes would land in parity's checkout or package)."""
     root = root.resolve()
     if is_inside_package(root) or root.is_relative_to(parity_home().resolve()):
-        raise ConfigError("is inside parity itself: a project belongs in a repository of your own", path=root, key="DIR")
+        raise ConfigError(
+            "is inside parity itself: a project belongs in a repository of your own", path=root, key="DIR"
+        )
     texts: dict[Path, str] = {
         root / PROJECT_FILE: PROJECT_TEXT,
         root / CASES / "images" / "example.toml": IMAGE_TEXT,

@@ -6,5 +6,15 @@ from harness.ranks.pools import PoolSet
 from harness.ranks.session import capacity_reason, run_as_job
 from harness.ranks.starting import preload
 
-__all__ = ["JobLost", "PoolSet", "RankFailure", "RankPool", "capacity_reason", "choose_backend", "preload", "rank_device",
-           "run_as_job", "run_on_ranks"]
+__all__ = [
+    "JobLost",
+    "PoolSet",
+    "RankFailure",
+    "RankPool",
+    "capacity_reason",
+    "choose_backend",
+    "preload",
+    "rank_device",
+    "run_as_job",
+    "run_on_ranks",
+]

@@ -129,8 +129,10 @@ def first_line(exc: BaseException) -> str:
 
 
 def store_gone(job: Job, exc: BaseException) -> str:
-    return (f"the job's store at {job.master_addr}:{job.master_port} went away ({first_line(exc)}): "
-            "rank 0's node was lost or the job ended")
+    return (
+        f"the job's store at {job.master_addr}:{job.master_port} went away ({first_line(exc)}): "
+        "rank 0's node was lost or the job ended"
+    )
 
 
 def lost_after_s() -> float:
@@ -151,7 +153,9 @@ class Channel:
     """One connection to the job's store, every key under the job's prefix."""
 
     def __init__(self, job: Job) -> None:
-        raw = dist.TCPStore(job.master_addr, job.master_port, is_master=False, timeout=timedelta(seconds=_CONNECT_TIMEOUT_S))
+        raw = dist.TCPStore(
+            job.master_addr, job.master_port, is_master=False, timeout=timedelta(seconds=_CONNECT_TIMEOUT_S)
+        )
         self._store = dist.PrefixStore(job.prefix, raw)
 
     def post(self, index: int, command: Command) -> None:

@@ -63,8 +63,9 @@ class RankFailure(RuntimeError):
     job ranks combine into one).
     """
 
-    def __init__(self, message: str, rank: int | None = None, traceback: str = "",
-                 kind: FailureKind = FailureKind.RAISED) -> None:
+    def __init__(
+        self, message: str, rank: int | None = None, traceback: str = "", kind: FailureKind = FailureKind.RAISED
+    ) -> None:
         super().__init__(message)
         self.rank = rank
         self.traceback = traceback
@@ -93,12 +94,26 @@ class Group:
     larger group, and ``interrupt()`` (polled while they start) says when another part failed.
     """
 
-    def __init__(self, backend: str, devices: Mapping[int, str], startup_timeout: float, method: str, *,
-                 rendezvous: Rendezvous | None = None, interrupt: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        devices: Mapping[int, str],
+        startup_timeout: float,
+        method: str,
+        *,
+        rendezvous: Rendezvous | None = None,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> None:
         store = None
         if rendezvous is None:
-            store = dist.TCPStore(LOCALHOST, 0, len(devices), is_master=True, wait_for_workers=False,
-                                  timeout=timedelta(seconds=startup_timeout))
+            store = dist.TCPStore(
+                LOCALHOST,
+                0,
+                len(devices),
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=startup_timeout),
+            )
             rendezvous = Rendezvous(LOCALHOST, store.port, "", len(devices))
         self._ranks = sorted(devices)
         self._procs: list[BaseProcess] = []
@@ -118,8 +133,17 @@ class Group:
                 pipes += (parent_conn, stack_r)
                 proc = ctx.Process(
                     target=_rank_worker.worker_main,
-                    args=(rank, rendezvous.world_size, backend, devices[rank], meeting, startup_timeout, child_conn,
-                          stack_w, environ),
+                    args=(
+                        rank,
+                        rendezvous.world_size,
+                        backend,
+                        devices[rank],
+                        meeting,
+                        startup_timeout,
+                        child_conn,
+                        stack_w,
+                        environ,
+                    ),
                     name=f"parity-rank-{rank}",
                     daemon=True,
                 )
@@ -255,8 +279,15 @@ class Group:
     def _timeout(self, pending: list[int], timeout: float, what: str) -> RankFailure:
         """The timeout error, with the Python stack of every rank that had not answered."""
         stacks = self._pending_stacks(pending)
-        return timed_out({self._ranks[i]: f"--- rank {self._ranks[i]} (pid {self._procs[i].pid}) stack:\n"
-                                          f"{stacks[i] or '(no stack came back)'}" for i in pending}, timeout, what)
+        return timed_out(
+            {
+                self._ranks[i]: f"--- rank {self._ranks[i]} (pid {self._procs[i].pid}) stack:\n"
+                f"{stacks[i] or '(no stack came back)'}"
+                for i in pending
+            },
+            timeout,
+            what,
+        )
 
     def _pending_stacks(self, pending: list[int]) -> dict[int, str]:
         """Ask each pending rank for its stacks (faulthandler answers from its C signal handler, GIL or not)."""
@@ -337,8 +368,14 @@ def timed_out(stacks: Mapping[int, str], timeout: float, what: str) -> RankFailu
 
 
 # What a rank's collective raises when a peer left it: a consequence of another rank's failure, never blamed first.
-_BROKEN_COLLECTIVE = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "DistBackendError",
-                      "NCCL communicator was aborted", "Broken pipe")
+_BROKEN_COLLECTIVE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "gloo/transport",
+    "DistBackendError",
+    "NCCL communicator was aborted",
+    "Broken pipe",
+)
 
 
 def _is_broken_collective(text: str) -> bool:
@@ -366,8 +403,9 @@ def _signal_rank_group(proc: BaseProcess, sig: int) -> None:
             pass
 
 
-def _end_group(procs: list[BaseProcess], pipes: list[Connection], store: list[object | None],
-               starting_lock: threading.Lock) -> None:
+def _end_group(
+    procs: list[BaseProcess], pipes: list[Connection], store: list[object | None], starting_lock: threading.Lock
+) -> None:
     """Kill what every rank started, terminate, then kill, every rank's process group; reap every rank; close
     the pipes; drop the store."""
     with starting_lock:

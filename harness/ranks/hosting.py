@@ -60,8 +60,10 @@ class Host:
             while True:
                 command = channel.command(index, self.lost_after)
                 if command is None:
-                    raise JobLost(f"job rank {self.job.rank}: rank 0 stopped answering (not a word for "
-                                  f"{self.lost_after:g} s): its node was lost or its process killed")
+                    raise JobLost(
+                        f"job rank {self.job.rank}: rank 0 stopped answering (not a word for "
+                        f"{self.lost_after:g} s): its node was lost or its process killed"
+                    )
                 index += 1
                 if isinstance(command, Exit):
                     now = False
@@ -151,13 +153,22 @@ class _HostedGroup:
         rank = self.job.rank
         try:
             if self.job.local_rank >= len(start.devices):
-                raise RuntimeError(f"job rank {rank} is local rank {self.job.local_rank} of its node, but rank 0's node "
-                                   f"has {len(start.devices)} (the job's nodes must run as many ranks each)")
+                raise RuntimeError(
+                    f"job rank {rank} is local rank {self.job.local_rank} of its node, but rank 0's node "
+                    f"has {len(start.devices)} (the job's nodes must run as many ranks each)"
+                )
             preload(start.preload)
-            meeting = Rendezvous(self.job.master_addr, self.job.master_port, f"{self.job.prefix}{start.group}/pg/",
-                                 start.world_size)
-            self._group = Group(start.backend, {rank: start.devices[self.job.local_rank]}, start.startup_timeout,
-                                start.start_method, rendezvous=meeting, interrupt=lambda: self._interrupted("start"))
+            meeting = Rendezvous(
+                self.job.master_addr, self.job.master_port, f"{self.job.prefix}{start.group}/pg/", start.world_size
+            )
+            self._group = Group(
+                start.backend,
+                {rank: start.devices[self.job.local_rank]},
+                start.startup_timeout,
+                start.start_method,
+                rendezvous=meeting,
+                interrupt=lambda: self._interrupted("start"),
+            )
         except RankFailure as failure:
             self._answer(channel, "start", Answer(failure=failure))
             return
@@ -168,12 +179,15 @@ class _HostedGroup:
 
     def _call(self, channel: Channel, call: Call) -> None:
         if self._group is None or not self._group.alive:
-            ended = RankFailure(f"rank {self.job.rank} has no live rank process for {call.what}", self.job.rank, "",
-                                FailureKind.ENDED)
+            ended = RankFailure(
+                f"rank {self.job.rank} has no live rank process for {call.what}", self.job.rank, "", FailureKind.ENDED
+            )
             self._answer(channel, call.step, Answer(failure=ended))
             return
         try:
-            (value,) = self._group.send(call.payload, call.timeout, call.what, interrupt=lambda: self._interrupted(call.step))
+            (value,) = self._group.send(
+                call.payload, call.timeout, call.what, interrupt=lambda: self._interrupted(call.step)
+            )
         except RankFailure as failure:
             self._answer(channel, call.step, Answer(failure=failure))
             return
@@ -185,4 +199,6 @@ class _HostedGroup:
 
 def _broken(rank: int, doing: str, exc: Exception) -> Answer:
     """A failure of this job rank itself (not of its rank process), with the traceback, as its answer."""
-    return Answer(failure=RankFailure(f"job rank {rank} could not {doing}: {first_line(exc)}", rank, traceback.format_exc()))
+    return Answer(
+        failure=RankFailure(f"job rank {rank} could not {doing}: {first_line(exc)}", rank, traceback.format_exc())
+    )

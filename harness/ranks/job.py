@@ -19,8 +19,16 @@ from enum import Enum
 from harness.errors import ConfigError
 
 # What torchrun sets for each of its processes; a rank process gets none of them (its world is its group's).
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                      "ROLE_RANK", "ROLE_WORLD_SIZE")
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+)
 SLURM_TASK_VARIABLES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_ID")
 _SLURM_PORT_BASE, _SLURM_PORT_SPAN = 20000, 10000  # MASTER_PORT under srun when the user sets none
 
@@ -99,9 +107,17 @@ def _torchrun_job(env: Mapping[str, str]) -> Job | None:
     if not addr:
         raise ConfigError("is not set; env:// needs it (torchrun sets it)", key="MASTER_ADDR")
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    job = Job(Launcher.TORCHRUN, rank, world, _int(env, "LOCAL_RANK", 0), _int(env, "LOCAL_WORLD_SIZE", 1), addr,
-              _int(env, "MASTER_PORT"), rank == 0 and not agent_store,
-              f"parity/torchrun-{env.get('TORCHELASTIC_RUN_ID', '')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
+    job = Job(
+        Launcher.TORCHRUN,
+        rank,
+        world,
+        _int(env, "LOCAL_RANK", 0),
+        _int(env, "LOCAL_WORLD_SIZE", 1),
+        addr,
+        _int(env, "MASTER_PORT"),
+        rank == 0 and not agent_store,
+        f"parity/torchrun-{env.get('TORCHELASTIC_RUN_ID', '')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
+    )
     return _checked(job, "RANK")
 
 
@@ -110,7 +126,9 @@ def _srun_job(env: Mapping[str, str]) -> Job | None:
     rank, world = _int(env, "SLURM_PROCID"), _int(env, world_key)
     if world <= 1:
         return None
-    nodelist_key = next((k for k in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(k)), None)
+    nodelist_key = next(
+        (k for k in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(k)), None
+    )
     addr = env.get("MASTER_ADDR") or (first_host(env[nodelist_key]) if nodelist_key else "")
     if not addr:
         raise ConfigError("is not set and no SLURM node list names the first host", key="MASTER_ADDR")
@@ -120,8 +138,17 @@ def _srun_job(env: Mapping[str, str]) -> Job | None:
         port = _SLURM_PORT_BASE + _int(env, "SLURM_JOB_ID", 0) % _SLURM_PORT_SPAN
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
     local_world = tasks_on_node(per_node, _int(env, "SLURM_NODEID", 0)) if per_node else 1
-    job = Job(Launcher.SRUN, rank, world, _int(env, "SLURM_LOCALID"), local_world, addr, port, rank == 0,
-              f"parity/srun-{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}/")
+    job = Job(
+        Launcher.SRUN,
+        rank,
+        world,
+        _int(env, "SLURM_LOCALID"),
+        local_world,
+        addr,
+        port,
+        rank == 0,
+        f"parity/srun-{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}/",
+    )
     return _checked(job, "SLURM_PROCID")
 
 

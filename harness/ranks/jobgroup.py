@@ -26,8 +26,15 @@ _ANSWER_GRACE_S = 20.0
 class JobGroup:
     """Job ranks ``0..world_size-1`` of ``session``'s job, each running its rank of one group, joined and ready."""
 
-    def __init__(self, session: JobSession, backend: str, devices: Sequence[str], world_size: int,
-                 startup_timeout: float, method: str) -> None:
+    def __init__(
+        self,
+        session: JobSession,
+        backend: str,
+        devices: Sequence[str],
+        world_size: int,
+        startup_timeout: float,
+        method: str,
+    ) -> None:
         self._session = session
         self._world = world_size
         self._calls = 0
@@ -77,8 +84,10 @@ class JobGroup:
                     inbox.check()
                     if time.monotonic() > deadline:
                         missing = [r for r in range(self._world) if r not in answers]
-                        raise JobLost(f"job rank(s) {', '.join(map(str, missing))} sent no answer to {what} "
-                                      f"{_ANSWER_GRACE_S:g} s after its {timeout:g} s timeout")
+                        raise JobLost(
+                            f"job rank(s) {', '.join(map(str, missing))} sent no answer to {what} "
+                            f"{_ANSWER_GRACE_S:g} s after its {timeout:g} s timeout"
+                        )
                     inbox.wait()
         except BaseException:
             self.terminate()

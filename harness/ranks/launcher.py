@@ -57,7 +57,11 @@ def rank_device() -> torch.device:
 
 
 def run_on_ranks(
-    fn: Callable[..., Any], *args: Any, world_size: int, device: str = "cpu", timeout: float = 120.0,
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int,
+    device: str = "cpu",
+    timeout: float = 120.0,
     start_method: str | None = None,
 ) -> list[Any]:
     """Start a fresh group, run ``fn(*args)`` on every rank, return the results in rank order, end the group.
@@ -85,14 +89,17 @@ class RankPool:
     ``world_size`` larger than the job's is a ValueError saying so.
     """
 
-    def __init__(self, world_size: int, device: str = "cpu", timeout: float = 120.0, *,
-                 start_method: str | None = None) -> None:
+    def __init__(
+        self, world_size: int, device: str = "cpu", timeout: float = 120.0, *, start_method: str | None = None
+    ) -> None:
         choose_backend(device, world_size)  # refuse a bad world size or device before starting anything
         self._session = active_session()
         job = current_job() if self._session is None else self._session.job
         if job is not None and self._session is None:
-            raise RuntimeError(f"rank pools of {job.describe()} are rank 0's, inside harness.ranks.run_as_job "
-                               "(the parity command runs there); every other rank serves them")
+            raise RuntimeError(
+                f"rank pools of {job.describe()} are rank 0's, inside harness.ranks.run_as_job "
+                "(the parity command runs there); every other rank serves them"
+            )
         reason = job.capacity_reason(world_size) if job is not None else None
         if reason:
             raise ValueError(f"world_size={world_size}: {reason}")

@@ -24,7 +24,9 @@ class PoolSet:
     def __init__(self, device: str = "cpu", timeout: float = 120.0) -> None:
         self.device = device
         self.timeout = timeout
-        self.startup_s: dict[str, float] = {}  # per pool_label: how long each group took to start (reports show it apart from cases)
+        self.startup_s: dict[
+            str, float
+        ] = {}  # per pool_label: how long each group took to start (reports show it apart from cases)
         self._starting: dict[tuple[str, int], Future[RankPool]] = {}
         self._closers: list[threading.Thread] = []
 
@@ -33,8 +35,12 @@ class PoolSet:
             if (tag, world) not in self._starting:
                 future: Future[RankPool] = Future()
                 self._starting[tag, world] = future
-                threading.Thread(target=self._start, args=(tag, world, future), daemon=True,
-                                 name=f"pool-start-{pool_label(world, tag)}").start()
+                threading.Thread(
+                    target=self._start,
+                    args=(tag, world, future),
+                    daemon=True,
+                    name=f"pool-start-{pool_label(world, tag)}",
+                ).start()
 
     def _start(self, tag: str, world: int, future: Future[RankPool]) -> None:
         start = time.perf_counter()
@@ -54,8 +60,9 @@ class PoolSet:
         future = self._starting.pop((tag, world), None)
         if future is None:
             return
-        thread = threading.Thread(target=_close_when_started, args=(future,), daemon=True,
-                                  name=f"pool-close-{pool_label(world, tag)}")
+        thread = threading.Thread(
+            target=_close_when_started, args=(future,), daemon=True, name=f"pool-close-{pool_label(world, tag)}"
+        )
         thread.start()
         self._closers.append(thread)
 

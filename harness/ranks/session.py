@@ -119,16 +119,26 @@ class JobSession:
         self._server = None
         if self.job.serves_store:
             try:
-                self._server = dist.TCPStore(self.job.master_addr, self.job.master_port, self.job.world_size,
-                                             is_master=True, wait_for_workers=False)
+                self._server = dist.TCPStore(
+                    self.job.master_addr,
+                    self.job.master_port,
+                    self.job.world_size,
+                    is_master=True,
+                    wait_for_workers=False,
+                )
             except dist.DistError as exc:
-                raise ConfigError(f"rank 0 cannot serve the job's store on port {self.job.master_port} ({first_line(exc)}); "
-                                  "set MASTER_PORT to a free port", key="MASTER_PORT") from None
+                raise ConfigError(
+                    f"rank 0 cannot serve the job's store on port {self.job.master_port} ({first_line(exc)}); "
+                    "set MASTER_PORT to a free port",
+                    key="MASTER_PORT",
+                ) from None
         try:
             self.channel = Channel(self.job)
         except dist.DistError as exc:
-            raise JobLost(f"job rank {self.job.rank}: the job's store at {self.job.master_addr}:{self.job.master_port} "
-                          f"cannot be reached ({first_line(exc)})") from None
+            raise JobLost(
+                f"job rank {self.job.rank}: the job's store at {self.job.master_addr}:{self.job.master_port} "
+                f"cannot be reached ({first_line(exc)})"
+            ) from None
         if self.job.rank == 0:
             self._heartbeat = Heartbeat(lambda: self.post(Beat()))
             threading.Thread(target=self.inbox.read, daemon=True, name="parity-job-inbox").start()
@@ -237,9 +247,11 @@ class Inbox:
         if any(s > self.lost_after for s in silent.values()):
             # A node takes all its ranks: name every rank that has missed half the limit, not just the first one over.
             lost = sorted(rank for rank, s in silent.items() if s > self.lost_after / 2)
-            raise JobLost(f"job rank(s) {', '.join(map(str, lost))} stopped answering (no heartbeat for "
-                          f"{', '.join(f'{silent[r]:.1f}' for r in lost)} s; the limit is {self.lost_after:g} s, "
-                          f"{LOST_ENV}): a node was lost or its process killed")
+            raise JobLost(
+                f"job rank(s) {', '.join(map(str, lost))} stopped answering (no heartbeat for "
+                f"{', '.join(f'{silent[r]:.1f}' for r in lost)} s; the limit is {self.lost_after:g} s, "
+                f"{LOST_ENV}): a node was lost or its process killed"
+            )
 
     def wait(self) -> None:
         """Until something changes, or a little while (hold ``changed``)."""

@@ -32,7 +32,12 @@ from harness.ranks.server import RANKS_TMPDIR_ENV
 PRELOADED, SPAWN = "forkserver", "spawn"
 START_METHODS = (PRELOADED, SPAWN)
 START_METHOD_ENV = "PARITY_START_METHOD"
-BASE_PRELOAD = ("harness.ranks.server", "torch", "torch.distributed", "harness.ranks.worker")  # the server's set-up first
+BASE_PRELOAD = (
+    "harness.ranks.server",
+    "torch",
+    "torch.distributed",
+    "harness.ranks.worker",
+)  # the server's set-up first
 
 _lock = threading.Lock()
 _preload: list[str] = list(BASE_PRELOAD)
@@ -103,9 +108,12 @@ def _multiprocessing_temp_dir() -> str:
     if config.get("tempdir") is None and len(base) + _SOCKET_SUFFIX >= _SUN_PATH_MAX:
         short = next((d for d in _SHORT_TEMP_DIRS if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)), None)
         if short is None:
-            raise ConfigError(f"{base!r} is too long for the preloaded server's socket ({len(base)} characters; at most "
-                              f"{_SUN_PATH_MAX - _SOCKET_SUFFIX - 1}) and none of {', '.join(_SHORT_TEMP_DIRS)} is "
-                              f"writable: set a shorter TMPDIR, or {START_METHOD_ENV}=spawn", key="TMPDIR")
+            raise ConfigError(
+                f"{base!r} is too long for the preloaded server's socket ({len(base)} characters; at most "
+                f"{_SUN_PATH_MAX - _SOCKET_SUFFIX - 1}) and none of {', '.join(_SHORT_TEMP_DIRS)} is "
+                f"writable: set a shorter TMPDIR, or {START_METHOD_ENV}=spawn",
+                key="TMPDIR",
+            )
         folder = tempfile.mkdtemp(prefix="pymp-", dir=short)
         multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
         config["tempdir"] = folder

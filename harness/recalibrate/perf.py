@@ -103,7 +103,9 @@ def propose_perf(
             noise = {"spread": spread(values), "tolerance": tolerance}
             old = old_values.get(label)
             if old is None:
-                proposals.append(PerfProposal(scenario_id, label, None, median, _round_significant(median), True, False, **noise))
+                proposals.append(
+                    PerfProposal(scenario_id, label, None, median, _round_significant(median), True, False, **noise)
+                )
                 continue
             moved = median != 0.0 if old == 0.0 else abs(median - old) / old > tolerance / 3.0
             new = _round_significant(median) if moved else old
@@ -119,7 +121,8 @@ def refuse_inside_noise(proposals: Iterable[PerfProposal]) -> None:
         raise NoiseRefused(
             f"refusing to write {len(noisy)} value(s) whose tolerance is inside the measured noise (an unchanged tree "
             "would fail on them); nothing was written. Widen the profile's tolerances (or PARITY_PERF_TOL_*), "
-            "measure on a quieter runner, or gate side by side with --perf-base:\n  " + "\n  ".join(lines))
+            "measure on a quieter runner, or gate side by side with --perf-base:\n  " + "\n  ".join(lines)
+        )
 
 
 def apply_perf_proposals(
@@ -136,14 +139,20 @@ def apply_perf_proposals(
             updates.setdefault(p.scenario_id, {})[p.metric] = p.new
     for scenario_id, values in updates.items():
         scenario = set_scenario_values(baseline.scenario(scenario_id) or {}, values)
-        scenario[DISPERSION] = {p.metric: round(p.spread, _SPREAD_DIGITS) for p in proposals if p.scenario_id == scenario_id}
+        scenario[DISPERSION] = {
+            p.metric: round(p.spread, _SPREAD_DIGITS) for p in proposals if p.scenario_id == scenario_id
+        }
         baseline = baseline.with_scenario(scenario_id, scenario)
     return baseline
 
 
 def merge_into_perf_overlay(
-    overlay_path: str | Path, chain: PerfBaselines, proposals: Sequence[PerfProposal], platform: str,
-    hardware: Sequence[str] = (), allow_loosen: bool = False,
+    overlay_path: str | Path,
+    chain: PerfBaselines,
+    proposals: Sequence[PerfProposal],
+    platform: str,
+    hardware: Sequence[str] = (),
+    allow_loosen: bool = False,
 ) -> PerfBaselines:
     """Write changed proposals into the perf overlay of ``platform`` alone (created when absent, with
     ``hardware`` as its metadata), atomically with ``.bak``; returns the overlay as written.
@@ -157,7 +166,11 @@ def merge_into_perf_overlay(
     if existed:
         overlay = PerfBaselines.load(path)
     else:
-        metadata = {"hardware": ", ".join(hardware) or platform, "platform": platform, "written_by": "parity recalibrate perf"}
+        metadata = {
+            "hardware": ", ".join(hardware) or platform,
+            "platform": platform,
+            "written_by": "parity recalibrate perf",
+        }
         overlay = PerfBaselines.from_json({"metadata": metadata, "scenarios": {}}, str(path))
     for scenario_id in {p.scenario_id for p in proposals if p.changed}:
         inherited = chain.scenario(scenario_id)
@@ -174,8 +187,14 @@ PERF_PROPOSAL_HEADER: tuple[str, ...] = ("scenario", "value", "old", "median", "
 def perf_proposal_rows(proposals: Iterable[PerfProposal]) -> list[tuple[str, ...]]:
     """Table rows (strings) matching :data:`PERF_PROPOSAL_HEADER`; a spread the tolerance does not clear is marked."""
     return [
-        (p.scenario_id, p.metric, fmt(p.old), fmt(p.median), fmt(p.new),
-         f"±{p.spread:.1%}" + (f" ≥ tol {p.tolerance:.0%}" if p.inside_noise else ""),
-         "added" if p.old is None else change_word(p.changed, p.loosens))
+        (
+            p.scenario_id,
+            p.metric,
+            fmt(p.old),
+            fmt(p.median),
+            fmt(p.new),
+            f"±{p.spread:.1%}" + (f" ≥ tol {p.tolerance:.0%}" if p.inside_noise else ""),
+            "added" if p.old is None else change_word(p.changed, p.loosens),
+        )
         for p in proposals
     ]

@@ -24,6 +24,7 @@ from harness.files.tomlio import read_toml
 
 _DECIMALS = 4
 
+
 @dataclass(frozen=True)
 class Rule:
     """``margin`` away from the worst value, bounded by ``bound``: a cap for lower-bound metrics
@@ -101,7 +102,9 @@ def load_policy(path: str | Path, base: Policy = DEFAULT_POLICY) -> Policy:
                     f"unknown key; valid: ['margin', '{bound_name}']", path=path, key=join_key(metric, key)
                 )
         lo, hi = METRIC_RANGES[metric]  # a margin wider than the metric's range, or a bound outside it, means nothing
-        margin = expect_number(section.get("margin", default.margin), path, join_key(metric, "margin"), lo=0.0, hi=hi - lo)
+        margin = expect_number(
+            section.get("margin", default.margin), path, join_key(metric, "margin"), lo=0.0, hi=hi - lo
+        )
         bound = expect_number(section.get(bound_name, default.bound), path, join_key(metric, bound_name), lo=0.0, hi=hi)
         rules[metric] = Rule(margin=margin, bound=bound)
     return Policy(**rules)

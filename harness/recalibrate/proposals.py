@@ -37,8 +37,13 @@ class FailedRunsRefused(ConfigError):
 
 
 def _failing_cases(doc: Mapping[str, Any]) -> list[str]:
-    return [str(r.get("case_id")) for stage in (doc.get("stages") or {}).values() if isinstance(stage, Mapping)
-            for r in stage.get("records", []) if isinstance(r, Mapping) and r.get("status") == "failed"]
+    return [
+        str(r.get("case_id"))
+        for stage in (doc.get("stages") or {}).values()
+        if isinstance(stage, Mapping)
+        for r in stage.get("records", [])
+        if isinstance(r, Mapping) and r.get("status") == "failed"
+    ]
 
 
 def check_runs(docs: Sequence[Mapping[str, Any]], paths: Sequence[Path], include_failed: bool) -> list[str]:
@@ -49,11 +54,14 @@ def check_runs(docs: Sequence[Mapping[str, Any]], paths: Sequence[Path], include
         raise FailedRunsRefused(
             f"{len(failed)} of {len(docs)} results come from a failed gate run; a proposal from them would be built "
             "on the values the gate rejected. Re-run the gate, or pass --include-failed if those values are the new "
-            "normal:\n  " + "\n  ".join(lines))
+            "normal:\n  " + "\n  ".join(lines)
+        )
     warnings = [f"using {len(failed)} failed run(s) (--include-failed): " + "; ".join(lines)] if failed else []
     if len(docs) < MIN_RUNS:
-        warnings.append(f"only {len(docs)} run(s): proposals from fewer than {MIN_RUNS} cannot tell run-to-run noise "
-                        f"from the typical value; gate {MIN_RUNS} times or more")
+        warnings.append(
+            f"only {len(docs)} run(s): proposals from fewer than {MIN_RUNS} cannot tell run-to-run noise "
+            f"from the typical value; gate {MIN_RUNS} times or more"
+        )
     return warnings
 
 

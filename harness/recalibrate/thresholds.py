@@ -48,13 +48,18 @@ def _case_kinds(results: Sequence[dict[str, Any]], paths: Sequence[str | Path]) 
         for case_id, case in doc["cases"].items():
             kind, first = kinds.setdefault(case_id, (case["kind"], where))
             if kind != case["kind"]:
-                raise ConfigError(f"case {case_id!r} is recorded as {case['kind']} here but as {kind} in {first}", path=where,
-                                  key=f"cases.{case_id}.kind")
+                raise ConfigError(
+                    f"case {case_id!r} is recorded as {case['kind']} here but as {kind} in {first}",
+                    path=where,
+                    key=f"cases.{case_id}.kind",
+                )
     return {case_id: kind for case_id, (kind, _) in kinds.items()}
 
 
 def propose_thresholds(
-    current: ThresholdSet, results: Sequence[dict[str, Any]], policy: Policy = DEFAULT_POLICY,
+    current: ThresholdSet,
+    results: Sequence[dict[str, Any]],
+    policy: Policy = DEFAULT_POLICY,
     paths: Sequence[str | Path] = (),
 ) -> list[Proposal]:
     """One proposal per (case, metric) observed in ``results`` (parsed documents, see

@@ -76,8 +76,9 @@ class Rule:
         except ValueError:
             value = -1.0
         if not sep or not metric or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"expected METRIC:PCT with PCT a non-negative number (e.g. e2e_ms:10), got {text!r}",
-                              key="--fail-on")
+            raise ConfigError(
+                f"expected METRIC:PCT with PCT a non-negative number (e.g. e2e_ms:10), got {text!r}", key="--fail-on"
+            )
         return cls(metric, value)
 
     def broken_by(self, delta: Delta) -> bool:
@@ -113,8 +114,11 @@ def _check_types(old: Records, new: Records, key: tuple[str, str]) -> None:
         numeric = figures_of(theirs.records[key].record)
         for metric, value in (mine.records[key].record.get("figures") or {}).items():
             if metric in numeric and value is not None and _number(value) is None:
-                raise ConfigError(f"{value!r} is not a number, but {theirs.path} has {metric} = {numeric[metric]!r}",
-                                  path=mine.path, key=f"{mine.records[key].key}.figures.{metric}")
+                raise ConfigError(
+                    f"{value!r} is not a number, but {theirs.path} has {metric} = {numeric[metric]!r}",
+                    path=mine.path,
+                    key=f"{mine.records[key].key}.figures.{metric}",
+                )
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,8 @@ def check_rules(deltas: Sequence[Delta], rules: Sequence[Rule]) -> list[tuple[Ru
     known = {d.metric for d in deltas}
     for rule in rules:
         if rule.metric not in known:
-            raise ConfigError(f"no figure {rule.metric!r} in either file; figures: {', '.join(sorted(known)) or 'none'}",
-                              key="--fail-on")
+            raise ConfigError(
+                f"no figure {rule.metric!r} in either file; figures: {', '.join(sorted(known)) or 'none'}",
+                key="--fail-on",
+            )
     return [(rule, d) for rule in rules for d in deltas if rule.broken_by(d)]

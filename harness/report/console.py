@@ -29,15 +29,22 @@ WAITING = "starting the rank groups…"
 
 
 @contextmanager
-def progress(console: Console, total: int, label: str, waiting: str = WAITING) -> Iterator[Callable[[CaseResult], None]]:
+def progress(
+    console: Console, total: int, label: str, waiting: str = WAITING
+) -> Iterator[Callable[[CaseResult], None]]:
     """A bar on ``console``; yields the callback to call once per finished case.
 
     Until the first case finishes the bar says what it waits for (``waiting``: ranks start in
     the background and take seconds), so 0/N with a running clock does not read as a hang.
     """
     bar = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[last]}"), console=console, transient=True,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+        console=console,
+        transient=True,
     )
     with bar:
         task = bar.add_task(label, total=total, last=escape(waiting))
@@ -68,8 +75,9 @@ def _detail(result: CaseResult) -> str:
 TABLES = ("all", "failures", "none")  # which rows a verb's result tables show: -q none, --failures-only failures
 
 
-def print_results(console: Console, results: Sequence[CaseResult], title: str, columns: Sequence[Column] = (),
-                  tables: str = "all") -> None:
+def print_results(
+    console: Console, results: Sequence[CaseResult], title: str, columns: Sequence[Column] = (), tables: str = "all"
+) -> None:
     """A stage's result table as ``tables`` asks: every row, the failing and undecided ones, or none."""
     if tables == "none":
         return
@@ -92,13 +100,19 @@ def result_table(results: Sequence[CaseResult], title: str, columns: Sequence[Co
         table.add_column(header, overflow="fold")
     for r in results:
         table.add_row(
-            escape(r.case_id), _degrees(r), f"[{STATUS_STYLE[r.status]}]{r.status}[/]",
-            *(escape(fill(r)) for _, fill in columns), escape(_detail(r)), f"{r.duration_s * 1000:.0f}",
+            escape(r.case_id),
+            _degrees(r),
+            f"[{STATUS_STYLE[r.status]}]{r.status}[/]",
+            *(escape(fill(r)) for _, fill in columns),
+            escape(_detail(r)),
+            f"{r.duration_s * 1000:.0f}",
         )
     return table
 
 
-def text_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[str]], no_wrap: Collection[str] = ()) -> Table:
+def text_table(
+    title: str, headers: Sequence[str], rows: Iterable[Sequence[str]], no_wrap: Collection[str] = ()
+) -> Table:
     """A table of plain text cells (escaped, so a case id or a path never reads as markup); long cells fold,
     those under the ``no_wrap`` headers (ids and hashes a user copies) stay on one line."""
     table = Table(title=escape(title))
@@ -122,14 +136,21 @@ CONTRACT_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def print_verdict(console: Console, verb: str, stages: Mapping[str, Sequence[CaseResult]], report: Path | None = None,
-                  inconclusive_fails: bool = True) -> None:
+def print_verdict(
+    console: Console,
+    verb: str,
+    stages: Mapping[str, Sequence[CaseResult]],
+    report: Path | None = None,
+    inconclusive_fails: bool = True,
+) -> None:
     """The last lines of a run: each failing (then undecided) case with its reason and the command that shows it,
     the report page, then the verdict (:func:`harness.results.verdict`) as the very last line:
     ``gate: FAILED (2 failing cases: a, b)``, ``gate: NOTHING RAN (...)``, ``gate: INCONCLUSIVE (...)`` or
     ``gate: PASSED``."""
-    listed = {status: [(stage, r) for stage, results in stages.items() for r in results if r.status == status]
-              for status in (FAILED, INCONCLUSIVE)}
+    listed = {
+        status: [(stage, r) for stage, results in stages.items() for r in results if r.status == status]
+        for status in (FAILED, INCONCLUSIVE)
+    }
     for status, title in ((FAILED, "failing cases"), (INCONCLUSIVE, "inconclusive cases")):
         if listed[status]:
             console.print(f"{title} ({len(listed[status])}):")
@@ -150,8 +171,12 @@ def print_verdict(console: Console, verb: str, stages: Mapping[str, Sequence[Cas
     if outcome == "failed":
         line = f"FAILED ({named(failing, 'failing')})"
     elif outcome == "empty":
-        line = (f"NOTHING RAN ({len(every)} case{'s' if len(every) != 1 else ''}, every one skipped: nothing was checked; "
-                "exit 2)" if every else "NOTHING RAN (no case was selected; exit 2)")
+        line = (
+            f"NOTHING RAN ({len(every)} case{'s' if len(every) != 1 else ''}, every one skipped: nothing was checked; "
+            "exit 2)"
+            if every
+            else "NOTHING RAN (no case was selected; exit 2)"
+        )
     elif outcome == "inconclusive":
         line = f"INCONCLUSIVE ({named(undecided, 'undecided')}; exit 3)"
     else:

@@ -6,8 +6,20 @@ import math
 import re
 from typing import Any
 
-STATUS_COLOUR = {"passed": "#1a7f37", "failed": "#cf222e", "skipped": "#9a6700", "xfailed": "#6e7781", "inconclusive": "#8250df"}
-STATUS_STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow", "xfailed": "dim", "inconclusive": "bold magenta"}
+STATUS_COLOUR = {
+    "passed": "#1a7f37",
+    "failed": "#cf222e",
+    "skipped": "#9a6700",
+    "xfailed": "#6e7781",
+    "inconclusive": "#8250df",
+}
+STATUS_STYLE = {
+    "passed": "green",
+    "failed": "bold red",
+    "skipped": "yellow",
+    "xfailed": "dim",
+    "inconclusive": "bold magenta",
+}
 
 
 def figure(value: Any, digits: int = 4) -> str:
@@ -40,8 +52,9 @@ def inert(text: Any) -> str:
     """``text`` as a terminal shows it harmlessly: every control character (an escape sequence's ESC
     among them) written as its ``\\xNN`` or ``\\uNNNN`` escape; for text read from files, such as a
     results file's case ids."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1] if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
-                        str(text))
+    return _CONTROL.sub(
+        lambda m: repr(m.group())[1:-1] if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", str(text)
+    )
 
 
 def inert_lines(text: Any) -> str:
@@ -67,4 +80,3 @@ def outcome_cell(status: str, figures: dict[str, Any] | None) -> str:
     if isinstance(max_abs, (int, float)) and not isinstance(max_abs, bool):
         return f"{word} {max_abs:.2e}"
     return word
-

@@ -69,15 +69,18 @@ def value_html(value: Any) -> str:
         return f"<span{cls}>{_e(_text(value))}</span>"
     if isinstance(value, Mapping) and all(_scalar(v) for v in value.values()):
         return _key_value_table(value.items())
-    rows: Sequence[tuple[str, Any]] = (list(value.items()) if isinstance(value, Mapping)
-                                       else [(str(i), v) for i, v in enumerate(value)])
+    rows: Sequence[tuple[str, Any]] = (
+        list(value.items()) if isinstance(value, Mapping) else [(str(i), v) for i, v in enumerate(value)]
+    )
     if all(_scalar(v) for _, v in rows):
         return _e(", ".join(_text(v) for _, v in rows)) or "-"
     if all(isinstance(v, Mapping) for _, v in rows):
         columns = list(dict.fromkeys(k for _, v in rows for k in v))
         head = "<tr><th></th>" + "".join(f"<th>{_e(c)}</th>" for c in columns) + "</tr>"
-        body = "".join(f"<tr><th>{_e(k)}</th>" + "".join(f"<td>{value_html(v.get(c))}</td>" for c in columns) + "</tr>"
-                       for k, v in rows)
+        body = "".join(
+            f"<tr><th>{_e(k)}</th>" + "".join(f"<td>{value_html(v.get(c))}</td>" for c in columns) + "</tr>"
+            for k, v in rows
+        )
         return f"<table>{head}{body}</table>"
     return _key_value_table(rows)
 
@@ -99,12 +102,23 @@ def _metrics_table(figures: Mapping[str, Any]) -> str:
         else:
             ok = meets(metric, float(value), bound)
             verdict = "<span class='ok'>ok</span>" if ok else "<span class='fail'>outside</span>"
-        rows.append(f"<tr><th>{_e(metric)}</th><td class='num'>{_e(_text(value))}</td>"
-                    f"<td class='num'>{op} {_e(figure(bound))}</td><td>{verdict}</td></tr>")
+        rows.append(
+            f"<tr><th>{_e(metric)}</th><td class='num'>{_e(_text(value))}</td>"
+            f"<td class='num'>{op} {_e(figure(bound))}</td><td>{verdict}</td></tr>"
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
-_SHOWN_ELSEWHERE = ("thresholds", "threshold_source", "skipped_metrics", "frames", "clip", "ssim", "psnr", "mean_abs_diff")
+_SHOWN_ELSEWHERE = (
+    "thresholds",
+    "threshold_source",
+    "skipped_metrics",
+    "frames",
+    "clip",
+    "ssim",
+    "psnr",
+    "mean_abs_diff",
+)
 
 
 def _case_section(stage: str, record: Mapping[str, Any]) -> str:
@@ -112,8 +126,10 @@ def _case_section(stage: str, record: Mapping[str, Any]) -> str:
     case_id = str(record.get("case_id", "?"))
     figures: Mapping[str, Any] = record.get("figures") or {}
     is_image = "thresholds" in figures
-    parts = [f"<article id='{anchor(stage, case_id)}' style='overflow-wrap: anywhere'><h3>{_e(case_id)} <small>({_e(stage)}: {_e(record.get('check', ''))})</small></h3>",
-             f"<p><span class='fail'>{_e(record.get('status', 'failed'))}</span>: {_e(record.get('reason') or '')}</p>"]
+    parts = [
+        f"<article id='{anchor(stage, case_id)}' style='overflow-wrap: anywhere'><h3>{_e(case_id)} <small>({_e(stage)}: {_e(record.get('check', ''))})</small></h3>",
+        f"<p><span class='fail'>{_e(record.get('status', 'failed'))}</span>: {_e(record.get('reason') or '')}</p>",
+    ]
     if record.get("next_step"):
         parts.append(f"<p>next: <code>{_e(record['next_step'])}</code></p>")
     if record.get("bound"):
@@ -124,13 +140,19 @@ def _case_section(stage: str, record: Mapping[str, Any]) -> str:
     if rest:
         parts.append("<details open><summary>figures</summary>" + _key_value_table(rest.items()) + "</details>")
     if figures.get("samples"):
-        parts.append("<details><summary>every run (ms, in pair order)</summary>" + value_html(figures["samples"]) + "</details>")
+        parts.append(
+            "<details><summary>every run (ms, in pair order)</summary>" + value_html(figures["samples"]) + "</details>"
+        )
     artifacts: Mapping[str, Any] = record.get("artifacts") or {}
     if artifacts.get("triptych"):
-        caption = (f"{' | '.join(PANEL_LABELS)}: |diff| is the mean over RGB in levels of 255, black 0, white "
-                   f"{DIFF_MAX:g} or more (square-root scale, the same in every case)")
-        parts.append(f"<figure><img src='{_e(artifacts['triptych'])}' alt='{_e(case_id)}: {' | '.join(PANEL_LABELS)}'>"
-                     f"<figcaption>{_e(caption)}</figcaption></figure>")
+        caption = (
+            f"{' | '.join(PANEL_LABELS)}: |diff| is the mean over RGB in levels of 255, black 0, white "
+            f"{DIFF_MAX:g} or more (square-root scale, the same in every case)"
+        )
+        parts.append(
+            f"<figure><img src='{_e(artifacts['triptych'])}' alt='{_e(case_id)}: {' | '.join(PANEL_LABELS)}'>"
+            f"<figcaption>{_e(caption)}</figcaption></figure>"
+        )
     if figures.get("frames"):
         parts.append("<p>per frame:</p>" + value_html(figures["frames"]))
     if artifacts.get("candidate"):
@@ -154,13 +176,19 @@ def _stage_details(name: str, stage: Mapping[str, Any]) -> str:
     for r in stage.get("records", []):
         status = str(r.get("status", ""))
         case_id = str(r.get("case_id", "?"))
-        name_html = (f"<a href='#{anchor(name, case_id)}'>{_e(case_id)}</a>" if status in _LOOK_AT else _e(case_id))
+        name_html = f"<a href='#{anchor(name, case_id)}'>{_e(case_id)}</a>" if status in _LOOK_AT else _e(case_id)
         candidate = (r.get("artifacts") or {}).get("candidate")
-        output = f"<a href='{_e(candidate)}'><img class='thumb' src='{_e(candidate)}' alt='{_e(case_id)} candidate'></a>" if candidate else ""
+        output = (
+            f"<a href='{_e(candidate)}'><img class='thumb' src='{_e(candidate)}' alt='{_e(case_id)} candidate'></a>"
+            if candidate
+            else ""
+        )
         duration = r.get("duration_s")
-        rows.append(f"<tr><td>{name_html}</td><td class='status' style='color:{STATUS_COLOUR.get(status, '#1f2328')}'>{_e(status)}</td>"
-                    f"<td>{_e(r.get('reason') or r.get('bound') or '')}</td><td>{_e(_brief_figures(r.get('figures') or {}))}</td>"
-                    f"<td class='num'>{'' if duration is None else f'{duration * 1000:.0f}'}</td><td>{output}</td></tr>")
+        rows.append(
+            f"<tr><td>{name_html}</td><td class='status' style='color:{STATUS_COLOUR.get(status, '#1f2328')}'>{_e(status)}</td>"
+            f"<td>{_e(r.get('reason') or r.get('bound') or '')}</td><td>{_e(_brief_figures(r.get('figures') or {}))}</td>"
+            f"<td class='num'>{'' if duration is None else f'{duration * 1000:.0f}'}</td><td>{output}</td></tr>"
+        )
     timing = f" in {wall:.1f} s" if isinstance(wall, (int, float)) else ""
     return f"<details><summary>{_e(name)}: {_e(summary or 'no cases')}{timing}</summary><table>{''.join(rows)}</table></details>"
 
@@ -169,8 +197,12 @@ _LOOK_AT = ("failed", "inconclusive")  # the records a reader must look at: list
 
 
 def _records(document: Mapping[str, Any], status: str) -> list[tuple[str, Mapping[str, Any]]]:
-    return [(name, r) for name, stage in (document.get("stages") or {}).items() for r in stage.get("records", [])
-            if r.get("status") == status]
+    return [
+        (name, r)
+        for name, stage in (document.get("stages") or {}).items()
+        for r in stage.get("records", [])
+        if r.get("status") == status
+    ]
 
 
 def _first_line(text: str | None, limit: int = 240) -> str:
@@ -180,14 +212,20 @@ def _first_line(text: str | None, limit: int = 240) -> str:
 
 def _failure_tables(document: Mapping[str, Any]) -> str:
     parts = []
-    for status, title, table_id in (("failed", "Failures", "failures"), ("inconclusive", "Inconclusive", "inconclusive")):
+    for status, title, table_id in (
+        ("failed", "Failures", "failures"),
+        ("inconclusive", "Inconclusive", "inconclusive"),
+    ):
         records = _records(document, status)
         if not records:
             continue
         rows = ["<tr><th>stage</th><th>case</th><th>check</th><th>reason</th><th>next step</th></tr>"]
-        rows += [f"<tr><td class='id'>{_e(s)}</td><td class='id'><a href='#{anchor(s, str(r.get('case_id')))}'>{_e(r.get('case_id'))}</a></td>"
-                 f"<td class='id'>{_e(r.get('check', ''))}</td><td class='text'>{_e(_first_line(r.get('reason')))}</td>"
-                 f"<td class='text'>{'<code>' + _e(r['next_step']) + '</code>' if r.get('next_step') else ''}</td></tr>" for s, r in records]
+        rows += [
+            f"<tr><td class='id'>{_e(s)}</td><td class='id'><a href='#{anchor(s, str(r.get('case_id')))}'>{_e(r.get('case_id'))}</a></td>"
+            f"<td class='id'>{_e(r.get('check', ''))}</td><td class='text'>{_e(_first_line(r.get('reason')))}</td>"
+            f"<td class='text'>{'<code>' + _e(r['next_step']) + '</code>' if r.get('next_step') else ''}</td></tr>"
+            for s, r in records
+        ]
         parts.append(f"<h2>{title} ({len(records)})</h2><table id='{table_id}'>{''.join(rows)}</table>")
     return "".join(parts)
 
@@ -199,10 +237,16 @@ def _skip_table(document: Mapping[str, Any]) -> str:
     stage_skips = [(n, s["skipped"]) for n, s in (document.get("stages") or {}).items() if "skipped" in s]
     if skipped or stage_skips:
         rows = ["<tr><th>stage</th><th>case</th><th>status</th><th>reason</th></tr>"]
-        rows += [f"<tr><td class='id'>{_e(n)}</td><td class='id'>(whole stage)</td><td class='id'>skipped</td>"
-                 f"<td class='text'>{_e(reason)}</td></tr>" for n, reason in stage_skips]
-        rows += [f"<tr><td class='id'>{_e(s)}</td><td class='id'>{_e(r.get('case_id'))}</td><td class='id'>{_e(r.get('status'))}</td>"
-                 f"<td class='text'>{_e(_first_line(r.get('reason')))}</td></tr>" for s, r in skipped]
+        rows += [
+            f"<tr><td class='id'>{_e(n)}</td><td class='id'>(whole stage)</td><td class='id'>skipped</td>"
+            f"<td class='text'>{_e(reason)}</td></tr>"
+            for n, reason in stage_skips
+        ]
+        rows += [
+            f"<tr><td class='id'>{_e(s)}</td><td class='id'>{_e(r.get('case_id'))}</td><td class='id'>{_e(r.get('status'))}</td>"
+            f"<td class='text'>{_e(_first_line(r.get('reason')))}</td></tr>"
+            for s, r in skipped
+        ]
         parts.append(f"<h2>Skipped ({len(skipped) + len(stage_skips)})</h2><table id='skips'>{''.join(rows)}</table>")
     return "".join(parts)
 
@@ -218,7 +262,9 @@ def _banner(document: Mapping[str, Any]) -> str:
     if passed:
         verdict = "PASSED" + (f" ({len(undecided)} inconclusive, counted as passed)" if undecided else "")
     elif failed:
-        verdict = f"FAILED: {len(failed)} failing case{'s' if len(failed) != 1 else ''}" + (f" ({detail})" if detail else "")
+        verdict = f"FAILED: {len(failed)} failing case{'s' if len(failed) != 1 else ''}" + (
+            f" ({detail})" if detail else ""
+        )
     else:
         verdict = f"INCONCLUSIVE: {len(undecided)} undecided case{'s' if len(undecided) != 1 else ''}"
     env = [f"{k} {document[k]}" for k in _STAGE_ORDER_KEYS if document.get(k) is not None]
@@ -228,8 +274,10 @@ def _banner(document: Mapping[str, Any]) -> str:
     wall = document.get("wall_s")
     if isinstance(wall, (int, float)) and math.isfinite(wall):
         env.append(f"{wall:.1f} s")
-    return (f"<div id='verdict' class='banner {'passed' if passed else 'failed'}'>parity {_e(document.get('command', 'gate'))}: "
-            f"{_e(verdict)}</div><p>{_e('; '.join(env))}</p>")
+    return (
+        f"<div id='verdict' class='banner {'passed' if passed else 'failed'}'>parity {_e(document.get('command', 'gate'))}: "
+        f"{_e(verdict)}</div><p>{_e('; '.join(env))}</p>"
+    )
 
 
 def render_index(document: Mapping[str, Any]) -> str:
@@ -238,11 +286,17 @@ def render_index(document: Mapping[str, Any]) -> str:
     pictured = [(s, r) for s, r in look_at if (r.get("artifacts") or {}).get("triptych")]  # image failures first
     failing = "".join(_case_section(s, r) for s, r in pictured + [x for x in look_at if x not in pictured])
     stages = "".join(_stage_details(n, s) for n, s in (document.get("stages") or {}).items())
-    body = (_banner(document) + _failure_tables(document)
-            + (f"<h2>Failing cases</h2>{failing}" if failing else "")
-            + _skip_table(document) + f"<h2>Every case, by stage</h2>{stages}")
-    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>parity report</title>"
-            f"<style>{_CSS}</style></head><body>\n{body}\n</body></html>\n")
+    body = (
+        _banner(document)
+        + _failure_tables(document)
+        + (f"<h2>Failing cases</h2>{failing}" if failing else "")
+        + _skip_table(document)
+        + f"<h2>Every case, by stage</h2>{stages}"
+    )
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>parity report</title>"
+        f"<style>{_CSS}</style></head><body>\n{body}\n</body></html>\n"
+    )
 
 
 def write_index(path: str | Path, document: Mapping[str, Any]) -> None:

@@ -20,15 +20,21 @@ def _details(result: CaseResult) -> str:
     return text + (f"\n{result.traceback}" if result.traceback else "")
 
 
-def junit_xml(stages: Mapping[str, Sequence[CaseResult]], name: str = "parity", inconclusive_fails: bool = True) -> bytes:
+def junit_xml(
+    stages: Mapping[str, Sequence[CaseResult]], name: str = "parity", inconclusive_fails: bool = True
+) -> bytes:
     failing = (FAILED, INCONCLUSIVE) if inconclusive_fails else (FAILED,)
     root = ET.Element("testsuites", name=name)
     for suite, results in stages.items():
         element = ET.SubElement(
-            root, "testsuite", name=suite, tests=str(len(results)),
+            root,
+            "testsuite",
+            name=suite,
+            tests=str(len(results)),
             failures=str(sum(r.status in failing for r in results)),
             skipped=str(sum(r.status not in failing and r.status in (SKIPPED, XFAILED, INCONCLUSIVE) for r in results)),
-            errors="0", time=f"{sum(r.duration_s for r in results):.3f}",
+            errors="0",
+            time=f"{sum(r.duration_s for r in results):.3f}",
         )
         for r in results:
             case = ET.SubElement(element, "testcase", classname=r.check, name=r.case_id, time=f"{r.duration_s:.3f}")
@@ -44,8 +50,9 @@ def junit_xml(stages: Mapping[str, Sequence[CaseResult]], name: str = "parity", 
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
-def write_junit(path: str | Path, stages: Mapping[str, Sequence[CaseResult]], name: str = "parity",
-                inconclusive_fails: bool = True) -> None:
+def write_junit(
+    path: str | Path, stages: Mapping[str, Sequence[CaseResult]], name: str = "parity", inconclusive_fails: bool = True
+) -> None:
     from harness.files.atomic import write_bytes_atomic
 
     write_bytes_atomic(path, junit_xml(stages, name, inconclusive_fails))

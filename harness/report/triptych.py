@@ -64,7 +64,9 @@ def frame_metrics(ref: np.ndarray, cand: np.ndarray) -> list[dict[str, Any]]:
     out = []
     for i, (r, c) in enumerate(zip(ref, cand)):
         diff = np.abs(r.astype(np.int16) - c.astype(np.int16))
-        out.append({"frame": i, "psnr": psnr(r, c), "mean_abs_diff": mean_abs_diff(r, c), "max_abs_diff": int(diff.max())})
+        out.append(
+            {"frame": i, "psnr": psnr(r, c), "mean_abs_diff": mean_abs_diff(r, c), "max_abs_diff": int(diff.max())}
+        )
     return out
 
 
@@ -95,12 +97,12 @@ def triptych(ref: np.ndarray, cand: np.ndarray) -> Triptych:
         top = _TEXT_PX + i * (row_h + _GAP_PX) + (_TEXT_PX if video else 0)
         boxes = tuple((top, j * (pw + _GAP_PX), ph, pw) for j in range(3))
         for (y, x, _, _), panel in zip(boxes, (r, c, heatmap(abs_diff(r, c)))):
-            picture[y:y + ph, x:x + pw] = panel.repeat(k, 0).repeat(k, 1)
+            picture[y : y + ph, x : x + pw] = panel.repeat(k, 0).repeat(k, 1)
         panels.append(boxes)
     bar_top = height - _BAR_PX - _TEXT_PX
     bar_left = 2 * (pw + _GAP_PX)
     ramp = (np.linspace(0.0, 1.0, pw) ** 2 * DIFF_MAX)[None, :].repeat(_BAR_PX, 0)
-    picture[bar_top:bar_top + _BAR_PX, bar_left:bar_left + pw] = heatmap(ramp)
+    picture[bar_top : bar_top + _BAR_PX, bar_left : bar_left + pw] = heatmap(ramp)
     image = Image.fromarray(picture)
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default(size=_FONT_PX)
@@ -112,7 +114,12 @@ def triptych(ref: np.ndarray, cand: np.ndarray) -> Triptych:
         x = bar_left + round(math.sqrt(tick / DIFF_MAX) * (pw - 1))
         draw.line([(x, bar_top + _BAR_PX), (x, bar_top + _BAR_PX + 3)], fill=(0, 0, 0))
         text = f"{tick}+" if tick == TICKS[-1] else str(tick)
-        draw.text((min(x, bar_left + pw - draw.textlength(text, font=font)), bar_top + _BAR_PX + 4), text, fill=(0, 0, 0), font=font)
+        draw.text(
+            (min(x, bar_left + pw - draw.textlength(text, font=font)), bar_top + _BAR_PX + 4),
+            text,
+            fill=(0, 0, 0),
+            font=font,
+        )
     draw.text((2, bar_top), f"|diff| in levels of 255, sqrt scale, white = {DIFF_MAX:g}+", fill=(0, 0, 0), font=font)
     return Triptych(np.asarray(image), panels, k)
 

@@ -26,16 +26,39 @@ SWEEP_SCHEMA = "parity.sweep/1"
 _NON_FINITE = ("nan", "inf", "-inf")
 # the keys harness.sweep.sweep writes: any other is a misspelling or a hand edit, refused naming the nearest
 _DOCUMENT_KEYS = ("schema", "created", "target", "device", "platform", "cells", "kernels", "usp_overhead", "matmul")
-_PLATFORM_KEYS = ("kind", "label", "simulated", "gcn_arch", "device_name", "torch", "torch_cuda", "torch_hip", "python",
-                  "driver")
-_CELL_KEYS = ("case", "contract", "backend", "kernel", "kernel_ran", "dtype", "world_size", "status", "reason", "bound",
-              "figures")
+_PLATFORM_KEYS = (
+    "kind",
+    "label",
+    "simulated",
+    "gcn_arch",
+    "device_name",
+    "torch",
+    "torch_cuda",
+    "torch_hip",
+    "python",
+    "driver",
+)
+_CELL_KEYS = (
+    "case",
+    "contract",
+    "backend",
+    "kernel",
+    "kernel_ran",
+    "dtype",
+    "world_size",
+    "status",
+    "reason",
+    "bound",
+    "figures",
+)
 _KERNEL_KEYS = ("backend", "kernel", "dtype", "shape", "median_ms", "tflops", "skipped")
 
 
 def _known_keys(value: dict[str, Any], own: tuple[str, ...], path: str | Path, key: str) -> None:
     for name in value:
-        expect_known_key(name, own, (), path, f"{key}.{name}" if key else name)  # how a results figure records a non-finite float (harness.results.json_safe)
+        expect_known_key(
+            name, own, (), path, f"{key}.{name}" if key else name
+        )  # how a results figure records a non-finite float (harness.results.json_safe)
 
 
 @dataclass(frozen=True)
@@ -73,8 +96,9 @@ def _check_cell(cell: Any, path: str | Path, key: str) -> None:
         if not isinstance(cell.get(name), str) or not cell[name]:
             raise ConfigError("missing or not a non-empty string", path=path, key=f"{key}.{name}")
     if cell["status"] not in {str(s) for s in Status}:
-        raise ConfigError(f"status must be one of {[str(s) for s in Status]}, got {cell['status']!r}", path=path,
-                          key=f"{key}.status")
+        raise ConfigError(
+            f"status must be one of {[str(s) for s in Status]}, got {cell['status']!r}", path=path, key=f"{key}.status"
+        )
     _optional(cell.get("kernel"), path, f"{key}.kernel", "str")
     if "world_size" in cell:
         expect_int(cell["world_size"], path, f"{key}.world_size", lo=1)
@@ -86,8 +110,9 @@ def _check_cell(cell: Any, path: str | Path, key: str) -> None:
     max_abs = figures.get("max_abs")
     if max_abs in _NON_FINITE:
         if cell["status"] == "passed":
-            raise ConfigError(f"a passed cell with max_abs {max_abs!r}: NaN/Inf never pass", path=path,
-                              key=f"{key}.figures.max_abs")
+            raise ConfigError(
+                f"a passed cell with max_abs {max_abs!r}: NaN/Inf never pass", path=path, key=f"{key}.figures.max_abs"
+            )
     else:
         _optional(max_abs, path, f"{key}.figures.max_abs", "number")
 

@@ -39,7 +39,9 @@ def load_stack_run(path: str | Path) -> StackRun:
     """A results document's contract records, labelled by target, version and device."""
     data = expect_object(read_json(path), path, "")
     if not is_results_document(data):
-        raise ConfigError("not a parity results document (written by `parity check --json` or `gate --json`)", path=path)
+        raise ConfigError(
+            "not a parity results document (written by `parity check --json` or `gate --json`)", path=path
+        )
     expect_object(data["stages"].get("contracts"), path, "stages.contracts")
     records = {case_id: r.record for (stage, case_id), r in stage_records(data, path).items() if stage == "contracts"}
     version = data.get("target_version")
@@ -65,7 +67,10 @@ def build(runs: Sequence[StackRun]) -> tuple[list[str], list[list[str]], dict[st
         for case_id, record in run.records.items():
             cases.setdefault(case_id, str(record.get("check", "")))
     notes: dict[str, int] = {}
-    rows = [[case_id, contract, *(_cell(run.records.get(case_id), notes) for run in runs)] for case_id, contract in cases.items()]
+    rows = [
+        [case_id, contract, *(_cell(run.records.get(case_id), notes) for run in runs)]
+        for case_id, contract in cases.items()
+    ]
     return [run.label for run in runs], rows, notes
 
 
@@ -73,8 +78,12 @@ def render_markdown(runs: Sequence[StackRun]) -> str:
     labels, rows, notes = build(runs)
     lines = ["| case | contract | " + " | ".join(labels) + " |", "| --- | --- |" + " --- |" * len(labels)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
-    lines += ["", "`=` bitwise with one rank; a number is the max abs error against one rank; `xfail`: a known upstream "
-              "divergence recorded in `cases/contracts/targets/<target>.toml` that failed as recorded.", ""]
+    lines += [
+        "",
+        "`=` bitwise with one rank; a number is the max abs error against one rank; `xfail`: a known upstream "
+        "divergence recorded in `cases/contracts/targets/<target>.toml` that failed as recorded.",
+        "",
+    ]
     lines += [f"{n}. {reason}" for reason, n in notes.items()]
     return "\n".join(lines) + "\n"
 
@@ -88,11 +97,15 @@ def render_html(runs: Sequence[StackRun]) -> str:
 
     head = "".join(f"<th>{esc(label)}</th>" for label in labels)
     body = "".join(
-        f"<tr><th>{esc(row[0])}</th><td>{esc(row[1])}</td>" + "".join(f'<td class="{css(c)}">{esc(c)}</td>' for c in row[2:]) + "</tr>"
+        f"<tr><th>{esc(row[0])}</th><td>{esc(row[1])}</td>"
+        + "".join(f'<td class="{css(c)}">{esc(c)}</td>' for c in row[2:])
+        + "</tr>"
         for row in rows
     )
     notes_html = "".join(f"<li value='{n}'>{esc(reason)}</li>" for reason, n in notes.items())
-    return ("<!doctype html><meta charset='utf-8'><title>parity: cross-stack matrix</title>"
-            "<style>td,th{border:1px solid #ccc;padding:4px;font:13px monospace}"
-            ".pass{background:#dfd}.fail{background:#fcc}.xfail{background:#fec}.skip{background:#eee}</style>"
-            f"<table><tr><th>case</th><th>contract</th>{head}</tr>{body}</table><ol>{notes_html}</ol>")
+    return (
+        "<!doctype html><meta charset='utf-8'><title>parity: cross-stack matrix</title>"
+        "<style>td,th{border:1px solid #ccc;padding:4px;font:13px monospace}"
+        ".pass{background:#dfd}.fail{background:#fcc}.xfail{background:#fec}.skip{background:#eee}</style>"
+        f"<table><tr><th>case</th><th>contract</th>{head}</tr>{body}</table><ol>{notes_html}</ol>"
+    )

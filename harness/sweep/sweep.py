@@ -58,7 +58,8 @@ def expand_matrix(
     case of that dtype exists; duplicates (same parameters but the bound) run once.
     """
     selected = [
-        c for c in cases
+        c
+        for c in cases
         if (not world_sizes or c.world_size in world_sizes)
         and {"backend", "dtype"} <= {p.name for p in get_contract(c.contract_id).params}
     ]
@@ -113,7 +114,9 @@ class SweepOptions:
         return list(self.backends) or default_backends(self.run)
 
 
-def run_sweep(cases: Sequence[Case], options: SweepOptions, on_result: Callable[[CaseResult], None] | None = None) -> dict[str, Any]:
+def run_sweep(
+    cases: Sequence[Case], options: SweepOptions, on_result: Callable[[CaseResult], None] | None = None
+) -> dict[str, Any]:
     """Run the matrix and return the sweep document."""
     from harness.targets.reference.kernels import matmul_tflops, time_backends, usp_overhead
 
@@ -134,10 +137,16 @@ def run_sweep(cases: Sequence[Case], options: SweepOptions, on_result: Callable[
     if options.kernels:
         on_gpu = device == "cuda"
         run_time = 0.5 if on_gpu else 0.2
-        document["kernels"] = [t.to_dict() for dtype in (DTYPES[d] for d in options.dtypes) for t in time_backends(
-            device=device, dtype=dtype, min_run_time=run_time, **({} if on_gpu else {"shape": _cpu_shape()})
-        )]
-        document["usp_overhead"] = usp_overhead(device=device, min_run_time=run_time, **({} if on_gpu else {"shape": _cpu_shape()}))
+        document["kernels"] = [
+            t.to_dict()
+            for dtype in (DTYPES[d] for d in options.dtypes)
+            for t in time_backends(
+                device=device, dtype=dtype, min_run_time=run_time, **({} if on_gpu else {"shape": _cpu_shape()})
+            )
+        ]
+        document["usp_overhead"] = usp_overhead(
+            device=device, min_run_time=run_time, **({} if on_gpu else {"shape": _cpu_shape()})
+        )
         document["matmul"] = matmul_tflops(device, min_run_time=run_time)
     return document
 

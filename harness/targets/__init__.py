@@ -24,7 +24,22 @@ from harness.targets.loader import (
 )
 
 __all__ = [
-    "BUILTIN_PIPELINES", "BUILTIN_TARGETS", "CAPABILITIES", "REFUSALS", "Attention", "Capability", "Refusal", "AttentionSpec", "PipelineFailed",
-    "PipelineOutput", "PipelineTarget", "PreparedPipeline", "Target", "Timings", "Unsupported", "load_pipeline_target", "load_target",
+    "BUILTIN_PIPELINES",
+    "BUILTIN_TARGETS",
+    "CAPABILITIES",
+    "REFUSALS",
+    "Attention",
+    "Capability",
+    "Refusal",
+    "AttentionSpec",
+    "PipelineFailed",
+    "PipelineOutput",
+    "PipelineTarget",
+    "PreparedPipeline",
+    "Target",
+    "Timings",
+    "Unsupported",
+    "load_pipeline_target",
+    "load_target",
     "parse_target_args",
 ]

@@ -60,9 +60,9 @@ CAPABILITIES: dict[Capability, str] = {
     Capability.BACKEND_CHOICE: "AttentionSpec.backend names the kernel family to run",
     Capability.BACKEND_SELECTION: "AttentionSpec.backend_config / default_backend / component / supported_backends",
     Capability.REFERENCE_MODELS: "the target is reference_impl itself: model-level checks (model.*, encoder.*, vae.*) run "
-                                 "its models",
+    "its models",
     Capability.BACKWARD: "the attention is differentiable: out.backward(dO) gives q, k and v (the rank's own) their "
-                         "gradients",
+    "gradients",
 }
 
 
@@ -88,7 +88,7 @@ REFUSALS: dict[Refusal, str] = {
     Refusal.RING_NEEDS_LSE: "ring attention needs a backend that returns the log-sum-exp; this one does not",
     Refusal.MASK_WITH_REPLICATED: "an attention mask together with replicated tokens under sequence parallelism",
     Refusal.NO_BACKWARD: "the target cannot differentiate this case (e.g. a ring merge through a log-sum-exp without a "
-                         "gradient)",
+    "gradient)",
 }
 
 

@@ -63,12 +63,16 @@ def placeholders(argv: list[str]) -> set[str]:
 def _check_spec(name: str, spec: str, arg: str) -> None:
     """A format spec without nested fields and without a width or precision that would allocate gigabytes."""
     if "{" in spec or "}" in spec:
-        raise ParamError("template", f"placeholder {{{name}:{spec}}} in {arg!r}: nested fields in a format spec are not allowed")
+        raise ParamError(
+            "template", f"placeholder {{{name}:{spec}}} in {arg!r}: nested fields in a format spec are not allowed"
+        )
     for number in re.findall(r"\d+", spec):
         if len(number) > 6 or int(number) > MAX_FORMAT_NUMBER:
             shown = number if len(number) <= 12 else number[:12] + "..."
-            raise ParamError("template", f"placeholder {{{name}:...}} in {arg!r}: width or precision {shown} is above "
-                             f"{MAX_FORMAT_NUMBER}")
+            raise ParamError(
+                "template",
+                f"placeholder {{{name}:...}} in {arg!r}: width or precision {shown} is above {MAX_FORMAT_NUMBER}",
+            )
 
 
 class CommandPipelineTarget(PipelineTarget):
@@ -84,7 +88,9 @@ class CommandPipelineTarget(PipelineTarget):
     def _argv(self, fields: Mapping[str, Any]) -> list[str]:
         template = fields.get("template", self.template)
         if not isinstance(template, str) or not template.strip():
-            raise ParamError("template", "no command: give --pipeline-target-arg template='...' or a case field template")
+            raise ParamError(
+                "template", "no command: give --pipeline-target-arg template='...' or a case field template"
+            )
         try:
             return shlex.split(template)
         except ValueError as exc:
@@ -94,7 +100,9 @@ class CommandPipelineTarget(PipelineTarget):
         argv = self._argv(fields)
         used = placeholders(argv)
         if "out_dir" not in used:
-            raise ParamError("template", "the template must pass {out_dir}, the directory the command writes its PNGs to")
+            raise ParamError(
+                "template", "the template must pass {out_dir}, the directory the command writes its PNGs to"
+            )
         values = {k: v for k, v in fields.items() if k != "template"}
         for key, value in values.items():
             if key in BUILTINS:
@@ -108,8 +116,16 @@ class CommandPipelineTarget(PipelineTarget):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParamError(key, f"required: a positive int (the PNGs are checked against it), got {value!r}")
         for name in sorted(used - set(values) - set(BUILTINS)):
-            raise ParamError("template", f"placeholder {{{name}}} has no value: not a case field nor one of {', '.join(BUILTINS)}")
-        trial = {**values, "out_dir": "/out", "timings": f"/out/{TIMINGS_FILE}", "world_size": world_size, "device": "cpu"}
+            raise ParamError(
+                "template", f"placeholder {{{name}}} has no value: not a case field nor one of {', '.join(BUILTINS)}"
+            )
+        trial = {
+            **values,
+            "out_dir": "/out",
+            "timings": f"/out/{TIMINGS_FILE}",
+            "world_size": world_size,
+            "device": "cpu",
+        }
         for arg in argv:
             try:
                 arg.format(**trial)
@@ -123,8 +139,9 @@ class CommandPipelineTarget(PipelineTarget):
 
     def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> _PreparedCommand:
         values = {k: v for k, v in fields.items() if k != "template"}
-        return _PreparedCommand(self._argv(fields), {**values, "world_size": world_size or 1, "device": device},
-                                self.timeout)
+        return _PreparedCommand(
+            self._argv(fields), {**values, "world_size": world_size or 1, "device": device}, self.timeout
+        )
 
 
 def _shape(fields: Mapping[str, Any]) -> tuple[int, ...]:
@@ -155,8 +172,10 @@ class _PreparedCommand:
         left), kept after a failure, whose message names it."""
         out_dir = Path(tempfile.mkdtemp(prefix="parity-command-"))
         try:
-            argv = [arg.format(**self.values, out_dir=str(out_dir), timings=str(out_dir / TIMINGS_FILE))
-                    for arg in self.template]
+            argv = [
+                arg.format(**self.values, out_dir=str(out_dir), timings=str(out_dir / TIMINGS_FILE))
+                for arg in self.template
+            ]
             wall_ms, tail = _run(argv, self.timeout, out_dir)
             try:
                 output = read_pngs(out_dir, self.shape)
@@ -207,8 +226,10 @@ def _written_pngs(out_dir: Path) -> list[Path]:
         for name in [*dirs, *files]:
             path = Path(folder, name)
             if path.is_symlink() and (name in dirs or name.lower().endswith(".png")):
-                raise PipelineFailed(f"{path.relative_to(out_dir)} is a symlink (to {os.readlink(path)!r}): "
-                                     "the command must write its PNGs into {out_dir} itself")
+                raise PipelineFailed(
+                    f"{path.relative_to(out_dir)} is a symlink (to {os.readlink(path)!r}): "
+                    "the command must write its PNGs into {out_dir} itself"
+                )
         found += [Path(folder, name) for name in files if name.lower().endswith(".png")]
     return sorted(found)
 
@@ -219,8 +240,10 @@ def read_pngs(out_dir: Path, shape: tuple[int, ...]) -> np.ndarray:
     want = shape[0] if len(shape) == 4 else 1
     if len(files) != want or len({f.parent for f in files}) > 1:
         found = ", ".join(str(f.relative_to(out_dir)) for f in files[:20]) or "none"
-        raise PipelineFailed(f"expected {want} PNG{'s in one directory' if want > 1 else ''} under {{out_dir}}, found {found}"
-                             + (f" and {len(files) - 20} more" if len(files) > 20 else ""))
+        raise PipelineFailed(
+            f"expected {want} PNG{'s in one directory' if want > 1 else ''} under {{out_dir}}, found {found}"
+            + (f" and {len(files) - 20} more" if len(files) > 20 else "")
+        )
     arrays = []
     for path in sorted(files, key=_natural):
         try:  # foreign output: a regular file inside out_dir, the guarded decoder (signature, limits, 8-bit RGB)
@@ -228,7 +251,9 @@ def read_pngs(out_dir: Path, shape: tuple[int, ...]) -> np.ndarray:
         except ConfigError as exc:
             raise PipelineFailed(f"{path.name}: {exc}") from None
         if array.shape != shape[-3:]:
-            raise PipelineFailed(f"{path.name}: expected 8-bit RGB of shape {shape[-3:]}, got {array.dtype} {array.shape}")
+            raise PipelineFailed(
+                f"{path.name}: expected 8-bit RGB of shape {shape[-3:]}, got {array.dtype} {array.shape}"
+            )
         arrays.append(array)
     return np.stack(arrays) if len(shape) == 4 else arrays[0]
 
@@ -244,7 +269,9 @@ def read_timings(out_dir: Path, wall_ms: float) -> tuple[Timings, str]:
     or, when nothing is there, the wall clock. Anything else there (a FIFO, a folder, a symlink) fails the run."""
     path = out_dir / TIMINGS_FILE
     if lstat_kind(path) == "nothing":
-        return Timings(wall_ms, {}, [], "command wall time"), "none: e2e is the command's wall time (start-up and loading included)"
+        return Timings(
+            wall_ms, {}, [], "command wall time"
+        ), "none: e2e is the command's wall time (start-up and loading included)"
     try:  # the project's one JSON reader, inside out_dir: bounded, strict (no NaN/Infinity), errors naming the file
         doc = expect_object(read_json(path, within=out_dir), path, "")
     except ConfigError as exc:
@@ -252,22 +279,35 @@ def read_timings(out_dir: Path, wall_ms: float) -> tuple[Timings, str]:
     if "e2e_ms" in doc:
         unknown = sorted(set(doc) - set(PARITY_TIMINGS))
         if unknown:
-            raise PipelineFailed(f"{TIMINGS_FILE}: unknown key {unknown[0]!r} in parity's schema ({', '.join(PARITY_TIMINGS)})")
+            raise PipelineFailed(
+                f"{TIMINGS_FILE}: unknown key {unknown[0]!r} in parity's schema ({', '.join(PARITY_TIMINGS)})"
+            )
         stages = doc.get("stages_ms", {})
         steps = doc.get("denoise_step_ms", [])
         if not isinstance(stages, dict) or not isinstance(steps, list):
             raise PipelineFailed(f"{TIMINGS_FILE}: stages_ms must be an object and denoise_step_ms a list")
-        return Timings(_number(doc["e2e_ms"], "e2e_ms"), {str(k): _number(v, f"stages_ms.{k}") for k, v in stages.items()},
-                       [_number(v, f"denoise_step_ms[{i}]") for i, v in enumerate(steps)], "command timings.json"), TIMINGS_FILE
+        return Timings(
+            _number(doc["e2e_ms"], "e2e_ms"),
+            {str(k): _number(v, f"stages_ms.{k}") for k, v in stages.items()},
+            [_number(v, f"denoise_step_ms[{i}]") for i, v in enumerate(steps)],
+            "command timings.json",
+        ), TIMINGS_FILE
     if "total_duration_ms" in doc:
         try:
             stages = {str(s["name"]): _number(s["duration_ms"], f"steps.{s['name']}") for s in doc.get("steps", [])}
-            steps = [_number(s["duration_ms"], f"denoise_steps_ms[{i}]") for i, s in enumerate(doc.get("denoise_steps_ms", []))]
+            steps = [
+                _number(s["duration_ms"], f"denoise_steps_ms[{i}]")
+                for i, s in enumerate(doc.get("denoise_steps_ms", []))
+            ]
         except (KeyError, TypeError) as exc:
             raise PipelineFailed(f"{TIMINGS_FILE}: sglang perf dump entries need name/duration_ms: {exc!r}") from None
-        return (Timings(_number(doc["total_duration_ms"], "total_duration_ms"), stages, steps, "sglang perf dump"),
-                f"{TIMINGS_FILE} (sglang perf dump)")
-    raise PipelineFailed(f"{TIMINGS_FILE} has neither e2e_ms (parity's schema) nor total_duration_ms (sglang's perf dump)")
+        return (
+            Timings(_number(doc["total_duration_ms"], "total_duration_ms"), stages, steps, "sglang perf dump"),
+            f"{TIMINGS_FILE} (sglang perf dump)",
+        )
+    raise PipelineFailed(
+        f"{TIMINGS_FILE} has neither e2e_ms (parity's schema) nor total_duration_ms (sglang's perf dump)"
+    )
 
 
 def factory(template: str | None = None, timeout: str | float = DEFAULT_TIMEOUT_S) -> CommandPipelineTarget:
@@ -276,6 +316,8 @@ def factory(template: str | None = None, timeout: str | float = DEFAULT_TIMEOUT_
     except ValueError:
         seconds = -1.0
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
-        raise ConfigError(f"timeout must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {timeout!r}",
-                          key="--pipeline-target-arg")
+        raise ConfigError(
+            f"timeout must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {timeout!r}",
+            key="--pipeline-target-arg",
+        )
     return CommandPipelineTarget(template, seconds)

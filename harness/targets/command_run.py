@@ -85,9 +85,14 @@ def run_command(argv: list[str], timeout: float, out_dir: Path) -> Finished:
     command's output folder, is the caller's to remove; the keeper removes it only if the caller died."""
     status_r, status_w = os.pipe()
     try:
-        keeper = subprocess.Popen([sys.executable, "-I", "-S", KEEPER, str(status_w), str(os.getpid()), str(out_dir), *argv],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  pass_fds=(status_w,), start_new_session=True)
+        keeper = subprocess.Popen(
+            [sys.executable, "-I", "-S", KEEPER, str(status_w), str(os.getpid()), str(out_dir), *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(status_w,),
+            start_new_session=True,
+        )
     except OSError as exc:
         os.close(status_r)
         return Finished(None, None, "", "", error=f"cannot start the command's keeper: {exc}")

@@ -76,7 +76,10 @@ def _check_backend_name(name: str) -> None:
     """A ParamError on ``backend`` listing the valid names unless ``name`` is a diffusers ``AttentionBackendName``."""
     valid = backend_names()
     if name not in valid:
-        raise ParamError("backend", f"{name!r} is not a diffusers {installed_version()} AttentionBackendName; valid: {', '.join(valid)}")
+        raise ParamError(
+            "backend",
+            f"{name!r} is not a diffusers {installed_version()} AttentionBackendName; valid: {', '.join(valid)}",
+        )
 
 
 class DiffusersAttention:
@@ -111,8 +114,11 @@ class DiffusersAttention:
         if kwargs:
             raise Unsupported(f"diffusers' dispatch_attention_fn takes no {', '.join(sorted(kwargs))}")
         if self._lse_kernel and q.device.type != "cpu":
-            raise Unsupported(f"the LSE kernel {diffusers_lse.KERNEL} runs on the CPU only; on {q.device.type} choose a "
-                              "diffusers backend that returns the LSE (_native_cudnn, flash)", kind=Refusal.RING_NEEDS_LSE)
+            raise Unsupported(
+                f"the LSE kernel {diffusers_lse.KERNEL} runs on the CPU only; on {q.device.type} choose a "
+                "diffusers backend that returns the LSE (_native_cudnn, flash)",
+                kind=Refusal.RING_NEEDS_LSE,
+            )
         if seq_lens is None:
             return self._dispatch(q, k, v, attn_mask, self._parallel.plain if self._parallel else None)
         if attn_mask is not None:
@@ -123,28 +129,44 @@ class DiffusersAttention:
         """Unpadded shards through ulysses_anything (diffusers gathers the sizes); zero rows back in."""
         p = self._parallel
         if p is not None and p.anything is None:
-            raise Unsupported(f"diffusers takes uneven per-rank lengths through ulysses_anything, which needs ring_degree 1 (got {p.ring})")
+            raise Unsupported(
+                f"diffusers takes uneven per-rank lengths through ulysses_anything, which needs ring_degree 1 (got {p.ring})"
+            )
         position = dist.get_rank() if dist.is_initialized() else 0
         if len(seq_lens) <= position:
             raise ValueError(f"seq_lens {seq_lens} has no length for rank {position}")
         n = seq_lens[position]
         if p is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            raise Unsupported(f"diffusers {installed_version()} has no backward for uneven lengths: "
-                              "TemplatedUlyssesAnythingAttention.backward raises NotImplementedError", kind=Refusal.NO_BACKWARD)
+            raise Unsupported(
+                f"diffusers {installed_version()} has no backward for uneven lengths: "
+                "TemplatedUlyssesAnythingAttention.backward raises NotImplementedError",
+                kind=Refusal.NO_BACKWARD,
+            )
         self.kernel = self._describe(anything=p is not None)
         out = self._dispatch(q[:, :n], k[:, :n], v[:, :n], None, p.anything if p else None)
         return torch.cat([out, out.new_zeros(out.shape[0], q.shape[1] - n, *out.shape[2:])], dim=1)
 
-    def _dispatch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, config: Any) -> torch.Tensor:
+    def _dispatch(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, config: Any
+    ) -> torch.Tensor:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         gqa = k.shape[2] != q.shape[2]
         try:
             if self._lse_kernel:
-                return diffusers_lse.ring_attention(q, k, v, attn_mask, self.spec.causal, self.spec.softmax_scale, gqa, config)
+                return diffusers_lse.ring_attention(
+                    q, k, v, attn_mask, self.spec.causal, self.spec.softmax_scale, gqa, config
+                )
             return dispatch_attention_fn(
-                q, k, v, attn_mask=attn_mask, is_causal=self.spec.causal, scale=self.spec.softmax_scale,
-                enable_gqa=gqa, backend=self.backend, parallel_config=config,
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                is_causal=self.spec.causal,
+                scale=self.spec.softmax_scale,
+                enable_gqa=gqa,
+                backend=self.backend,
+                parallel_config=config,
             )
         except ValueError as exc:
             refused_mask = attn_mask is not None and not _at_least(installed_version() or MIN_VERSION, CP_MASK_SINCE)
@@ -166,11 +188,15 @@ class _Parallel:
         self.ulysses, self.ring = ulysses, ring
         # nccl drives CUDA tensors; gloo is the CPU group (diffusers gathers sizes over it as "cpu").
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+        device = (
+            torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+        )
         mesh = init_device_mesh(device_type, (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
 
         def config(**options: bool) -> Any:
-            parallel = ParallelConfig(context_parallel_config=ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses, **options))
+            parallel = ParallelConfig(
+                context_parallel_config=ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses, **options)
+            )
             parallel.setup(dist.get_rank(), dist.get_world_size(), device, mesh=mesh)
             return parallel
 
@@ -191,8 +217,10 @@ class DiffusersTarget(Target):
 
     def __init__(self, backend: str | None = None, lse_kernel: str = "cpu_flash") -> None:
         if lse_kernel not in diffusers_lse.LSE_KERNELS:
-            raise ConfigError(f"{lse_kernel!r} is not an LSE kernel; valid: {', '.join(diffusers_lse.LSE_KERNELS)}",
-                              key="--target-arg lse_kernel")
+            raise ConfigError(
+                f"{lse_kernel!r} is not an LSE kernel; valid: {', '.join(diffusers_lse.LSE_KERNELS)}",
+                key="--target-arg lse_kernel",
+            )
         self.lse_kernel = lse_kernel != "none"
         self.backend = backend
         self._version = installed_version()
@@ -212,8 +240,10 @@ class DiffusersTarget(Target):
         if backend is not None:
             _check_backend_name(backend)
         if sdpa_kernel is not None:
-            raise ParamError("sdpa_kernel", f"diffusers pins no SDPA kernel ({sdpa_kernel}); pick a backend "
-                             "(_native_math, _native_flash, ...)")
+            raise ParamError(
+                "sdpa_kernel",
+                f"diffusers pins no SDPA kernel ({sdpa_kernel}); pick a backend (_native_math, _native_flash, ...)",
+            )
 
     def unavailable_reason(self, device: str) -> str | None:
         if self._version is None:
@@ -297,7 +327,8 @@ def _refuse_ring_without_lse(name: str, spec: AttentionSpec) -> None:
     except ValueError as exc:
         raise Unsupported(
             f"diffusers {installed_version()} backend '{name}' cannot run ring attention, which merges partial "
-            f"outputs by their log-sum-exp: {exc}", kind=Refusal.RING_NEEDS_LSE,
+            f"outputs by their log-sum-exp: {exc}",
+            kind=Refusal.RING_NEEDS_LSE,
         ) from exc
 
 

@@ -32,9 +32,20 @@ def _heads_first(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.transpose(1, 2) for t in tensors]
 
 
-def _forward_op(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
-                return_lse: bool = False, _save_ctx: bool = True, _parallel_config: Any = None) -> Any:
+def _forward_op(
+    ctx: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    _save_ctx: bool = True,
+    _parallel_config: Any = None,
+) -> Any:
     """diffusers' forward_op: ``[B, S, H, D]`` in, ``out [B, S, H, D]`` and ``lse [B, S, H]`` (model layout) out."""
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         *_heads_first(query, key, value), dropout_p, is_causal, attn_mask=_additive(attn_mask, query.dtype), scale=scale
@@ -48,27 +59,59 @@ def _forward_op(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
     return (out, lse) if return_lse else out
 
 
-def _backward_op(ctx: Any, grad_out: torch.Tensor, *args: Any, query: torch.Tensor | None = None,
-                 key: torch.Tensor | None = None, value: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                 lse: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_op(
+    ctx: Any,
+    grad_out: torch.Tensor,
+    *args: Any,
+    query: torch.Tensor | None = None,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """diffusers' backward_op: the saved block, or the ring's block with the merged ``out`` and ``lse`` it passes."""
     saved = ctx.saved_tensors
-    query, key, value, out, lse = (given if given is not None else s for given, s in zip((query, key, value, out, lse), saved))
+    query, key, value, out, lse = (
+        given if given is not None else s for given, s in zip((query, key, value, out, lse), saved)
+    )
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        *_heads_first(grad_out, query, key, value, out), lse.transpose(1, 2).contiguous(), 0.0, ctx.is_causal,
-        attn_mask=_additive(ctx.attn_mask, query.dtype), scale=ctx.scale,
+        *_heads_first(grad_out, query, key, value, out),
+        lse.transpose(1, 2).contiguous(),
+        0.0,
+        ctx.is_causal,
+        attn_mask=_additive(ctx.attn_mask, query.dtype),
+        scale=ctx.scale,
     )
     return tuple(g.transpose(1, 2) for g in grads)  # type: ignore[return-value]
 
 
-def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
-                   is_causal: bool, scale: float | None, enable_gqa: bool, parallel_config: Any) -> torch.Tensor:
+def ring_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    parallel_config: Any,
+) -> torch.Tensor:
     """diffusers' context-parallel templates with this kernel for every block (a ring config: degree > 1)."""
     from diffusers.models.attention_dispatch import _templated_context_parallel_attention
 
     if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
         attn_mask = attn_mask[:, None, None, :]  # as _native_attention reshapes it
     return _templated_context_parallel_attention(
-        query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, False,
-        forward_op=_forward_op, backward_op=_backward_op, _parallel_config=parallel_config,
+        query,
+        key,
+        value,
+        attn_mask,
+        0.0,
+        is_causal,
+        scale,
+        enable_gqa,
+        False,
+        forward_op=_forward_op,
+        backward_op=_backward_op,
+        _parallel_config=parallel_config,
     )

@@ -34,12 +34,24 @@ if TYPE_CHECKING:
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PARITY_FIELDS = ("path", "seed", "dtype")  # fields parity consumes; every other field is a __call__ argument
-SET_BY_PARITY = frozenset({"generator", "output_type", "return_dict", "callback_on_step_end",
-                           "callback_on_step_end_tensor_inputs", "num_images_per_prompt", "callback", "callback_steps"})
+SET_BY_PARITY = frozenset(
+    {
+        "generator",
+        "output_type",
+        "return_dict",
+        "callback_on_step_end",
+        "callback_on_step_end_tensor_inputs",
+        "num_images_per_prompt",
+        "callback",
+        "callback_steps",
+    }
+)
 _POSITIVE = ("height", "width", "num_inference_steps", "num_frames")
-CPU_REASON = ("diffusers' enable_parallelism cannot run on the CPU: it places rank r on torch.device(<accelerator>, "
-              "r % torch.accelerator.device_count()), a ZeroDivisionError with no accelerator (measured with diffusers "
-              "0.42.1, ModelMixin._resolve_parallel_config); W > 1 needs --device cuda")
+CPU_REASON = (
+    "diffusers' enable_parallelism cannot run on the CPU: it places rank r on torch.device(<accelerator>, "
+    "r % torch.accelerator.device_count()), a ZeroDivisionError with no accelerator (measured with diffusers "
+    "0.42.1, ModelMixin._resolve_parallel_config); W > 1 needs --device cuda"
+)
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,9 @@ def describe(path: str) -> PipelineDir:
     name = _read_object(index).get("_class_name")
     cls = getattr(diffusers, str(name), None)
     if cls is None:
-        raise ParamError("path", f"{index}: _class_name {name!r} is not a pipeline of diffusers {diffusers.__version__}")
+        raise ParamError(
+            "path", f"{index}: _class_name {name!r} is not a pipeline of diffusers {diffusers.__version__}"
+        )
     params = frozenset(inspect.signature(cls.__call__).parameters) - {"self"}
     if "callback_on_step_end" not in params:
         raise ParamError("path", f"{name}.__call__ takes no callback_on_step_end: parity times the steps through it")
@@ -165,12 +179,18 @@ class DiffusersPipelineTarget(PipelineTarget):
                 raise ParamError(key, "set by parity, not by a case")
             if key not in PARITY_FIELDS and key not in info.call_params:
                 valid = ", ".join((*PARITY_FIELDS, *sorted(info.call_params - SET_BY_PARITY)))
-                raise ParamError(key, f"unknown key: neither a parity field nor a parameter of {info.pipeline_class}.__call__; "
-                                      f"valid: {valid}")
+                raise ParamError(
+                    key,
+                    f"unknown key: neither a parity field nor a parameter of {info.pipeline_class}.__call__; "
+                    f"valid: {valid}",
+                )
         _check_values(fields)
         if world_size > 1 and not info.has_cp_plan:
-            raise ParamError("world_size", f"{info.transformer_class or 'the pipeline'} has no _cp_plan: diffusers cannot "
-                                           f"split it over {world_size} ranks")
+            raise ParamError(
+                "world_size",
+                f"{info.transformer_class or 'the pipeline'} has no _cp_plan: diffusers cannot "
+                f"split it over {world_size} ranks",
+            )
         return "video" if info.video else "image"
 
     def identity(self, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -251,13 +271,18 @@ class _Clock:
     def timings(self, start: Any, end: Any, wall_ms: float) -> Timings:
         """The run's stages from its marks (every event has completed: the caller synchronised)."""
         if self.first_forward is None or not self.step_ends:
-            raise RuntimeError("the pipeline reported no denoising step (no transformer forward or no callback_on_step_end)")
+            raise RuntimeError(
+                "the pipeline reported no denoising step (no transformer forward or no callback_on_step_end)"
+            )
         marks = [self.first_forward, *self.step_ends]
         steps = [self.ms(a, b) for a, b in zip(marks, marks[1:])]
         text = sum(self.ms(a, b) for a, b in self.text)
         stages = {"TextEncodingStage": text} if self.text else {}
-        stages.update(PreparationStage=self.ms(start, self.first_forward) - text, DenoisingStage=sum(steps),
-                      DecodingStage=self.ms(self.step_ends[-1], end))
+        stages.update(
+            PreparationStage=self.ms(start, self.first_forward) - text,
+            DenoisingStage=sum(steps),
+            DecodingStage=self.ms(self.step_ends[-1], end),
+        )
         return Timings(wall_ms, stages, steps, self.name)
 
 
@@ -267,7 +292,9 @@ def _to_uint8(result: Any, video: bool) -> tuple[np.ndarray, int]:
     batch = np.asarray(result.frames if video else result.images)
     out = np.asarray(batch[0])
     if out.ndim != (4 if video else 3) or out.shape[-1] != 3:
-        raise RuntimeError(f"the pipeline returned {batch.shape}, not a batch of {'frames' if video else 'images'} with 3 channels")
+        raise RuntimeError(
+            f"the pipeline returned {batch.shape}, not a batch of {'frames' if video else 'images'} with 3 channels"
+        )
     nonfinite = int(np.count_nonzero(~np.isfinite(out)))
     return (np.nan_to_num(out, nan=0.0) * 255).round().clip(0, 255).astype(np.uint8), nonfinite
 
@@ -285,7 +312,9 @@ def _attention_backend(model: torch.nn.Module) -> str:
 class _Prepared:
     """The pipeline loaded once (context parallelism over the group when W > 1); ``run()`` generates."""
 
-    def __init__(self, pipe: DiffusionPipeline, info: PipelineDir, kwargs: dict[str, Any], seed: int, device: str) -> None:
+    def __init__(
+        self, pipe: DiffusionPipeline, info: PipelineDir, kwargs: dict[str, Any], seed: int, device: str
+    ) -> None:
         import torch.distributed as dist
 
         self.pipe, self.info, self.kwargs, self.seed = pipe, info, kwargs, seed
@@ -299,9 +328,12 @@ class _Prepared:
         if hasattr(pipe, "encode_prompt"):
             pipe.encode_prompt = self.clock.wrap_text_encoding(pipe.encode_prompt)
         self.hook = pipe.transformer.register_forward_pre_hook(self.clock.on_forward)
-        self.backends = {"pipeline": info.pipeline_class, "transformer": type(pipe.transformer).__name__,
-                         "attention": _attention_backend(pipe.transformer),
-                         "context_parallel": f"ulysses={world}" if world > 1 else "none"}
+        self.backends = {
+            "pipeline": info.pipeline_class,
+            "transformer": type(pipe.transformer).__name__,
+            "attention": _attention_backend(pipe.transformer),
+            "context_parallel": f"ulysses={world}" if world > 1 else "none",
+        }
 
     def run(self) -> PipelineOutput:
         self.clock.reset()
@@ -309,8 +341,13 @@ class _Prepared:
             torch.cuda.synchronize(self.device)  # the run's wall clock starts with an idle device
         wall_start = time.perf_counter()
         start = self.clock.mark()
-        result = self.pipe(**self.kwargs, generator=torch.Generator("cpu").manual_seed(self.seed), output_type="np",
-                           return_dict=True, callback_on_step_end=self.clock.on_step_end)
+        result = self.pipe(
+            **self.kwargs,
+            generator=torch.Generator("cpu").manual_seed(self.seed),
+            output_type="np",
+            return_dict=True,
+            callback_on_step_end=self.clock.on_step_end,
+        )
         end = self.clock.mark()
         if self.clock.cuda_device:
             torch.cuda.synchronize(self.device)

@@ -23,8 +23,10 @@ def check_capabilities(target: Target) -> frozenset[str]:
     """``capabilities()`` returns a set of capability names (a bare string would read as its letters)."""
     caps = target.capabilities()
     if isinstance(caps, (str, bytes)) or not isinstance(caps, (set, frozenset, tuple, list)):
-        raise InterfaceError(f"target {target.name!r}: capabilities() must return a frozenset of capability names, "
-                             f"not {type(caps).__name__}")
+        raise InterfaceError(
+            f"target {target.name!r}: capabilities() must return a frozenset of capability names, "
+            f"not {type(caps).__name__}"
+        )
     if not all(isinstance(c, str) for c in caps):
         raise InterfaceError(f"target {target.name!r}: capabilities() must hold strings, got {sorted(map(repr, caps))}")
     return frozenset(caps)
@@ -34,13 +36,16 @@ def checked_attention(attention: object, target: Target) -> Attention:
     """``attention`` as built by ``target.make_attention``, held to the Attention protocol on every call."""
     where = f"target {target.name!r}: make_attention() returned {type(attention).__name__}"
     if attention is None or not callable(attention):
-        raise InterfaceError(f"{where}, which is not callable: it must return an attention, called as attention(q, k, v)")
+        raise InterfaceError(
+            f"{where}, which is not callable: it must return an attention, called as attention(q, k, v)"
+        )
     for name in ("backend", "kernel"):
         value = getattr(attention, name, None)
         if not isinstance(value, str):
             got = "has none" if value is None else f"is {type(value).__name__}"
-            raise InterfaceError(f"{where}, whose .{name} {got}: an attention names its {name} as a str "
-                                 "(reports print which kernel ran)")
+            raise InterfaceError(
+                f"{where}, whose .{name} {got}: an attention names its {name} as a str (reports print which kernel ran)"
+            )
     return _Checked(attention, where)  # type: ignore[arg-type]
 
 
@@ -58,5 +63,7 @@ class _Checked:
         if isinstance(out, torch.Tensor):
             return out
         shape = f" of {len(out)}" if isinstance(out, (tuple, list)) else ""
-        raise InterfaceError(f"{self._where}, whose call returned a {type(out).__name__}{shape}: attention(q, k, v) "
-                             "returns the output tensor alone, [B, S_local, H, D] (return an LSE, if any, elsewhere)")
+        raise InterfaceError(
+            f"{self._where}, whose call returned a {type(out).__name__}{shape}: attention(q, k, v) "
+            "returns the output tensor alone, [B, S_local, H, D] (return an LSE, if any, elsewhere)"
+        )

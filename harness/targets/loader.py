@@ -25,20 +25,43 @@ from harness.targets.interface import InterfaceError, check_capabilities
 # name -> (module, factory attribute, one-line description)
 BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
     "reference": ("harness.targets.reference.attention", "factory", "reference_impl USPAttention (default)"),
-    "sglang": ("harness.targets.sglang", "factory", "sglang's multimodal_gen USPAttention on sglang's parallel state (layer=MODULE:CLASS)"),
-    "yunchang": ("harness.targets.yunchang", "factory", "yunchang 0.6.4 LongContextAttention (Ulysses x ring; CUDA only)"),
+    "sglang": (
+        "harness.targets.sglang",
+        "factory",
+        "sglang's multimodal_gen USPAttention on sglang's parallel state (layer=MODULE:CLASS)",
+    ),
+    "yunchang": (
+        "harness.targets.yunchang",
+        "factory",
+        "yunchang 0.6.4 LongContextAttention (Ulysses x ring; CUDA only)",
+    ),
     "yunchang-ulysses": ("harness.targets.yunchang", "ulysses_factory", "yunchang 0.6.4 UlyssesAttention (CUDA only)"),
-    "diffusers": ("harness.targets.diffusers", "factory", "diffusers dispatch_attention_fn under ContextParallelConfig (backend=NAME)"),
+    "diffusers": (
+        "harness.targets.diffusers",
+        "factory",
+        "diffusers dispatch_attention_fn under ContextParallelConfig (backend=NAME)",
+    ),
 }
 BUILTIN_PIPELINES: dict[str, tuple[str, str, str]] = {
     "reference": ("harness.targets.reference.pipeline", "factory", "reference_impl tiny seeded pipeline (default)"),
-    "diffusers": ("harness.targets.diffusers_pipeline", "factory", "a diffusers DiffusionPipeline from a local directory (path=DIR)"),
-    "command": ("harness.targets.command_pipeline", "factory", "an external command writing PNGs and timings (template='...')"),
+    "diffusers": (
+        "harness.targets.diffusers_pipeline",
+        "factory",
+        "a diffusers DiffusionPipeline from a local directory (path=DIR)",
+    ),
+    "command": (
+        "harness.targets.command_pipeline",
+        "factory",
+        "an external command writing PNGs and timings (template='...')",
+    ),
 }
 #: ``rev:GITREV``: the reference pipeline as a commit of parity's checkout has it (a perf A/B side).
 REVISION_PREFIX = "rev:"
-REVISION_PIPELINE = ("harness.targets.reference.revision", "factory",
-                     "rev:GITREV: the reference pipeline at another commit of parity's checkout (a side of parity perf)")
+REVISION_PIPELINE = (
+    "harness.targets.reference.revision",
+    "factory",
+    "rev:GITREV: the reference pipeline at another commit of parity's checkout (a side of parity perf)",
+)
 
 TargetArgs = tuple[tuple[str, str], ...]
 T = TypeVar("T", Target, PipelineTarget)
@@ -74,7 +97,9 @@ def _load(spec: str, args: TargetArgs, builtin: dict[str, tuple[str, str, str]],
     key = (what, spec, tuple(args))
     if key not in _cache:
         if key in _building:
-            raise ConfigError(f"{what} {spec!r}: its factory loads {spec!r} again (it is not a target factory)", key="target")
+            raise ConfigError(
+                f"{what} {spec!r}: its factory loads {spec!r} again (it is not a target factory)", key="target"
+            )
         _building.add(key)
         try:
             _cache[key] = _build(spec, dict(args), builtin, kind, what)
@@ -90,7 +115,7 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
         module_name, attr, _ = builtin[spec]
     elif kind is PipelineTarget and spec.startswith(REVISION_PREFIX):
         module_name, attr, _ = REVISION_PIPELINE
-        args = {**args, "rev": spec[len(REVISION_PREFIX):]}
+        args = {**args, "rev": spec[len(REVISION_PREFIX) :]}
     elif ":" in spec:
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr:
@@ -103,8 +128,13 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
         sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as exc:  # a syntax error, or anything its import raises: a broken target, not a traceback
-        raise ConfigError(f"{what} {spec!r}: cannot import module {module_name!r}: {_one_line(exc)}", key="target") from None
+    except (
+        Exception,
+        SystemExit,
+    ) as exc:  # a syntax error, or anything its import raises: a broken target, not a traceback
+        raise ConfigError(
+            f"{what} {spec!r}: cannot import module {module_name!r}: {_one_line(exc)}", key="target"
+        ) from None
     factory: Callable[..., object] | None = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"{what} {spec!r}: module {module_name!r} has no callable {attr!r}", key="target")
@@ -121,10 +151,13 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
     except ConfigError:
         raise
     except (Exception, SystemExit) as exc:  # sys:exit would end parity with 0 having run nothing
-        raise ConfigError(f"{what} {spec!r}: {attr}() raised {_one_line(exc)}", key=option if args else "target") from None
+        raise ConfigError(
+            f"{what} {spec!r}: {attr}() raised {_one_line(exc)}", key=option if args else "target"
+        ) from None
     if not isinstance(target, kind):
         raise ConfigError(
-            f"{what} {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.{kind.__name__}", key="target"
+            f"{what} {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.{kind.__name__}",
+            key="target",
         )
     if isinstance(target, Target):
         try:

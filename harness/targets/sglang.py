@@ -35,15 +35,22 @@ INSTALL_HINT = "on a CPU-only machine run scripts/install-sglang-cpu.sh; elsewhe
 # The capabilities every release this adapter knows has, and those that came later. The first
 # release of each PR was established by reading layer.py of each sglang wheel on PyPI
 # (scripts/sglang_cpu/README.md, "Version facts").
-_BASE = frozenset({"ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix", "mask"})
+_BASE = frozenset(
+    {"ulysses", "ring", "gqa", "causal", "replicated_prefix", "replicated_suffix", "replicated_kv_prefix", "mask"}
+)
 SINCE: dict[str, tuple[Version, str]] = {
     "varlen": (Version("0.5.18"), "PR #33923 added the seq_lens entry"),
     "backend_choice": (Version("0.5.20"), "USPAttention takes required_attention_backend"),
     "masked_replicated_prefix": (Version("0.5.20"), "PR #36735 made a key mask with a replicated prefix legal"),
-    "ring_replicated": (Version("0.5.18"), "replicated tokens keyed on the whole SP group: under ring the replicated K/V "
-                        "is one more LSE-merged partial (0.5.17 raised NotImplementedError under ring)"),
+    "ring_replicated": (
+        Version("0.5.18"),
+        "replicated tokens keyed on the whole SP group: under ring the replicated K/V "
+        "is one more LSE-merged partial (0.5.17 raised NotImplementedError under ring)",
+    ),
 }
-OLDEST = Version("0.5.16")  # USPAttention as this adapter calls it (forward's replicated kinds); run: docs/targets/versions.md
+OLDEST = Version(
+    "0.5.16"
+)  # USPAttention as this adapter calls it (forward's replicated kinds); run: docs/targets/versions.md
 # How USPAttention.__init__ words its ring refusal (no backend LSE), newest first: (first release, words).
 # PR #33928 (first in 0.5.18) made ring admission a backend capability; before it a list of backends was named.
 RING_REFUSALS: tuple[tuple[Version, str], ...] = (
@@ -92,8 +99,12 @@ def _sglang() -> dict[str, ModuleType]:
     if reason:
         raise Unsupported(reason, kind=Refusal.BACKEND_UNAVAILABLE)
     base = "sglang.multimodal_gen.runtime"
-    names = {"layer": LAYER_MODULE, "state": f"{base}.distributed.parallel_state",
-             "context": f"{base}.managers.forward_context", "server_args": f"{base}.server_args.server_args"}
+    names = {
+        "layer": LAYER_MODULE,
+        "state": f"{base}.distributed.parallel_state",
+        "context": f"{base}.managers.forward_context",
+        "server_args": f"{base}.server_args.server_args",
+    }
     return {key: importlib.import_module(name) for key, name in names.items()}
 
 
@@ -102,7 +113,10 @@ def load_layer_class(spec: str) -> type:
     where = "--target-arg layer"
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr.isidentifier():
-        raise ConfigError(f"{spec!r} must be MODULE:CLASS (e.g. tests.targets.sglang_rotated_suffix:RotatedSuffixUSPAttention)", key=where)
+        raise ConfigError(
+            f"{spec!r} must be MODULE:CLASS (e.g. tests.targets.sglang_rotated_suffix:RotatedSuffixUSPAttention)",
+            key=where,
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -130,7 +144,9 @@ class SglangAttention:
         self._mods = mods
         self._version = version
         self.backend = layer.backend.name.lower()
-        self.kernel = f"sglang {version} {type(layer).__name__}: {layer.backend.name} ({type(layer.attn_impl).__name__})"
+        self.kernel = (
+            f"sglang {version} {type(layer).__name__}: {layer.backend.name} ({type(layer.attn_impl).__name__})"
+        )
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         unknown = set(kwargs) - _FORWARD_KWARGS
@@ -146,7 +162,9 @@ class SglangAttention:
                 return self.layer(q, k, v, **kwargs)
         except NotImplementedError as exc:  # sglang raises these before any collective, on every rank
             replicated = kwargs.get("attn_mask") is not None and any(kwargs.get(key) for key in _REPLICATED)
-            raise Unsupported(f"sglang {self._version}: {exc}", "mask_with_replicated" if replicated else "unsupported") from exc
+            raise Unsupported(
+                f"sglang {self._version}: {exc}", "mask_with_replicated" if replicated else "unsupported"
+            ) from exc
 
     def _varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
         """sglang takes each rank's valid rows only: strip the padding, add zero rows back."""
@@ -176,13 +194,19 @@ class SglangTarget(Target):
         members = _sglang()["layer"].AttentionBackendEnum.__members__
         if backend.upper() not in members:
             names = ", ".join(m.lower() for m in members)
-            raise ParamError("backend", f"sglang {installed_version()} has no attention backend {backend!r}; its backends: {names}")
+            raise ParamError(
+                "backend", f"sglang {installed_version()} has no attention backend {backend!r}; its backends: {names}"
+            )
 
     def version(self) -> str | None:
         version = installed_version()
         if version is None:
             return None
-        return str(version) if self._layer_cls is None else f"{version}, layer {self._layer_cls.__module__}:{self._layer_cls.__qualname__}"
+        return (
+            str(version)
+            if self._layer_cls is None
+            else f"{version}, layer {self._layer_cls.__module__}:{self._layer_cls.__qualname__}"
+        )
 
     def unavailable_reason(self, device: str) -> str | None:
         version = installed_version()
@@ -218,8 +242,11 @@ class SglangTarget(Target):
         rank, world, sp = dist.get_rank(), dist.get_world_size(), ulysses_degree * ring_degree
         state.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend=backend)
         state.initialize_model_parallel(
-            data_parallel_size=world // sp, sequence_parallel_degree=sp, ulysses_degree=ulysses_degree,
-            ring_degree=ring_degree, backend=backend,
+            data_parallel_size=world // sp,
+            sequence_parallel_degree=sp,
+            ulysses_degree=ulysses_degree,
+            ring_degree=ring_degree,
+            backend=backend,
         )
         self._ring_degree = ring_degree
 
@@ -237,14 +264,23 @@ class SglangTarget(Target):
         chosen = {} if required is None else {"required_attention_backend": required}
         try:
             layer = cls(
-                spec.num_heads, spec.head_dim, num_kv_heads=spec.num_kv_heads, softmax_scale=spec.softmax_scale,
-                causal=spec.causal, skip_sequence_parallel=spec.skip_sequence_parallel, **chosen,
+                spec.num_heads,
+                spec.head_dim,
+                num_kv_heads=spec.num_kv_heads,
+                softmax_scale=spec.softmax_scale,
+                causal=spec.causal,
+                skip_sequence_parallel=spec.skip_sequence_parallel,
+                **chosen,
             )
         except RuntimeError as exc:
             # sglang's ring admission, at construction, in the installed release's words. Any other
             # error (an OOM, a patched layer's bug, a ring refusal of a rank-local layer) is the
             # layer's failure, not a refusal.
-            if self._ring_degree > 1 and not spec.skip_sequence_parallel and is_ring_refusal(installed_version(), str(exc)):
+            if (
+                self._ring_degree > 1
+                and not spec.skip_sequence_parallel
+                and is_ring_refusal(installed_version(), str(exc))
+            ):
                 raise Unsupported(f"sglang {installed_version()}: {exc}", "ring_needs_lse") from exc
             raise
         except ValueError as exc:
@@ -252,8 +288,10 @@ class SglangTarget(Target):
                 raise Unsupported(f"sglang {installed_version()}: {exc}", "backend_unavailable") from exc
             raise
         if required is not None and layer.backend != required:  # sglang's selector fell back to another backend
-            raise Unsupported(f"sglang {installed_version()} runs {layer.backend.name} when asked for {required.name} here",
-                              "backend_unavailable")
+            raise Unsupported(
+                f"sglang {installed_version()} runs {layer.backend.name} when asked for {required.name} here",
+                "backend_unavailable",
+            )
         return SglangAttention(layer, mods, installed_version())
 
 

@@ -91,7 +91,9 @@ class YunchangTarget(Target):
         if spec.dtype not in (torch.float16, torch.bfloat16) and (HAS_FLASH_ATTN or self.layer == "ulysses"):
             # Seen on an H200: UlyssesAttention's torch path (ring_pytorch_attn_func) runs torch's
             # flash kernel whatever attn_type says, and flash-attn itself is fp16/bf16 only.
-            raise Unsupported(f"yunchang {self.layer} with {'flash-attn' if HAS_FLASH_ATTN else 'torch kernels'} runs flash attention: fp16/bf16 only, not {spec.dtype}")
+            raise Unsupported(
+                f"yunchang {self.layer} with {'flash-attn' if HAS_FLASH_ATTN else 'torch kernels'} runs flash attention: fp16/bf16 only, not {spec.dtype}"
+            )
         if HAS_FLASH_ATTN:
             attn_type = AttnType.FA
         else:

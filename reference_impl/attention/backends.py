@@ -266,10 +266,14 @@ class TorchSDPABackend(AttentionBackend):
             causal = False
         try:
             with pinned_sdpa_kernel(self.kernel):
-                out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=attn_mask, is_causal=causal, scale=softmax_scale)
+                out = F.scaled_dot_product_attention(
+                    qt, kt, vt, attn_mask=attn_mask, is_causal=causal, scale=softmax_scale
+                )
         except RuntimeError as exc:
             if self.kernel and any(m in str(exc) for m in _NO_KERNEL):
-                raise PinnedKernelRefused(f"torch SDPA kernel {self.kernel} cannot run this case here ({q.dtype}): {exc}") from exc
+                raise PinnedKernelRefused(
+                    f"torch SDPA kernel {self.kernel} cannot run this case here ({q.dtype}): {exc}"
+                ) from exc
             raise
         return out.transpose(1, 2)
 
@@ -290,13 +294,17 @@ class TorchSDPABackend(AttentionBackend):
             if q.dtype == torch.float32:
                 # Measured on an H200 (torch 2.11, cu130): the cudnn op accepts fp32 and returns a NaN
                 # log-sum-exp, which the ring would merge into every output. Refused before computing.
-                raise PinnedKernelRefused(f"torch SDPA kernel cudnn cannot return the log-sum-exp for {q.dtype} "
-                                          "(it computes in fp16/bf16; for fp32 it returned NaN)")
+                raise PinnedKernelRefused(
+                    f"torch SDPA kernel cudnn cannot return the log-sum-exp for {q.dtype} "
+                    "(it computes in fp16/bf16; for fp32 it returned NaN)"
+                )
             out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
                 qt, kt, vt, None, True, 0.0, causal, scale=softmax_scale
             )[:2]
         elif self.kernel == "flash" or (self.kernel is None and q.dtype in (torch.float16, torch.bfloat16)):
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, causal, scale=softmax_scale)[:2]
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, causal, scale=softmax_scale)[
+                :2
+            ]
         else:
             out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
                 qt, kt, vt, None, True, 0.0, causal, scale=softmax_scale
@@ -341,7 +349,9 @@ class FlashAttnBackend(AttentionBackend):
         if module.__name__ == "flash_attn_interface":
             result = module.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_attn_probs=True)
         else:
-            result = module.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_lse)
+            result = module.flash_attn_func(
+                q, k, v, softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_lse
+            )
         if isinstance(result, tuple):
             out, lse = result[0], result[1]
         else:

@@ -141,7 +141,11 @@ class USPAttention(_AttentionBase):
         self.skip_sequence_parallel = skip_sequence_parallel
         num_heads = self.num_heads
         # Tile-local layers hold their whole K/V and never rotate, so they need no ring capability.
-        if not skip_sequence_parallel and get_ring_world_size() > 1 and not self.selection.backend.supports_ring_rotation():
+        if (
+            not skip_sequence_parallel
+            and get_ring_world_size() > 1
+            and not self.selection.backend.supports_ring_rotation()
+        ):
             raise RingAdmissionError(
                 f"ring attention (ring degree {get_ring_world_size()}) needs a backend that returns the "
                 f"log-sum-exp; {self.backend.value} does not (choose another backend or skip_sequence_parallel=True)"
@@ -208,7 +212,9 @@ class USPAttention(_AttentionBase):
         if get_ring_world_size() == 1:
             return
         if seq_lens is not None or attn_mask is not None:
-            raise RingUnsupportedError(f"{'seq_lens (varlen)' if seq_lens is not None else 'attn_mask'} does not support ring parallelism")
+            raise RingUnsupportedError(
+                f"{'seq_lens (varlen)' if seq_lens is not None else 'attn_mask'} does not support ring parallelism"
+            )
         if kv_prefix and self.causal:
             raise RingUnsupportedError("a causal layer with a replicated K/V prefix does not support ring parallelism")
         if requires_grad(q, k, v) and not self.attn_impl.lse_has_gradient():
@@ -260,7 +266,9 @@ class USPAttention(_AttentionBase):
         else:
             out = self._local(*(torch.cat([s, r] if at_tail else [r, s], dim=1) for s, r in zip(sharded, reps)))
             n_shard = out.shape[1] - num_rep
-            out_shard, out_rep = (out[:, :n_shard], out[:, n_shard:]) if at_tail else (out[:, num_rep:], out[:, :num_rep])
+            out_shard, out_rep = (
+                (out[:, :n_shard], out[:, n_shard:]) if at_tail else (out[:, num_rep:], out[:, :num_rep])
+            )
         out_shard = comm.head_to_seq_all_to_all(out_shard, group)
         out_rep = comm.all_gather(out_rep, dim=2, group=group)
         return torch.cat([out_shard, out_rep] if at_tail else [out_rep, out_shard], dim=1)

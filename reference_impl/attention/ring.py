@@ -104,7 +104,9 @@ def replicated_tokens(
     return merge(shard_parts)[0].to(q_s.dtype), merge(rep_parts)[0].to(q_r.dtype)
 
 
-def replicated_kv_prefix(blocks: Blocks, q: Tensor, sharded_kv: tuple[Tensor, Tensor], replicated_kv: tuple[Tensor, Tensor]) -> Tensor:
+def replicated_kv_prefix(
+    blocks: Blocks, q: Tensor, sharded_kv: tuple[Tensor, Tensor], replicated_kv: tuple[Tensor, Tensor]
+) -> Tensor:
     """Sharded queries against ``[replicated K/V, shards...]`` (cross attention, not causal)."""
     group = get_ring_group()
     k_rep, v_rep = (comm.replicated_input(t, group) for t in replicated_kv)

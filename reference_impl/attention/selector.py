@@ -82,7 +82,10 @@ class BackendConfig:
         return cls(force=force, default=default, overrides=overrides)
 
 
-_config: contextvars.ContextVar[BackendConfig] = contextvars.ContextVar("parity_backend_config", default=BackendConfig())  # noqa: B039 - frozen
+_DEFAULT_CONFIG = BackendConfig()  # frozen: one shared default is safe
+_config: contextvars.ContextVar[BackendConfig] = contextvars.ContextVar(
+    "parity_backend_config", default=_DEFAULT_CONFIG
+)
 _component: contextvars.ContextVar[str | None] = contextvars.ContextVar("parity_attention_component", default=None)
 
 

@@ -77,7 +77,9 @@ class SafetensorsCheckpoint:
             return files
         single = self.directory / self.single_file
         if not single.is_file():
-            raise CheckpointError(self.directory, f"no {self.single_file} or {self.index_file} (only safetensors checkpoints are read)")
+            raise CheckpointError(
+                self.directory, f"no {self.single_file} or {self.index_file} (only safetensors checkpoints are read)"
+            )
         return {name: single for name in self._open(single).keys()}
 
     @staticmethod

@@ -122,7 +122,9 @@ class NativeEncoderMixin:
 def _resolve_model_cls(hf_config: Mapping[str, Any]) -> type:
     model_type = hf_config.get("model_type")
     if model_type not in NATIVE_ENCODERS:
-        raise ValueError(f"config.json key 'model_type' is {model_type!r}; native encoders exist for: {', '.join(NATIVE_ENCODERS)}")
+        raise ValueError(
+            f"config.json key 'model_type' is {model_type!r}; native encoders exist for: {', '.join(NATIVE_ENCODERS)}"
+        )
     module, _, name = NATIVE_ENCODERS[model_type].partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -134,7 +136,9 @@ def is_bnb_4bit(quantization_config: Mapping[str, Any]) -> bool:
     )
 
 
-def _load_bnb_4bit(directory: os.PathLike[str] | str, model_cls: type, component: str, device: torch.device) -> nn.Module:
+def _load_bnb_4bit(
+    directory: os.PathLike[str] | str, model_cls: type, component: str, device: torch.device
+) -> nn.Module:
     """BnB 4-bit keeps transformers' own quantized modules: delegate the whole load."""
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ComponentCheckpointUnsupportedError(

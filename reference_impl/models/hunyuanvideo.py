@@ -80,14 +80,22 @@ class HunyuanVideoBlockConfig(ModelConfig):
         if self.mlp_ratio <= 0:
             raise self.error("mlp_ratio", f"must be positive, got {self.mlp_ratio}")
         if any(d <= 0 or d % 2 for d in self.rope_axes_dim):
-            raise self.error("rope_axes_dim", f"every axis needs a positive even channel count, got {list(self.rope_axes_dim)}")
+            raise self.error(
+                "rope_axes_dim", f"every axis needs a positive even channel count, got {list(self.rope_axes_dim)}"
+            )
         if sum(self.rope_axes_dim) != self.head_dim:
             raise self.error("rope_axes_dim", f"sum {sum(self.rope_axes_dim)} must equal the head dim {self.head_dim}")
 
 
 # ---------------------------------------------------------------------------- layouts
-def hunyuan_rope(config: HunyuanVideoBlockConfig, grid_thw: tuple[int, int, int], rank: int = 0, world: int = 1,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Rope:
+def hunyuan_rope(
+    config: HunyuanVideoBlockConfig,
+    grid_thw: tuple[int, int, int],
+    rank: int = 0,
+    world: int = 1,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Rope:
     """cos/sin ``[T*H*W / world, head_dim/2]`` for rank ``rank``'s image shard, at its global (t, h, w)."""
     pos = grid_positions(grid_thw, device=device)
     start, end = even_shard_bounds(pos.shape[0], rank, world)
@@ -109,8 +117,12 @@ def shard_text(txt: Tensor, rank: int, world: int) -> tuple[Tensor, list[int]]:
 
 
 def _joint_attention(
-    attn: USPAttention, img_qkv: Sequence[Tensor], txt_qkv: Sequence[Tensor], attn_mask: Tensor | None,
-    txt_is_sharded: bool, txt_valid_lens: Sequence[int] | None,
+    attn: USPAttention,
+    img_qkv: Sequence[Tensor],
+    txt_qkv: Sequence[Tensor],
+    attn_mask: Tensor | None,
+    txt_is_sharded: bool,
+    txt_valid_lens: Sequence[int] | None,
 ) -> Tensor:
     """Attention over [image | text] in the text layout of the module docstring; one ``[B, S, H, D]`` tensor."""
     img_len, txt_len = img_qkv[0].shape[1], txt_qkv[0].shape[1]
@@ -119,14 +131,18 @@ def _joint_attention(
         raise ValueError("txt_valid_lens is only meaningful with txt_is_sharded=True")
     if attn_mask is not None:
         if txt_is_sharded:
-            raise ValueError("attn_mask cannot be combined with txt_is_sharded: the seq_lens (varlen) path takes no mask")
+            raise ValueError(
+                "attn_mask cannot be combined with txt_is_sharded: the seq_lens (varlen) path takes no mask"
+            )
         return attn(q, k, v, attn_mask=attn_mask)
     if not txt_is_sharded:
         return attn(q, k, v, num_replicated_suffix=txt_len)
     if txt_valid_lens is None:
         raise ValueError("txt_is_sharded=True needs txt_valid_lens (valid text tokens on every rank; see shard_text)")
     if any(n < 0 or n > txt_len for n in txt_valid_lens):
-        raise ValueError(f"txt_valid_lens {list(txt_valid_lens)} must each be in [0, {txt_len}] (the local padded text length)")
+        raise ValueError(
+            f"txt_valid_lens {list(txt_valid_lens)} must each be in [0, {txt_len}] (the local padded text length)"
+        )
     return attn(q, k, v, seq_lens=[img_len + int(n) for n in txt_valid_lens])
 
 
@@ -190,8 +206,15 @@ class HunyuanAttention(nn.Module):
     replicated text).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, qk_norm_eps: float | None, project_out: bool,
-                 local: bool = False, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        qk_norm_eps: float | None,
+        project_out: bool,
+        local: bool = False,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.heads = num_heads
         self.to_q, self.to_k, self.to_v = (nn.Linear(hidden_size, hidden_size) for _ in range(3))
@@ -219,11 +242,20 @@ class JointAttention(HunyuanAttention):
         self.norm_added_k = RMSNorm(config.head_dim, eps=config.qk_norm_eps)
         self.to_add_out = nn.Linear(h, h)
 
-    def forward(self, img: Tensor, txt: Tensor, rope: Rope, attn_mask: Tensor | None, txt_is_sharded: bool,
-                txt_valid_lens: Sequence[int] | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        img: Tensor,
+        txt: Tensor,
+        rope: Rope,
+        attn_mask: Tensor | None,
+        txt_is_sharded: bool,
+        txt_valid_lens: Sequence[int] | None,
+    ) -> tuple[Tensor, Tensor]:
         q, k, v = self.qkv(img)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        tq, tk, tv = (proj(txt).unflatten(2, (self.heads, -1)) for proj in (self.add_q_proj, self.add_k_proj, self.add_v_proj))
+        tq, tk, tv = (
+            proj(txt).unflatten(2, (self.heads, -1)) for proj in (self.add_q_proj, self.add_k_proj, self.add_v_proj)
+        )
         tq, tk = self.norm_added_q(tq), self.norm_added_k(tk)
         out = _joint_attention(self.attn, (q, k, v), (tq, tk, tv), attn_mask, txt_is_sharded, txt_valid_lens).flatten(2)
         img_out, txt_out = out.split([img.shape[1], txt.shape[1]], dim=1)
@@ -265,15 +297,26 @@ class MMDoubleStreamBlock(nn.Module):
         self.norm2_context = nn.LayerNorm(h, elementwise_affine=False, eps=config.norm_eps)
         self.ff_context = FeedForward(h, m)
 
-    def forward(self, img: Tensor, txt: Tensor, vec: Tensor, rope: Rope, *, attn_mask: Tensor | None = None,
-                txt_is_sharded: bool = False, txt_valid_lens: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        img: Tensor,
+        txt: Tensor,
+        vec: Tensor,
+        rope: Rope,
+        *,
+        attn_mask: Tensor | None = None,
+        txt_is_sharded: bool = False,
+        txt_valid_lens: Sequence[int] | None = None,
+    ) -> tuple[Tensor, Tensor]:
         norm_img, (gate, shift_mlp, scale_mlp, gate_mlp) = self.norm1(img, vec)
         norm_txt, (c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp) = self.norm1_context(txt, vec)
         img_attn, txt_attn = self.attn(norm_img, norm_txt, rope, attn_mask, txt_is_sharded, txt_valid_lens)
         img = img + img_attn * gate.unsqueeze(1)
         txt = txt + txt_attn * c_gate.unsqueeze(1)
         img = img + gate_mlp.unsqueeze(1) * self.ff(_modulate(self.norm2(img), shift_mlp, scale_mlp))
-        txt = txt + c_gate_mlp.unsqueeze(1) * self.ff_context(_modulate(self.norm2_context(txt), c_shift_mlp, c_scale_mlp))
+        txt = txt + c_gate_mlp.unsqueeze(1) * self.ff_context(
+            _modulate(self.norm2_context(txt), c_shift_mlp, c_scale_mlp)
+        )
         return img, txt
 
 
@@ -289,13 +332,24 @@ class MMSingleStreamBlock(nn.Module):
     def __init__(self, config: HunyuanVideoBlockConfig, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         h, m = config.hidden_size, config.mlp_hidden_dim
-        self.attn = HunyuanAttention(h, config.num_heads, config.qk_norm_eps, project_out=False, compute_dtype=compute_dtype)
+        self.attn = HunyuanAttention(
+            h, config.num_heads, config.qk_norm_eps, project_out=False, compute_dtype=compute_dtype
+        )
         self.norm = AdaNormZero(h, 3, config.norm_eps)
         self.proj_mlp = nn.Linear(h, m)
         self.proj_out = nn.Linear(h + m, h)
 
-    def forward(self, x: Tensor, vec: Tensor, txt_len: int, rope: Rope, *, attn_mask: Tensor | None = None,
-                txt_is_sharded: bool = False, txt_valid_lens: Sequence[int] | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        vec: Tensor,
+        txt_len: int,
+        rope: Rope,
+        *,
+        attn_mask: Tensor | None = None,
+        txt_is_sharded: bool = False,
+        txt_valid_lens: Sequence[int] | None = None,
+    ) -> Tensor:
         s = x.shape[1]
         if not 0 <= txt_len <= s:
             raise ValueError(f"txt_len={txt_len} must be in [0, {s}] for a joint sequence of {s} tokens")
@@ -305,8 +359,12 @@ class MMSingleStreamBlock(nn.Module):
         img_len = s - txt_len
         img_q, img_k = apply_rope(q[:, :img_len], *rope), apply_rope(k[:, :img_len], *rope)
         attn = _joint_attention(
-            self.attn.attn, (img_q, img_k, v[:, :img_len]), (q[:, img_len:], k[:, img_len:], v[:, img_len:]),
-            attn_mask, txt_is_sharded, txt_valid_lens,
+            self.attn.attn,
+            (img_q, img_k, v[:, :img_len]),
+            (q[:, img_len:], k[:, img_len:], v[:, img_len:]),
+            attn_mask,
+            txt_is_sharded,
+            txt_valid_lens,
         )
         # The joint output is already in [image | text] order, which is proj_out's input order.
         return x + gate.unsqueeze(1) * self.proj_out(torch.cat([attn.flatten(2), mlp], dim=2))

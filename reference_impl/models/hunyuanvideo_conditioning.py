@@ -49,7 +49,9 @@ class ConditionEmbedding(nn.Module):
 
     def forward(self, timestep: Tensor, pooled: Tensor, guidance: Tensor | None = None) -> Tensor:
         if (guidance is None) != (self.guidance_embedder is None):
-            raise ValueError("a guidance-distilled model needs a guidance tensor; a model without guidance_embeds takes none")
+            raise ValueError(
+                "a guidance-distilled model needs a guidance tensor; a model without guidance_embeds takes none"
+            )
         t_emb = self.timestep_embedder(timestep_embedding(timestep, TIME_PROJ_DIM).to(pooled.dtype))
         text = self.text_embedder(pooled)
         if self.guidance_embedder is None or guidance is None:
@@ -75,8 +77,9 @@ class TokenRefinerBlock(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, eps=NORM_EPS)
-        self.attn = HunyuanAttention(hidden_size, num_heads, qk_norm_eps=None, project_out=True, local=True,
-                                     compute_dtype=compute_dtype)
+        self.attn = HunyuanAttention(
+            hidden_size, num_heads, qk_norm_eps=None, project_out=True, local=True, compute_dtype=compute_dtype
+        )
         self.norm2 = nn.LayerNorm(hidden_size, eps=NORM_EPS)
         self.ff = FeedForward(hidden_size, int(hidden_size * REFINER_MLP_RATIO), activation="silu")
         self.norm_out = _Gates(hidden_size)
@@ -91,9 +94,13 @@ class TokenRefinerBlock(nn.Module):
 
 
 class IndividualTokenRefiner(nn.Module):
-    def __init__(self, hidden_size: int, num_heads: int, num_layers: int, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, hidden_size: int, num_heads: int, num_layers: int, compute_dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
-        self.refiner_blocks = nn.ModuleList(TokenRefinerBlock(hidden_size, num_heads, compute_dtype) for _ in range(num_layers))
+        self.refiner_blocks = nn.ModuleList(
+            TokenRefinerBlock(hidden_size, num_heads, compute_dtype) for _ in range(num_layers)
+        )
 
     def forward(self, x: Tensor, temb: Tensor, mask: Tensor) -> Tensor:
         """``mask [B, L]``: valid text tokens. Query i attends key j iff both are valid; key 0 always."""
@@ -107,8 +114,9 @@ class IndividualTokenRefiner(nn.Module):
 class TokenRefiner(nn.Module):
     """Text features ``[B, L, text_dim]`` → ``[B, L, hidden]``, conditioned on t and the masked mean of the text."""
 
-    def __init__(self, text_dim: int, hidden_size: int, num_heads: int, num_layers: int,
-                 compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, text_dim: int, hidden_size: int, num_heads: int, num_layers: int, compute_dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         self.time_text_embed = ConditionEmbedding(hidden_size, text_dim, guidance=False)
         self.proj_in = nn.Linear(text_dim, hidden_size)

@@ -87,12 +87,24 @@ class HunyuanVideoConfig(ModelConfig):
 
     @property
     def blocks(self) -> HunyuanVideoBlockConfig:
-        return HunyuanVideoBlockConfig(hidden_size=self.hidden_size, num_heads=self.num_attention_heads,
-                                       mlp_ratio=self.mlp_ratio, rope_axes_dim=self.rope_axes_dim, rope_theta=self.rope_theta)
+        return HunyuanVideoBlockConfig(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_attention_heads,
+            mlp_ratio=self.mlp_ratio,
+            rope_axes_dim=self.rope_axes_dim,
+            rope_theta=self.rope_theta,
+        )
 
     def validate(self) -> None:
-        for key in ("in_channels", "num_attention_heads", "attention_head_dim", "patch_size", "patch_size_t",
-                    "text_embed_dim", "pooled_projection_dim"):
+        for key in (
+            "in_channels",
+            "num_attention_heads",
+            "attention_head_dim",
+            "patch_size",
+            "patch_size_t",
+            "text_embed_dim",
+            "pooled_projection_dim",
+        ):
             if getattr(self, key) <= 0:
                 raise self.error(key, f"must be positive, got {getattr(self, key)}")
         for key in ("num_layers", "num_single_layers", "num_refiner_layers"):
@@ -101,13 +113,20 @@ class HunyuanVideoConfig(ModelConfig):
         if self.qk_norm != "rms_norm":
             raise self.error("qk_norm", f"only 'rms_norm' is implemented, got {self.qk_norm!r}")
         if self.image_condition_type not in (None, "latent_concat"):
-            raise self.error("image_condition_type", f"{self.image_condition_type!r} is not implemented (None or 'latent_concat')")
+            raise self.error(
+                "image_condition_type", f"{self.image_condition_type!r} is not implemented (None or 'latent_concat')"
+            )
         if self.mlp_ratio <= 0:
             raise self.error("mlp_ratio", f"must be positive, got {self.mlp_ratio}")
         if len(self.rope_axes_dim) != 3 or any(d <= 0 or d % 2 for d in self.rope_axes_dim):
-            raise self.error("rope_axes_dim", f"needs 3 positive even channel counts (t, h, w), got {list(self.rope_axes_dim)}")
+            raise self.error(
+                "rope_axes_dim", f"needs 3 positive even channel counts (t, h, w), got {list(self.rope_axes_dim)}"
+            )
         if sum(self.rope_axes_dim) != self.attention_head_dim:
-            raise self.error("rope_axes_dim", f"sum {sum(self.rope_axes_dim)} must equal attention_head_dim={self.attention_head_dim}")
+            raise self.error(
+                "rope_axes_dim",
+                f"sum {sum(self.rope_axes_dim)} must equal attention_head_dim={self.attention_head_dim}",
+            )
 
 
 class PatchEmbed(nn.Module):
@@ -157,33 +176,57 @@ class HunyuanVideoTransformer(nn.Module):
         self.config = c = config
         h = c.hidden_size
         self.x_embedder = PatchEmbed(c)
-        self.context_embedder = TokenRefiner(c.text_embed_dim, h, c.num_attention_heads, c.num_refiner_layers, compute_dtype)
+        self.context_embedder = TokenRefiner(
+            c.text_embed_dim, h, c.num_attention_heads, c.num_refiner_layers, compute_dtype
+        )
         self.time_text_embed = ConditionEmbedding(h, c.pooled_projection_dim, c.guidance_embeds)
-        self.transformer_blocks = nn.ModuleList(MMDoubleStreamBlock(c.blocks, compute_dtype) for _ in range(c.num_layers))
-        self.single_transformer_blocks = nn.ModuleList(MMSingleStreamBlock(c.blocks, compute_dtype)
-                                                       for _ in range(c.num_single_layers))
+        self.transformer_blocks = nn.ModuleList(
+            MMDoubleStreamBlock(c.blocks, compute_dtype) for _ in range(c.num_layers)
+        )
+        self.single_transformer_blocks = nn.ModuleList(
+            MMSingleStreamBlock(c.blocks, compute_dtype) for _ in range(c.num_single_layers)
+        )
         self.norm_out = ContinuousNorm(h)
         self.proj_out = nn.Linear(h, c.patch_size_t * c.patch_size * c.patch_size * c.out)
 
     @classmethod
-    def from_diffusers(cls, config: Mapping[str, Any], state_dict: Mapping[str, Tensor] | str | os.PathLike[str],
-                       dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> HunyuanVideoTransformer:
+    def from_diffusers(
+        cls,
+        config: Mapping[str, Any],
+        state_dict: Mapping[str, Tensor] | str | os.PathLike[str],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> HunyuanVideoTransformer:
         """Build from a diffusers ``config.json`` dict and load a diffusers state dict (or .safetensors file), strictly."""
-        return build_and_load(lambda: cls(HunyuanVideoConfig.from_diffusers(config), compute_dtype=dtype), state_dict, dtype, device)
+        return build_and_load(
+            lambda: cls(HunyuanVideoConfig.from_diffusers(config), compute_dtype=dtype), state_dict, dtype, device
+        )
 
     def load_weights(self, source: Mapping[str, Tensor] | str | os.PathLike[str]) -> list[str]:
         """Load a .safetensors file (or dict) with diffusers' parameter names (= this module's)."""
         return load_safetensors_into(self, source)
 
-    def forward(self, hidden_states: Tensor, timestep: Tensor, encoder_hidden_states: Tensor, encoder_attention_mask: Tensor,
-                pooled_projections: Tensor, guidance: Tensor | None = None, text_layout: str = "replicated") -> Tensor:
+    def forward(
+        self,
+        hidden_states: Tensor,
+        timestep: Tensor,
+        encoder_hidden_states: Tensor,
+        encoder_attention_mask: Tensor,
+        pooled_projections: Tensor,
+        guidance: Tensor | None = None,
+        text_layout: str = "replicated",
+    ) -> Tensor:
         c = self.config
         b, _, f, h, w = hidden_states.shape
-        self._check_inputs(hidden_states, encoder_hidden_states, encoder_attention_mask, pooled_projections, text_layout)
+        self._check_inputs(
+            hidden_states, encoder_hidden_states, encoder_attention_mask, pooled_projections, text_layout
+        )
         rank, world = ulysses_rank_and_world(type(self).__name__)
         dtype = self.proj_out.weight.dtype
         grid = (f // c.patch_size_t, h // c.patch_size, w // c.patch_size)
-        rope = hunyuan_rope(c.blocks, grid, device=hidden_states.device, dtype=torch.promote_types(dtype, torch.float32))
+        rope = hunyuan_rope(
+            c.blocks, grid, device=hidden_states.device, dtype=torch.promote_types(dtype, torch.float32)
+        )
         temb = self.time_text_embed(timestep, pooled_projections.to(dtype), guidance)
         img = self.x_embedder(hidden_states.to(dtype))
         txt = self.context_embedder(encoder_hidden_states.to(dtype), timestep, encoder_attention_mask)
@@ -196,29 +239,45 @@ class HunyuanVideoTransformer(nn.Module):
         out = out.reshape(b, *grid, -1, pt, p, p).permute(0, 4, 1, 5, 2, 6, 3, 7)
         return out.flatten(6, 7).flatten(4, 5).flatten(2, 3).to(hidden_states.dtype)
 
-    def _local(self, img: Tensor, txt: Tensor, lengths: list[int], rope: Rope, rank: int, world: int, text_layout: str) -> _Local:
+    def _local(
+        self, img: Tensor, txt: Tensor, lengths: list[int], rope: Rope, rank: int, world: int, text_layout: str
+    ) -> _Local:
         """This rank's tokens in the text layout the module docstring describes."""
         n_img, n_txt = img.shape[1], txt.shape[1]
         if text_layout == "sharded":
             if len(set(lengths)) != 1:
-                raise ValueError(f"text_layout='sharded' needs one text length for every item (seq_lens is one length per "
-                                 f"rank, not per item); got {lengths}: use text_layout='replicated'")
+                raise ValueError(
+                    f"text_layout='sharded' needs one text length for every item (seq_lens is one length per "
+                    f"rank, not per item); got {lengths}: use text_layout='replicated'"
+                )
             start, end = even_shard_bounds(n_img, rank, world)
             txt_local, valid = shard_text(txt[:, : lengths[0]], rank, world)
-            return _Local(img[:, start:end], txt_local, (rope[0][start:end], rope[1][start:end]),
-                          {"txt_is_sharded": True, "txt_valid_lens": valid}, end - start)
+            return _Local(
+                img[:, start:end],
+                txt_local,
+                (rope[0][start:end], rope[1][start:end]),
+                {"txt_is_sharded": True, "txt_valid_lens": valid},
+                end - start,
+            )
         if all(n == n_txt for n in lengths):
             start, end = even_shard_bounds(n_img, rank, world)
             return _Local(img[:, start:end], txt, (rope[0][start:end], rope[1][start:end]), {}, end - start)
         if (n_img + n_txt) % world:
-            raise ValueError(f"padded text under SP shards the joint sequence: {n_img} image + {n_txt} text tokens do not "
-                             f"divide by {world} ranks (pad the text, masked, to a length that makes them)")
+            raise ValueError(
+                f"padded text under SP shards the joint sequence: {n_img} image + {n_txt} text tokens do not "
+                f"divide by {world} ranks (pad the text, masked, to a length that makes them)"
+            )
         start, end = even_shard_bounds(n_img + n_txt, rank, world)
         i0, i1 = min(start, n_img), min(end, n_img)
         mask = key_mask([n_img + n for n in lengths], n_img + n_txt, img.device)
         assert mask is not None
-        return _Local(img[:, i0:i1], txt[:, max(start, n_img) - n_img : max(end, n_img) - n_img], (rope[0][i0:i1], rope[1][i0:i1]),
-                      {"attn_mask": mask[:, start:end]}, end - start)
+        return _Local(
+            img[:, i0:i1],
+            txt[:, max(start, n_img) - n_img : max(end, n_img) - n_img],
+            (rope[0][i0:i1], rope[1][i0:i1]),
+            {"attn_mask": mask[:, start:end]},
+            end - start,
+        )
 
     def _blocks(self, local: _Local, temb: Tensor) -> Tensor:
         img, txt = local.img, local.txt
@@ -231,10 +290,17 @@ class HunyuanVideoTransformer(nn.Module):
 
     def _check_inputs(self, hidden: Tensor, text: Tensor, mask: Tensor, pooled: Tensor, text_layout: str) -> None:
         c = self.config
-        if hidden.dim() != 5 or hidden.shape[1] != c.in_channels or hidden.shape[2] % c.patch_size_t or \
-                hidden.shape[3] % c.patch_size or hidden.shape[4] % c.patch_size:
-            raise ValueError(f"hidden_states {tuple(hidden.shape)} must be [B, {c.in_channels}, F, H, W] with F divisible by "
-                             f"{c.patch_size_t} and H, W by {c.patch_size}")
+        if (
+            hidden.dim() != 5
+            or hidden.shape[1] != c.in_channels
+            or hidden.shape[2] % c.patch_size_t
+            or hidden.shape[3] % c.patch_size
+            or hidden.shape[4] % c.patch_size
+        ):
+            raise ValueError(
+                f"hidden_states {tuple(hidden.shape)} must be [B, {c.in_channels}, F, H, W] with F divisible by "
+                f"{c.patch_size_t} and H, W by {c.patch_size}"
+            )
         b = hidden.shape[0]
         if text.dim() != 3 or text.shape[0] != b or text.shape[2] != c.text_embed_dim:
             raise ValueError(f"encoder_hidden_states must be [{b}, L, {c.text_embed_dim}], got {tuple(text.shape)}")

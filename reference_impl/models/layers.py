@@ -70,7 +70,9 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             raise ModelConfigError(f"expected a number, got {type(value).__name__} {value!r}", key)
         number = float(value) if not isinstance(value, int) or abs(value) < 2**1000 else math.inf
         if not math.isfinite(number):  # nan passes every "<= 0" check and poisons the run silently
-            raise ModelConfigError(f"must be a finite number, got {value if number != math.inf else 'a huge integer'!r}", key)
+            raise ModelConfigError(
+                f"must be a finite number, got {value if number != math.inf else 'a huge integer'!r}", key
+            )
         return number
     if hint is str:
         if not isinstance(value, str):
@@ -201,7 +203,10 @@ def rope_cos_sin(
 
 
 def axial_rope_cos_sin(
-    positions: Tensor, axes_dims: Sequence[int], theta: float = 10000.0, dtype: torch.dtype = torch.float32,
+    positions: Tensor,
+    axes_dims: Sequence[int],
+    theta: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
     rounding: str = "fp64",
 ) -> tuple[Tensor, Tensor]:
     """Axial RoPE (2-D/3-D DiTs): axis ``i`` of ``positions [S, n_axes]`` rotates ``axes_dims[i]`` channels.
@@ -209,12 +214,16 @@ def axial_rope_cos_sin(
     Returns cos/sin ``[S, sum(axes_dims) // 2]``: each axis' table, concatenated in axis order.
     """
     if positions.dim() != 2 or positions.shape[1] != len(axes_dims):
-        raise ValueError(f"positions must be [S, {len(axes_dims)}] for axes_dims {list(axes_dims)}, got {tuple(positions.shape)}")
+        raise ValueError(
+            f"positions must be [S, {len(axes_dims)}] for axes_dims {list(axes_dims)}, got {tuple(positions.shape)}"
+        )
     tables = [rope_cos_sin(positions[:, i], d, theta, dtype, rounding) for i, d in enumerate(axes_dims)]
     return torch.cat([c for c, _ in tables], dim=-1), torch.cat([s for _, s in tables], dim=-1)
 
 
-def grid_positions(sizes: Sequence[int], offsets: Sequence[int] | None = None, device: torch.device | str | None = None) -> Tensor:
+def grid_positions(
+    sizes: Sequence[int], offsets: Sequence[int] | None = None, device: torch.device | str | None = None
+) -> Tensor:
     """Integer positions ``[prod(sizes), len(sizes)]`` of a row-major grid, axis ``i`` starting at ``offsets[i]``."""
     offsets = [0] * len(sizes) if offsets is None else list(offsets)
     if len(offsets) != len(sizes):
@@ -233,7 +242,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = True) ->
         raise ValueError(f"apply_rope expects [B, S, H, D], got shape {tuple(x.shape)}")
     half = x.shape[-1] // 2
     if cos.shape[-1] != half or cos.shape[-2] != x.shape[1]:
-        raise ValueError(f"RoPE tables {tuple(cos.shape)} do not fit x {tuple(x.shape)} (need [..., {x.shape[1]}, {half}])")
+        raise ValueError(
+            f"RoPE tables {tuple(cos.shape)} do not fit x {tuple(x.shape)} (need [..., {x.shape[1]}, {half}])"
+        )
     compute = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for an fp64 reference
     c, s = cos.to(compute).unsqueeze(-2), sin.to(compute).unsqueeze(-2)  # broadcast over heads
     if c.dim() == 3:
@@ -261,7 +272,9 @@ def apply_rope_complex(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         raise ValueError(f"apply_rope_complex expects [B, S, H, D], got shape {tuple(x.shape)}")
     half = x.shape[-1] // 2
     if cos.shape[-1] != half or cos.shape[-2] != x.shape[1]:
-        raise ValueError(f"RoPE tables {tuple(cos.shape)} do not fit x {tuple(x.shape)} (need [..., {x.shape[1]}, {half}])")
+        raise ValueError(
+            f"RoPE tables {tuple(cos.shape)} do not fit x {tuple(x.shape)} (need [..., {x.shape[1]}, {half}])"
+        )
     compute = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for an fp64 reference
     rotation = torch.complex(cos.to(compute), sin.to(compute)).unsqueeze(-2)  # broadcast over heads
     if rotation.dim() == 3:
@@ -374,7 +387,9 @@ def load_safetensors_into(
 
 
 def build_and_load(
-    build: Callable[[], M], source: str | os.PathLike[str] | Mapping[str, Tensor], dtype: torch.dtype = torch.float32,
+    build: Callable[[], M],
+    source: str | os.PathLike[str] | Mapping[str, Tensor],
+    dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> M:
     """``build()`` without initialising it (on the meta device), then fill every tensor from ``source``.
@@ -389,7 +404,9 @@ def build_and_load(
     return module
 
 
-def save_safetensors(module: nn.Module, path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None) -> Path:
+def save_safetensors(
+    module: nn.Module, path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None
+) -> Path:
     """Write ``module``'s state dict as .safetensors (contiguous copies, so shared storage is fine)."""
     p = Path(path)
     tensors = {n: t.detach().contiguous().clone() for n, t in module.state_dict().items()}

@@ -68,7 +68,9 @@ class Attention(nn.Module):
     ``last_dispatch`` is ``"usp:<backend>"``, ``"sdpa"`` or ``"sdpa-math"``.
     """
 
-    def __init__(self, heads: int, dim_head: int, embed_dim: int | None = None, qk_norm_type: str | None = None) -> None:
+    def __init__(
+        self, heads: int, dim_head: int, embed_dim: int | None = None, qk_norm_type: str | None = None
+    ) -> None:
         super().__init__()
         if qk_norm_type not in QK_NORM_TYPES:
             raise ValueError(f"qk_norm_type={qk_norm_type!r} is not supported; valid: {QK_NORM_TYPES}")
@@ -166,7 +168,9 @@ class ViT3DDecoderConfig(ModelConfig):
         if len(self.rope_axes_dims) != 3 or any(d <= 0 or d % 2 for d in self.rope_axes_dims):
             raise self.error("rope_axes_dims", f"needs three positive even sizes, got {list(self.rope_axes_dims)}")
         if sum(self.rope_axes_dims) != self.head_dim:
-            raise self.error("rope_axes_dims", f"sum {sum(self.rope_axes_dims)} must equal the head dim {self.head_dim}")
+            raise self.error(
+                "rope_axes_dims", f"sum {sum(self.rope_axes_dims)} must equal the head dim {self.head_dim}"
+            )
 
 
 class ViT3DDecoder(nn.Module):

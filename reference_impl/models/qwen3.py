@@ -55,8 +55,15 @@ class Qwen3EncoderConfig(ModelConfig):
     hidden_act: str = "silu"
 
     def validate(self) -> None:
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "head_dim"):
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
             if getattr(self, key) <= 0:
                 raise self.error(key, f"must be positive, got {getattr(self, key)}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -74,12 +81,26 @@ class Qwen3EncoderConfig(ModelConfig):
     @classmethod
     def from_hf_config(cls, hf: Mapping[str, Any]) -> Qwen3EncoderConfig:
         """Read a transformers Qwen3 config.json dict (4.x ``rope_theta`` or 5.x ``rope_parameters``)."""
-        names = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "rms_norm_eps", "attention_bias", "hidden_act"}
+        names = {
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "attention_bias",
+            "hidden_act",
+        }
         data = {k: hf[k] for k in names if hf.get(k) is not None}
         if "num_key_value_heads" not in data and "num_attention_heads" in data:
             data["num_key_value_heads"] = data["num_attention_heads"]
-        if "head_dim" not in data and isinstance(data.get("hidden_size"), int) and isinstance(data.get("num_attention_heads"), int):
+        if (
+            "head_dim" not in data
+            and isinstance(data.get("hidden_size"), int)
+            and isinstance(data.get("num_attention_heads"), int)
+        ):
             if data["num_attention_heads"] > 0:
                 data["head_dim"] = data["hidden_size"] // data["num_attention_heads"]
         rope_key = "rope_parameters" if hf.get("rope_parameters") is not None else "rope_scaling"
@@ -97,7 +118,9 @@ class Qwen3EncoderConfig(ModelConfig):
         if hf.get("use_sliding_window"):
             raise ModelConfigError("sliding-window attention is not implemented for the encoder", "use_sliding_window")
         if any(t != "full_attention" for t in hf.get("layer_types") or ()):
-            raise ModelConfigError(f"only full_attention layers are implemented, got {hf['layer_types']}", "layer_types")
+            raise ModelConfigError(
+                f"only full_attention layers are implemented, got {hf['layer_types']}", "layer_types"
+            )
         return cls.from_dict(data)
 
 
@@ -166,8 +189,13 @@ class MaskedCausalAttention(nn.Module):
         super().__init__()
         self.causal = LocalAttention(num_heads, head_dim, num_kv_heads, causal=True, dtype=dtype, component=component)
         self.masked = LocalAttention(
-            num_heads, head_dim, num_kv_heads, causal=False, supported_attention_backends=MASK_CAPABLE_BACKENDS,
-            dtype=dtype, component=component,
+            num_heads,
+            head_dim,
+            num_kv_heads,
+            causal=False,
+            supported_attention_backends=MASK_CAPABLE_BACKENDS,
+            dtype=dtype,
+            component=component,
         )
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, plan: CausalMaskPlan) -> Tensor:
@@ -188,20 +216,42 @@ class Qwen3EncoderOutput:
 
 class Qwen3Attention(nn.Module):
     def __init__(
-        self, cfg: Qwen3EncoderConfig, quant_config: QuantizationConfig | None, dtype: torch.dtype, prefix: str, component: str
+        self,
+        cfg: Qwen3EncoderConfig,
+        quant_config: QuantizationConfig | None,
+        dtype: torch.dtype,
+        prefix: str,
+        component: str,
     ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.qkv_proj = QKVLinear(
-            cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attention_bias,
-            dtype, quant_config, f"{prefix}.qkv_proj",
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.attention_bias,
+            dtype,
+            quant_config,
+            f"{prefix}.qkv_proj",
         )
         self.o_proj = ReplicatedLinear(
-            cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, cfg.attention_bias, dtype, quant_config, f"{prefix}.o_proj"
+            cfg.num_attention_heads * cfg.head_dim,
+            cfg.hidden_size,
+            cfg.attention_bias,
+            dtype,
+            quant_config,
+            f"{prefix}.o_proj",
         )
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps).to(dtype)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps).to(dtype)
-        self.attn = MaskedCausalAttention(cfg.num_attention_heads, cfg.head_dim, cfg.num_key_value_heads, dtype, component)
+        self.attn = MaskedCausalAttention(
+            cfg.num_attention_heads, cfg.head_dim, cfg.num_key_value_heads, dtype, component
+        )
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, plan: CausalMaskPlan) -> Tensor:
         b, s, _ = x.shape
@@ -214,12 +264,16 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, cfg: Qwen3EncoderConfig, quant_config: QuantizationConfig | None, dtype: torch.dtype, prefix: str) -> None:
+    def __init__(
+        self, cfg: Qwen3EncoderConfig, quant_config: QuantizationConfig | None, dtype: torch.dtype, prefix: str
+    ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnLinear(
             cfg.hidden_size, [cfg.intermediate_size] * 2, False, dtype, quant_config, f"{prefix}.gate_up_proj"
         )
-        self.down_proj = ReplicatedLinear(cfg.intermediate_size, cfg.hidden_size, False, dtype, quant_config, f"{prefix}.down_proj")
+        self.down_proj = ReplicatedLinear(
+            cfg.intermediate_size, cfg.hidden_size, False, dtype, quant_config, f"{prefix}.down_proj"
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -228,7 +282,12 @@ class Qwen3MLP(nn.Module):
 
 class Qwen3DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: Qwen3EncoderConfig, quant_config: QuantizationConfig | None, dtype: torch.dtype, prefix: str, component: str
+        self,
+        cfg: Qwen3EncoderConfig,
+        quant_config: QuantizationConfig | None,
+        dtype: torch.dtype,
+        prefix: str,
+        component: str,
     ) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(cfg, quant_config, dtype, f"{prefix}.self_attn", component)
@@ -268,7 +327,8 @@ class Qwen3TextEncoder(NativeEncoderMixin, nn.Module):
         self.dtype = dtype
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(config, quant_config, dtype, f"layers.{i}", component) for i in range(config.num_hidden_layers)
+            Qwen3DecoderLayer(config, quant_config, dtype, f"layers.{i}", component)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps).to(dtype)
 
@@ -302,13 +362,17 @@ class Qwen3TextEncoder(NativeEncoderMixin, nn.Module):
             return None
         return name.removeprefix("model.")
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, output_hidden_states: bool = False) -> Qwen3EncoderOutput:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, output_hidden_states: bool = False
+    ) -> Qwen3EncoderOutput:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
         batch, seq_len = input_ids.shape
         lengths = attention_lengths(attention_mask, batch, seq_len, input_ids.device)
         plan = CausalMaskPlan.from_lengths(lengths, seq_len)
-        cos, sin = rope_cos_sin(torch.arange(seq_len, device=input_ids.device), self.config.head_dim, self.config.rope_theta)
+        cos, sin = rope_cos_sin(
+            torch.arange(seq_len, device=input_ids.device), self.config.head_dim, self.config.rope_theta
+        )
         h = self.embed_tokens(input_ids)
         states = [h]
         for layer in self.layers:

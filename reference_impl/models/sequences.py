@@ -44,15 +44,19 @@ class TokenStream:
         """Zero-pad per-item ``[S_i, dim]`` tokens and ``[S_i, d/2]`` tables to the longest item."""
         lengths = tuple(t.shape[0] for t in items)
         tokens = pad_sequence(list(items), batch_first=True)
-        rope = (pad_sequence([c for c, _ in ropes], batch_first=True), pad_sequence([s for _, s in ropes], batch_first=True))
+        rope = (
+            pad_sequence([c for c, _ in ropes], batch_first=True),
+            pad_sequence([s for _, s in ropes], batch_first=True),
+        )
         return TokenStream(tokens, rope, key_mask(lengths, tokens.shape[1], tokens.device), lengths)
 
     def shard(self, rank: int, world: int) -> TokenStream:
         """Rank ``rank``'s contiguous shard of the padded sequence (lengths stay the global ones)."""
         start, end = even_shard_bounds(self.tokens.shape[1], rank, world)
         mask = None if self.mask is None else self.mask[:, start:end]
-        return TokenStream(self.tokens[:, start:end], (self.rope[0][:, start:end], self.rope[1][:, start:end]), mask,
-                           self.lengths)
+        return TokenStream(
+            self.tokens[:, start:end], (self.rope[0][:, start:end], self.rope[1][:, start:end]), mask, self.lengths
+        )
 
     def replace(self, tokens: Tensor) -> TokenStream:
         return TokenStream(tokens, self.rope, self.mask, self.lengths)
@@ -62,7 +66,9 @@ def ulysses_rank_and_world(model: str) -> tuple[int, int]:
     """This rank and the SP degree; the DiTs shard over Ulysses only, so a ring degree > 1 is refused."""
     world = get_sp_world_size()
     if world > 1 and get_ring_world_size() > 1:
-        raise NotImplementedError(f"{model} shards tokens over Ulysses only: ring degree {get_ring_world_size()} must be 1")
+        raise NotImplementedError(
+            f"{model} shards tokens over Ulysses only: ring degree {get_ring_world_size()} must be 1"
+        )
     return get_sp_rank(), world
 
 

@@ -92,13 +92,17 @@ class ZImageConfig(ModelConfig):
         if self.siglip_feat_dim is not None:
             raise self.error("siglip_feat_dim", "the Omni variant (SigLIP features) is not implemented; must be null")
         if not self.all_patch_size or len(self.all_patch_size) != len(self.all_f_patch_size):
-            raise self.error("all_f_patch_size", f"needs one entry per all_patch_size entry {list(self.all_patch_size)}")
+            raise self.error(
+                "all_f_patch_size", f"needs one entry per all_patch_size entry {list(self.all_patch_size)}"
+            )
         if min(self.all_patch_size + self.all_f_patch_size) <= 0:
             raise self.error("all_patch_size", "patch sizes must be positive")
         if len(self.axes_dims) != 3 or any(d <= 0 or d % 2 for d in self.axes_dims):
             raise self.error("axes_dims", f"needs 3 positive even channel counts, got {list(self.axes_dims)}")
         if sum(self.axes_dims) != self.head_dim:
-            raise self.error("axes_dims", f"sum {sum(self.axes_dims)} must equal the head dim dim/n_heads={self.head_dim}")
+            raise self.error(
+                "axes_dims", f"sum {sum(self.axes_dims)} must equal the head dim dim/n_heads={self.head_dim}"
+            )
         if len(self.axes_lens) != 3 or min(self.axes_lens) <= 0:
             raise self.error("axes_lens", f"needs 3 positive table lengths, got {list(self.axes_lens)}")
 
@@ -111,7 +115,9 @@ def zimage_rope(config: ZImageConfig, positions: Tensor, dtype: torch.dtype = to
     """
     for axis, limit in enumerate(config.axes_lens):
         if positions.shape[0] and int(positions[:, axis].max()) >= limit:
-            raise ValueError(f"RoPE position {int(positions[:, axis].max())} on axis {axis} is past axes_lens[{axis}]={limit}")
+            raise ValueError(
+                f"RoPE position {int(positions[:, axis].max())} on axis {axis} is past axes_lens[{axis}]={limit}"
+            )
     return axial_rope_cos_sin(positions, config.axes_dims, config.rope_theta, dtype, rounding="fp32_angles")
 
 
@@ -131,8 +137,14 @@ class ZImageAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(inner, config.dim, bias=False)])
         self.attn = USPAttention(config.n_heads, config.head_dim, skip_sequence_parallel=local, dtype=compute_dtype)
 
-    def forward(self, hidden: Tensor, rope: Rope, attn_mask: Tensor | None = None, num_replicated_suffix: int = 0,
-                num_replicated_prefix: int = 0) -> Tensor:
+    def forward(
+        self,
+        hidden: Tensor,
+        rope: Rope,
+        attn_mask: Tensor | None = None,
+        num_replicated_suffix: int = 0,
+        num_replicated_prefix: int = 0,
+    ) -> Tensor:
         """``hidden [B, S_local, dim]``, ``rope`` tables ``[S_local, head_dim/2]`` or ``[B, S_local, head_dim/2]``.
 
         ``attn_mask [B, S_local]``: key padding (True = attend). ``num_replicated_suffix``: the
@@ -145,8 +157,14 @@ class ZImageAttention(nn.Module):
         if self.norm_q is not None and self.norm_k is not None:
             q, k = self.norm_q(q), self.norm_k(k)
         q, k = apply_rope_complex(q, *rope), apply_rope_complex(k, *rope)
-        out = self.attn(q, k, v, attn_mask=attn_mask, num_replicated_prefix=num_replicated_prefix,
-                        num_replicated_suffix=num_replicated_suffix)
+        out = self.attn(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            num_replicated_prefix=num_replicated_prefix,
+            num_replicated_suffix=num_replicated_suffix,
+        )
         return self.to_out[0](out.reshape(b, s, self.heads * self.head_dim))
 
 
@@ -171,8 +189,13 @@ class ZImageTransformerBlock(nn.Module):
     caption refiner) scales are 1 and gates are 1.
     """
 
-    def __init__(self, config: ZImageConfig, modulation: bool = True, local: bool = False,
-                 compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        config: ZImageConfig,
+        modulation: bool = True,
+        local: bool = False,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.attention = ZImageAttention(config, local=local, compute_dtype=compute_dtype)
         self.feed_forward = FeedForward(config.dim, config.ffn_hidden_dim)
@@ -182,8 +205,15 @@ class ZImageTransformerBlock(nn.Module):
         self.ffn_norm2 = RMSNorm(config.dim, eps=config.norm_eps)
         self.adaLN_modulation = nn.Sequential(nn.Linear(config.adaln_embed_dim, 4 * config.dim)) if modulation else None
 
-    def forward(self, hidden: Tensor, rope: Rope, adaln_input: Tensor | None = None, attn_mask: Tensor | None = None,
-                num_replicated_suffix: int = 0, num_replicated_prefix: int = 0) -> Tensor:
+    def forward(
+        self,
+        hidden: Tensor,
+        rope: Rope,
+        adaln_input: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        num_replicated_suffix: int = 0,
+        num_replicated_prefix: int = 0,
+    ) -> Tensor:
         """``hidden [B, S_local, dim]``; ``adaln_input [B, adaln_embed_dim]`` iff the block is modulated."""
         if (self.adaLN_modulation is None) != (adaln_input is None):
             raise ValueError("a modulated block needs adaln_input, an unmodulated one takes none")
@@ -204,7 +234,9 @@ class TimestepEmbedder(nn.Module):
 
     def __init__(self, config: ZImageConfig) -> None:
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(T_FREQ_DIM, T_EMBED_MID_DIM), nn.SiLU(), nn.Linear(T_EMBED_MID_DIM, config.adaln_embed_dim))
+        self.mlp = nn.Sequential(
+            nn.Linear(T_FREQ_DIM, T_EMBED_MID_DIM), nn.SiLU(), nn.Linear(T_EMBED_MID_DIM, config.adaln_embed_dim)
+        )
 
     def forward(self, t: Tensor) -> Tensor:
         """``t [B]``, already multiplied by ``t_scale`` (as diffusers' caller does)."""

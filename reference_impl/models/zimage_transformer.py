@@ -56,7 +56,9 @@ def caption_positions(padded_len: int, device: torch.device | str | None = None)
     return grid_positions((padded_len, 1, 1), (1, 0, 0), device)
 
 
-def image_positions(grid: tuple[int, int, int], caption_padded_len: int, device: torch.device | str | None = None) -> Tensor:
+def image_positions(
+    grid: tuple[int, int, int], caption_padded_len: int, device: torch.device | str | None = None
+) -> Tensor:
     """``[padded(F·H·W), 3]``: token ``(f, h, w)`` at ``(L + 1 + f, h, w)``, then pad tokens at ``(0, 0, 0)``."""
     pos = grid_positions(grid, (caption_padded_len + 1, 0, 0), device)
     n = pos.shape[0]
@@ -93,9 +95,13 @@ class ZImageTransformer(nn.Module):
         sizes = [f * p * p * c.in_channels for p, f in zip(c.all_patch_size, c.all_f_patch_size)]
         self.all_x_embedder = nn.ModuleDict({k: nn.Linear(n, c.dim) for k, n in zip(keys, sizes)})
         self.all_final_layer = nn.ModuleDict({k: FinalLayer(c, n) for k, n in zip(keys, sizes)})
-        self.noise_refiner = nn.ModuleList(ZImageTransformerBlock(c, compute_dtype=compute_dtype) for _ in range(c.n_refiner_layers))
-        self.context_refiner = nn.ModuleList(ZImageTransformerBlock(c, modulation=False, local=True, compute_dtype=compute_dtype)
-                                             for _ in range(c.n_refiner_layers))
+        self.noise_refiner = nn.ModuleList(
+            ZImageTransformerBlock(c, compute_dtype=compute_dtype) for _ in range(c.n_refiner_layers)
+        )
+        self.context_refiner = nn.ModuleList(
+            ZImageTransformerBlock(c, modulation=False, local=True, compute_dtype=compute_dtype)
+            for _ in range(c.n_refiner_layers)
+        )
         self.t_embedder = TimestepEmbedder(c)
         self.cap_embedder = nn.Sequential(RMSNorm(c.cap_feat_dim, eps=c.norm_eps), nn.Linear(c.cap_feat_dim, c.dim))
         self.x_pad_token = nn.Parameter(torch.zeros(1, c.dim))
@@ -103,13 +109,20 @@ class ZImageTransformer(nn.Module):
         self.layers = nn.ModuleList(ZImageTransformerBlock(c, compute_dtype=compute_dtype) for _ in range(c.n_layers))
 
     @classmethod
-    def from_diffusers(cls, config: Mapping[str, Any], state_dict: Mapping[str, Tensor] | str | os.PathLike[str],
-                       dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> ZImageTransformer:
+    def from_diffusers(
+        cls,
+        config: Mapping[str, Any],
+        state_dict: Mapping[str, Tensor] | str | os.PathLike[str],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> ZImageTransformer:
         """Build from a diffusers ``config.json`` dict and load a diffusers state dict (or .safetensors file).
 
         Strict: a missing, unexpected or misshapen tensor is an error naming it, before any is copied.
         """
-        return build_and_load(lambda: cls(ZImageConfig.from_diffusers(config), compute_dtype=dtype), state_dict, dtype, device)
+        return build_and_load(
+            lambda: cls(ZImageConfig.from_diffusers(config), compute_dtype=dtype), state_dict, dtype, device
+        )
 
     def load_weights(self, source: Mapping[str, Tensor] | str | os.PathLike[str]) -> list[str]:
         """Load a .safetensors file (or dict) with diffusers' parameter names (= this module's)."""
@@ -128,14 +141,18 @@ class ZImageTransformer(nn.Module):
         x = tokens.view(f // pf, h // p, w // p, pf, p, p, c).permute(6, 0, 3, 1, 4, 2, 5)  # c f pf h ph w pw
         return x.reshape(c, f, h, w)
 
-    def _streams(self, x: Sequence[Tensor], cap_feats: Sequence[Tensor], p: int, pf: int) -> tuple[TokenStream, TokenStream]:
+    def _streams(
+        self, x: Sequence[Tensor], cap_feats: Sequence[Tensor], p: int, pf: int
+    ) -> tuple[TokenStream, TokenStream]:
         """Embedded, 32-padded image and caption streams with their RoPE tables (whole batch, every rank)."""
         dtype, rope_dtype = self.x_pad_token.dtype, torch.promote_types(self.x_pad_token.dtype, torch.float32)
         patches = [self._patchify(xi.to(dtype), p, pf) for xi in x]
         img = _embed_padded(self.all_x_embedder[f"{p}-{pf}"], [t for t, _ in patches], self.x_pad_token)
         cap = _embed_padded(self.cap_embedder, [c.to(dtype) for c in cap_feats], self.cap_pad_token)
-        img_ropes = [zimage_rope(self.config, image_positions(grid, c.shape[0], c.device), rope_dtype)
-                     for (_, grid), c in zip(patches, cap)]
+        img_ropes = [
+            zimage_rope(self.config, image_positions(grid, c.shape[0], c.device), rope_dtype)
+            for (_, grid), c in zip(patches, cap)
+        ]
         cap_ropes = [zimage_rope(self.config, caption_positions(c.shape[0], c.device), rope_dtype) for c in cap]
         return TokenStream.pad(img, img_ropes), TokenStream.pad(cap, cap_ropes)
 
@@ -145,14 +162,22 @@ class ZImageTransformer(nn.Module):
             raise ValueError(f"need one caption per latent, got {len(x)} latents and {len(cap_feats)} captions")
         for i, (xi, ci) in enumerate(zip(x, cap_feats)):
             if xi.dim() != 4 or xi.shape[0] != c.in_channels or xi.shape[1] % pf or xi.shape[2] % p or xi.shape[3] % p:
-                raise ValueError(f"latent {i} {tuple(xi.shape)} must be [{c.in_channels}, F, H, W] with F divisible by "
-                                 f"{pf} and H, W by {p}")
+                raise ValueError(
+                    f"latent {i} {tuple(xi.shape)} must be [{c.in_channels}, F, H, W] with F divisible by "
+                    f"{pf} and H, W by {p}"
+                )
             if ci.dim() != 2 or ci.shape[0] == 0 or ci.shape[1] != c.cap_feat_dim:
                 raise ValueError(f"caption {i} {tuple(ci.shape)} must be [L >= 1, {c.cap_feat_dim}]")
 
     # ------------------------------------------------------------------ forward
-    def forward(self, x: Sequence[Tensor], t: Tensor | float, cap_feats: Sequence[Tensor], patch_size: int | None = None,
-                f_patch_size: int | None = None) -> list[Tensor]:
+    def forward(
+        self,
+        x: Sequence[Tensor],
+        t: Tensor | float,
+        cap_feats: Sequence[Tensor],
+        patch_size: int | None = None,
+        f_patch_size: int | None = None,
+    ) -> list[Tensor]:
         """Predictions ``[C, F, H, W]`` per item, in each latent's dtype (computed in the weights' dtype)."""
         c = self.config
         p = c.all_patch_size[0] if patch_size is None else patch_size
@@ -178,8 +203,10 @@ class ZImageTransformer(nn.Module):
             unified = self._unified(img.replace(gather_shards(img_local.tokens, world)), cap)
             out = gather_shards(final(self._main_joint(unified.shard(rank, world), adaln), adaln), world)
         sizes = [tuple(xi.shape[1:]) for xi in x]
-        return [self._unpatchify(out[i, : n // (p * p * pf)], sizes[i], p, pf).to(x[i].dtype)
-                for i, n in enumerate(s[0] * s[1] * s[2] for s in sizes)]
+        return [
+            self._unpatchify(out[i, : n // (p * p * pf)], sizes[i], p, pf).to(x[i].dtype)
+            for i, n in enumerate(s[0] * s[1] * s[2] for s in sizes)
+        ]
 
     def _main_suffix(self, img_local: TokenStream, cap: TokenStream, adaln: Tensor) -> Tensor:
         """Items of one length: this rank's image shard, then the whole caption as the replicated suffix."""

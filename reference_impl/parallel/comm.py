@@ -47,7 +47,13 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         in_splits, out_splits = ctx.splits
-        return _all_to_all_raw(grad.contiguous(), ctx.group, ctx.in_numel, out_splits, in_splits), None, None, None, None
+        return (
+            _all_to_all_raw(grad.contiguous(), ctx.group, ctx.in_numel, out_splits, in_splits),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def _all_to_all_flat(
@@ -97,15 +103,22 @@ def head_to_seq_all_to_all(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s, world * h_local, d)
 
 
-def seq_to_head_all_to_all_varlen(tensors: Sequence[Tensor], seq_lens: Sequence[int], group: dist.ProcessGroup) -> list[Tensor]:
+def seq_to_head_all_to_all_varlen(
+    tensors: Sequence[Tensor], seq_lens: Sequence[int], group: dist.ProcessGroup
+) -> list[Tensor]:
     """Uneven Ulysses input exchange of Q, K and V in one all-to-all: rank r contributes its first
     ``seq_lens[r]`` tokens of each. Returns each as ``[B, sum(seq_lens), H/W, D]``: every rank's valid
     tokens, in rank order."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     mine = seq_lens[rank]
     units = [x.shape[0] * (x.shape[2] // world) * x.shape[3] for x in tensors]  # elements per token and rank, each
-    sends = [x[:, :mine].reshape(x.shape[0], mine, world, x.shape[2] // world, x.shape[3]).permute(2, 0, 1, 3, 4)
-             .reshape(world, -1) for x in tensors]
+    sends = [
+        x[:, :mine]
+        .reshape(x.shape[0], mine, world, x.shape[2] // world, x.shape[3])
+        .permute(2, 0, 1, 3, 4)
+        .reshape(world, -1)
+        for x in tensors
+    ]
     send = torch.cat(sends, dim=1).contiguous()
     in_splits = [mine * sum(units)] * world
     out_splits = [n * sum(units) for n in seq_lens]
@@ -118,7 +131,9 @@ def seq_to_head_all_to_all_varlen(tensors: Sequence[Tensor], seq_lens: Sequence[
     return out
 
 
-def head_to_seq_all_to_all_varlen(x: Tensor, seq_lens: Sequence[int], padded_len: int, group: dist.ProcessGroup) -> Tensor:
+def head_to_seq_all_to_all_varlen(
+    x: Tensor, seq_lens: Sequence[int], padded_len: int, group: dist.ProcessGroup
+) -> Tensor:
     """Inverse of the varlen exchange; the result is zero-padded back to ``padded_len`` tokens."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     b, _, hl, d = x.shape

@@ -31,7 +31,9 @@ QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {Fp8Config.name: Fp8
 def quant_method_name(quantization_config: Mapping[str, Any]) -> str:
     """The declared ``quant_method`` (lower-cased); a missing one is an error naming the key."""
     if not isinstance(quantization_config, Mapping):
-        raise QuantizationConfigError(f"must be an object, got {type(quantization_config).__name__}", "quantization_config")
+        raise QuantizationConfigError(
+            f"must be an object, got {type(quantization_config).__name__}", "quantization_config"
+        )
     method = quantization_config.get("quant_method")
     if not isinstance(method, str) or not method:
         raise QuantizationConfigError(f"must name the method, got {method!r}", "quantization_config.quant_method")

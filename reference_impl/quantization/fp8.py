@@ -162,7 +162,8 @@ class Fp8Config(QuantizationConfig):
         scheme = config.get("activation_scheme", "dynamic")
         if scheme != "dynamic":
             raise QuantizationConfigError(
-                f"only 'dynamic' activation scaling is supported, got {scheme!r}", "quantization_config.activation_scheme"
+                f"only 'dynamic' activation scaling is supported, got {scheme!r}",
+                "quantization_config.activation_scheme",
             )
         fmt = config.get("fmt", "e4m3")
         if fmt != "e4m3":
@@ -172,7 +173,9 @@ class Fp8Config(QuantizationConfig):
             if skipped:
                 # An encoder never builds lm_head; any other unconverted layer would need per-layer
                 # methods this implementation does not have, so it is refused rather than misread.
-                raise QuantizationConfigError(f"unquantized layers are not supported here: {skipped}", f"quantization_config.{key}")
+                raise QuantizationConfigError(
+                    f"unquantized layers are not supported here: {skipped}", f"quantization_config.{key}"
+                )
         return cls(weight_block_size=_block_size(config.get("weight_block_size")))
 
     def get_quant_method(self, layer: LinearBase, prefix: str) -> LinearMethodBase:
@@ -208,7 +211,9 @@ class Fp8LinearMethod(LinearMethodBase):
         n = sum(output_sizes)
         new_parameter(layer, "weight", torch.empty(n, input_size, dtype=FP8_DTYPE))
         if self.block_size is None:
-            new_parameter(layer, "weight_scale_inv", torch.empty(len(output_sizes), dtype=torch.float32), ShardLayout("per_shard"))
+            new_parameter(
+                layer, "weight_scale_inv", torch.empty(len(output_sizes), dtype=torch.float32), ShardLayout("per_shard")
+            )
         else:
             bn, bk = self.block_size
             for offset in layer.shard_offsets[1:]:
@@ -258,7 +263,10 @@ class Fp8LinearMethod(LinearMethodBase):
         if bool((rows == rows[0]).all()):
             return "scaled_mm_tensorwise", None
         if x.dtype != torch.bfloat16:
-            return None, f"row-wise scaled_mm (shards with different scales) outputs bf16 only, activations are {x.dtype}"
+            return (
+                None,
+                f"row-wise scaled_mm (shards with different scales) outputs bf16 only, activations are {x.dtype}",
+            )
         if not x.is_cuda and not _cpu_rowwise_scaled_mm_supported():
             return None, f"this torch ({torch.__version__}) has no row-wise _scaled_mm on the CPU"
         return "scaled_mm_rowwise", None
@@ -273,10 +281,14 @@ class Fp8LinearMethod(LinearMethodBase):
         w_t = layer.weight.t()  # [K, N] column-major, the layout _scaled_mm wants
         if kernel == "scaled_mm_tensorwise":
             xq, xs = _quantize_tensor(x2)
-            out = torch._scaled_mm(xq, w_t, scale_a=xs, scale_b=layer.weight_scale_rows[:1].reshape(()), out_dtype=x.dtype)
+            out = torch._scaled_mm(
+                xq, w_t, scale_a=xs, scale_b=layer.weight_scale_rows[:1].reshape(()), out_dtype=x.dtype
+            )
         elif kernel == "scaled_mm_rowwise":
             xq, xs = _quantize_rows(x2)
-            out = torch._scaled_mm(xq, w_t, scale_a=xs, scale_b=layer.weight_scale_rows.reshape(1, -1).contiguous(), out_dtype=x.dtype)
+            out = torch._scaled_mm(
+                xq, w_t, scale_a=xs, scale_b=layer.weight_scale_rows.reshape(1, -1).contiguous(), out_dtype=x.dtype
+            )
         else:
             xq, xs = _quantize_groups_1x128(x2)
             ws = layer.weight_scale_inv

@@ -39,7 +39,9 @@ class LinearMethodBase(ABC):
     """Creates, applies and post-processes the parameters of one linear layer."""
 
     @abstractmethod
-    def create_weights(self, layer: LinearBase, input_size: int, output_sizes: Sequence[int], params_dtype: torch.dtype) -> None:
+    def create_weights(
+        self, layer: LinearBase, input_size: int, output_sizes: Sequence[int], params_dtype: torch.dtype
+    ) -> None:
         """Register the layer's weight parameters (each with a ``shard_layout``)."""
 
     @abstractmethod
@@ -85,7 +87,9 @@ class ShardLayout:
 def check_dtype_compatible(param: Tensor, loaded: Tensor) -> None:
     """Refuse copies that would silently change meaning: fp8 bits into a float weight or back."""
     if (param.dtype in FP8_DTYPES or loaded.dtype in FP8_DTYPES) and param.dtype != loaded.dtype:
-        raise ValueError(f"dtype {loaded.dtype} cannot load into a {param.dtype} parameter (no implicit (de)quantization)")
+        raise ValueError(
+            f"dtype {loaded.dtype} cannot load into a {param.dtype} parameter (no implicit (de)quantization)"
+        )
 
 
 def copy_checked(dest: Tensor, loaded: Tensor) -> None:
@@ -142,7 +146,9 @@ class LinearBase(nn.Module):
     ) -> None:
         super().__init__()
         if input_size <= 0 or not output_sizes or any(n <= 0 for n in output_sizes):
-            raise ValueError(f"{prefix or type(self).__name__}: sizes must be positive (in {input_size}, out {list(output_sizes)})")
+            raise ValueError(
+                f"{prefix or type(self).__name__}: sizes must be positive (in {input_size}, out {list(output_sizes)})"
+            )
         self.input_size = input_size
         self.output_sizes = tuple(int(n) for n in output_sizes)
         self.output_size = sum(self.output_sizes)
@@ -189,7 +195,9 @@ class LinearBase(nn.Module):
 
     def extra_repr(self) -> str:
         method = type(self.quant_method).__name__
-        return f"in={self.input_size}, out={list(self.output_sizes)}, bias={self.bias is not None}, quant_method={method}"
+        return (
+            f"in={self.input_size}, out={list(self.output_sizes)}, bias={self.bias is not None}, quant_method={method}"
+        )
 
 
 class ReplicatedLinear(LinearBase):
@@ -249,5 +257,7 @@ def quantized_linear_layers(model: nn.Module) -> list[LinearBase]:
     return [
         m
         for m in model.modules()
-        if isinstance(m, LinearBase) and m.quant_method is not None and not isinstance(m.quant_method, UnquantizedLinearMethod)
+        if isinstance(m, LinearBase)
+        and m.quant_method is not None
+        and not isinstance(m.quant_method, UnquantizedLinearMethod)
     ]

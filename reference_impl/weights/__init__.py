@@ -67,7 +67,7 @@ class PipelineWeights:
     def part(self, name: str) -> dict[str, Tensor]:
         """The tensors of one model, its prefix removed; an error naming the file when it has none."""
         prefix = f"{name}."
-        found = {k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+        found = {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}
         if not found:
             have = sorted({k.split(".", 1)[0] for k in self.tensors})
             raise PipelineWeightsError(self.path, f"holds no {name!r} weights (it has: {', '.join(have)})")
@@ -87,8 +87,11 @@ def read_pipeline_weights(weights: str) -> PipelineWeights:
     data = path.read_bytes()
     digest = sha256_of(data)
     if digest != card["sha256"]:
-        raise PipelineWeightsError(path, f"sha256 {digest} does not match {card_file.name}'s {card['sha256']}: the file "
-                                         "changed after training (restore it, or re-train with scripts/train_tiny_pipeline.py)")
+        raise PipelineWeightsError(
+            path,
+            f"sha256 {digest} does not match {card_file.name}'s {card['sha256']}: the file "
+            "changed after training (restore it, or re-train with scripts/train_tiny_pipeline.py)",
+        )
     try:
         tensors = load(data)
     except (SafetensorError, ValueError) as exc:
@@ -99,7 +102,9 @@ def read_pipeline_weights(weights: str) -> PipelineWeights:
     return PipelineWeights(path, card, tensors)
 
 
-def write_pipeline_weights(path: str | os.PathLike[str], models: Mapping[str, nn.Module], card: Mapping[str, Any]) -> str:
+def write_pipeline_weights(
+    path: str | os.PathLike[str], models: Mapping[str, nn.Module], card: Mapping[str, Any]
+) -> str:
     """Write the models (fp32) under their part prefixes and the card with the file's sha256; returns the sha256.
 
     The card is written last, so a run that dies halfway leaves a checkpoint that fails its hash check.
@@ -115,5 +120,7 @@ def write_pipeline_weights(path: str | os.PathLike[str], models: Mapping[str, nn
     path.parent.mkdir(parents=True, exist_ok=True)
     save_safetensors(together, path, {"format": FORMAT})
     digest = sha256_of(path.read_bytes())
-    card_path(path).write_text(json.dumps({"format": FORMAT, "sha256": digest, **card}, indent=2) + "\n", encoding="utf-8")
+    card_path(path).write_text(
+        json.dumps({"format": FORMAT, "sha256": digest, **card}, indent=2) + "\n", encoding="utf-8"
+    )
     return digest

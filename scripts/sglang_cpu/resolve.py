@@ -64,8 +64,11 @@ def main(argv: list[str]) -> int:
         return 0
     release = args.version or default
     if release not in groups:
-        print(f"install-sglang-cpu: sglang {release} is not a release this script knows; known: {', '.join(groups)} "
-              f"(scripts/sglang_cpu/releases.toml)", file=sys.stderr)
+        print(
+            f"install-sglang-cpu: sglang {release} is not a release this script knows; known: {', '.join(groups)} "
+            f"(scripts/sglang_cpu/releases.toml)",
+            file=sys.stderr,
+        )
         return 2
     if args.outdir is None:
         parser.error("OUTDIR is required")

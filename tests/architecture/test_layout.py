@@ -23,7 +23,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"commands", "cli", "pytest_plugin"}),
 )
 MAX_TOP_LEVEL_MODULES = 8
-MAX_LINES = 400
+MAX_LINES = 450  # at 120 columns as ruff formats them (400 was set for hand-wrapped 140-column code)
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -117,5 +117,9 @@ def test_reference_impl_never_imports_the_harness() -> None:
 def test_few_top_level_modules_and_no_long_files() -> None:
     top = sorted(p.name for p in HARNESS.glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
-    long = sorted((str(p.relative_to(HARNESS)), n) for p in HARNESS.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES)
+    long = sorted(
+        (str(p.relative_to(HARNESS)), n)
+        for p in HARNESS.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    )
     assert not long, f"files over {MAX_LINES} lines: {long}"

@@ -86,7 +86,9 @@ def checks_in_loops(root: Path = TESTS) -> list[str]:
         source = path.read_text()
         lines = source.splitlines()
         for function in ast.walk(ast.parse(source)):
-            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or not function.name.startswith("test"):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or not function.name.startswith(
+                "test"
+            ):
                 continue
             for loop in ast.walk(function):
                 if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)) and any(
@@ -134,4 +136,9 @@ def test_the_rule_sees_what_it_claims(tmp_path: Path) -> None:
         "        print(x)\n"
     )
     found = checks_in_loops(tmp_path / "tests")
-    assert sorted(line.split(": ")[1] for line in found) == ["test_grid", "test_marked_grid", "test_raises", "test_unmarked_poll"]
+    assert sorted(line.split(": ")[1] for line in found) == [
+        "test_grid",
+        "test_marked_grid",
+        "test_raises",
+        "test_unmarked_poll",
+    ]

@@ -160,7 +160,11 @@ def test_sigkill_at_random_moments_never_tears_the_target(tmp_path: Path) -> Non
         child.kill()
         child.wait()
     docs = [json.loads(text) for text in [*snapshots, target.read_text()]]  # every snapshot parses ...
-    torn = [d["version"] for d in docs if d["version"] != -1 and d["payload"] != str(d["version"] % 10) * (1_000_000 + d["version"])]
+    torn = [
+        d["version"]
+        for d in docs
+        if d["version"] != -1 and d["payload"] != str(d["version"] % 10) * (1_000_000 + d["version"])
+    ]
     assert not torn, f"versions whose payload is not their own: {torn}"  # ... and is one whole version
     seen = {d["version"] for d in docs[:-1]}
     assert len(seen) > 1, "the writer made no progress; the test did not exercise concurrent writes"
@@ -208,10 +212,14 @@ def test_a_live_writers_temp_file_is_never_removed(tmp_path: Path) -> None:
     assert _temps(tmp_path) == []
 
 
-def test_without_locks_only_temps_older_than_an_hour_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_locks_only_temps_older_than_an_hour_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(atomic, "fcntl", None)
     recent, stale = tmp_path / ".a.json.0123456789ab.tmp", tmp_path / ".b.json.ba9876543210.tmp"
-    not_ours = [tmp_path / n for n in (".notes.tmp", "c.json.0123456789ab.tmp", ".d.json.XYZ.tmp", ".e.json.0123456789ab.tmpx")]
+    not_ours = [
+        tmp_path / n for n in (".notes.tmp", "c.json.0123456789ab.tmp", ".d.json.XYZ.tmp", ".e.json.0123456789ab.tmpx")
+    ]
     for path in (recent, stale, *not_ours):
         path.write_text("x")
         _backdate(path, atomic.STALE_TEMP_S + 10)

@@ -64,9 +64,11 @@ for line in sys.stdin:  # one forked bless loop per line; the test SIGKILLs it
 def _sets(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     frames = 4 if seed == 0 else 2
-    return {"img_a": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
-            "img_b": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
-            "vid": rng.integers(0, 256, (frames, 64, 64, 3), dtype=np.uint8)}
+    return {
+        "img_a": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
+        "img_b": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
+        "vid": rng.integers(0, 256, (frames, 64, 64, 3), dtype=np.uint8),
+    }
 
 
 def _state(refs: Path) -> str:
@@ -96,8 +98,14 @@ def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) ->
     marker = tmp_path / "blessed-once"
     rng = random.Random(17)
     states: list[str] = []
-    worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WORKER), str(baselines), str(marker), *map(str, runs)],
-                              env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(WORKER), str(baselines), str(marker), *map(str, runs)],
+        env=env,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert worker.stdin is not None and worker.stdout is not None
     pid = None
     try:
@@ -107,7 +115,9 @@ def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) ->
             worker.stdin.flush()
             pid = int(worker.stdout.readline())
             deadline = time.monotonic() + 60
-            while not marker.exists():  # poll: one bless finished: the loop is warm, the next kill lands anywhere in a bless
+            while (
+                not marker.exists()
+            ):  # poll: one bless finished: the loop is warm, the next kill lands anywhere in a bless
                 assert time.monotonic() < deadline, "the bless loop never finished a bless"
                 time.sleep(0.005)
             time.sleep(rng.uniform(0.0, 0.2))
@@ -135,9 +145,16 @@ def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) ->
     print(f"{KILLS} SIGKILLs: " + ", ".join(f"{s}: {states.count(s)}" for s in sorted(set(states))))
     assert mid_bless > 0, f"no kill landed inside a bless: {states}"
     recover(refs)  # what the next bless does first
-    assert _state(refs) == "clean" and sorted(p.name for p in refs.iterdir()) == ["img_a.png", "img_b.png", "manifest.json", "vid"]
+    assert _state(refs) == "clean" and sorted(p.name for p in refs.iterdir()) == [
+        "img_a.png",
+        "img_b.png",
+        "manifest.json",
+        "vid",
+    ]
     frames = sorted(p.name for p in (refs / "vid").iterdir())
-    assert frames == [f"frame_{i:04d}.png" for i in range(len(load_reference(refs, "vid")))]  # no stray frame left behind
+    assert frames == [
+        f"frame_{i:04d}.png" for i in range(len(load_reference(refs, "vid")))
+    ]  # no stray frame left behind
 
 
 def test_a_staged_drop_list_deletes_only_reference_files(tmp_path: Path) -> None:
@@ -158,9 +175,14 @@ def test_a_staged_drop_list_deletes_only_reference_files(tmp_path: Path) -> None
     assert outside.read_text() == "not a reference"
 
 
-@pytest.mark.parametrize(("case_id", "shape"), [("img", (8, 8, 3)), ("vid", (3, 8, 8, 3)), ("long", (10001, 2, 2, 3))],
-                         ids=["image", "video", "video-10001-frames"])
-def test_a_reference_file_name_maps_to_its_case_as_reference_files_writes_it(case_id: str, shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(
+    ("case_id", "shape"),
+    [("img", (8, 8, 3)), ("vid", (3, 8, 8, 3)), ("long", (10001, 2, 2, 3))],
+    ids=["image", "video", "video-10001-frames"],
+)
+def test_a_reference_file_name_maps_to_its_case_as_reference_files_writes_it(
+    case_id: str, shape: tuple[int, ...]
+) -> None:
     """One rule for what a reference file is called, for the staged drop list and the format-1 manifest alike."""
     from harness.baselines.images import case_of_file, reference_files
 

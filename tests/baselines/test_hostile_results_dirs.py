@@ -139,18 +139,34 @@ ROWS: list[tuple[str, Callable[[Dirs], None], tuple[str, str] | None]] = [
     ("candidates_folder_is_a_link", _link_folder, ("results/candidates", "not the folder of candidates")),
     ("candidates_manifest_is_a_link", _link_manifest, ("results/candidates/manifest.json", "is a symlink")),
     ("candidate_is_a_fifo", _fifo_candidate, ("results/candidates/img.png", "a FIFO")),
-    ("candidate_64x64_for_a_32x32_case", lambda d: _rehash(d, encode_png(np.zeros((64, 64, 3), np.uint8)), [64, 64, 3]),
-     ("results/candidates", "the case makes [32, 32, 3]")),
-    ("candidate_pixels_not_the_recorded_shape", lambda d: _rehash(d, encode_png(np.zeros((64, 64, 3), np.uint8))),
-     ("results/candidates/img.png", "records shape [32, 32, 3]")),
+    (
+        "candidate_64x64_for_a_32x32_case",
+        lambda d: _rehash(d, encode_png(np.zeros((64, 64, 3), np.uint8)), [64, 64, 3]),
+        ("results/candidates", "the case makes [32, 32, 3]"),
+    ),
+    (
+        "candidate_pixels_not_the_recorded_shape",
+        lambda d: _rehash(d, encode_png(np.zeros((64, 64, 3), np.uint8))),
+        ("results/candidates/img.png", "records shape [32, 32, 3]"),
+    ),
     ("candidate_is_an_apng", lambda d: _rehash(d, _apng()), ("results/candidates/img.png", "an animated PNG")),
-    ("manifest_key_climbs_out", _manifest_key("../../../etc/passwd"),
-     ("results/candidates/manifest.json", "key 'cases.../../../etc/passwd'")),
-    ("manifest_unknown_entry_key", _unknown_manifest_key, ("results/candidates/manifest.json", "key 'cases.img.shapes'")),
+    (
+        "manifest_key_climbs_out",
+        _manifest_key("../../../etc/passwd"),
+        ("results/candidates/manifest.json", "key 'cases.../../../etc/passwd'"),
+    ),
+    (
+        "manifest_unknown_entry_key",
+        _unknown_manifest_key,
+        ("results/candidates/manifest.json", "key 'cases.img.shapes'"),
+    ),
     ("pending_is_a_link_to_a_set", _pending_link, ("baselines/images/.bless-pending", "is a symlink")),
     ("pending_is_a_file", _pending_file, ("baselines/images/.bless-pending", "is a regular file")),
-    ("pending_holds_a_linked_png", _pending_with_a_linked_png,
-     ("baselines/images/.bless-pending/img.png", "not a file staged by parity bless")),
+    (
+        "pending_holds_a_linked_png",
+        _pending_with_a_linked_png,
+        ("baselines/images/.bless-pending/img.png", "not a file staged by parity bless"),
+    ),
 ]
 
 
@@ -159,8 +175,13 @@ def _snapshot(folder: Path) -> dict[str, str]:
     out = {}
     for path in sorted(folder.rglob("*")):
         rel = str(path.relative_to(folder))
-        out[rel] = f"-> {os.readlink(path)}" if path.is_symlink() else (
-            "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "other")
+        out[rel] = (
+            f"-> {os.readlink(path)}"
+            if path.is_symlink()
+            else (
+                "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "other"
+            )
+        )
     return out
 
 
@@ -177,13 +198,23 @@ def dirs(tmp_path: Path) -> Dirs:
 
 
 @pytest.mark.parametrize(("plant", "expect"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_bless_from_a_hostile_results_dir_refuses_and_moves_nothing(plant: Callable[[Dirs], None],
-                                                                    expect: tuple[str, str] | None, dirs: Dirs,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_bless_from_a_hostile_results_dir_refuses_and_moves_nothing(
+    plant: Callable[[Dirs], None], expect: tuple[str, str] | None, dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
     plant(dirs)
     before = _snapshot(dirs.references)
-    code = main(["bless", "--from-results", str(dirs.results), "img", "--cases", str(dirs.root / "cases"),
-                 "--baselines", str(dirs.references.parent)])
+    code = main(
+        [
+            "bless",
+            "--from-results",
+            str(dirs.results),
+            "img",
+            "--cases",
+            str(dirs.root / "cases"),
+            "--baselines",
+            str(dirs.references.parent),
+        ]
+    )
     err = capsys.readouterr().err
     if expect is None:
         assert code == 0, err

@@ -17,10 +17,22 @@ from harness.errors import ConfigError
 DOC = {
     "metadata": {"model": "Diffusion Server", "hardware": "CI H100 80GB", "last_updated": "2026-01-01"},
     "tolerances": {
-        "long_term": {"e2e": 0.15, "denoise_stage": 0.1, "non_denoise_stage": 0.5, "denoise_step": 0.25,
-                      "denoise_agg": 0.15, "load_peak_vram": 0.01},
-        "pr_test": {"e2e": 0.25, "denoise_stage": 0.25, "non_denoise_stage": 0.8, "denoise_step": 0.3,
-                    "denoise_agg": 0.2, "load": 0.4},
+        "long_term": {
+            "e2e": 0.15,
+            "denoise_stage": 0.1,
+            "non_denoise_stage": 0.5,
+            "denoise_step": 0.25,
+            "denoise_agg": 0.15,
+            "load_peak_vram": 0.01,
+        },
+        "pr_test": {
+            "e2e": 0.25,
+            "denoise_stage": 0.25,
+            "non_denoise_stage": 0.8,
+            "denoise_step": 0.3,
+            "denoise_agg": 0.2,
+            "load": 0.4,
+        },
     },
     "improvement_reporting": {"threshold": 0.2},
     "sampling": {"step_fractions": [0.0, 0.5, 1.0]},
@@ -37,11 +49,20 @@ DOC = {
             "load_peak_vram_mb": 1234.5,
             "runtime_peak_vram_mb": 2345.6,
         },
-        "fast_hunyuan_video": {"stages_ms": {"DenoisingStage": 5898.72, "per_frame_generation": None},
-                               "denoise_step_ms": {"0": 286.89}, "expected_e2e_ms": 11816.27,
-                               "expected_avg_denoise_ms": 286.89, "expected_median_denoise_ms": 286.89},
-        "action_http": {"stages_ms": {}, "denoise_step_ms": {}, "expected_e2e_ms": 21.37,
-                        "expected_avg_denoise_ms": 0.0, "expected_median_denoise_ms": 0.0},
+        "fast_hunyuan_video": {
+            "stages_ms": {"DenoisingStage": 5898.72, "per_frame_generation": None},
+            "denoise_step_ms": {"0": 286.89},
+            "expected_e2e_ms": 11816.27,
+            "expected_avg_denoise_ms": 286.89,
+            "expected_median_denoise_ms": 286.89,
+        },
+        "action_http": {
+            "stages_ms": {},
+            "denoise_step_ms": {},
+            "expected_e2e_ms": 21.37,
+            "expected_avg_denoise_ms": 0.0,
+            "expected_median_denoise_ms": 0.0,
+        },
     },
 }
 PR = Tolerances(e2e=0.25, denoise_stage=0.25, non_denoise_stage=0.8, denoise_step=0.3, denoise_agg=0.2)
@@ -117,12 +138,18 @@ def test_device_name_normalisation_picks_most_specific_overlay(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("mutate", "key"),
     [
-        (lambda d: d["scenarios"]["flux_image_t2i"].__setitem__("expected_e2e_ms", "fast"),
-         "scenarios.flux_image_t2i.expected_e2e_ms"),
-        (lambda d: d["scenarios"]["flux_image_t2i"]["stages_ms"].__setitem__("DecodingStage", -1),
-         "scenarios.flux_image_t2i.stages_ms.DecodingStage"),
-        (lambda d: d["scenarios"]["flux_image_t2i"]["denoise_step_ms"].__setitem__("first", 1.0),
-         "scenarios.flux_image_t2i.denoise_step_ms"),
+        (
+            lambda d: d["scenarios"]["flux_image_t2i"].__setitem__("expected_e2e_ms", "fast"),
+            "scenarios.flux_image_t2i.expected_e2e_ms",
+        ),
+        (
+            lambda d: d["scenarios"]["flux_image_t2i"]["stages_ms"].__setitem__("DecodingStage", -1),
+            "scenarios.flux_image_t2i.stages_ms.DecodingStage",
+        ),
+        (
+            lambda d: d["scenarios"]["flux_image_t2i"]["denoise_step_ms"].__setitem__("first", 1.0),
+            "scenarios.flux_image_t2i.denoise_step_ms",
+        ),
         (lambda d: d["scenarios"]["flux_image_t2i"].pop("expected_e2e_ms"), "scenarios.flux_image_t2i"),
         (lambda d: d["tolerances"]["pr_test"].__setitem__("e2e", None), "tolerances.pr_test.e2e"),
         (lambda d: d["metadata"].__setitem__("hardware", 100), "metadata.hardware"),
@@ -196,25 +223,48 @@ def test_sglangs_per_frame_time_is_kept_but_not_gated_as_a_stage() -> None:
     """sglang writes ``per_frame_generation`` (null when it had no frame rate) among a video's stages and checks it
     as a frame rate; a measurement of parity's has no such stage, and must not fail for lacking it."""
     expected = DOC["scenarios"]["fast_hunyuan_video"]
-    measured = {"expected_e2e_ms": 11000.0, "stages_ms": {"DenoisingStage": 5800.0}, "denoise_step_ms": {"0": 280.0},
-                "expected_avg_denoise_ms": 280.0, "expected_median_denoise_ms": 280.0}
+    measured = {
+        "expected_e2e_ms": 11000.0,
+        "stages_ms": {"DenoisingStage": 5800.0},
+        "denoise_step_ms": {"0": 280.0},
+        "expected_avg_denoise_ms": 280.0,
+        "expected_median_denoise_ms": 280.0,
+    }
     checks = _by_metric(check_perf(expected, measured, PR))
     assert "stages_ms.per_frame_generation" not in checks
     assert all(c.passed for c in checks.values()) and len(checks) == 5
 
 
-@pytest.mark.parametrize(("mutate", "key", "hint"), [
-    (lambda d: d["scenarios"]["flux_image_t2i"].__setitem__("expected_e2e_mss", 1.0),
-     "scenarios.flux_image_t2i.expected_e2e_mss", "did you mean 'expected_e2e_ms'"),
-    (lambda d: d["tolerances"]["pr_test"].__setitem__("denoise_stepp", 0.1), "tolerances.pr_test.denoise_stepp",
-     "did you mean 'denoise_step'"),
-    (lambda d: d["tolerances"].__setitem__("pr_tset", {"e2e": 0.1}), "tolerances.pr_tset", "did you mean 'pr_test'"),
-    (lambda d: d.__setitem__("scenario", {}), "scenario", "did you mean 'scenarios'"),
-    (lambda d: d["scenarios"]["flux_image_t2i"]["stages_ms"].__setitem__("per_frame_generation", "40"),
-     "scenarios.flux_image_t2i.stages_ms.per_frame_generation", "expected a number"),
-], ids=["scenario_key", "tolerance_key", "profile", "top_key", "per_frame_a_string"])
-def test_a_misspelt_key_is_refused_naming_file_key_and_the_nearest_key(tmp_path: Path, mutate, key: str,
-                                                                        hint: str) -> None:
+@pytest.mark.parametrize(
+    ("mutate", "key", "hint"),
+    [
+        (
+            lambda d: d["scenarios"]["flux_image_t2i"].__setitem__("expected_e2e_mss", 1.0),
+            "scenarios.flux_image_t2i.expected_e2e_mss",
+            "did you mean 'expected_e2e_ms'",
+        ),
+        (
+            lambda d: d["tolerances"]["pr_test"].__setitem__("denoise_stepp", 0.1),
+            "tolerances.pr_test.denoise_stepp",
+            "did you mean 'denoise_step'",
+        ),
+        (
+            lambda d: d["tolerances"].__setitem__("pr_tset", {"e2e": 0.1}),
+            "tolerances.pr_tset",
+            "did you mean 'pr_test'",
+        ),
+        (lambda d: d.__setitem__("scenario", {}), "scenario", "did you mean 'scenarios'"),
+        (
+            lambda d: d["scenarios"]["flux_image_t2i"]["stages_ms"].__setitem__("per_frame_generation", "40"),
+            "scenarios.flux_image_t2i.stages_ms.per_frame_generation",
+            "expected a number",
+        ),
+    ],
+    ids=["scenario_key", "tolerance_key", "profile", "top_key", "per_frame_a_string"],
+)
+def test_a_misspelt_key_is_refused_naming_file_key_and_the_nearest_key(
+    tmp_path: Path, mutate, key: str, hint: str
+) -> None:
     """Each of these was ignored: the scenario gated without its e2e bound, the profile at its file's values."""
     doc = copy.deepcopy(DOC)
     mutate(doc)

@@ -23,9 +23,19 @@ def test_image_round_trip_and_manifest(tmp_path: Path) -> None:
     assert bless(tmp_path, "flux_image_t2i", img) == ["flux_image_t2i.png"]
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     digest = hashlib.sha256((tmp_path / "flux_image_t2i.png").read_bytes()).hexdigest()
-    assert manifest == {"format": 2, "cases": {"flux_image_t2i": {
-        "fingerprint": None, "fields": None, "world_size": 1, "pipeline": None, "shape": [12, 16, 3],
-        "files": {"flux_image_t2i.png": digest}}}}
+    assert manifest == {
+        "format": 2,
+        "cases": {
+            "flux_image_t2i": {
+                "fingerprint": None,
+                "fields": None,
+                "world_size": 1,
+                "pipeline": None,
+                "shape": [12, 16, 3],
+                "files": {"flux_image_t2i.png": digest},
+            }
+        },
+    }
     out = load_reference(tmp_path, "flux_image_t2i")
     assert out.dtype == np.uint8 and np.array_equal(out, img)
 
@@ -65,7 +75,9 @@ def test_file_missing_from_manifest_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not in manifest.json") as info:
         load_reference(tmp_path, "stray")
     assert info.value.path == str(tmp_path / "stray.png")
-    with pytest.raises(ConfigError, match="no reference for case 'nothing' in manifest.json: run `parity bless nothing`"):
+    with pytest.raises(
+        ConfigError, match="no reference for case 'nothing' in manifest.json: run `parity bless nothing`"
+    ):
         load_reference(tmp_path, "nothing")
 
 
@@ -103,5 +115,8 @@ def test_fields_are_recorded_and_their_changes_named(tmp_path: Path) -> None:
     assert entry.fields == fields and entry.fingerprint == fingerprint({"steps": 4, "seed": 0, "prompt": "a fox"})
     assert fingerprint({**fields, "seed": 1}) != entry.fingerprint
     assert changed_fields(entry.fields, {"prompt": "a fox", "seed": 1, "dtype": "bf16"}) == [
-        "dtype 'bf16' added", "seed 0 → 1", "steps 4 removed"]
+        "dtype 'bf16' added",
+        "seed 0 → 1",
+        "steps 4 removed",
+    ]
     assert changed_fields(None, fields) == ["blessed before fields were recorded"]

@@ -126,18 +126,25 @@ def test_invalid_values_name_file_and_key(tmp_path: Path, doc: object, key: str 
 
 
 def test_comments_and_sglangs_audio_bounds_are_kept(tmp_path: Path) -> None:
-    doc = {"_note": "x", "cases": {"c": {"psnr_threshold": 20, "_why": [1], "audio_rms_db_diff_threshold": 2.0}},
-           "default_audio_duration_diff_threshold": 0.1}
+    doc = {
+        "_note": "x",
+        "cases": {"c": {"psnr_threshold": 20, "_why": [1], "audio_rms_db_diff_threshold": 2.0}},
+        "default_audio_duration_diff_threshold": 0.1,
+    }
     ts = ThresholdSet.load(_write(tmp_path, doc))
     assert ts.to_json() == doc
 
 
-@pytest.mark.parametrize(("doc", "key", "hint"), [
-    ({"cases": {"c": {"psnr_treshold": 20}}}, "cases.c.psnr_treshold", "did you mean 'psnr_threshold'"),
-    ({"cases": {"c": {"audio_threshold": "anything"}}}, "cases.c.audio_threshold", "unknown key"),
-    ({"extra": [1]}, "extra", "unknown key"),
-    ({"default_clip_threshold": 0.9}, "default_clip_threshold", "did you mean 'default_clip_threshold_"),
-], ids=["misspelt_case_key", "unknown_case_key", "unknown_top_key", "default_without_kind"])
+@pytest.mark.parametrize(
+    ("doc", "key", "hint"),
+    [
+        ({"cases": {"c": {"psnr_treshold": 20}}}, "cases.c.psnr_treshold", "did you mean 'psnr_threshold'"),
+        ({"cases": {"c": {"audio_threshold": "anything"}}}, "cases.c.audio_threshold", "unknown key"),
+        ({"extra": [1]}, "extra", "unknown key"),
+        ({"default_clip_threshold": 0.9}, "default_clip_threshold", "did you mean 'default_clip_threshold_"),
+    ],
+    ids=["misspelt_case_key", "unknown_case_key", "unknown_top_key", "default_without_kind"],
+)
 def test_unknown_keys_are_refused_naming_file_and_key(doc: dict, key: str, hint: str, tmp_path: Path) -> None:
     path = _write(tmp_path, doc)
     with pytest.raises(ConfigError, match=hint) as info:

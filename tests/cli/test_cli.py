@@ -85,7 +85,13 @@ def test_bad_case_files_exit_2_naming_file_and_key(tmp_path, capsys, text, key, 
 
 def test_doctor_json_names_every_backend_and_why():
     # A real subprocess through the console script: what a user runs.
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "doctor", "--json", "-"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "doctor", "--json", "-"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["torch"] and data["python"]
@@ -103,7 +109,13 @@ def test_doctor_reports_a_forced_platform(capsys, monkeypatch):
     monkeypatch.setenv("PARITY_PLATFORM", "rocm:gfx950")
     assert main(["doctor", "--json", "-"]) == 0
     platform = json.loads(capsys.readouterr().out)["platform"]
-    assert platform == {**platform, "kind": "rocm", "gcn_arch": "gfx950", "simulated": True, "label": "rocm:gfx950 (simulated)"}
+    assert platform == {
+        **platform,
+        "kind": "rocm",
+        "gcn_arch": "gfx950",
+        "simulated": True,
+        "label": "rocm:gfx950 (simulated)",
+    }
 
 
 def test_list_json_has_contracts_cases_and_targets(capsys):
@@ -118,14 +130,28 @@ def test_list_json_has_contracts_cases_and_targets(capsys):
 
 def test_check_json_and_junit_carry_the_figures_of_every_case(tmp_path, sglang_cases, capsys):
     report, junit = tmp_path / "r.json", tmp_path / "j.xml"
-    code = main(["check", "usp.replicated_suffix_bitwise", "usp.replicated_prefix_drift", "--cases", str(sglang_cases),
-                 "--json", str(report), "--junit", str(junit)])
+    code = main(
+        [
+            "check",
+            "usp.replicated_suffix_bitwise",
+            "usp.replicated_prefix_drift",
+            "--cases",
+            str(sglang_cases),
+            "--json",
+            str(report),
+            "--junit",
+            str(junit),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "2 passed, 0 failed, 0 skipped" in out
     data = json.loads(report.read_text())
     stage = data["stages"]["contracts"]
-    assert stage["summary"] == {"passed": 2, "failed": 0, "skipped": 0, "xfailed": 0, "inconclusive": 0} and data["target"] == "reference"
+    assert (
+        stage["summary"] == {"passed": 2, "failed": 0, "skipped": 0, "xfailed": 0, "inconclusive": 0}
+        and data["target"] == "reference"
+    )
     assert data["command"] == "check" and data["passed"] is True
     by_case = {v["case_id"]: v for v in stage["records"]}
     assert set(by_case) == {"sglang_suffix_w2", "sglang_prefix_w2"}
@@ -139,8 +165,21 @@ def test_check_json_and_junit_carry_the_figures_of_every_case(tmp_path, sglang_c
 
 def test_rotating_suffix_target_fails_the_suffix_contract_only(tmp_path, sglang_cases, capsys):
     report, junit = tmp_path / "r.json", tmp_path / "j.xml"
-    code = main(["check", "usp.replicated_suffix_bitwise", "usp.replicated_prefix_drift", "--cases", str(sglang_cases),
-                 "--target", "tests.targets.rotating_suffix:factory", "--json", str(report), "--junit", str(junit)])
+    code = main(
+        [
+            "check",
+            "usp.replicated_suffix_bitwise",
+            "usp.replicated_prefix_drift",
+            "--cases",
+            str(sglang_cases),
+            "--target",
+            "tests.targets.rotating_suffix:factory",
+            "--json",
+            str(report),
+            "--junit",
+            str(junit),
+        ]
+    )
     assert code == 1
     assert "1 passed, 1 failed, 0 skipped" in capsys.readouterr().out
     by_case = {v["case_id"]: v for v in json.loads(report.read_text())["stages"]["contracts"]["records"]}
@@ -158,9 +197,12 @@ def test_gate_writes_results_and_junit_into_the_report_dir(tmp_path, capsys):
         '[cases.precedence]\ncontract = "backend.selection_precedence"\n'
         '[cases.admission]\ncontract = "usp.ring_admission"\nworld_size = 2\n'
     )
-    (cases / "contracts" / "targets").mkdir()  # the admission case's no-LSE backend is sage_attn: pinned where it is missing
+    (
+        cases / "contracts" / "targets"
+    ).mkdir()  # the admission case's no-LSE backend is sage_attn: pinned where it is missing
     (cases / "contracts" / "targets" / "reference.toml").write_text(
-        '[expected_skips."admission"]\nbecause = "sage_attn is optional"\nwhen_missing = "sageattention"\n')
+        '[expected_skips."admission"]\nbecause = "sage_attn is optional"\nwhen_missing = "sageattention"\n'
+    )
     report = tmp_path / "report"
     assert main(["gate", "--cases", str(cases), "--report", str(report)]) == 0
     assert "gate: PASSED" in capsys.readouterr().out

@@ -43,12 +43,27 @@ def cases(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["check", "--backend", "flashy"], "key '--backend': unknown attention backend 'flashy'; valid names: torch_sdpa, fa, sage_attn, math"),
-        (["check", "--backend", "math", "--sdpa-kernel", "flash"], "key '--sdpa-kernel': a pinned SDPA kernel applies to torch_sdpa only"),
-        (["sweep", "--backends", "nope", "--json", "{tmp}/s.json"], "key '--backends': unknown attention backend 'nope'"),
-        (["sweep", "--backends", "torch_sdpa:fast", "--json", "{tmp}/s.json"], "key '--backends': unknown SDPA kernel 'fast'; valid: math, flash, efficient, cudnn"),
+        (
+            ["check", "--backend", "flashy"],
+            "key '--backend': unknown attention backend 'flashy'; valid names: torch_sdpa, fa, sage_attn, math",
+        ),
+        (
+            ["check", "--backend", "math", "--sdpa-kernel", "flash"],
+            "key '--sdpa-kernel': a pinned SDPA kernel applies to torch_sdpa only",
+        ),
+        (
+            ["sweep", "--backends", "nope", "--json", "{tmp}/s.json"],
+            "key '--backends': unknown attention backend 'nope'",
+        ),
+        (
+            ["sweep", "--backends", "torch_sdpa:fast", "--json", "{tmp}/s.json"],
+            "key '--backends': unknown SDPA kernel 'fast'; valid: math, flash, efficient, cudnn",
+        ),
         (["sweep", "--json", "/proc/nope/s.json"], "/proc/nope/s.json: key '--json': cannot write here"),
-        (["sweep", "--world-sizes", "2", "0", "--json", "{tmp}/s.json"], "argument --world-sizes: must be in [1, 1024], got 0"),
+        (
+            ["sweep", "--world-sizes", "2", "0", "--json", "{tmp}/s.json"],
+            "argument --world-sizes: must be in [1, 1024], got 0",
+        ),
         (["check", "--timeout", "-5"], "argument --timeout: must be a finite number of seconds > 0, got '-5'"),
         (["check", "--timeout", "inf"], "argument --timeout: must be a finite number of seconds > 0, got 'inf'"),
         (["check", "--timeout", "soon"], "argument --timeout: not a number of seconds: 'soon'"),
@@ -61,8 +76,9 @@ def cases(tmp_path: Path) -> Path:
         (["matrix", "{tmp}/none.json", "-o", "/proc/nope/m.md"], "key '--output': cannot write here"),
     ],
 )
-def test_bad_argument_exits_2_before_any_work(argv: list[str], message: str, cases: Path, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_argument_exits_2_before_any_work(
+    argv: list[str], message: str, cases: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = [a.format(tmp=tmp_path) for a in argv]
     (tmp_path / "dir.json").mkdir()  # a directory where a file is asked for
     if argv[0] in ("check", "sweep", "gate"):
@@ -76,21 +92,41 @@ def test_bad_argument_exits_2_before_any_work(argv: list[str], message: str, cas
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
-        ("PARITY_PERF_TOL_E2E", "abc", "key 'PARITY_PERF_TOL_E2E': environment variable must be a number in [0, 1e+06], got 'abc'"),
+        (
+            "PARITY_PERF_TOL_E2E",
+            "abc",
+            "key 'PARITY_PERF_TOL_E2E': environment variable must be a number in [0, 1e+06], got 'abc'",
+        ),
         ("PARITY_PERF_TOL_E2E", "nan", "got 'nan'"),
-        ("PARITY_PERF_TOL_DENOISE_STEPS", "0.1", "key 'PARITY_PERF_TOL_DENOISE_STEPS': unknown variable; valid: PARITY_PERF_TOL_E2E"),
-        ("PARITY_PLATFORM", "tpu", "key 'PARITY_PLATFORM': unknown platform 'tpu' in 'tpu'; valid: cuda, rocm, mps, cpu"),
+        (
+            "PARITY_PERF_TOL_DENOISE_STEPS",
+            "0.1",
+            "key 'PARITY_PERF_TOL_DENOISE_STEPS': unknown variable; valid: PARITY_PERF_TOL_E2E",
+        ),
+        (
+            "PARITY_PLATFORM",
+            "tpu",
+            "key 'PARITY_PLATFORM': unknown platform 'tpu' in 'tpu'; valid: cuda, rocm, mps, cpu",
+        ),
     ],
 )
-def test_bad_environment_exits_2_before_any_work(variable: str, value: str, message: str, cases: Path,
-                                                 monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_environment_exits_2_before_any_work(
+    variable: str,
+    value: str,
+    message: str,
+    cases: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.setenv(variable, value)
     assert main(["gate", "--no-perf", "--cases", str(cases)]) == 2  # perf off: a bad override is still an error
     err = capsys.readouterr().err
     assert message in err, err
 
 
-def test_platform_env_is_checked_for_every_verb(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_platform_env_is_checked_for_every_verb(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("PARITY_PLATFORM", "rocm:sm90")
     assert main(["doctor"]) == 2
     assert "key 'PARITY_PLATFORM': 'rocm:sm90': 'sm90' is not a gcn arch" in capsys.readouterr().err

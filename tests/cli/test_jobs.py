@@ -34,12 +34,15 @@ world_size = 4
 contract = "usp.ulysses_parity"
 world_size = 2
 """
-THREE_CASES = TWO_CASES + """
+THREE_CASES = (
+    TWO_CASES
+    + """
 [cases.ulysses_w8]
 contract = "usp.ulysses_parity"
 world_size = 8
 heads = 8
 """
+)
 # Short, so the test is; not so short that a rank starved of CPU by a loaded CI box (2 cores, both test workers
 # busy) counts as lost: at 4 s a node took rank 0 for lost while the sglang tests ran beside it.
 LOST_S = "10"
@@ -63,9 +66,30 @@ class Node:
         self.out_path, self.err_path = tmp / f"node{node}.out", tmp / f"node{node}.err"
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.agent = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-                 "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "parity", *args],
-                cwd=REPO, env=env, stdout=out, stderr=err, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--node-rank",
+                    str(node),
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    str(port),
+                    "-m",
+                    "parity",
+                    *args,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
 
     def wait(self, timeout: float = 400) -> int:
         return self.agent.wait(timeout=timeout)
@@ -114,8 +138,12 @@ def _cases(tmp: Path, text: str) -> Path:
 
 def _verdicts(path: Path) -> dict[tuple[str, str], tuple[str, str | None]]:
     stages = json.loads(path.read_text())["stages"]
-    return {(name, r["case_id"]): (r["status"], r["reason"])
-            for name, stage in stages.items() if isinstance(stage, dict) for r in stage.get("records", [])}
+    return {
+        (name, r["case_id"]): (r["status"], r["reason"])
+        for name, stage in stages.items()
+        if isinstance(stage, dict)
+        for r in stage.get("records", [])
+    }
 
 
 def test_two_agents_of_two_run_the_default_gate_as_the_local_launcher_does(tmp_path: Path) -> None:
@@ -132,11 +160,25 @@ def test_two_agents_of_two_run_the_default_gate_as_the_local_launcher_does(tmp_p
     assert node0.out.rstrip().endswith("gate: PASSED") and node1.out == ""
 
 
-def test_a_failure_planted_on_rank_3_of_the_second_node_is_reported_by_rank_0_with_its_traceback(tmp_path: Path) -> None:
+def test_a_failure_planted_on_rank_3_of_the_second_node_is_reported_by_rank_0_with_its_traceback(
+    tmp_path: Path,
+) -> None:
     """And a case larger than the job is skipped with the reason; every rank exits with rank 0's code."""
     cases, json_path = _cases(tmp_path, THREE_CASES), tmp_path / "results.json"
-    with _two_nodes(tmp_path, "check", "--cases", str(cases), "--target", "tests.targets.broken:raises_on_rank",
-                    "--target-arg", "rank=3", "--timeout", "60", "--json", str(json_path)) as (node0, node1):
+    with _two_nodes(
+        tmp_path,
+        "check",
+        "--cases",
+        str(cases),
+        "--target",
+        "tests.targets.broken:raises_on_rank",
+        "--target-arg",
+        "rank=3",
+        "--timeout",
+        "60",
+        "--json",
+        str(json_path),
+    ) as (node0, node1):
         assert node0.wait() != 0 and node1.wait() != 0, node0.out + node0.err
     assert _verdicts(json_path) == {
         ("contracts", "ulysses_w4"): ("failed", f"rank 3 raised: RuntimeError: {one_sided_message(3)}"),
@@ -145,7 +187,7 @@ def test_a_failure_planted_on_rank_3_of_the_second_node_is_reported_by_rank_0_wi
     }
     out, err = node0.out, node0.err
     assert "check: FAILED (1 failing case: ulysses_w4)" in out
-    report = err[err.index("--- ulysses_w4: "):]
+    report = err[err.index("--- ulysses_w4: ") :]
     assert report.startswith(f"--- ulysses_w4: rank 3 raised: RuntimeError: {one_sided_message(3)}\n")
     assert "in make_attention" in report and "raise RuntimeError(one_sided_message(self.rank))" in report
     assert node1.out == "" and "ulysses_w4" not in node1.err
@@ -157,8 +199,20 @@ def test_a_lost_node_ends_the_other_with_a_message_within_the_silence_limit(tmp_
     cases = _cases(tmp_path, TWO_CASES)
     marker = tmp_path / "marker"
     marker.mkdir()
-    with _two_nodes(tmp_path, "check", "ulysses_w4", "--cases", str(cases), "--target", "tests.targets.broken:hangs",
-                    "--target-arg", f"marker={marker}", "--timeout", "300", PARITY_JOB_LOST_S=LOST_S) as (node0, node1):
+    with _two_nodes(
+        tmp_path,
+        "check",
+        "ulysses_w4",
+        "--cases",
+        str(cases),
+        "--target",
+        "tests.targets.broken:hangs",
+        "--target-arg",
+        f"marker={marker}",
+        "--timeout",
+        "300",
+        PARITY_JOB_LOST_S=LOST_S,
+    ) as (node0, node1):
         deadline = time.monotonic() + 300
         while len(list(marker.iterdir())) < 4 and time.monotonic() < deadline and node0.agent.poll() is None:
             time.sleep(0.1)
@@ -166,8 +220,11 @@ def test_a_lost_node_ends_the_other_with_a_message_within_the_silence_limit(tmp_
         survivors = descendants(node0.agent.pid)
         _kill_tree(node1.agent.pid)
         assert node0.wait(timeout=120) != 0  # not the case's 300 s timeout: the silence limit ends it
-    lost = re.search(r"parity check: error: job rank\(s\) ([\d, ]+) stopped answering \(no heartbeat for .* s; the limit "
-                     rf"is {LOST_S} s, PARITY_JOB_LOST_S\): a node was lost or its process killed", node0.err)
+    lost = re.search(
+        r"parity check: error: job rank\(s\) ([\d, ]+) stopped answering \(no heartbeat for .* s; the limit "
+        rf"is {LOST_S} s, PARITY_JOB_LOST_S\): a node was lost or its process killed",
+        node0.err,
+    )
     assert lost is not None, node0.err
     assert set(lost.group(1).split(", ")) <= {"2", "3"}  # the killed node's ranks (both, unless one beat late)
     assert "contract results" not in node0.out
@@ -177,14 +234,27 @@ def test_a_lost_node_ends_the_other_with_a_message_within_the_silence_limit(tmp_
 def test_srun_without_torchrun_skips_what_the_job_cannot_hold_and_rank_0_serves_the_store(tmp_path: Path) -> None:
     cases = _cases(tmp_path, TWO_CASES)
     port = str(_free_port())
-    slurm = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7", "SLURM_NODEID": "0",
-             "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_STEP_TASKS_PER_NODE": "2", "MASTER_PORT": port}
+    slurm = {
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "7",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NODELIST": "127.0.0.1",
+        "SLURM_STEP_TASKS_PER_NODE": "2",
+        "MASTER_PORT": port,
+    }
     json_path = tmp_path / "results.json"
-    tasks = [subprocess.Popen(
-        [sys.executable, "-m", "parity", "check", "--cases", str(cases), "--json", str(json_path)], cwd=REPO, text=True,
-        env=_env(tmp_path, **slurm, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    ) for rank in (0, 1)]
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "parity", "check", "--cases", str(cases), "--json", str(json_path)],
+            cwd=REPO,
+            text=True,
+            env=_env(tmp_path, **slurm, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for rank in (0, 1)
+    ]
     try:
         results = [(task.communicate(timeout=300), task.returncode) for task in tasks]
     finally:
@@ -193,6 +263,8 @@ def test_srun_without_torchrun_skips_what_the_job_cannot_hold_and_rank_0_serves_
                 _kill_tree(task.pid)
                 task.communicate()
     assert [code for _, code in results] == [0, 0], results
-    assert _verdicts(json_path) == {("contracts", "ulysses_w4"): ("skipped", "needs 4 ranks; this srun job has 2"),
-                                    ("contracts", "ulysses_w2"): ("passed", None)}
+    assert _verdicts(json_path) == {
+        ("contracts", "ulysses_w4"): ("skipped", "needs 4 ranks; this srun job has 2"),
+        ("contracts", "ulysses_w2"): ("passed", None),
+    }
     assert results[1][0] == ("", "")  # rank 1 prints nothing

@@ -27,8 +27,14 @@ def test_gate_on_a_stack_that_cannot_be_imported_exits_2_with_the_install_hint(t
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('a broken install (planted)')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "gate", "--target", "sglang", "--no-perf"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "gate", "--target", "sglang", "--no-perf"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "key '--target': target 'sglang' cannot run on cpu: sglang" in proc.stderr
     assert "install-sglang-cpu.sh" in proc.stderr and "gate: PASSED" not in proc.stdout

@@ -12,14 +12,19 @@ from tests.cli.test_cli import SGLANG_CASES
 ROTATING = "tests.targets.rotating_suffix:factory"  # fails sglang_suffix_w2, passes sglang_prefix_w2
 
 
-@pytest.mark.parametrize(("flags", "rows"), [
-    ([], {"sglang_suffix_w2", "sglang_prefix_w2"}),
-    (["--failures-only"], {"sglang_suffix_w2"}),
-    (["-q"], set()),
-], ids=["all", "failures-only", "quiet"])
+@pytest.mark.parametrize(
+    ("flags", "rows"),
+    [
+        ([], {"sglang_suffix_w2", "sglang_prefix_w2"}),
+        (["--failures-only"], {"sglang_suffix_w2"}),
+        (["-q"], set()),
+    ],
+    ids=["all", "failures-only", "quiet"],
+)
 @pytest.mark.parametrize("verb", ["check", "gate"])
-def test_result_tables_show_what_was_asked_and_the_verdict_always(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                   verb: str, flags: list[str], rows: set[str]) -> None:
+def test_result_tables_show_what_was_asked_and_the_verdict_always(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str, flags: list[str], rows: set[str]
+) -> None:
     (tmp_path / "contracts").mkdir()
     (tmp_path / "contracts" / "sglang.toml").write_text(SGLANG_CASES)
     ids = ["usp.replicated_suffix_bitwise", "usp.replicated_prefix_drift"] if verb == "check" else []

@@ -52,8 +52,15 @@ ONE_CASE = '[cases.ulysses]\ncontract = "usp.ulysses_parity"\nworld_size = 2\n'
 
 def _parity(*args: str, tmp: Path, **popen: object) -> subprocess.Popen[str]:
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", *args],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **popen,
+    )  # type: ignore[call-overload]
 
 
 def _cases(tmp_path: Path, text: str) -> Path:
@@ -70,8 +77,16 @@ def test_a_one_sided_raise_ends_in_seconds_with_the_ranks_own_message(tmp_path: 
     room for a loaded box and still fails if even one case waited out its 90 s timeout."""
     cases = _cases(tmp_path, FIVE_CASES)
     start = time.monotonic()
-    proc = _parity("check", "--cases", str(cases), "--target", "tests.targets.broken:raises_on_rank_1",
-                   "--timeout", "90", tmp=tmp_path)
+    proc = _parity(
+        "check",
+        "--cases",
+        str(cases),
+        "--target",
+        "tests.targets.broken:raises_on_rank_1",
+        "--timeout",
+        "90",
+        tmp=tmp_path,
+    )
     out, err = proc.communicate(timeout=240)
     wall = time.monotonic() - start
     assert proc.returncode == 1, out + err
@@ -86,8 +101,16 @@ def test_a_one_sided_raise_ends_in_seconds_with_the_ranks_own_message(tmp_path: 
 
 def test_ranks_that_disagree_on_a_skip_fail_with_the_waiting_ranks_stack(tmp_path: Path) -> None:
     cases = _cases(tmp_path, ONE_CASE)
-    proc = _parity("check", "--cases", str(cases), "--target", "tests.targets.broken:skips_on_rank_1",
-                   "--timeout", "5", tmp=tmp_path)
+    proc = _parity(
+        "check",
+        "--cases",
+        str(cases),
+        "--target",
+        "tests.targets.broken:skips_on_rank_1",
+        "--timeout",
+        "5",
+        tmp=tmp_path,
+    )
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 1, out + err
     assert "0 passed, 1 failed, 0 skipped" in out
@@ -101,8 +124,17 @@ def test_a_signal_ends_the_run_cleanly(tmp_path: Path, sig: signal.Signals, code
     cases = _cases(tmp_path, ONE_CASE)
     marker = tmp_path / "marker"
     marker.mkdir()
-    proc = _parity("check", "--cases", str(cases), "--target", "tests.targets.broken:hangs",
-                   "--target-arg", f"marker={marker}", tmp=tmp_path, start_new_session=True)
+    proc = _parity(
+        "check",
+        "--cases",
+        str(cases),
+        "--target",
+        "tests.targets.broken:hangs",
+        "--target-arg",
+        f"marker={marker}",
+        tmp=tmp_path,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(list(marker.iterdir())) < 2 and time.monotonic() < deadline and proc.poll() is None:
@@ -123,7 +155,9 @@ def test_a_signal_ends_the_run_cleanly(tmp_path: Path, sig: signal.Signals, code
     assert proc.returncode == code, out + err
     assert time.monotonic() - start < 15
     assert "Traceback" not in out + err and "Error" not in out + err
-    assert [line for line in err.splitlines() if line.strip()] == [f"parity check: stopped by {sig.name}; every rank was ended"]
+    assert [line for line in err.splitlines() if line.strip()] == [
+        f"parity check: stopped by {sig.name}; every rank was ended"
+    ]
     assert set(ranks) <= everything
     assert wait_until_gone(everything, 15) == []
     assert parity_files(tmp_path) == []
@@ -145,13 +179,32 @@ def test_an_image_and_perf_case_whose_rank_raises_fails_and_the_report_is_writte
     report = tmp_path / "report"
     assert main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--all"]) == 0
     start = time.monotonic()
-    code = main(["gate", "--cases", str(cases), "--baselines", str(baselines), "--report", str(report), "--timeout", "90",
-                 "--pipeline-target", "tests.targets.broken:pipeline_raises_on_rank_1", "--perf", "--perf-runs", "1"])
+    code = main(
+        [
+            "gate",
+            "--cases",
+            str(cases),
+            "--baselines",
+            str(baselines),
+            "--report",
+            str(report),
+            "--timeout",
+            "90",
+            "--pipeline-target",
+            "tests.targets.broken:pipeline_raises_on_rank_1",
+            "--perf",
+            "--perf-runs",
+            "1",
+        ]
+    )
     assert code == 1
     assert time.monotonic() - start < 60  # not two 90 s timeouts
     doc = json.loads((report / "results.json").read_text())
     stages = ("images", "perf")
-    seen = {s: [(r["status"], r["reason"], "in prepare" in r["traceback"]) for r in doc["stages"][s]["records"]] for s in stages}
+    seen = {
+        s: [(r["status"], r["reason"], "in prepare" in r["traceback"]) for r in doc["stages"][s]["records"]]
+        for s in stages
+    }
     assert seen == dict.fromkeys(stages, [("failed", f"rank 1 raised: RuntimeError: {ONE_SIDED_MESSAGE}", True)])
     assert doc["stages"]["contracts"]["records"][0]["status"] == "passed"
     assert (report / "index.html").is_file() and 'name="vid_2ranks"' in (report / "junit.xml").read_text()

@@ -31,9 +31,23 @@ def test_a_heavy_stack_is_imported_once_per_run_not_once_per_rank(tmp_path: Path
     (tmp_path / "cases.toml").write_text(CASES)
     log = tmp_path / "imports.log"
     env = {**os.environ, LOG_ENV: str(log), "PARITY_START_METHOD": method}
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "check", "--cases", str(tmp_path), "--target",
-                             "tests.targets.heavy:factory"], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "check",
+            "--cases",
+            str(tmp_path),
+            "--target",
+            "tests.targets.heavy:factory",
+        ],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, out + err
     assert "2 passed" in out and "rank groups started in the background (W=1" in out

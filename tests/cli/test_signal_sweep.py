@@ -36,7 +36,10 @@ from filelock import FileLock
 
 from tests.ranks.procs import kill_tagged, tagged
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, setsid")]
+pytestmark = [
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, setsid"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = "ulysses[world_size=2,dtype=fp32,causal=false]"
@@ -44,7 +47,9 @@ STEP_S, STEPS = 0.5, 30
 RANKS_RUN = None  # a delivery's moment: once both ranks have started their grandchildren, however long that took
 DELIVERIES: list[tuple[signal.Signals, float | None]] = [
     *((sig, round(i * STEP_S, 1)) for i in range(1, STEPS + 1) for sig in (signal.SIGINT, signal.SIGTERM)),
-    (signal.SIGINT, RANKS_RUN), (signal.SIGTERM, RANKS_RUN)]
+    (signal.SIGINT, RANKS_RUN),
+    (signal.SIGTERM, RANKS_RUN),
+]
 CONCURRENT = 4
 TAG = "PARITY_SIGNAL_SWEEP_TAG"
 
@@ -79,9 +84,27 @@ def _deliver(sig: signal.Signals, at: float | None, root: Path) -> dict[str, Any
     marker.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), TAG: tag, "PYTHONUNBUFFERED": "1"}
     launched = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "check", CASE, "--target", "tests.targets.daemons:factory",
-                             "--target-arg", f"marker={marker}", "--timeout", "300"], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "check",
+            CASE,
+            "--target",
+            "tests.targets.daemons:factory",
+            "--target-arg",
+            f"marker={marker}",
+            "--timeout",
+            "300",
+        ],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         start = _handlers_set(proc)
         if at is RANKS_RUN:
@@ -109,9 +132,17 @@ def _deliver(sig: signal.Signals, at: float | None, root: Path) -> dict[str, Any
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    return {"code": proc.returncode, "hung": hung, "startup_s": start - launched, "finished_first": finished_first, "out": out, "err": err,
-            "left": left, "files": sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")),
-            "ranks_started": len(list(marker.iterdir()))}
+    return {
+        "code": proc.returncode,
+        "hung": hung,
+        "startup_s": start - launched,
+        "finished_first": finished_first,
+        "out": out,
+        "err": err,
+        "left": left,
+        "files": sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")),
+        "ranks_started": len(list(marker.iterdir())),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +167,8 @@ def _id(delivery: tuple[signal.Signals, float | None]) -> str:
 
 @pytest.mark.parametrize("delivery", DELIVERIES, ids=[_id(d) for d in DELIVERIES])
 def test_a_signal_at_any_moment_ends_the_run_in_one_line_leaving_nothing(
-        delivery: tuple[signal.Signals, float | None], sweep: dict[str, dict[str, Any]]) -> None:
+    delivery: tuple[signal.Signals, float | None], sweep: dict[str, dict[str, Any]]
+) -> None:
     sig, _ = delivery
     outcome = sweep[_id(delivery)]
     assert not outcome["finished_first"], "the run ended before the signal: the sweep no longer covers this moment"
@@ -144,7 +176,9 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_leaving_nothing(
     assert outcome["code"] == 128 + sig, outcome["out"][-2000:] + outcome["err"][-4000:]
     assert "Traceback" not in outcome["out"] + outcome["err"], outcome["err"][-4000:]
     lines = [line for line in outcome["err"].splitlines() if line.strip()]
-    assert len(lines) == 1 and re.fullmatch(rf"parity( check)?: stopped by {sig.name}; every rank was ended", lines[0]), lines
+    assert len(lines) == 1 and re.fullmatch(
+        rf"parity( check)?: stopped by {sig.name}; every rank was ended", lines[0]
+    ), lines
     assert outcome["left"] == [], "processes left behind"
     assert outcome["files"] == [], "files left in TMPDIR"
 
@@ -164,8 +198,9 @@ width = 8
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
-def test_a_signal_while_an_external_command_runs_leaves_no_process_and_no_folder(sig: signal.Signals,
-                                                                                 tmp_path: Path) -> None:
+def test_a_signal_while_an_external_command_runs_leaves_no_process_and_no_folder(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
     """``parity bless`` runs a ``command`` case in its own process (under a keeper): a signal there ends the command,
     a daemon it started and the case's output folder; on a SIGKILL of parity the keeper, told by the kernel, does."""
     cases, marker, tmp, tag = tmp_path / "cases", tmp_path / "marker", tmp_path / "tmp", uuid.uuid4().hex
@@ -174,9 +209,26 @@ def test_a_signal_while_an_external_command_runs_leaves_no_process_and_no_folder
     (cases / "images" / "c.toml").write_text(COMMAND_CASE.format(marker=marker))
     (cases / "contracts" / "c.toml").write_text('[cases.u]\ncontract = "usp.ulysses_parity"\nworld_size = 1\n')
     env = {**os.environ, "TMPDIR": str(tmp), TAG: tag}
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "bless", "--all", "--dry-run", "--cases", str(cases),
-                             "--baselines", str(tmp_path / "baselines")], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "bless",
+            "--all",
+            "--dry-run",
+            "--cases",
+            str(cases),
+            "--baselines",
+            str(tmp_path / "baselines"),
+        ],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (marker / "started").exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -192,7 +244,9 @@ def test_a_signal_while_an_external_command_runs_leaves_no_process_and_no_folder
         assert sorted(p.name for p in tmp.rglob("*")) == [], "files left in TMPDIR"
         assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + sig), err
         if sig != signal.SIGKILL:
-            assert err.strip() == f"parity bless: stopped by {sig.name}; every rank was ended" and "Traceback" not in err
+            assert (
+                err.strip() == f"parity bless: stopped by {sig.name}; every rank was ended" and "Traceback" not in err
+            )
     finally:
         kill_tagged(TAG, tag)
         if proc.poll() is None:

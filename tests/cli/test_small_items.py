@@ -19,7 +19,9 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def test_top_level_help_lists_each_verb_once(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
-    lines = {verb: len(re.findall(rf"^ {{2,4}}{verb}\b", text, re.MULTILINE)) for verb in VERBS}  # a verb line, not a wrapped help line
+    lines = {
+        verb: len(re.findall(rf"^ {{2,4}}{verb}\b", text, re.MULTILINE)) for verb in VERBS
+    }  # a verb line, not a wrapped help line
     assert lines == dict.fromkeys(VERBS, 1)
 
 
@@ -30,8 +32,25 @@ def test_compare_help_says_a_figure_worse_from_zero_or_inf_fails(capsys: pytest.
 
 
 def test_sweep_to_stdout_names_no_file(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sweep", "--json", "-", "--contracts", "usp.ulysses_parity", "--world-sizes", "1", "--backends", "math",
-                 "--dtypes", "fp32", "--no-kernels"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--json",
+                "-",
+                "--contracts",
+                "usp.ulysses_parity",
+                "--world-sizes",
+                "1",
+                "--backends",
+                "math",
+                "--dtypes",
+                "fp32",
+                "--no-kernels",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert json.loads(captured.out)["cells"] and "wrote" not in captured.err
 
@@ -54,6 +73,8 @@ def test_contract_parameters_are_documented_in_docs_contracts_md(capsys: pytest.
 
     assert main(["list", "--markdown"]) == 0
     text = capsys.readouterr().out
-    assert all(f"| `{p.name}` |" in text.split(f"## `{c.id}`")[1].split("\n## ")[0] for c in all_contracts() for p in c.params)
+    assert all(
+        f"| `{p.name}` |" in text.split(f"## `{c.id}`")[1].split("\n## ")[0] for c in all_contracts() for p in c.params
+    )
     docs = README.parent / "docs" / "contracts.md"
     assert docs.read_text() == text, "docs/contracts.md is stale: parity list --markdown > docs/contracts.md"

@@ -62,7 +62,8 @@ def test_fa_rule_allows_k_times_the_naive_error_plus_the_floor():
 def test_ref64_is_exact_attention_in_float64(causal):
     q, k, v = _qkv(torch.bfloat16, heads=4, kv_heads=2)
     expected = F.scaled_dot_product_attention(
-        *(t.double().transpose(1, 2) for t in (q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2))), is_causal=causal
+        *(t.double().transpose(1, 2) for t in (q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2))),
+        is_causal=causal,
     ).transpose(1, 2)
     assert attention_ref64(q, k, v, causal).dtype == torch.float64
     torch.testing.assert_close(attention_ref64(q, k, v, causal), expected, atol=1e-12, rtol=0)
@@ -97,7 +98,9 @@ def test_stats_of_shards_merge_to_the_stats_of_the_whole():
     assert merged.count == whole.count and merged.mismatched == whole.mismatched
     assert merged.max_abs == whole.max_abs
     keys = ("mean_abs", "rel_err")
-    assert {k: merged.figures()[k] for k in keys} == pytest.approx({k: whole.figures()[k] for k in keys}, rel=1e-12, abs=0)
+    assert {k: merged.figures()[k] for k in keys} == pytest.approx(
+        {k: whole.figures()[k] for k in keys}, rel=1e-12, abs=0
+    )
 
 
 def test_compare_refuses_shape_mismatch():
@@ -107,8 +110,12 @@ def test_compare_refuses_shape_mismatch():
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("bitwise", Bitwise()), ("abs:1e-2", AbsBound(0.01)), ("fa", FlashAttentionRule(2.0, 1e-6, "bf16")),
-     ("fa:3:1e-5", FlashAttentionRule(3.0, 1e-5, "bf16"))],
+    [
+        ("bitwise", Bitwise()),
+        ("abs:1e-2", AbsBound(0.01)),
+        ("fa", FlashAttentionRule(2.0, 1e-6, "bf16")),
+        ("fa:3:1e-5", FlashAttentionRule(3.0, 1e-5, "bf16")),
+    ],
 )
 def test_parse_bound(text, expected):
     assert parse_bound(text, "bf16") == expected

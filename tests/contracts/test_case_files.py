@@ -27,14 +27,25 @@ def test_default_set_covers_sglang_world_sizes_dtypes_causal_and_gqa():
     assert hybrid and all((c.params["ulysses_degree"], c.params["ring_degree"]) == (2, 2) for c in hybrid)
     contracts = {c.contract_id for c in cases}
     assert contracts >= {
-        "usp.replicated_suffix_bitwise", "usp.replicated_prefix_drift", "usp.replicated_kv_prefix", "usp.ulysses_parity",
-        "usp.ring_parity", "usp.hybrid_parity", "usp.varlen_parity", "usp.masked_parity", "usp.masked_rejects_replicated",
-        "usp.ring_admission", "usp.skip_sequence_parallel_local", "backend.selection_precedence",
+        "usp.replicated_suffix_bitwise",
+        "usp.replicated_prefix_drift",
+        "usp.replicated_kv_prefix",
+        "usp.ulysses_parity",
+        "usp.ring_parity",
+        "usp.hybrid_parity",
+        "usp.varlen_parity",
+        "usp.masked_parity",
+        "usp.masked_rejects_replicated",
+        "usp.ring_admission",
+        "usp.skip_sequence_parallel_local",
+        "backend.selection_precedence",
     }
 
 
-@pytest.mark.parametrize(("cid", "contract"), [("sglang_suffix_w2", "usp.replicated_suffix_bitwise"),
-                                               ("sglang_prefix_w2", "usp.replicated_prefix_drift")])
+@pytest.mark.parametrize(
+    ("cid", "contract"),
+    [("sglang_suffix_w2", "usp.replicated_suffix_bitwise"), ("sglang_prefix_w2", "usp.replicated_prefix_drift")],
+)
 def test_default_set_has_sglangs_own_case(cid, contract):
     case = {c.id: c for c in load_cases(default_cases_dir())}[cid]
     assert case.contract_id == contract
@@ -49,39 +60,96 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_matrix_expands_and_defaults_apply(tmp_path):
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
 [defaults]
 dtype = "bf16"
 [cases.u]
 contract = "usp.ulysses_parity"
 matrix = { world_size = [1, 2], causal = [false, true] }
-""")
+""",
+    )
     cases = load_case_file(path)
     assert [c.id for c in cases] == [
-        "u[world_size=1,causal=false]", "u[world_size=1,causal=true]", "u[world_size=2,causal=false]", "u[world_size=2,causal=true]",
+        "u[world_size=1,causal=false]",
+        "u[world_size=1,causal=true]",
+        "u[world_size=2,causal=false]",
+        "u[world_size=2,causal=true]",
     ]
     assert {c.params["dtype"] for c in cases} == {"bf16"}
     assert cases[3].params["ulysses_degree"] == 2 and cases[3].params["tokens"] == 32
 
 
 BAD = [
-    ("unknown contract", '[cases.x]\ncontract = "usp.nope"\nworld_size = 2\n', "cases.x.contract", "unknown contract 'usp.nope'"),
-    ("wrong type", '[cases.x]\ncontract = "usp.ulysses_parity"\nworld_size = "two"\n', "cases.x.world_size", "expected int, got str"),
-    ("missing key", '[cases.x]\ncontract = "usp.ulysses_parity"\nheads = 4\n', "cases.x.world_size", "missing required parameter"),
-    ("unknown key", '[cases.x]\ncontract = "usp.ulysses_parity"\nworld_size = 2\nhead = 4\n', "cases.x.head", "unknown parameter"),
-    ("tokens not divisible", '[cases.x]\ncontract = "usp.ulysses_parity"\nworld_size = 4\ntokens = 30\n', "cases.x.tokens",
-     "30 tokens are not divisible by world_size 4"),
-    ("heads not divisible", '[cases.x]\ncontract = "usp.replicated_suffix_bitwise"\nworld_size = 4\nheads = 30\n', "cases.x.heads",
-     "30 heads are not divisible by the Ulysses degree 4"),
-    ("kv heads not divisible", '[cases.x]\ncontract = "usp.hybrid_parity"\nworld_size = 4\nheads = 8\nkv_heads = 1\n',
-     "cases.x.kv_heads", "not divisible by the Ulysses degree 2"),
-    ("degrees", '[cases.x]\ncontract = "usp.hybrid_parity"\nworld_size = 4\nring_degree = 3\n', "cases.x.ulysses_degree",
-     "must equal world_size (4)"),
-    ("bad dtype", '[cases.x]\ncontract = "usp.ring_parity"\nworld_size = 2\ndtype = "fp8"\n', "cases.x.dtype", "unknown dtype 'fp8'"),
+    (
+        "unknown contract",
+        '[cases.x]\ncontract = "usp.nope"\nworld_size = 2\n',
+        "cases.x.contract",
+        "unknown contract 'usp.nope'",
+    ),
+    (
+        "wrong type",
+        '[cases.x]\ncontract = "usp.ulysses_parity"\nworld_size = "two"\n',
+        "cases.x.world_size",
+        "expected int, got str",
+    ),
+    (
+        "missing key",
+        '[cases.x]\ncontract = "usp.ulysses_parity"\nheads = 4\n',
+        "cases.x.world_size",
+        "missing required parameter",
+    ),
+    (
+        "unknown key",
+        '[cases.x]\ncontract = "usp.ulysses_parity"\nworld_size = 2\nhead = 4\n',
+        "cases.x.head",
+        "unknown parameter",
+    ),
+    (
+        "tokens not divisible",
+        '[cases.x]\ncontract = "usp.ulysses_parity"\nworld_size = 4\ntokens = 30\n',
+        "cases.x.tokens",
+        "30 tokens are not divisible by world_size 4",
+    ),
+    (
+        "heads not divisible",
+        '[cases.x]\ncontract = "usp.replicated_suffix_bitwise"\nworld_size = 4\nheads = 30\n',
+        "cases.x.heads",
+        "30 heads are not divisible by the Ulysses degree 4",
+    ),
+    (
+        "kv heads not divisible",
+        '[cases.x]\ncontract = "usp.hybrid_parity"\nworld_size = 4\nheads = 8\nkv_heads = 1\n',
+        "cases.x.kv_heads",
+        "not divisible by the Ulysses degree 2",
+    ),
+    (
+        "degrees",
+        '[cases.x]\ncontract = "usp.hybrid_parity"\nworld_size = 4\nring_degree = 3\n',
+        "cases.x.ulysses_degree",
+        "must equal world_size (4)",
+    ),
+    (
+        "bad dtype",
+        '[cases.x]\ncontract = "usp.ring_parity"\nworld_size = 2\ndtype = "fp8"\n',
+        "cases.x.dtype",
+        "unknown dtype 'fp8'",
+    ),
     ("bad bound", '[cases.x]\ncontract = "usp.ring_parity"\nworld_size = 2\nbound = "fa:x"\n', "cases.x.bound", "fa:x"),
-    ("too few ranks", '[cases.x]\ncontract = "usp.ring_parity"\nworld_size = 1\n', "cases.x.world_size", "needs world_size >= 2"),
-    ("seq_lens", '[cases.x]\ncontract = "usp.varlen_parity"\nworld_size = 2\nseq_lens = [4]\n', "cases.x.seq_lens", "one length per rank"),
-    ("toml syntax", '[cases.x\ncontract = 1\n', None, "invalid TOML"),
+    (
+        "too few ranks",
+        '[cases.x]\ncontract = "usp.ring_parity"\nworld_size = 1\n',
+        "cases.x.world_size",
+        "needs world_size >= 2",
+    ),
+    (
+        "seq_lens",
+        '[cases.x]\ncontract = "usp.varlen_parity"\nworld_size = 2\nseq_lens = [4]\n',
+        "cases.x.seq_lens",
+        "one length per rank",
+    ),
+    ("toml syntax", "[cases.x\ncontract = 1\n", None, "invalid TOML"),
     ("no cases", '[defaults]\ndtype = "bf16"\n', "cases", "no cases"),
     ("unknown table", '[case.x]\ncontract = "usp.ulysses_parity"\n', "case", "unknown top-level table"),
 ]
@@ -108,8 +176,11 @@ def test_a_bad_value_from_defaults_says_so(tmp_path):
 
 
 def test_defaults_apply_where_the_contract_has_the_parameter(tmp_path):
-    path = _write(tmp_path, '[defaults]\nreplicated = 3\n[cases.s]\ncontract = "usp.replicated_suffix_bitwise"\nworld_size = 2\n'
-                            '[cases.u]\ncontract = "usp.ulysses_parity"\nworld_size = 2\n')
+    path = _write(
+        tmp_path,
+        '[defaults]\nreplicated = 3\n[cases.s]\ncontract = "usp.replicated_suffix_bitwise"\nworld_size = 2\n'
+        '[cases.u]\ncontract = "usp.ulysses_parity"\nworld_size = 2\n',
+    )
     suffix, ulysses = load_case_file(path)
     assert suffix.params["replicated"] == 3 and "replicated" not in ulysses.params
     typo = _write(tmp_path, '[defaults]\nreplicatd = 3\n[cases.u]\ncontract = "usp.ulysses_parity"\nworld_size = 2\n')
@@ -127,7 +198,10 @@ def test_duplicate_ids_across_files_are_refused(tmp_path):
 
 
 def test_overrides_are_revalidated(tmp_path):
-    path = _write(tmp_path, '[cases.x]\ncontract = "usp.ulysses_parity"\nworld_size = 2\n[cases.y]\ncontract = "backend.selection_precedence"\n')
+    path = _write(
+        tmp_path,
+        '[cases.x]\ncontract = "usp.ulysses_parity"\nworld_size = 2\n[cases.y]\ncontract = "backend.selection_precedence"\n',
+    )
     cases = with_overrides(load_case_file(path), dtype="bf16", backend="math")
     assert cases[0].params["dtype"] == "bf16" and cases[0].params["backend"] == "math"
     assert cases[1].params["dtype"] == "bf16" and "backend" not in cases[1].params

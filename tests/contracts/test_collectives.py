@@ -55,7 +55,9 @@ def test_the_counter_sees_each_kind_inside_a_layer_call_only(rank_pools: PoolSet
 
 @pytest.mark.parametrize("world_size", [2, 4], ids=lambda w: f"w{w}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_the_reference_makes_two_all_to_alls_per_ulysses_call(rank_pools: PoolSet, world_size: int, causal: bool) -> None:
+def test_the_reference_makes_two_all_to_alls_per_ulysses_call(
+    rank_pools: PoolSet, world_size: int, causal: bool
+) -> None:
     result = _run(rank_pools, "usp.ulysses_collectives", world_size=world_size, causal=causal)
     assert result.status == PASSED, result.reason
     assert result.figures["collectives"] == {"calls": 1, "all_to_all": 2}
@@ -71,13 +73,18 @@ def test_a_layer_exchanging_q_k_v_one_by_one_fails_and_only_this_contract(rank_p
     assert parity.figures["collectives"] == {"calls": 1, "all_to_all": 4}
 
 
-@pytest.mark.parametrize(("contract_id", "params", "made"), [
-    ("usp.ring_parity", dict(world_size=4, ring_degree=4), {"send": 6, "recv": 6}),  # K and V, 3 steps
-    ("usp.replicated_suffix_bitwise", dict(world_size=2, replicated=3), {"all_to_all": 2, "all_gather": 1}),
-    ("usp.varlen_parity", dict(world_size=2, seq_lens=[5, 3], tokens_per_rank=8), {"all_to_all": 2}),
-], ids=["ring_w4", "replicated_suffix_w2", "varlen_w2"])
-def test_every_sp_case_records_what_its_call_exchanged(rank_pools: PoolSet, contract_id: str, params: dict,
-                                                       made: dict[str, int]) -> None:
+@pytest.mark.parametrize(
+    ("contract_id", "params", "made"),
+    [
+        ("usp.ring_parity", dict(world_size=4, ring_degree=4), {"send": 6, "recv": 6}),  # K and V, 3 steps
+        ("usp.replicated_suffix_bitwise", dict(world_size=2, replicated=3), {"all_to_all": 2, "all_gather": 1}),
+        ("usp.varlen_parity", dict(world_size=2, seq_lens=[5, 3], tokens_per_rank=8), {"all_to_all": 2}),
+    ],
+    ids=["ring_w4", "replicated_suffix_w2", "varlen_w2"],
+)
+def test_every_sp_case_records_what_its_call_exchanged(
+    rank_pools: PoolSet, contract_id: str, params: dict, made: dict[str, int]
+) -> None:
     result = _run(rank_pools, contract_id, **params)
     assert result.status == PASSED, result.reason
     assert result.figures["collectives"] == {"calls": 1, **made}

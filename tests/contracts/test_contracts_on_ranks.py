@@ -19,8 +19,11 @@ ROTATING = "tests.targets.rotating_suffix:factory"
 
 
 def _run(rank_pools, contract_id, target="reference", **params):
-    [verdict] = run_cases([make_case(contract_id, params, case_id=contract_id, source="test")], RunOptions(target, allow_new_skips=True),
-                         rank_pools)
+    [verdict] = run_cases(
+        [make_case(contract_id, params, case_id=contract_id, source="test")],
+        RunOptions(target, allow_new_skips=True),
+        rank_pools,
+    )
     return verdict
 
 
@@ -44,16 +47,27 @@ def test_rotating_the_suffix_to_the_front_is_caught(rank_pools):
     assert _run(rank_pools, "usp.replicated_prefix_drift", ROTATING, **SGLANG).status == PASSED
 
 
-@pytest.mark.parametrize(("contract_id", "params"), [
-    ("usp.ulysses_parity", dict(heads=8, kv_heads=2, causal=True, dtype="bf16")),
-    ("usp.ring_parity", dict(causal=True, dtype="bf16")),
-    ("usp.replicated_kv_prefix", dict(heads=4, replicated=3, dtype="bf16")),
-    ("usp.varlen_parity", dict(seq_lens=[16, 5], causal=True)),
-    ("usp.masked_parity", dict(mask="dense", heads=4, kv_heads=2)),
-    ("usp.masked_rejects_replicated", dict(replicated=2)),
-    ("usp.skip_sequence_parallel_local", {}),
-], ids=["ulysses-gqa-causal-bf16", "ring-causal-bf16", "kv_prefix-3-bf16", "varlen-16+5-causal", "masked-dense-gqa",
-        "masked-rejects-replicated-2", "skip-sp-local"])
+@pytest.mark.parametrize(
+    ("contract_id", "params"),
+    [
+        ("usp.ulysses_parity", dict(heads=8, kv_heads=2, causal=True, dtype="bf16")),
+        ("usp.ring_parity", dict(causal=True, dtype="bf16")),
+        ("usp.replicated_kv_prefix", dict(heads=4, replicated=3, dtype="bf16")),
+        ("usp.varlen_parity", dict(seq_lens=[16, 5], causal=True)),
+        ("usp.masked_parity", dict(mask="dense", heads=4, kv_heads=2)),
+        ("usp.masked_rejects_replicated", dict(replicated=2)),
+        ("usp.skip_sequence_parallel_local", {}),
+    ],
+    ids=[
+        "ulysses-gqa-causal-bf16",
+        "ring-causal-bf16",
+        "kv_prefix-3-bf16",
+        "varlen-16+5-causal",
+        "masked-dense-gqa",
+        "masked-rejects-replicated-2",
+        "skip-sp-local",
+    ],
+)
 def test_sp_paths_pass_on_the_reference(assert_contract, contract_id, params):
     verdict = assert_contract(contract_id, world_size=2, **params)
     assert verdict.status == PASSED
@@ -80,7 +94,9 @@ def test_perturbed_sp_output_fails_bitwise_and_the_fa_rule(rank_pools):
 
 
 def test_nan_fails_even_a_loose_bound(rank_pools):
-    verdict = _run(rank_pools, "usp.replicated_prefix_drift", "tests.targets.broken:nan_output", world_size=2, bound="abs:1e9")
+    verdict = _run(
+        rank_pools, "usp.replicated_prefix_drift", "tests.targets.broken:nan_output", world_size=2, bound="abs:1e9"
+    )
     assert verdict.status == FAILED
     assert verdict.reason.startswith("non-finite values: 2 in the output, 0 in the reference")  # one per rank
     assert "sharded output vs float64 attention: non-finite values" in verdict.reason  # the oracle sees it too
@@ -93,14 +109,23 @@ def test_a_swallowed_guard_is_caught(rank_pools):
     assert verdict.figures["failed_checks"] == 3
 
 
-@pytest.mark.parametrize(("target", "rule"), [
-    ("no_kernel", "make_attention() returned _NoKernel, whose .kernel has none: an attention names its kernel as a str"),
-    ("returns_with_lse", "whose call returned a tuple of 2: attention(q, k, v) returns the output tensor alone"),
-])
+@pytest.mark.parametrize(
+    ("target", "rule"),
+    [
+        (
+            "no_kernel",
+            "make_attention() returned _NoKernel, whose .kernel has none: an attention names its kernel as a str",
+        ),
+        ("returns_with_lse", "whose call returned a tuple of 2: attention(q, k, v) returns the output tensor alone"),
+    ],
+)
 def test_a_target_that_breaks_the_attention_interface_is_told_which_rule(rank_pools, target, rule):
     verdict = _run(rank_pools, "usp.ulysses_parity", f"tests.targets.broken:{target}", world_size=2)
     assert verdict.status == FAILED
-    assert verdict.reason.startswith(f"rank 0 raised: harness.targets.interface.InterfaceError: target '{target}': ") and rule in verdict.reason
+    assert (
+        verdict.reason.startswith(f"rank 0 raised: harness.targets.interface.InterfaceError: target '{target}': ")
+        and rule in verdict.reason
+    )
 
 
 def test_capabilities_that_are_not_a_set_are_refused_before_any_rank_starts():
@@ -178,7 +203,9 @@ def test_yunchang_declares_no_replicated_tokens_varlen_or_mask():
     assert "does not support mask" in precheck(masked, target, RunOptions("yunchang", device="cuda"))
     hybrid = make_case("usp.hybrid_parity", {"world_size": 4}, case_id="h", source="test")
     assert precheck(hybrid, target, RunOptions("yunchang", device="cuda")) is None
-    assert "does not support ring" in precheck(hybrid, _InstalledYunchang("ulysses"), RunOptions("yunchang-ulysses", device="cuda"))
+    assert "does not support ring" in precheck(
+        hybrid, _InstalledYunchang("ulysses"), RunOptions("yunchang-ulysses", device="cuda")
+    )
     assert precheck(hybrid, target, RunOptions("yunchang")) == f"target yunchang: {CUDA_ONLY}"
 
 

@@ -22,12 +22,17 @@ def _run(pools: PoolSet, contract_id: str, bug: str | None = None, **params) -> 
     return result
 
 
-@pytest.mark.parametrize(("contract_id", "params", "bitwise"), [
-    ("usp.ulysses_grad", dict(world_size=2, dtype="bf16", causal=True), True),
-    ("usp.ring_grad", dict(world_size=2, dtype="fp32", causal=True), False),
-    ("usp.replicated_suffix_grad", dict(world_size=2, ring_degree=2, replicated=5, dtype="bf16"), False),
-])
-def test_the_reference_passes_by_its_bound_and_the_oracle(rank_pools: PoolSet, contract_id: str, params: dict, bitwise: bool) -> None:
+@pytest.mark.parametrize(
+    ("contract_id", "params", "bitwise"),
+    [
+        ("usp.ulysses_grad", dict(world_size=2, dtype="bf16", causal=True), True),
+        ("usp.ring_grad", dict(world_size=2, dtype="fp32", causal=True), False),
+        ("usp.replicated_suffix_grad", dict(world_size=2, ring_degree=2, replicated=5, dtype="bf16"), False),
+    ],
+)
+def test_the_reference_passes_by_its_bound_and_the_oracle(
+    rank_pools: PoolSet, contract_id: str, params: dict, bitwise: bool
+) -> None:
     result = _run(rank_pools, contract_id, **params)
     assert result.status == PASSED, result.reason
     assert result.figures["bitwise"] is bitwise
@@ -37,21 +42,28 @@ def test_the_reference_passes_by_its_bound_and_the_oracle(rank_pools: PoolSet, c
     assert within == dict.fromkeys(outputs, True), oracle  # measured against float64, within the rule
 
 
-@pytest.mark.parametrize(("bug", "contract_id", "params", "wrong"), [
-    # the remote K/V blocks' dk, dv never travel back; dq (local queries) stays right
-    ("ring_detached", "usp.ring_grad", dict(world_size=2, dtype="fp32"), ("dk", "dv")),
-    # the ring's adjoint shift goes forward: invisible at W=2 (next = previous), caught at W=4
-    ("ring_same_direction", "usp.ring_grad", dict(world_size=4, dtype="bf16"), ("dk", "dv")),
-    # the output all-to-all's adjoint divides by the Ulysses degree: every gradient halved
-    ("ulysses_averaged", "usp.ulysses_grad", dict(world_size=2, dtype="bf16"), ("dq", "dk", "dv")),
-])
-def test_a_planted_backward_bug_fails_the_gradient_contract(rank_pools: PoolSet, bug: str, contract_id: str, params: dict,
-                                                            wrong: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("bug", "contract_id", "params", "wrong"),
+    [
+        # the remote K/V blocks' dk, dv never travel back; dq (local queries) stays right
+        ("ring_detached", "usp.ring_grad", dict(world_size=2, dtype="fp32"), ("dk", "dv")),
+        # the ring's adjoint shift goes forward: invisible at W=2 (next = previous), caught at W=4
+        ("ring_same_direction", "usp.ring_grad", dict(world_size=4, dtype="bf16"), ("dk", "dv")),
+        # the output all-to-all's adjoint divides by the Ulysses degree: every gradient halved
+        ("ulysses_averaged", "usp.ulysses_grad", dict(world_size=2, dtype="bf16"), ("dq", "dk", "dv")),
+    ],
+)
+def test_a_planted_backward_bug_fails_the_gradient_contract(
+    rank_pools: PoolSet, bug: str, contract_id: str, params: dict, wrong: tuple[str, ...]
+) -> None:
     result = _run(rank_pools, contract_id, bug, **params)
     assert result.status == FAILED, result.reason
     assert f"[planted backward bug: {bug}]" in result.kernel
     oracle = result.figures["oracle"]
-    far = {name: oracle[f"sharded {name}"]["err_ref64"] > 10 * oracle[f"sharded {name}"]["allowed"] for name in ("dq", "dk", "dv")}
+    far = {
+        name: oracle[f"sharded {name}"]["err_ref64"] > 10 * oracle[f"sharded {name}"]["allowed"]
+        for name in ("dq", "dk", "dv")
+    }
     assert far == {name: name in wrong for name in ("dq", "dk", "dv")}, oracle
     forward = "usp.ring_parity" if bug.startswith("ring") else "usp.ulysses_parity"
     assert _run(rank_pools, forward, bug, **params).status == PASSED  # the forward is untouched

@@ -31,16 +31,23 @@ def test_a_correct_naive_ulysses_passes(rank_pools: PoolSet, dtype: str, causal:
     assert result.figures["bitwise"] is True
     oracle = result.figures["oracle"]
     outputs = ("sharded", "single-rank")
-    assert {o: 0 < oracle[o]["err_ref64"] <= oracle[o]["allowed"] for o in outputs} == dict.fromkeys(outputs, True), oracle
+    assert {o: 0 < oracle[o]["err_ref64"] <= oracle[o]["allowed"] for o in outputs} == dict.fromkeys(outputs, True), (
+        oracle
+    )
 
 
-@pytest.mark.parametrize(("target", "params", "words"), [
-    ("zeros", {}, "the output is all zeros"),
-    ("ignores_causal", {"causal": True}, "it ignores causal"),
-    ("scales", {}, "it is 1.5 times the attention"),
-    ("scales", {"dtype": "bf16", "causal": True}, "it is 1.5 times the attention"),
-])
-def test_a_consistently_wrong_target_fails_and_says_how(rank_pools: PoolSet, target: str, params: dict, words: str) -> None:
+@pytest.mark.parametrize(
+    ("target", "params", "words"),
+    [
+        ("zeros", {}, "the output is all zeros"),
+        ("ignores_causal", {"causal": True}, "it ignores causal"),
+        ("scales", {}, "it is 1.5 times the attention"),
+        ("scales", {"dtype": "bf16", "causal": True}, "it is 1.5 times the attention"),
+    ],
+)
+def test_a_consistently_wrong_target_fails_and_says_how(
+    rank_pools: PoolSet, target: str, params: dict, words: str
+) -> None:
     result = _ulysses(rank_pools, target, **params)
     assert result.status == FAILED
     assert result.figures["bitwise"] is True  # one rank and two agree: only the oracle sees the bug
@@ -74,7 +81,10 @@ def test_diagnose_names_an_ignored_mask_and_nothing_for_noise() -> None:
     rule = FlashAttentionRule(2.0, 1e-6, "fp32")
     unmasked = attention_ref64(q, k, v).float()
     same = lambda t: t  # noqa: E731
-    assert diagnose(unmasked, q, k, v, False, None, mask, same, rule) == "it ignores the attention mask: it matches unmasked attention"
+    assert (
+        diagnose(unmasked, q, k, v, False, None, mask, same, rule)
+        == "it ignores the attention mask: it matches unmasked attention"
+    )
     noise = torch.randn(1, 12, 2, 8, generator=gen)
     assert diagnose(noise, q, k, v, False, None, mask, same, rule) is None
 

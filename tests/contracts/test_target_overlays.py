@@ -31,8 +31,11 @@ def _overlay(tmp_path: Path, text: str) -> Path:
 
 
 def test_entries_apply_only_to_the_versions_they_name(tmp_path: Path) -> None:
-    path = _overlay(tmp_path, '[overrides."u1"]\nbecause = "PR 1 in 1.2"\nversions = ">=1.2"\ndtype = "bf16"\n'
-                              '[expected_failures."u*"]\nbecause = "bug 7"\nversions = "<1.3"\n')
+    path = _overlay(
+        tmp_path,
+        '[overrides."u1"]\nbecause = "PR 1 in 1.2"\nversions = ">=1.2"\ndtype = "bf16"\n'
+        '[expected_failures."u*"]\nbecause = "bug 7"\nversions = "<1.3"\n',
+    )
     old = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.1"))}
     assert old["u1"].params["dtype"] == "fp32" and old["u1"].expected_failure.startswith("bug 7 (stack 1.1; stack.toml")
     new = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.3"))}
@@ -42,15 +45,18 @@ def test_entries_apply_only_to_the_versions_they_name(tmp_path: Path) -> None:
     assert all(c.expected_failure is None for c in apply_target_overlay(_cases(), path))
 
 
-@pytest.mark.parametrize(("text", "key"), [
-    ('[overrides."u1"]\ndtype = "bf16"\n', "overrides.u1.because"),
-    ('[overrides."u1"]\nbecause = "x"\nversions = "newer"\ndtype = "bf16"\n', "overrides.u1.versions"),
-    ('[overrides."u1"]\nbecause = "x"\n', "overrides.u1"),
-    ('[overrides."nope*"]\nbecause = "x"\ndtype = "bf16"\n', "overrides.nope*"),
-    ('[overrides."u1"]\nbecause = "x"\ndtype = "int3"\n', "cases.u1.dtype"),
-    ('[expected_failures."u1"]\nbecause = "x"\nbound = "abs:1"\n', "expected_failures.u1.bound"),
-    ('[expected_failures]\nu1 = 3\n', "expected_failures"),
-])
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[overrides."u1"]\ndtype = "bf16"\n', "overrides.u1.because"),
+        ('[overrides."u1"]\nbecause = "x"\nversions = "newer"\ndtype = "bf16"\n', "overrides.u1.versions"),
+        ('[overrides."u1"]\nbecause = "x"\n', "overrides.u1"),
+        ('[overrides."nope*"]\nbecause = "x"\ndtype = "bf16"\n', "overrides.nope*"),
+        ('[overrides."u1"]\nbecause = "x"\ndtype = "int3"\n', "cases.u1.dtype"),
+        ('[expected_failures."u1"]\nbecause = "x"\nbound = "abs:1"\n', "expected_failures.u1.bound"),
+        ("[expected_failures]\nu1 = 3\n", "expected_failures"),
+    ],
+)
 def test_mistakes_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         apply_target_overlay(_cases(), _overlay(tmp_path, text), Version("1.0"))
@@ -64,18 +70,26 @@ def test_versions_need_a_distribution_and_nothing_else_does(tmp_path: Path) -> N
         apply_target_overlay(_cases(), path)
     assert info.value.key == "target.distribution"
     path.write_text('[expected_skips."u1"]\nbecause = "the stack has no such mode"\n')
-    assert {c.id: c.expected_skip for c in apply_target_overlay(_cases(), path)}["u1"].because == "the stack has no such mode"
+    assert {c.id: c.expected_skip for c in apply_target_overlay(_cases(), path)}[
+        "u1"
+    ].because == "the stack has no such mode"
 
 
 def _result(status) -> CaseResult:
-    return CaseResult("u1", "usp.ulysses_parity", status, "not bitwise: 3 of 8 elements differ" if status == FAILED else None)
+    return CaseResult(
+        "u1", "usp.ulysses_parity", status, "not bitwise: 3 of 8 elements differ" if status == FAILED else None
+    )
 
 
 def test_expected_failures_are_strict() -> None:
-    known = dataclasses.replace(make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t"),
-                                expected_failure="bug 7")
+    known = dataclasses.replace(
+        make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t"), expected_failure="bug 7"
+    )
     failed = expectations_applied(known, _result(FAILED), "stack")
-    assert failed.status == XFAILED and failed.reason == "expected failure: bug 7. It failed: not bitwise: 3 of 8 elements differ"
+    assert (
+        failed.status == XFAILED
+        and failed.reason == "expected failure: bug 7. It failed: not bitwise: 3 of 8 elements differ"
+    )
     passed = expectations_applied(known, _result(PASSED), "stack")
     assert passed.status == FAILED and passed.reason.startswith("expected to fail, but passed: bug 7.")
 
@@ -87,59 +101,117 @@ def _skipped(reason: str = "target stack does not support ring (ring: ...)") -> 
 PIN = ExpectedSkip("the stack has no ring", "stack.toml: expected_skips.u1", "does not support ring")
 
 
-@pytest.mark.parametrize(("pin", "result", "allow", "status", "reason"), [
-    (None, _skipped(), False, FAILED, "skipped, and this target was expected to run it: target stack does not support ring"),
-    (None, _skipped(), True, SKIPPED, "target stack does not support ring (ring: ...) (not pinned; --allow-new-skips)"),
-    (PIN, _skipped(), False, SKIPPED, "target stack does not support ring (ring: ...) (pinned: the stack has no ring)"),
-    (PIN, _skipped("sglang 0.5.23: a size mismatch"), False, FAILED,
-     "skipped for another reason than its pin (stack.toml: expected_skips.u1) expects ('does not support ring')"),
-    (PIN, CaseResult("u1", "usp.ulysses_parity", PASSED), False, FAILED,
-     "pinned to skip (stack.toml: expected_skips.u1: the stack has no ring), but it ran (it passed): remove it from the overlay"),
-    (dataclasses.replace(PIN, reason=None), _skipped("anything"), False, SKIPPED, "anything (pinned: the stack has no ring)"),
-], ids=["unpinned", "unpinned-allowed", "pinned", "pinned-other-reason", "pinned-but-ran", "pinned-any-reason"])
-def test_a_skip_is_a_claim_the_overlay_must_pin(pin: ExpectedSkip | None, result: CaseResult, allow: bool, status: str,
-                                                 reason: str) -> None:
-    case = dataclasses.replace(make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t"), expected_skip=pin)
+@pytest.mark.parametrize(
+    ("pin", "result", "allow", "status", "reason"),
+    [
+        (
+            None,
+            _skipped(),
+            False,
+            FAILED,
+            "skipped, and this target was expected to run it: target stack does not support ring",
+        ),
+        (
+            None,
+            _skipped(),
+            True,
+            SKIPPED,
+            "target stack does not support ring (ring: ...) (not pinned; --allow-new-skips)",
+        ),
+        (
+            PIN,
+            _skipped(),
+            False,
+            SKIPPED,
+            "target stack does not support ring (ring: ...) (pinned: the stack has no ring)",
+        ),
+        (
+            PIN,
+            _skipped("sglang 0.5.23: a size mismatch"),
+            False,
+            FAILED,
+            "skipped for another reason than its pin (stack.toml: expected_skips.u1) expects ('does not support ring')",
+        ),
+        (
+            PIN,
+            CaseResult("u1", "usp.ulysses_parity", PASSED),
+            False,
+            FAILED,
+            "pinned to skip (stack.toml: expected_skips.u1: the stack has no ring), but it ran (it passed): remove it from the overlay",
+        ),
+        (
+            dataclasses.replace(PIN, reason=None),
+            _skipped("anything"),
+            False,
+            SKIPPED,
+            "anything (pinned: the stack has no ring)",
+        ),
+    ],
+    ids=["unpinned", "unpinned-allowed", "pinned", "pinned-other-reason", "pinned-but-ran", "pinned-any-reason"],
+)
+def test_a_skip_is_a_claim_the_overlay_must_pin(
+    pin: ExpectedSkip | None, result: CaseResult, allow: bool, status: str, reason: str
+) -> None:
+    case = dataclasses.replace(
+        make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t"), expected_skip=pin
+    )
     got = expectations_applied(case, result, "stack", allow_new_skips=allow)
     assert got.status == status and got.reason.startswith(reason), got.reason
     if status == FAILED and pin is None:
         assert "pin it in cases/contracts/targets/stack.toml [expected_skips]" in got.reason
 
 
-@pytest.mark.parametrize(("text", "applies"), [
-    ('because = "x"\n', True),
-    ('because = "x"\nplatforms = ["cuda"]\n', False),  # this run is on the CPU
-    ('because = "x"\nwhen_missing = "json"\n', False),  # json can be imported: the pin does not hold here
-    ('because = "x"\nwhen_missing = "no_such_module_here"\n', True),
-    ('because = "x"\nversions = ">=2"\n', False),
-], ids=["always", "another-platform", "module-present", "module-missing", "another-version"])
+@pytest.mark.parametrize(
+    ("text", "applies"),
+    [
+        ('because = "x"\n', True),
+        ('because = "x"\nplatforms = ["cuda"]\n', False),  # this run is on the CPU
+        ('because = "x"\nwhen_missing = "json"\n', False),  # json can be imported: the pin does not hold here
+        ('because = "x"\nwhen_missing = "no_such_module_here"\n', True),
+        ('because = "x"\nversions = ">=2"\n', False),
+    ],
+    ids=["always", "another-platform", "module-present", "module-missing", "another-version"],
+)
 def test_a_pin_holds_only_where_its_conditions_do(tmp_path: Path, text: str, applies: bool) -> None:
     path = _overlay(tmp_path, f'[expected_skips."u1"]\n{text}')
     pinned = {c.id: c.expected_skip for c in apply_target_overlay(_cases(), path, Version("1.0"), platform="cpu")}
     assert (pinned["u1"] is not None) is applies and pinned["u2"] is None
 
 
-@pytest.mark.parametrize(("text", "key"), [
-    ('[expected_skips."u1"]\nreason = "x"\n', "expected_skips.u1.because"),
-    ('[expected_skips."u1"]\nbecause = "x"\nkind = "ring"\n', "expected_skips.u1.kind"),
-    ('[expected_skips."u1"]\nbecause = "x"\nreason = ""\n', "expected_skips.u1.reason"),
-    ('[expected_skips."none*"]\nbecause = "x"\n', "expected_skips.none*"),
-], ids=["no-because", "unknown-key", "empty-reason", "matches-nothing"])
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[expected_skips."u1"]\nreason = "x"\n', "expected_skips.u1.because"),
+        ('[expected_skips."u1"]\nbecause = "x"\nkind = "ring"\n', "expected_skips.u1.kind"),
+        ('[expected_skips."u1"]\nbecause = "x"\nreason = ""\n', "expected_skips.u1.reason"),
+        ('[expected_skips."none*"]\nbecause = "x"\n', "expected_skips.none*"),
+    ],
+    ids=["no-because", "unknown-key", "empty-reason", "matches-nothing"],
+)
 def test_pin_mistakes_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         apply_target_overlay(_cases(), _overlay(tmp_path, text), Version("1.0"))
     assert info.value.key == key
 
 
-_RANGES = ('[[expected_skips."u1"]]\nbecause = "refused before 2"\nversions = "<2"\nreason = "old words"\n'
-           '[[expected_skips."u1"]]\nbecause = "refused in 2.x"\nversions = ">=2,<3"\nreason = "new words"\n')
+_RANGES = (
+    '[[expected_skips."u1"]]\nbecause = "refused before 2"\nversions = "<2"\nreason = "old words"\n'
+    '[[expected_skips."u1"]]\nbecause = "refused in 2.x"\nversions = ">=2,<3"\nreason = "new words"\n'
+)
 
 
-@pytest.mark.parametrize(("version", "because", "reason"), [
-    ("1.9", "refused before 2", "old words"), ("2.0", "refused in 2.x", "new words"), ("3.0", None, None),
-], ids=["first-range", "second-range", "neither"])
-def test_one_glob_takes_an_entry_per_version_range(tmp_path: Path, version: str, because: str | None,
-                                                   reason: str | None) -> None:
+@pytest.mark.parametrize(
+    ("version", "because", "reason"),
+    [
+        ("1.9", "refused before 2", "old words"),
+        ("2.0", "refused in 2.x", "new words"),
+        ("3.0", None, None),
+    ],
+    ids=["first-range", "second-range", "neither"],
+)
+def test_one_glob_takes_an_entry_per_version_range(
+    tmp_path: Path, version: str, because: str | None, reason: str | None
+) -> None:
     path = _overlay(tmp_path, _RANGES)
     pin = {c.id: c.expected_skip for c in apply_target_overlay(_cases(), path, Version(version))}["u1"]
     if because is None:
@@ -155,7 +227,7 @@ def test_a_version_range_entry_names_its_index_in_mistakes(tmp_path: Path) -> No
         apply_target_overlay(_cases(), path, Version("1.0"))
     assert info.value.key == "expected_skips.u1[2].because"
     with pytest.raises(ConfigError) as info:
-        apply_target_overlay(_cases(), _overlay(tmp_path, '[expected_failures]\nu1 = []\n'), Version("1.0"))
+        apply_target_overlay(_cases(), _overlay(tmp_path, "[expected_failures]\nu1 = []\n"), Version("1.0"))
     assert info.value.key == "expected_failures.u1"
 
 
@@ -166,9 +238,12 @@ def test_check_with_a_target_overlay(tmp_path: Path, capsys) -> None:
     (root / "targets").mkdir(parents=True)
     (root / "sglang.toml").write_text(
         '[defaults]\nworld_size = 2\ntokens_per_rank = 16\nheads = 4\nreplicated = 2\ndtype = "bf16"\n'
-        '[cases.suffix]\ncontract = "usp.replicated_suffix_bitwise"\n[cases.prefix]\ncontract = "usp.replicated_prefix_drift"\n')
+        '[cases.suffix]\ncontract = "usp.replicated_suffix_bitwise"\n[cases.prefix]\ncontract = "usp.replicated_prefix_drift"\n'
+    )
     overlay = root / "targets" / "rotating_suffix.toml"
-    overlay.write_text('[target]\ndistribution = "torch"\n[expected_failures."suffix"]\nbecause = "rotates the suffix"\n')
+    overlay.write_text(
+        '[target]\ndistribution = "torch"\n[expected_failures."suffix"]\nbecause = "rotates the suffix"\n'
+    )
     args = ["check", "--cases", str(tmp_path / "cases"), "--target", "tests.targets.rotating_suffix:factory"]
     assert main([*args, "--json", str(tmp_path / "a.json")]) == 0
     records = {r["case_id"]: r for r in json.loads((tmp_path / "a.json").read_text())["stages"]["contracts"]["records"]}
@@ -178,7 +253,9 @@ def test_check_with_a_target_overlay(tmp_path: Path, capsys) -> None:
     overlay.write_text(overlay.read_text() + '[expected_failures."prefix"]\nbecause = "a stale entry"\n')
     assert main([*args, "--json", str(tmp_path / "b.json")]) == 1
     records = {r["case_id"]: r for r in json.loads((tmp_path / "b.json").read_text())["stages"]["contracts"]["records"]}
-    assert records["prefix"]["status"] == "failed" and records["prefix"]["reason"].startswith("expected to fail, but passed")
+    assert records["prefix"]["status"] == "failed" and records["prefix"]["reason"].startswith(
+        "expected to fail, but passed"
+    )
 
 
 def test_an_entry_can_name_the_platforms_it_holds_on(tmp_path: Path) -> None:
@@ -213,7 +290,10 @@ def test_a_case_glob_means_the_same_in_an_overlay_and_on_the_command_line(tmp_pa
     """``m[*]`` (brackets literal, as matrix case ids have them) selects the matrix cases of m in both places."""
     from harness.cases.contract import CaseSelection, select_cases
 
-    cases = [make_case("usp.ulysses_parity", {"world_size": 2}, case_id=f"m[dtype={d}]", source="base.toml") for d in ("fp32", "bf16")]
+    cases = [
+        make_case("usp.ulysses_parity", {"world_size": 2}, case_id=f"m[dtype={d}]", source="base.toml")
+        for d in ("fp32", "bf16")
+    ]
     cases.append(make_case("usp.ulysses_parity", {"world_size": 2}, case_id="md", source="base.toml"))
     path = _overlay(tmp_path, '[expected_failures."m[*]"]\nbecause = "bug 7"\n')
     marked = [c.id for c in apply_target_overlay(cases, path, Version("1.0")) if c.expected_failure]

@@ -119,10 +119,16 @@ def file_level(kind: Kind) -> list[Hostile]:
         Hostile(kind.name, "utf16", _text(valid.encode("utf-16")), None),
         Hostile(kind.name, "utf8_bom", _text(b"\xef\xbb\xbf" + valid.encode()), ACCEPT),
         Hostile(kind.name, "nul_byte", _text(valid + "\x00"), None),
-        Hostile(kind.name, "truncated", _text(valid[: len(valid) // 2] + ("" if kind.fmt == "json" else '\n"open')), None),
+        Hostile(
+            kind.name, "truncated", _text(valid[: len(valid) // 2] + ("" if kind.fmt == "json" else '\n"open')), None
+        ),
         Hostile(kind.name, "trailing_garbage", _text(valid + ("}}" if kind.fmt == "json" else "\n= =")), None),
-        Hostile(kind.name, "nesting_100k", _text("[" * 100_000 + "]" * 100_000 if kind.fmt == "json"
-                                                 else "x = " + "[" * 100_000 + "]" * 100_000), None),
+        Hostile(
+            kind.name,
+            "nesting_100k",
+            _text("[" * 100_000 + "]" * 100_000 if kind.fmt == "json" else "x = " + "[" * 100_000 + "]" * 100_000),
+            None,
+        ),
         Hostile(kind.name, "nesting_70", _text(_extra(kind, "[" * 70 + "]" * 70)), key),
         Hostile(kind.name, "nesting_40_kept", _text(_extra(kind, "[" * 40 + "]" * 40)), kept),
         Hostile(kind.name, "int_400_digits", _text(_extra(kind, "9" * 400)), key),
@@ -152,8 +158,12 @@ def file_level(kind: Kind) -> list[Hostile]:
             Hostile(kind.name, "plus_inf", _text(_extra(kind, "+inf")), key),
             Hostile(kind.name, "minus_inf", _text(_extra(kind, "-inf")), key),
             Hostile(kind.name, "nan_in_array", _text(_extra(kind, "[1.0, nan]")), key + ".1"),
-            Hostile(kind.name, "duplicate_key", _text(_toml_in_table(kind, "1\n_hostile = 2") if kind.extra_at
-                                                      else valid + "\na = 1\na = 2\n"), None),
+            Hostile(
+                kind.name,
+                "duplicate_key",
+                _text(_toml_in_table(kind, "1\n_hostile = 2") if kind.extra_at else valid + "\na = 1\na = 2\n"),
+                None,
+            ),
             Hostile(kind.name, "duplicate_table", _text(valid + "\n" + valid), None),
         ]
     return out
@@ -207,8 +217,11 @@ def apng_bytes(frame: np.ndarray, frames: int) -> bytes:
     shared by every frame, so 100 black frames of 2048 x 2048 are a 1.2 MB file that decodes to 1.2 GB."""
     height, width, _ = frame.shape
     pixels = zlib.compress(b"".join(b"\x00" + row.tobytes() for row in np.ascontiguousarray(frame, np.uint8)), 9)
-    out = [b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)),
-           _chunk(b"acTL", struct.pack(">II", frames, 0))]
+    out = [
+        b"\x89PNG\r\n\x1a\n",
+        _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)),
+        _chunk(b"acTL", struct.pack(">II", frames, 0)),
+    ]
     sequence = 0
     for index in range(frames):
         out.append(_chunk(b"fcTL", struct.pack(">IIIIIHHBB", sequence, width, height, 0, 0, 1, 10, 0, 0)))

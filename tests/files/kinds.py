@@ -25,47 +25,117 @@ CASE = "case_a"
 
 THRESHOLDS = {
     "_comment": "kept, as sglang's files have one",
-    **{f"default_{m}_threshold_{k}": v for k in ("image", "video")
-       for m, v in (("clip", 0.9), ("ssim", 0.9), ("psnr", 25.0), ("mean_abs_diff", 8.0))},
-    "cases": {CASE: {"clip_threshold": 0.9, "ssim_threshold": 0.9, "psnr_threshold": 25, "mean_abs_diff_threshold": 8.0}},
+    **{
+        f"default_{m}_threshold_{k}": v
+        for k in ("image", "video")
+        for m, v in (("clip", 0.9), ("ssim", 0.9), ("psnr", 25.0), ("mean_abs_diff", 8.0))
+    },
+    "cases": {
+        CASE: {"clip_threshold": 0.9, "ssim_threshold": 0.9, "psnr_threshold": 25, "mean_abs_diff_threshold": 8.0}
+    },
 }
 THRESHOLD_OVERLAY = {"_comment": "an overlay", "cases": {CASE: {"psnr_threshold": 30.0}}}
-_PROFILE = {"e2e": 0.25, "denoise_stage": 0.25, "non_denoise_stage": 0.8, "denoise_step": 0.3, "denoise_agg": 0.2,
-            "abs_floor_ms": 1.0}
-PERF_BASE = {"metadata": {"hardware": "none"}, "tolerances": {"pr_test": dict(_PROFILE), "long_term": dict(_PROFILE)},
-             "scenarios": {}}
-SCENARIO = {"expected_e2e_ms": 10.0, "stages_ms": {"TextEncodingStage": 1.0, "DenoisingStage": 5.0},
-            "denoise_step_ms": {"0": 2.5, "1": 2.5}, "expected_avg_denoise_ms": 2.5, "expected_median_denoise_ms": 2.5}
-PERF_OVERLAY = {"metadata": {"hardware": "a test box", "platform": PLATFORM},
-                "scenarios": {CASE: {**SCENARIO, "dispersion": {"expected_e2e_ms": 0.02, "denoise_step_ms.0": 0.05}}}}
+_PROFILE = {
+    "e2e": 0.25,
+    "denoise_stage": 0.25,
+    "non_denoise_stage": 0.8,
+    "denoise_step": 0.3,
+    "denoise_agg": 0.2,
+    "abs_floor_ms": 1.0,
+}
+PERF_BASE = {
+    "metadata": {"hardware": "none"},
+    "tolerances": {"pr_test": dict(_PROFILE), "long_term": dict(_PROFILE)},
+    "scenarios": {},
+}
+SCENARIO = {
+    "expected_e2e_ms": 10.0,
+    "stages_ms": {"TextEncodingStage": 1.0, "DenoisingStage": 5.0},
+    "denoise_step_ms": {"0": 2.5, "1": 2.5},
+    "expected_avg_denoise_ms": 2.5,
+    "expected_median_denoise_ms": 2.5,
+}
+PERF_OVERLAY = {
+    "metadata": {"hardware": "a test box", "platform": PLATFORM},
+    "scenarios": {CASE: {**SCENARIO, "dispersion": {"expected_e2e_ms": 0.02, "denoise_step_ms.0": 0.05}}},
+}
 RESULTS = {
-    "command": "gate", "platform": PLATFORM, "passed": True, "stages": {},
-    "cases": {CASE: {"kind": "image", "passed": True,
-                     "metrics": {"clip": None, "ssim": 0.99, "psnr": "inf", "mean_abs_diff": 0.5}}},
+    "command": "gate",
+    "platform": PLATFORM,
+    "passed": True,
+    "stages": {},
+    "cases": {
+        CASE: {
+            "kind": "image",
+            "passed": True,
+            "metrics": {"clip": None, "ssim": 0.99, "psnr": "inf", "mean_abs_diff": 0.5},
+        }
+    },
     "perf": {CASE: dict(SCENARIO)},
 }
-POLICY = {"clip": {"margin": 0.02, "cap": 0.98}, "psnr": {"margin": 3.0, "cap": 30.0},
-          "mean_abs_diff": {"margin": 3, "floor": 4}}
+POLICY = {
+    "clip": {"margin": 0.02, "cap": 0.98},
+    "psnr": {"margin": 3.0, "cap": 30.0},
+    "mean_abs_diff": {"margin": 3, "floor": 4},
+}
 SWEEP = {
-    "schema": "parity.sweep/1", "created": "2026-01-01T00:00:00+00:00", "target": "reference", "device": "cpu",
+    "schema": "parity.sweep/1",
+    "created": "2026-01-01T00:00:00+00:00",
+    "target": "reference",
+    "device": "cpu",
     "platform": {"kind": "cpu", "label": "cpu", "simulated": False, "gcn_arch": None, "device_name": "x86_64"},
     "cells": [
-        {"case": "u@torch_sdpa/fp32", "contract": "usp.ulysses_parity", "backend": "torch_sdpa", "kernel": None,
-         "dtype": "fp32", "world_size": 2, "status": "passed", "reason": None, "bound": "bitwise",
-         "figures": {"bitwise": True, "max_abs": 0.0}},
-        {"case": "r@math/bf16", "contract": "usp.ring_parity", "backend": "math", "kernel": None, "dtype": "bf16",
-         "world_size": 2, "status": "failed", "reason": "max abs is nan", "bound": "fa:2",
-         "figures": {"bitwise": False, "max_abs": "nan"}},
+        {
+            "case": "u@torch_sdpa/fp32",
+            "contract": "usp.ulysses_parity",
+            "backend": "torch_sdpa",
+            "kernel": None,
+            "dtype": "fp32",
+            "world_size": 2,
+            "status": "passed",
+            "reason": None,
+            "bound": "bitwise",
+            "figures": {"bitwise": True, "max_abs": 0.0},
+        },
+        {
+            "case": "r@math/bf16",
+            "contract": "usp.ring_parity",
+            "backend": "math",
+            "kernel": None,
+            "dtype": "bf16",
+            "world_size": 2,
+            "status": "failed",
+            "reason": "max abs is nan",
+            "bound": "fa:2",
+            "figures": {"bitwise": False, "max_abs": "nan"},
+        },
     ],
-    "kernels": [{"backend": "torch_sdpa", "kernel": None, "dtype": "bfloat16", "shape": "B=1 S=64 H=4 D=32",
-                 "median_ms": 0.5, "tflops": 1.5, "skipped": None}],
+    "kernels": [
+        {
+            "backend": "torch_sdpa",
+            "kernel": None,
+            "dtype": "bfloat16",
+            "shape": "B=1 S=64 H=4 D=32",
+            "median_ms": 0.5,
+            "tflops": 1.5,
+            "skipped": None,
+        }
+    ],
     "usp_overhead": {"note": "kept"},
 }
 CONTRACT_CASES = {
     "defaults": {"dtype": "fp32"},
-    "cases": {"uly": {"contract": "usp.ulysses_parity", "world_size": 2, "tokens_per_rank": 8, "heads": 4,
-                      "head_dim": 16, "backend": "torch_sdpa"},
-              "grid": {"contract": "usp.ulysses_parity", "world_size": 1, "matrix": {"causal": [False, True]}}},
+    "cases": {
+        "uly": {
+            "contract": "usp.ulysses_parity",
+            "world_size": 2,
+            "tokens_per_rank": 8,
+            "heads": 4,
+            "head_dim": 16,
+            "backend": "torch_sdpa",
+        },
+        "grid": {"contract": "usp.ulysses_parity", "world_size": 1, "matrix": {"causal": [False, True]}},
+    },
 }
 CONTRACT_OVERLAY = {"overrides": {"uly*": {"bound": "bitwise"}}}
 IMAGE_CASES = {
@@ -84,8 +154,8 @@ REFERENCE_PIXELS = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3)
 REFERENCE = png_bytes(REFERENCE_PIXELS)
 
 
-def manifest_for(png: bytes) -> dict[str, str]:
-    return {f"{CASE}.png": hashlib.sha256(png).hexdigest()}
+def manifest_for(png: bytes) -> dict[str, Any]:
+    return {"format": 2, "cases": {CASE: {"files": {f"{CASE}.png": hashlib.sha256(png).hexdigest()}}}}
 
 
 # ------------------------------------------------------------------------------ writing files
@@ -262,26 +332,60 @@ def _platform_env(p: Project) -> object:
             os.environ["PARITY_PLATFORM"] = saved
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("thresholds", "baselines/consistency_threshold.json", "json", THRESHOLDS, _thresholds, extra_ok=True),
-    Kind("threshold_overlay", f"baselines/platforms/{PLATFORM}.json", "json", THRESHOLD_OVERLAY, _thresholds,
-         optional=True, extra_ok=True),
-    Kind("perf_baselines", "baselines/perf_baselines.json", "json", PERF_BASE, _perf, extra_ok=True),
-    Kind("perf_overlay", f"baselines/platforms/perf/{PLATFORM}.json", "json", PERF_OVERLAY, _perf, optional=True,
-         extra_ok=True),
-    Kind("env_tolerances", "", "env", {}, _perf, env_var="PARITY_PERF_TOL_E2E"),
-    Kind("manifest", "baselines/images/manifest.json", "json", manifest_for(REFERENCE), _reference, links_ok=False),
-    Kind("png", f"baselines/images/{CASE}.png", "png", REFERENCE, _reference),
-    Kind("contract_cases", "cases/contracts/c.toml", "toml", CONTRACT_CASES, _contracts, extra_at=("cases", "uly")),
-    Kind("contract_overlay", "cases/contracts/platforms/cpu.toml", "toml", CONTRACT_OVERLAY, _contracts,
-         optional=True, empty_ok=True, extra_at=("overrides", "uly*"), extra_refusal="cases.uly._hostile"),
-    Kind("image_cases", "cases/images/i.toml", "toml", IMAGE_CASES, _images, extra_at=("cases", CASE)),
-    Kind("policy_json", "policy.json", "json", POLICY, _policy("policy.json")),
-    Kind("policy_toml", "policy.toml", "toml", POLICY, _policy("policy.toml"), empty_ok=True, extra_at=("psnr",)),
-    Kind("results", "results.json", "json", RESULTS, _results, extra_ok=True),
-    Kind("sweep", "sweep.json", "json", SWEEP, _sweep, extra_ok=True),
-    Kind("platform_env", "", "env", {}, _platform_env, env_var="PARITY_PLATFORM"),
-)}
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("thresholds", "baselines/consistency_threshold.json", "json", THRESHOLDS, _thresholds, extra_ok=True),
+        Kind(
+            "threshold_overlay",
+            f"baselines/platforms/{PLATFORM}.json",
+            "json",
+            THRESHOLD_OVERLAY,
+            _thresholds,
+            optional=True,
+            extra_ok=True,
+        ),
+        Kind("perf_baselines", "baselines/perf_baselines.json", "json", PERF_BASE, _perf, extra_ok=True),
+        Kind(
+            "perf_overlay",
+            f"baselines/platforms/perf/{PLATFORM}.json",
+            "json",
+            PERF_OVERLAY,
+            _perf,
+            optional=True,
+            extra_ok=True,
+        ),
+        Kind("env_tolerances", "", "env", {}, _perf, env_var="PARITY_PERF_TOL_E2E"),
+        Kind(
+            "manifest",
+            "baselines/images/manifest.json",
+            "json",
+            manifest_for(REFERENCE),
+            _reference,
+            links_ok=False,
+            extra_ok=True,
+        ),
+        Kind("png", f"baselines/images/{CASE}.png", "png", REFERENCE, _reference),
+        Kind("contract_cases", "cases/contracts/c.toml", "toml", CONTRACT_CASES, _contracts, extra_at=("cases", "uly")),
+        Kind(
+            "contract_overlay",
+            "cases/contracts/platforms/cpu.toml",
+            "toml",
+            CONTRACT_OVERLAY,
+            _contracts,
+            optional=True,
+            empty_ok=True,
+            extra_at=("overrides", "uly*"),
+            extra_refusal="cases.uly._hostile",
+        ),
+        Kind("image_cases", "cases/images/i.toml", "toml", IMAGE_CASES, _images, extra_at=("cases", CASE)),
+        Kind("policy_json", "policy.json", "json", POLICY, _policy("policy.json")),
+        Kind("policy_toml", "policy.toml", "toml", POLICY, _policy("policy.toml"), empty_ok=True, extra_at=("psnr",)),
+        Kind("results", "results.json", "json", RESULTS, _results, extra_ok=True),
+        Kind("sweep", "sweep.json", "json", SWEEP, _sweep, extra_ok=True),
+        Kind("platform_env", "", "env", {}, _platform_env, env_var="PARITY_PLATFORM"),
+    )
+}
 
 
 def build_project(root: Path) -> Project:

@@ -18,10 +18,14 @@ from tests.files.hostile import apng_bytes
 PEAK_LIMIT = 64 * 2**20  # one decoded 2048 x 2048 frame is 12 MiB; all 100 are 1.2 GiB
 
 
-@pytest.mark.parametrize(("frame", "frames"), [
-    (np.zeros((2048, 2048, 3), np.uint8), 100),
-    (np.arange(48, dtype=np.uint8).reshape(4, 4, 3), 2),
-], ids=["100_frames_of_2048x2048", "2_frames_of_4x4"])
+@pytest.mark.parametrize(
+    ("frame", "frames"),
+    [
+        (np.zeros((2048, 2048, 3), np.uint8), 100),
+        (np.arange(48, dtype=np.uint8).reshape(4, 4, 3), 2),
+    ],
+    ids=["100_frames_of_2048x2048", "2_frames_of_4x4"],
+)
 def test_an_animated_png_is_refused_before_any_frame_is_decoded(frame: np.ndarray, frames: int) -> None:
     data = apng_bytes(frame, frames)
     tracemalloc.start()

@@ -19,8 +19,9 @@ class _Prepared:
         self.nonfinite = nonfinite
 
     def run(self) -> PipelineOutput:
-        return PipelineOutput(np.zeros((16, 16, 3), np.uint8), Timings(1.0, {"DenoisingStage": 1.0}), {"dit": "test"},
-                              self.nonfinite)
+        return PipelineOutput(
+            np.zeros((16, 16, 3), np.uint8), Timings(1.0, {"DenoisingStage": 1.0}), {"dit": "test"}, self.nonfinite
+        )
 
     def close(self) -> None:
         pass

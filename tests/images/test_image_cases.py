@@ -39,7 +39,10 @@ def test_the_projects_cases_load() -> None:
 
 
 def test_defaults_apply_and_the_case_wins(tmp_path: Path) -> None:
-    _write(tmp_path, '[defaults]\nsteps = 3\nheight = 16\n[cases.a]\nwidth = 16\n[cases.b]\nworld_size = 2\nwidth = 32\nsteps = 5\n')
+    _write(
+        tmp_path,
+        "[defaults]\nsteps = 3\nheight = 16\n[cases.a]\nwidth = 16\n[cases.b]\nworld_size = 2\nwidth = 32\nsteps = 5\n",
+    )
     a, b = load_image_cases(tmp_path)
     assert (config(a).steps, config(a).height, a.world_size, a.ulysses_degree) == (3, 16, 1, 1)
     assert (config(b).steps, config(b).width, b.ulysses_degree) == (5, 32, 2)
@@ -62,13 +65,21 @@ def test_defaults_apply_and_the_case_wins(tmp_path: Path) -> None:
         ("[cases.a]\ndevice = 'cuda'\n", "cases.a.device", "set by the runner"),
         ("[defaults]\nworld_size = 2\n[cases.a]\n", "defaults.world_size", "set it per case"),
         ("[defaults]\nsteps = -1\n[cases.a]\n", "cases.a.steps", r"from \[defaults\]"),
-        ('[cases."../x"]\n', 'cases.../x', "file name"),
+        ('[cases."../x"]\n', "cases.../x", "file name"),
         ("[case.a]\n", "case", "unknown top-level table"),
         ("[defaults]\n", "cases", "no cases"),
         # a pipeline target mistake names the key that chose the target
         ("[cases.a]\ntarget = 3\n", "cases.a.target", "must be a pipeline target name"),
-        ("[cases.a]\ntarget = 'nope'\n", "cases.a.target", "unknown pipeline target 'nope'; built-in pipeline targets: reference, diffusers, command"),
-        ("[defaults]\ntarget = 'no_such_module:factory'\n[cases.a]\n", "defaults.target", "cannot import module 'no_such_module'"),
+        (
+            "[cases.a]\ntarget = 'nope'\n",
+            "cases.a.target",
+            "unknown pipeline target 'nope'; built-in pipeline targets: reference, diffusers, command",
+        ),
+        (
+            "[defaults]\ntarget = 'no_such_module:factory'\n[cases.a]\n",
+            "defaults.target",
+            "cannot import module 'no_such_module'",
+        ),
         ("[cases.a]\ntarget = 'command'\nheight = 8\nwidth = 8\n", "cases.a.template", "no command"),
         ("[cases.a]\nunmeasured = 'clip'\n", "cases.a.unmeasured", "a table of metric"),
         ("[defaults]\nunmeasured = { lpips = 'x' }\n[cases.a]\n", "defaults.unmeasured.lpips", "not a metric"),

@@ -73,10 +73,13 @@ def test_bless_writes_hashed_references_only_when_asked(project: Project, capsys
     entries = read_manifest(project.baselines / "images")
     assert list(entries["img_1rank"].files) == ["img_1rank.png"]
     assert list(entries["vid_2ranks"].files) == [f"vid_2ranks/frame_{i:04d}.png" for i in range(3)]
-    assert {case_id: (e.fields and e.fields["prompt"], e.world_size) for case_id, e in entries.items()} == dict.fromkeys(
-        entries, ("a lighthouse at dusk", 1))
+    assert {
+        case_id: (e.fields and e.fields["prompt"], e.world_size) for case_id, e in entries.items()
+    } == dict.fromkeys(entries, ("a lighthouse at dusk", 1))
     digests = {name: digest for e in entries.values() for name, digest in e.files.items()}
-    assert {name: hashlib.sha256((project.baselines / "images" / name).read_bytes()).hexdigest() for name in digests} == digests
+    assert {
+        name: hashlib.sha256((project.baselines / "images" / name).read_bytes()).hexdigest() for name in digests
+    } == digests
     assert load_reference(project.baselines / "images", "img_1rank").shape == (16, 16, 3)
     assert load_reference(project.baselines / "images", "vid_2ranks").shape == (3, 16, 16, 3)
     assert main(["bless", "nope", "--cases", str(project.cases), "--baselines", str(project.baselines)]) == 2
@@ -93,12 +96,17 @@ def test_gate_passes_with_a_clip_figure_and_leaves_references_alone(
     assert manifest.read_bytes() == before
     doc = load_results(out)  # the schema recalibration reads
     cases = ("img_1rank", "vid_2ranks")  # SP=2 and one rank reproduce the single-rank reference bitwise
-    got = {c: (doc["cases"][c]["passed"], *(doc["cases"][c]["metrics"][m] for m in ("psnr", "ssim", "mean_abs_diff"))) for c in cases}
+    got = {
+        c: (doc["cases"][c]["passed"], *(doc["cases"][c]["metrics"][m] for m in ("psnr", "ssim", "mean_abs_diff")))
+        for c in cases
+    }
     assert got == dict.fromkeys(cases, (True, float("inf"), 1.0, 0.0))
     assert {c: doc["cases"][c]["metrics"]["clip"] for c in cases} == pytest.approx(dict.fromkeys(cases, 1.0), abs=1e-6)
     assert doc["cases"]["vid_2ranks"]["kind"] == "video" and doc["platform"] == doc["stages"]["images"]["platform"]
     record = {r["case_id"]: r for r in doc["stages"]["images"]["records"]}["img_1rank"]
-    assert record["figures"]["threshold_source"]["psnr"].endswith("consistency_threshold.json:default_psnr_threshold_image")
+    assert record["figures"]["threshold_source"]["psnr"].endswith(
+        "consistency_threshold.json:default_psnr_threshold_image"
+    )
     assert record["figures"]["thresholds"]["psnr"] == 30.0 and doc["stages"]["images"]["clip_skipped"] is None
 
 
@@ -126,7 +134,11 @@ def test_unreachable_threshold_fails_with_triptych_report_and_clip_skipped(
     assert all(case["metrics"]["clip"] is None for case in doc["cases"].values())
     assert "PARITY_CLIP_MODEL" in failed["skipped_metrics"]["clip"]
     record = {r["case_id"]: r for r in doc["stages"]["images"]["records"]}["vid_2ranks"]
-    assert "psnr" in record["reason"] and "< 200" in record["reason"] and "cases.vid_2ranks.psnr_threshold" in record["reason"]
+    assert (
+        "psnr" in record["reason"]
+        and "< 200" in record["reason"]
+        and "cases.vid_2ranks.psnr_threshold" in record["reason"]
+    )
 
     candidate = load_reference(report / "candidates", "vid_2ranks")  # the failing case's output, saved as a set
     assert np.array_equal(candidate, load_reference(project.baselines / "images", "vid_2ranks"))  # SP=2 reproduced it
@@ -135,15 +147,22 @@ def test_unreachable_threshold_fails_with_triptych_report_and_clip_skipped(
     assert len(drawn.panels) == 3  # every frame, one row each
     (y, x, h, w), _, (dy, dx, _, _) = drawn.panels[1]
     k = drawn.scale
-    assert np.array_equal(drawn.picture[y : y + h : k, x : x + w : k], video[1])  # the reference panel holds the blessed frame
+    assert np.array_equal(
+        drawn.picture[y : y + h : k, x : x + w : k], video[1]
+    )  # the reference panel holds the blessed frame
     one_level = heatmap(np.ones((1, 1)))[0, 0]
-    assert one_level.tolist() == [96, 0, 0] and (drawn.picture[dy : dy + 4 * k : k, dx : dx + 4 * k : k] == one_level).all()
+    assert (
+        one_level.tolist() == [96, 0, 0]
+        and (drawn.picture[dy : dy + 4 * k : k, dx : dx + 4 * k : k] == one_level).all()
+    )
     frames = record["figures"]["frames"]
     assert [(f["frame"], f["psnr"], f["max_abs_diff"]) for f in frames][0::2] == [(0, "inf", 0), (2, "inf", 0)]
     assert frames[1]["max_abs_diff"] == 1 and frames[1]["mean_abs_diff"] == pytest.approx(16 / 256)
     page = (report / "index.html").read_text()
     assert f"<img src='{record['artifacts']['triptych']}'" in page and "precedence" in page
-    assert page.index("id='failures'") < page.index("id='images-vid_2ranks'") < page.index("<details><summary>contracts")
+    assert (
+        page.index("id='failures'") < page.index("id='images-vid_2ranks'") < page.index("<details><summary>contracts")
+    )
     junit = (report / "junit.xml").read_text()
     assert 'name="vid_2ranks"' in junit and "<failure" in junit
 
@@ -199,8 +218,9 @@ def test_bless_names_cases_and_dry_run_writes_nothing(project: Project, capsys: 
     assert manifest.read_bytes() == before
 
 
-def test_an_unmeasured_bound_fails_unless_the_case_pins_it(project: Project, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unmeasured_bound_fails_unless_the_case_pins_it(
+    project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """No CLIP model: the clip bound is a skip of that metric; unpinned it fails, pinned it is counted, never a pass."""
     cases = tmp_path / "cases"
     shutil.copytree(project.cases, cases)
@@ -233,12 +253,18 @@ def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gat
     records = {r["case_id"]: r for r in load_results(report / "results.json")["stages"]["images"]["records"]}
     stale, new = records["img_1rank"], records["img_new"]
     carried = f"--cases {cases} --baselines {copy}"  # the hints repeat the options this gate ran with
-    assert stale["reason"] == f"case changed since it was blessed (seed 5 added): run `parity bless img_1rank {carried}`"
+    assert (
+        stale["reason"] == f"case changed since it was blessed (seed 5 added): run `parity bless img_1rank {carried}`"
+    )
     assert new["reason"] == f"no reference yet: run `parity bless img_new {carried}`"
     assert new["next_step"] == f"parity bless img_new {carried}"
     assert stale["figures"]["reference"] == "changed" and stale["figures"]["psnr"] is None  # not judged on pixels
-    old_vs_new = triptych(load_reference(copy / "images", "img_1rank"), load_reference(report / "candidates", "img_1rank"))
-    assert np.array_equal(iio.imread(report / stale["artifacts"]["triptych"]), old_vs_new.picture)  # still shown side by side
+    old_vs_new = triptych(
+        load_reference(copy / "images", "img_1rank"), load_reference(report / "candidates", "img_1rank")
+    )
+    assert np.array_equal(
+        iio.imread(report / stale["artifacts"]["triptych"]), old_vs_new.picture
+    )  # still shown side by side
     assert records["vid_2ranks"]["status"] == "passed" and records["vid_2ranks"]["artifacts"]["candidate"]
     lines = out.strip().splitlines()
     assert lines[-1] == "gate: FAILED (2 failing cases: img_1rank, img_new)"
@@ -249,7 +275,9 @@ def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gat
     assert main(["bless", "--from-results", str(report), "vid_2ranks", *where]) == 2  # an SP=2 output is no reference
     assert "ran on 2 ranks and a reference is a one-rank output" in capsys.readouterr().err
     manifest = (copy / "images" / "manifest.json").read_bytes()
-    assert main(["bless", "--from-results", str(report), "img_1rank", "img_new", "--dry-run", "--json", "-", *where]) == 0
+    assert (
+        main(["bless", "--from-results", str(report), "img_1rank", "img_new", "--dry-run", "--json", "-", *where]) == 0
+    )
     changes = {c["case_id"]: c for c in json.loads(capsys.readouterr().out)["changes"]}
     assert changes["img_1rank"]["change"] == "changed" and changes["img_1rank"]["fields_changed"] == ["seed 5 added"]
     assert 0 < changes["img_1rank"]["psnr_old_vs_new"] < 60 and changes["img_new"]["change"] == "new"
@@ -258,5 +286,7 @@ def test_changed_and_new_cases_ask_for_a_bless_and_from_results_promotes_the_gat
     capsys.readouterr()
     entries = read_manifest(copy / "images")
     promoted = load_reference(report / "candidates", "img_1rank")
-    assert entries["img_1rank"].fields["seed"] == 5 and np.array_equal(load_reference(copy / "images", "img_1rank"), promoted)
+    assert entries["img_1rank"].fields["seed"] == 5 and np.array_equal(
+        load_reference(copy / "images", "img_1rank"), promoted
+    )
     assert _gate(Project(cases, copy)) == 0

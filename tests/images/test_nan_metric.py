@@ -17,7 +17,9 @@ from harness.paths import default_baselines_dir
 from harness.results import FAILED, StageResult, image_entry, load_results, results_document, write_results
 
 
-def test_a_nan_metric_fails_the_case_and_the_results_file_reads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_nan_metric_fails_the_case_and_the_results_file_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = image_stage.measure
 
     def clip_gives_nan(*args: object) -> dict[str, float | None]:

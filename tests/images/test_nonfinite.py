@@ -45,7 +45,9 @@ def project(tmp_path: Path) -> tuple[Path, Path]:
     return gate_project(tmp_path, tiny="[cases.black]\nworld_size = 1\n")
 
 
-def test_bless_refuses_a_nan_run_and_writes_nothing(project: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_bless_refuses_a_nan_run_and_writes_nothing(
+    project: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     cases, baselines = project
     assert main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", NAN, "--all"]) == 2
     err = capsys.readouterr().err
@@ -56,7 +58,9 @@ def test_bless_refuses_a_nan_run_and_writes_nothing(project: tuple[Path, Path], 
 
 def test_gate_fails_a_nan_run_that_matches_its_black_reference(project: tuple[Path, Path], tmp_path: Path) -> None:
     cases, baselines = project
-    assert main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", CLEAN, "--all"]) == 0
+    assert (
+        main(["bless", "--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", CLEAN, "--all"]) == 0
+    )
     gate = ["gate", "--cases", str(cases), "--baselines", str(baselines), "--no-perf"]
     assert main([*gate, "--pipeline-target", CLEAN]) == 0  # the control: black matches black
     out = tmp_path / "results.json"
@@ -64,5 +68,7 @@ def test_gate_fails_a_nan_run_that_matches_its_black_reference(project: tuple[Pa
     doc = load_results(out)
     record = doc["stages"]["images"]["records"][0]
     assert record["status"] == "failed" and "768 NaN/Inf values" in record["reason"]
-    assert record["figures"]["psnr"] == "inf" and record["figures"]["nonfinite"] == 768  # identical pixels, still failed
+    assert (
+        record["figures"]["psnr"] == "inf" and record["figures"]["nonfinite"] == 768
+    )  # identical pixels, still failed
     assert doc["cases"]["black"]["passed"] is False and doc["passed"] is False

@@ -46,8 +46,12 @@ def test_a_case_that_cannot_see_key_order_fails_its_control() -> None:
     "rotated" layout is the order-preserving one, so its run is the same computation as the
     order-preserving run and equals one rank bit for bit. Its control must fail. (fp32, where a real
     rotation is visible at every step count measured, so only the construction makes it blind.)"""
-    case = make_case("pipeline.turbo_drift", {"world_size": 2, "dtype": "fp32", "steps": 9, "height": 32, "width": 32},
-                     case_id="blind", source="test")
+    case = make_case(
+        "pipeline.turbo_drift",
+        {"world_size": 2, "dtype": "fp32", "steps": 9, "height": 32, "width": 32},
+        case_id="blind",
+        source="test",
+    )
     with PoolSet() as pools:  # its own ranks: the patch must not reach the session's pools
         pools.get(2).run(rotation_is_the_identity)
         [verdict] = run_cases([case], RunOptions(), pools)
@@ -55,10 +59,19 @@ def test_a_case_that_cannot_see_key_order_fails_its_control() -> None:
     assert verdict.figures["order_preserving_bitwise"] and verdict.figures["rotate_to_front_latent_mae"] == 0.0
 
 
-@pytest.mark.parametrize("contract_id", ["pipeline.turbo_drift", "perf.sp_step_ratio"])  # every contract that runs the pipeline
-@pytest.mark.parametrize(("params", "key"), [({"height": 20}, "height"), ({"world_size": 1}, "world_size"),
-                                              ({"world_size": 3}, "world_size"), ({"dtype": "fp64"}, "dtype"),
-                                              ({"weights": "no-such-checkpoint"}, "weights")])
+@pytest.mark.parametrize(
+    "contract_id", ["pipeline.turbo_drift", "perf.sp_step_ratio"]
+)  # every contract that runs the pipeline
+@pytest.mark.parametrize(
+    ("params", "key"),
+    [
+        ({"height": 20}, "height"),
+        ({"world_size": 1}, "world_size"),
+        ({"world_size": 3}, "world_size"),
+        ({"dtype": "fp64"}, "dtype"),
+        ({"weights": "no-such-checkpoint"}, "weights"),
+    ],
+)
 def test_bad_parameters_name_the_key(contract_id: str, params: dict, key: str) -> None:
     with pytest.raises(ConfigError) as info:  # the contract's own checks, then the pipeline's (through the target)
         validate_for_target([make_case(contract_id, params, case_id="c", source="f.toml")], ReferenceTarget())

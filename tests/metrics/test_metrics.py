@@ -102,8 +102,14 @@ def test_ssim_agrees_with_torchmetrics(label: str, ref: np.ndarray, cand: np.nda
     tm = pytest.importorskip("torchmetrics.functional.image")
     # whole-image mean, gaussian window: differs only through border handling
     sk, sk_map = structural_similarity(
-        ref, cand, channel_axis=2, data_range=255, gaussian_weights=True, sigma=1.5,
-        use_sample_covariance=False, full=True,
+        ref,
+        cand,
+        channel_axis=2,
+        data_range=255,
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
+        full=True,
     )
     value, tm_map = tm.structural_similarity_index_measure(
         _nchw(cand), _nchw(ref), data_range=255.0, return_full_image=True

@@ -46,10 +46,30 @@ TOL = 1e-5  # the issue's bound; measured here: 0.0 for both transformers
 # 1.6e-2 to 3.3e-2 off (1-2 bf16 ulps of outputs near 4), so no flat bound is used.
 PRECISIONS = {"fp32": (torch.float32, TOL), "bf16": (torch.bfloat16, 0.0)}
 
-Z_TINY = dict(in_channels=4, dim=64, n_layers=2, n_refiner_layers=2, n_heads=4, n_kv_heads=4, cap_feat_dim=24,
-              axes_dims=[4, 6, 6], axes_lens=[1024, 64, 64])
-H_TINY = dict(in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=16, num_layers=2, num_single_layers=2,
-              num_refiner_layers=2, mlp_ratio=2.0, text_embed_dim=24, pooled_projection_dim=12, rope_axes_dim=(4, 6, 6))
+Z_TINY = dict(
+    in_channels=4,
+    dim=64,
+    n_layers=2,
+    n_refiner_layers=2,
+    n_heads=4,
+    n_kv_heads=4,
+    cap_feat_dim=24,
+    axes_dims=[4, 6, 6],
+    axes_lens=[1024, 64, 64],
+)
+H_TINY = dict(
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=4,
+    attention_head_dim=16,
+    num_layers=2,
+    num_single_layers=2,
+    num_refiner_layers=2,
+    mlp_ratio=2.0,
+    text_embed_dim=24,
+    pooled_projection_dim=12,
+    rope_axes_dim=(4, 6, 6),
+)
 # Image-conditioned (latent_concat: 8 channels in, 4 out), no guidance embedder, 2-frame temporal patches.
 H_I2V = dict(H_TINY, in_channels=8, guidance_embeds=False, image_condition_type="latent_concat", patch_size_t=2)
 
@@ -119,12 +139,15 @@ Z_CASES = {
 
 
 @pytest.fixture(scope="module", params=list(PRECISIONS))
-def zimage_at(request: pytest.FixtureRequest, zimage: tuple[ZImageTransformer2DModel, ZImageTransformer]
-              ) -> tuple[str, ZImageTransformer2DModel, ZImageTransformer]:
+def zimage_at(
+    request: pytest.FixtureRequest, zimage: tuple[ZImageTransformer2DModel, ZImageTransformer]
+) -> tuple[str, ZImageTransformer2DModel, ZImageTransformer]:
     return request.param, *_in_precision(zimage[0], ZImageTransformer.from_diffusers, request.param)
 
 
-def _zimage_outputs(ref: ZImageTransformer2DModel, ours: ZImageTransformer, case: str) -> tuple[list[Tensor], list[Tensor]]:
+def _zimage_outputs(
+    ref: ZImageTransformer2DModel, ours: ZImageTransformer, case: str
+) -> tuple[list[Tensor], list[Tensor]]:
     lengths, sizes = Z_CASES[case]
     dtype, gen = ref.x_pad_token.dtype, torch.Generator().manual_seed(len(case))
     x = [torch.randn(ref.config.in_channels, *size, generator=gen).to(dtype) for size in sizes]
@@ -139,15 +162,19 @@ def _zimage_outputs(ref: ZImageTransformer2DModel, ours: ZImageTransformer, case
 
 
 @pytest.mark.parametrize("case", list(Z_CASES))
-def test_zimage_matches_diffusers(zimage_at: tuple[str, ZImageTransformer2DModel, ZImageTransformer], case: str) -> None:
+def test_zimage_matches_diffusers(
+    zimage_at: tuple[str, ZImageTransformer2DModel, ZImageTransformer], case: str
+) -> None:
     precision, ref, ours = zimage_at
     want, got = _zimage_outputs(ref, ours, case)
     assert _max_abs(want, got) <= PRECISIONS[precision][1], (
-        f"{case} ({precision}): max abs {_max_abs(want, got):.3e} (max |ref| {max(w.abs().max() for w in want):.2f})")
+        f"{case} ({precision}): max abs {_max_abs(want, got):.3e} (max |ref| {max(w.abs().max() for w in want):.2f})"
+    )
 
 
-def test_zimage_bf16_cases_resolve_where_rmsnorm_rounds(zimage: tuple[ZImageTransformer2DModel, ZImageTransformer],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_zimage_bf16_cases_resolve_where_rmsnorm_rounds(
+    zimage: tuple[ZImageTransformer2DModel, ZImageTransformer], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Control: RMSNorm rounded once, after the weight, is 1-2 bf16 ulps off (measured 3.3e-2), so 0 above has teeth."""
     ref, ours = _in_precision(zimage[0], ZImageTransformer.from_diffusers, "bf16")
     monkeypatch.setattr(RMSNorm, "forward", _rmsnorm_rounded_once)
@@ -157,7 +184,15 @@ def test_zimage_bf16_cases_resolve_where_rmsnorm_rounds(zimage: tuple[ZImageTran
 # Head dims by the axes that split them; diffusers rotates by a complex64 multiply, whose
 # vectorised CPU kernel (AVX2, AVX-512) rounds like four real products only where D/2 is a
 # multiple of 8: a real rotation is 1 ulp off at 8, 24, 36, 40 and 72 (1.3e-6 to 1.9e-6 at the output).
-Z_HEAD_DIMS = {8: [2, 2, 4], 16: [4, 6, 6], 24: [8, 8, 8], 32: [8, 12, 12], 36: [4, 16, 16], 40: [8, 16, 16], 72: [24, 24, 24]}
+Z_HEAD_DIMS = {
+    8: [2, 2, 4],
+    16: [4, 6, 6],
+    24: [8, 8, 8],
+    32: [8, 12, 12],
+    36: [4, 16, 16],
+    40: [8, 16, 16],
+    72: [24, 24, 24],
+}
 VECTORISED_COMPLEX = ("AVX2", "AVX512")
 
 
@@ -174,11 +209,15 @@ def test_zimage_matches_diffusers_at_head_dim(head_dim: int, precision: str) -> 
 
 
 @pytest.mark.parametrize("head_dim", list(Z_HEAD_DIMS), ids=lambda d: f"d{d}")
-def test_a_real_rotation_is_diffusers_complex_multiply_only_where_half_the_head_dim_is_a_multiple_of_8(head_dim: int) -> None:
+def test_a_real_rotation_is_diffusers_complex_multiply_only_where_half_the_head_dim_is_a_multiple_of_8(
+    head_dim: int,
+) -> None:
     """Why the reference multiplies complex numbers: the real rotation is 1 ulp off (2.4e-7 at |x| < 4) elsewhere."""
     capability = torch.backends.cpu.get_cpu_capability()
     if capability not in (*VECTORISED_COMPLEX, "DEFAULT"):
-        pytest.skip(f"the complex64 kernel's rounding is measured on AVX2, AVX-512 and the scalar build, not {capability}")
+        pytest.skip(
+            f"the complex64 kernel's rounding is measured on AVX2, AVX-512 and the scalar build, not {capability}"
+        )
     cfg = ZImageConfig.from_dict({**Z_TINY, "dim": 4 * head_dim, "axes_dims": Z_HEAD_DIMS[head_dim]})
     rope = zimage_rope(cfg, grid_positions((1, 8, 8), (33, 0, 0)))
     x = torch.randn(2, 64, 4, head_dim, generator=torch.Generator().manual_seed(head_dim))
@@ -189,7 +228,9 @@ def test_a_real_rotation_is_diffusers_complex_multiply_only_where_half_the_head_
 
 def test_zimage_rope_table_is_diffusers_table_bit_for_bit() -> None:
     """Up to the table ends (positions 1023 / 511), where fp64-then-round tables differ by 1.5e-5."""
-    cfg = ZImageConfig.from_dict({**Z_TINY, "dim": 128, "n_heads": 1, "axes_dims": [32, 48, 48], "axes_lens": [1024, 512, 512]})
+    cfg = ZImageConfig.from_dict(
+        {**Z_TINY, "dim": 128, "n_heads": 1, "axes_dims": [32, 48, 48], "axes_lens": [1024, 512, 512]}
+    )
     pos = torch.stack([torch.arange(1024), torch.arange(1024) % 512, (7 * torch.arange(1024)) % 512], dim=-1)
     table = RopeEmbedder(cfg.rope_theta, list(cfg.axes_dims), list(cfg.axes_lens))(pos)
     cos, sin = zimage_rope(cfg, pos)
@@ -198,21 +239,26 @@ def test_zimage_rope_table_is_diffusers_table_bit_for_bit() -> None:
     assert (exact - table.real.double()).abs().max() > 1e-5  # the rounding this reproduces is real
 
 
-def test_zimage_state_dict_round_trips_and_loading_is_strict(zimage: tuple[ZImageTransformer2DModel, ZImageTransformer]) -> None:
+def test_zimage_state_dict_round_trips_and_loading_is_strict(
+    zimage: tuple[ZImageTransformer2DModel, ZImageTransformer],
+) -> None:
     ref, ours = zimage
     theirs, mine = ref.state_dict(), ours.state_dict()
     assert set(mine) == set(theirs) and all(torch.equal(mine[k], theirs[k]) for k in theirs)
     config = dict(ref.config)
     with pytest.raises(WeightLoadError, match=r"missing tensors: noise_refiner\.1\.attention\.to_k\.weight"):
-        ZImageTransformer.from_diffusers(config, {k: v for k, v in theirs.items() if k != "noise_refiner.1.attention.to_k.weight"})
+        ZImageTransformer.from_diffusers(
+            config, {k: v for k, v in theirs.items() if k != "noise_refiner.1.attention.to_k.weight"}
+        )
     with pytest.raises(WeightLoadError, match=r"unexpected tensors: siglip_pad_token"):
         ZImageTransformer.from_diffusers(config, {**theirs, "siglip_pad_token": torch.zeros(1, 64)})
 
 
 # ---------------------------------------------------------------------------- HunyuanVideo
 @pytest.fixture(scope="module", params=["t2v", "i2v-latent-concat"])
-def hunyuan(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-            ) -> tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer]:
+def hunyuan(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer]:
     """diffusers' model saved as one safetensors file, ours loaded from config.json and that file's path."""
     ref = HunyuanVideoTransformer3DModel(**(H_TINY if request.param == "t2v" else H_I2V))
     ckpt = _saved(ref, tmp_path_factory.mktemp("hunyuan"), seed=1)
@@ -229,8 +275,14 @@ H_CASES = {
 }
 
 
-def _hunyuan_inputs(cfg: HunyuanVideoConfig, lengths: list[int], text_len: int, grid: tuple[int, int, int],
-                    seed: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, ...]:
+def _hunyuan_inputs(
+    cfg: HunyuanVideoConfig,
+    lengths: list[int],
+    text_len: int,
+    grid: tuple[int, int, int],
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, ...]:
     """Latents, text and pooled text in ``dtype``; timestep and guidance in fp32, as a pipeline passes them."""
     gen = torch.Generator().manual_seed(seed)
     b, p = len(lengths), cfg.patch_size
@@ -243,12 +295,15 @@ def _hunyuan_inputs(cfg: HunyuanVideoConfig, lengths: list[int], text_len: int, 
 
 
 @pytest.fixture(scope="module", params=list(PRECISIONS))
-def hunyuan_at(request: pytest.FixtureRequest, hunyuan: tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer]
-               ) -> tuple[str, HunyuanVideoTransformer3DModel, HunyuanVideoTransformer]:
+def hunyuan_at(
+    request: pytest.FixtureRequest, hunyuan: tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer]
+) -> tuple[str, HunyuanVideoTransformer3DModel, HunyuanVideoTransformer]:
     return request.param, *_in_precision(hunyuan[0], HunyuanVideoTransformer.from_diffusers, request.param)
 
 
-def _hunyuan_outputs(ref: HunyuanVideoTransformer3DModel, ours: HunyuanVideoTransformer, case: str) -> tuple[Tensor, Tensor]:
+def _hunyuan_outputs(
+    ref: HunyuanVideoTransformer3DModel, ours: HunyuanVideoTransformer, case: str
+) -> tuple[Tensor, Tensor]:
     inputs = _hunyuan_inputs(ours.config, *H_CASES[case], seed=len(case), dtype=ref.proj_out.weight.dtype)
     with torch.no_grad():
         want = ref(*inputs, return_dict=False)[0]
@@ -259,15 +314,19 @@ def _hunyuan_outputs(ref: HunyuanVideoTransformer3DModel, ours: HunyuanVideoTran
 
 
 @pytest.mark.parametrize("case", list(H_CASES))
-def test_hunyuan_matches_diffusers(hunyuan_at: tuple[str, HunyuanVideoTransformer3DModel, HunyuanVideoTransformer], case: str) -> None:
+def test_hunyuan_matches_diffusers(
+    hunyuan_at: tuple[str, HunyuanVideoTransformer3DModel, HunyuanVideoTransformer], case: str
+) -> None:
     precision, ref, ours = hunyuan_at
     want, got = _hunyuan_outputs(ref, ours, case)
     assert _max_abs(want, got) <= PRECISIONS[precision][1], (
-        f"{case} ({precision}): max abs {_max_abs(want, got):.3e} (max |ref| {want.abs().max():.2f})")
+        f"{case} ({precision}): max abs {_max_abs(want, got):.3e} (max |ref| {want.abs().max():.2f})"
+    )
 
 
-def test_hunyuan_bf16_cases_resolve_where_rmsnorm_rounds(hunyuan: tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hunyuan_bf16_cases_resolve_where_rmsnorm_rounds(
+    hunyuan: tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Control: RMSNorm rounded once, after the weight, is a bf16 ulp off (measured 1.6e-2 to 2.3e-2)."""
     ref, ours = _in_precision(hunyuan[0], HunyuanVideoTransformer.from_diffusers, "bf16")
     monkeypatch.setattr(RMSNorm, "forward", _rmsnorm_rounded_once)
@@ -275,7 +334,8 @@ def test_hunyuan_bf16_cases_resolve_where_rmsnorm_rounds(hunyuan: tuple[HunyuanV
 
 
 def test_hunyuan_bf16_batches_resolve_where_the_output_bias_is_added(
-    hunyuan: tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer], monkeypatch: pytest.MonkeyPatch,
+    hunyuan: tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Control: diffusers adds to_out's bias after the GEMM for batches of more than one item; fusing it is off."""
     ref, ours = _in_precision(hunyuan[0], HunyuanVideoTransformer.from_diffusers, "bf16")
@@ -284,7 +344,9 @@ def test_hunyuan_bf16_batches_resolve_where_the_output_bias_is_added(
     assert _max_abs(*_hunyuan_outputs(ref, ours, "txt7-unpadded")) == 0  # one item: diffusers fuses it too
 
 
-def test_hunyuan_text_mask_is_exercised(hunyuan: tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer]) -> None:
+def test_hunyuan_text_mask_is_exercised(
+    hunyuan: tuple[HunyuanVideoTransformer3DModel, HunyuanVideoTransformer],
+) -> None:
     """Control: the same inputs with the padding unmasked are far off, so the cases above resolve the mask."""
     ref, ours = hunyuan
     x, t, text, mask, pooled, guidance = _hunyuan_inputs(ours.config, *H_CASES["txt7,3-per-item"], seed=0)
@@ -308,7 +370,9 @@ def test_hunyuan_rope_is_diffusers_table_bit_for_bit() -> None:
 
 def test_timestep_embedding_is_both_models_bit_for_bit() -> None:
     t = torch.tensor([0.0, 1.0, 17.25, 999.0, 6000.0])
-    assert torch.equal(timestep_embedding(t, 256), get_timestep_embedding(t, 256, flip_sin_to_cos=True, downscale_freq_shift=0))
+    assert torch.equal(
+        timestep_embedding(t, 256), get_timestep_embedding(t, 256, flip_sin_to_cos=True, downscale_freq_shift=0)
+    )
     assert torch.equal(timestep_embedding(t, 256), ZImageTimestepEmbedder.timestep_embedding(t, 256))
 
 

@@ -23,8 +23,16 @@ def cuda_with_flash_attn(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _dit_backends(num_frames: int | None, dtype: str) -> set[AttentionBackendEnum]:
-    config = PipelineConfig(prompt="a cameraman", height=16, width=16, steps=1, dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype], device="cpu",
-                            num_frames=num_frames, weights=None)
+    config = PipelineConfig(
+        prompt="a cameraman",
+        height=16,
+        width=16,
+        steps=1,
+        dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype],
+        device="cpu",
+        num_frames=num_frames,
+        weights=None,
+    )
     dit = build_models(config).dit
     layers = [m for m in dit.modules() if isinstance(m, USPAttention)]
     assert layers
@@ -32,7 +40,9 @@ def _dit_backends(num_frames: int | None, dtype: str) -> set[AttentionBackendEnu
 
 
 @pytest.mark.parametrize("num_frames", [None, 2], ids=["zimage", "hunyuanvideo"])
-def test_a_bf16_dit_selects_flash_attention_and_an_fp32_one_sdpa(cuda_with_flash_attn: None, num_frames: int | None) -> None:
+def test_a_bf16_dit_selects_flash_attention_and_an_fp32_one_sdpa(
+    cuda_with_flash_attn: None, num_frames: int | None
+) -> None:
     assert _dit_backends(num_frames, "bf16") == {AttentionBackendEnum.FA}
     assert _dit_backends(num_frames, "fp32") == {AttentionBackendEnum.TORCH_SDPA}  # FA computes in fp16/bf16 only
 

@@ -13,7 +13,7 @@ from harness.contracts.case import make_case
 from harness.errors import ConfigError
 from harness.ranks import RankPool
 from harness.targets.figures import ModelParity
-from harness.targets.reference.models import HUNYUAN_MODEL_TINY, HUNYUAN_TINY, hunyuan_sp_parity_worker
+from harness.targets.reference.hunyuan_parity import HUNYUAN_MODEL_TINY, HUNYUAN_TINY, hunyuan_sp_parity_worker
 from reference_impl import set_forward_context
 from reference_impl.models.hunyuanvideo import (
     HunyuanVideoBlockConfig,
@@ -55,9 +55,14 @@ def _gelu_tanh(x: Tensor) -> Tensor:
 
 
 def _rope(t: Tensor, cfg: HunyuanVideoBlockConfig) -> Tensor:
-    pos = torch.tensor([(a, b, c) for a in range(GRID[0]) for b in range(GRID[1]) for c in range(GRID[2])], dtype=torch.float64)
+    pos = torch.tensor(
+        [(a, b, c) for a in range(GRID[0]) for b in range(GRID[1]) for c in range(GRID[2])], dtype=torch.float64
+    )
     angles = torch.cat(
-        [pos[:, i : i + 1] * cfg.rope_theta ** (-torch.arange(0, n, 2, dtype=torch.float64) / n) for i, n in enumerate(cfg.rope_axes_dim)],
+        [
+            pos[:, i : i + 1] * cfg.rope_theta ** (-torch.arange(0, n, 2, dtype=torch.float64) / n)
+            for i, n in enumerate(cfg.rope_axes_dim)
+        ],
         dim=-1,
     )
     rot = torch.polar(torch.ones_like(angles), angles)[None, :, None, :]
@@ -79,16 +84,30 @@ def _mlp(x: Tensor, ff: torch.nn.Module) -> Tensor:
     return _lin(_gelu_tanh(_lin(x, ff.net[0].proj)), ff.net[2])
 
 
-def _hand_double(blk: MMDoubleStreamBlock, cfg: HunyuanVideoBlockConfig, img: Tensor, txt: Tensor, vec: Tensor,
-                 mask: Tensor | None = None) -> Tensor:
+def _hand_double(
+    blk: MMDoubleStreamBlock,
+    cfg: HunyuanVideoBlockConfig,
+    img: Tensor,
+    txt: Tensor,
+    vec: Tensor,
+    mask: Tensor | None = None,
+) -> Tensor:
     a = blk.attn
     mi, mt = _mods(vec, blk.norm1.linear, 6), _mods(vec, blk.norm1_context.linear, 6)
     xi, xt = _ln(img, cfg.norm_eps) * (1 + mi[1]) + mi[0], _ln(txt, cfg.norm_eps) * (1 + mt[1]) + mt[0]
     eps = cfg.qk_norm_eps
-    qi, ki = _rope(_rms(_heads(xi, a.to_q, cfg), a.norm_q.weight, eps), cfg), _rope(_rms(_heads(xi, a.to_k, cfg), a.norm_k.weight, eps), cfg)
-    qt, kt = _rms(_heads(xt, a.add_q_proj, cfg), a.norm_added_q.weight, eps), _rms(_heads(xt, a.add_k_proj, cfg), a.norm_added_k.weight, eps)
+    qi, ki = (
+        _rope(_rms(_heads(xi, a.to_q, cfg), a.norm_q.weight, eps), cfg),
+        _rope(_rms(_heads(xi, a.to_k, cfg), a.norm_k.weight, eps), cfg),
+    )
+    qt, kt = (
+        _rms(_heads(xt, a.add_q_proj, cfg), a.norm_added_q.weight, eps),
+        _rms(_heads(xt, a.add_k_proj, cfg), a.norm_added_k.weight, eps),
+    )
     v = torch.cat([_heads(xi, a.to_v, cfg), _heads(xt, a.add_v_proj, cfg)], dim=1)
-    attn_i, attn_t = _attend(torch.cat([qi, qt], 1), torch.cat([ki, kt], 1), v, mask).split([img.shape[1], txt.shape[1]], dim=1)
+    attn_i, attn_t = _attend(torch.cat([qi, qt], 1), torch.cat([ki, kt], 1), v, mask).split(
+        [img.shape[1], txt.shape[1]], dim=1
+    )
     img = img + mi[2] * _lin(attn_i, a.to_out[0])
     txt = txt + mt[2] * _lin(attn_t, a.to_add_out)
     img = img + mi[5] * _mlp(_ln(img, cfg.norm_eps) * (1 + mi[4]) + mi[3], blk.ff)
@@ -96,14 +115,19 @@ def _hand_double(blk: MMDoubleStreamBlock, cfg: HunyuanVideoBlockConfig, img: Te
     return torch.cat([img, txt], dim=1)
 
 
-def _hand_single(blk: MMSingleStreamBlock, cfg: HunyuanVideoBlockConfig, x: Tensor, vec: Tensor, mask: Tensor | None = None) -> Tensor:
+def _hand_single(
+    blk: MMSingleStreamBlock, cfg: HunyuanVideoBlockConfig, x: Tensor, vec: Tensor, mask: Tensor | None = None
+) -> Tensor:
     shift, scale, gate = _mods(vec, blk.norm.linear, 3)
     h = _ln(x, cfg.norm_eps) * (1 + scale) + shift
     a, eps = blk.attn, cfg.qk_norm_eps
     q, k = _rms(_heads(h, a.to_q, cfg), a.norm_q.weight, eps), _rms(_heads(h, a.to_k, cfg), a.norm_k.weight, eps)
     q = torch.cat([_rope(q[:, :N_IMG], cfg), q[:, N_IMG:]], dim=1)
     k = torch.cat([_rope(k[:, :N_IMG], cfg), k[:, N_IMG:]], dim=1)
-    out = _lin(torch.cat([_attend(q, k, _heads(h, a.to_v, cfg), mask), _gelu_tanh(_lin(h, blk.proj_mlp))], dim=-1), blk.proj_out)
+    out = _lin(
+        torch.cat([_attend(q, k, _heads(h, a.to_v, cfg), mask), _gelu_tanh(_lin(h, blk.proj_mlp))], dim=-1),
+        blk.proj_out,
+    )
     return x + gate * out
 
 
@@ -116,9 +140,11 @@ def _randomise_norms(module: torch.nn.Module) -> None:
 
 def _inputs(cfg: HunyuanVideoBlockConfig) -> tuple[Tensor, Tensor, Tensor]:
     gen = torch.Generator().manual_seed(3)
-    return (torch.randn(2, N_IMG, cfg.hidden_size, generator=gen, dtype=torch.float64),
-            torch.randn(2, TXT, cfg.hidden_size, generator=gen, dtype=torch.float64),
-            torch.randn(2, cfg.hidden_size, generator=gen, dtype=torch.float64))
+    return (
+        torch.randn(2, N_IMG, cfg.hidden_size, generator=gen, dtype=torch.float64),
+        torch.randn(2, TXT, cfg.hidden_size, generator=gen, dtype=torch.float64),
+        torch.randn(2, cfg.hidden_size, generator=gen, dtype=torch.float64),
+    )
 
 
 MASKS = {"unmasked": None, "per-item": [N_IMG + TXT, N_IMG + 2]}  # item 1: 2 of 5 text tokens valid
@@ -179,8 +205,11 @@ def test_text_padding_never_reaches_valid_tokens(kind: str, layout: str) -> None
     img, txt, vec = (t.float() for t in _inputs(cfg))
     padded = torch.cat([txt, 100 * torch.randn(2, 3, cfg.hidden_size)], dim=1)
     rope = hunyuan_rope(cfg, GRID)
-    opts = ({"txt_is_sharded": True, "txt_valid_lens": [TXT]} if layout == "varlen"
-            else {"attn_mask": key_mask([N_IMG + TXT] * 2, N_IMG + TXT + 3)})
+    opts = (
+        {"txt_is_sharded": True, "txt_valid_lens": [TXT]}
+        if layout == "varlen"
+        else {"attn_mask": key_mask([N_IMG + TXT] * 2, N_IMG + TXT + 3)}
+    )
     with torch.no_grad(), set_forward_context():
         if kind == "double":
             blk = MMDoubleStreamBlock(cfg)
@@ -207,15 +236,28 @@ def test_text_layout_errors() -> None:
         with pytest.raises(ValueError, match=r"must each be in \[0, 5\]"):
             single(x, vec, TXT, rope, txt_is_sharded=True, txt_valid_lens=[6])
         with pytest.raises(ValueError, match="attn_mask cannot be combined with txt_is_sharded"):
-            single(x, vec, TXT, rope, attn_mask=key_mask([N_IMG] * 2, N_IMG + TXT), txt_is_sharded=True, txt_valid_lens=[TXT])
+            single(
+                x,
+                vec,
+                TXT,
+                rope,
+                attn_mask=key_mask([N_IMG] * 2, N_IMG + TXT),
+                txt_is_sharded=True,
+                txt_valid_lens=[TXT],
+            )
         with pytest.raises(ValueError, match="txt_len=18"):
             single(x, vec, 18, rope)
 
 
 @pytest.mark.parametrize(
     ("change", "key"),
-    [({"hidden": 64}, "hidden"), ({"num_heads": 5}, "num_heads"), ({"rope_axes_dim": [4, 6, 4]}, "rope_axes_dim"),
-     ({"mlp_ratio": "2"}, "mlp_ratio"), ({"rope_axes_dim": [4, 6, 6.0]}, "rope_axes_dim[2]")],
+    [
+        ({"hidden": 64}, "hidden"),
+        ({"num_heads": 5}, "num_heads"),
+        ({"rope_axes_dim": [4, 6, 4]}, "rope_axes_dim"),
+        ({"mlp_ratio": "2"}, "mlp_ratio"),
+        ({"rope_axes_dim": [4, 6, 6.0]}, "rope_axes_dim[2]"),
+    ],
 )
 def test_bad_block_config_names_the_key(change: dict, key: str) -> None:
     with pytest.raises(ModelConfigError) as info:
@@ -226,12 +268,19 @@ def test_bad_block_config_names_the_key(change: dict, key: str) -> None:
 # ---------------------------------------------------------------------------- the transformer
 @pytest.mark.parametrize(
     ("change", "key"),
-    [({"qk_norm": "layer_norm"}, "qk_norm"), ({"image_condition_type": "token_replace"}, "image_condition_type"),
-     ({"rope_axes_dim": [4, 6, 8]}, "rope_axes_dim"), ({"num_layers": -1}, "num_layers"), ({"attention_dims": 16}, "attention_dims")],
+    [
+        ({"qk_norm": "layer_norm"}, "qk_norm"),
+        ({"image_condition_type": "token_replace"}, "image_condition_type"),
+        ({"rope_axes_dim": [4, 6, 8]}, "rope_axes_dim"),
+        ({"num_layers": -1}, "num_layers"),
+        ({"attention_dims": 16}, "attention_dims"),
+    ],
 )
 def test_bad_transformer_config_names_the_key(change: dict, key: str) -> None:
     with pytest.raises(ModelConfigError) as info:
-        HunyuanVideoConfig.from_diffusers({"_class_name": "HunyuanVideoTransformer3DModel", **HUNYUAN_MODEL_TINY, **change})
+        HunyuanVideoConfig.from_diffusers(
+            {"_class_name": "HunyuanVideoTransformer3DModel", **HUNYUAN_MODEL_TINY, **change}
+        )
     assert info.value.key == key
 
 
@@ -244,8 +293,14 @@ def _model_inputs(lengths: list[int], text_len: int, seed: int = 1) -> tuple[Ten
     gen = torch.Generator().manual_seed(seed)
     b = len(lengths)
     mask = torch.tensor([[1] * n + [0] * (text_len - n) for n in lengths])
-    return (torch.randn(b, 4, 2, 8, 6, generator=gen), 1000 * torch.rand(b, generator=gen),
-            torch.randn(b, text_len, 32, generator=gen), mask, torch.randn(b, 16, generator=gen), torch.full((b,), 6000.0))
+    return (
+        torch.randn(b, 4, 2, 8, 6, generator=gen),
+        1000 * torch.rand(b, generator=gen),
+        torch.randn(b, text_len, 32, generator=gen),
+        mask,
+        torch.randn(b, 16, generator=gen),
+        torch.full((b,), 6000.0),
+    )
 
 
 def test_transformer_padding_content_is_invisible_and_valid_text_is_not() -> None:
@@ -293,8 +348,12 @@ def test_transformer_weights_round_trip(tmp_path) -> None:
 # ---------------------------------------------------------------------------- 2-rank SP parity
 @pytest.mark.parametrize(
     ("params", "key"),
-    [({"text_lengths": [16, 16]}, "text_lengths"), ({"masked_text_tokens": 5}, "masked_text_tokens"),
-     ({"world_size": 4, "masked_text_tokens": 9}, "masked_text_tokens"), ({"text_lengths": []}, "text_lengths")],
+    [
+        ({"text_lengths": [16, 16]}, "text_lengths"),
+        ({"masked_text_tokens": 5}, "masked_text_tokens"),
+        ({"world_size": 4, "masked_text_tokens": 9}, "masked_text_tokens"),
+        ({"text_lengths": []}, "text_lengths"),
+    ],
 )
 def test_masked_case_parameters_are_checked_before_any_rank_starts(params: dict, key: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -312,22 +371,32 @@ def parity() -> dict[str, list[ModelParity]]:
 N_IMG_SP = 32  # the worker's default grid (2, 4, 4)
 KINDS = ("double", "single")
 PARTS = ("image", "text")
-ORDERED = [f"{k}.{layout}.{p}" for k in KINDS for layout in ("suffix", "masked") for p in PARTS] + ["transformer", "transformer.masked"]
+ORDERED = [f"{k}.{layout}.{p}" for k in KINDS for layout in ("suffix", "masked") for p in PARTS] + [
+    "transformer",
+    "transformer.masked",
+]
 REORDERED = [f"{k}.varlen.{p}" for k in KINDS for p in PARTS] + ["transformer.varlen"]
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_sp2_figures_cover_every_path_on_both_ranks(parity: dict[str, list[ModelParity]], dtype_name: str) -> None:
     ranks = parity[dtype_name]
-    assert ranks[0].paths == ranks[1].paths and ranks[0].setup["txt_len"] == 7 and ranks[0].setup["text_lengths"] == [7, 3]
+    assert (
+        ranks[0].paths == ranks[1].paths and ranks[0].setup["txt_len"] == 7 and ranks[0].setup["text_lengths"] == [7, 3]
+    )
     paths = ranks[0].paths
     assert set(paths) == set(ORDERED + REORDERED)
-    assert paths["double.masked.image"].numel == 2 * N_IMG_SP * 64 and paths["transformer.masked"].numel == 2 * 4 * 2 * 8 * 8
+    assert (
+        paths["double.masked.image"].numel == 2 * N_IMG_SP * 64
+        and paths["transformer.masked"].numel == 2 * 4 * 2 * 8 * 8
+    )
 
 
 @pytest.mark.parametrize("name", ORDERED)
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_sp2_order_preserving_layouts_are_bitwise(parity: dict[str, list[ModelParity]], dtype_name: str, name: str) -> None:
+def test_sp2_order_preserving_layouts_are_bitwise(
+    parity: dict[str, list[ModelParity]], dtype_name: str, name: str
+) -> None:
     """Text as replicated suffix, and masked text with the joint sequence sharded: keys in single-rank order."""
     fig = parity[dtype_name][0].paths[name]
     assert fig.finite
@@ -336,7 +405,9 @@ def test_sp2_order_preserving_layouts_are_bitwise(parity: dict[str, list[ModelPa
 
 @pytest.mark.parametrize("name", REORDERED)
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_sp2_sharded_text_varlen_within_flash_attention_rule(parity: dict[str, list[ModelParity]], dtype_name: str, name: str) -> None:
+def test_sp2_sharded_text_varlen_within_flash_attention_rule(
+    parity: dict[str, list[ModelParity]], dtype_name: str, name: str
+) -> None:
     """The varlen path scans keys as [img_0, txt_0, img_1, txt_1]: a reordering, so bounded, not bitwise.
 
     FlashAttention's forward rule: |SP − fp64| ≤ 2·|single-rank low precision − fp64| + floor.

@@ -141,7 +141,9 @@ def test_rope_neox_layout_is_a_channel_permutation_of_interleaved() -> None:
     cos, sin = rope_cos_sin(torch.arange(5), dim)
     x = torch.randn(1, 5, 2, dim)
     perm = torch.cat([torch.arange(0, dim, 2), torch.arange(1, dim, 2)])  # interleaved → halves
-    torch.testing.assert_close(apply_rope(x[..., perm], cos, sin, interleaved=False), apply_rope(x, cos, sin)[..., perm])
+    torch.testing.assert_close(
+        apply_rope(x[..., perm], cos, sin, interleaved=False), apply_rope(x, cos, sin)[..., perm]
+    )
 
 
 def test_rope_batched_tables_and_shape_errors() -> None:
@@ -255,7 +257,9 @@ def test_build_and_load_fills_every_tensor_without_initialising() -> None:
     src = _Net()
     built = build_and_load(_Net, src.state_dict(), torch.bfloat16)
     assert built.proj.weight.device.type == "cpu" and built.proj.weight.dtype == torch.bfloat16
-    assert torch.equal(built.proj.weight, src.proj.weight.bfloat16()) and torch.equal(built.norm.weight, src.norm.weight.bfloat16())
+    assert torch.equal(built.proj.weight, src.proj.weight.bfloat16()) and torch.equal(
+        built.norm.weight, src.norm.weight.bfloat16()
+    )
     with pytest.raises(WeightLoadError, match="missing tensors: norm.weight"):
         build_and_load(_Net, {k: v for k, v in src.state_dict().items() if k != "norm.weight"})
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from harness.contracts.models import EXPECTED_DISPATCH, judge_audio, judge_video
+from harness.contracts.model_checks import EXPECTED_DISPATCH, judge_audio, judge_video
 from harness.targets.reference.vae import audio_cast_restore, audio_default, audio_fa, video_dispatch
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
@@ -163,7 +163,9 @@ def test_audio_default_is_fp32_sdpa_and_fused_backends_cast_and_restore():
 def test_audio_verdict_fails_an_uncast_fused_path():
     """A fused path that never cast (the attention saw fp32) fails cast_restore in the contract's verdict."""
     cast = audio_cast_restore()
-    problems, _ = judge_audio(audio_default(), audio_fa(), dataclasses.replace(cast, attention_dtypes=["torch.float32"] * 2))
+    problems, _ = judge_audio(
+        audio_default(), audio_fa(), dataclasses.replace(cast, attention_dtypes=["torch.float32"] * 2)
+    )
     assert problems == ["check failed: cast_restore: bf16 in and out of the attention"]
 
 

@@ -80,8 +80,9 @@ def test_a_missing_or_foreign_card_is_refused_naming_it(copy_of_built_in: Path) 
 def test_a_written_checkpoint_round_trips_and_a_missing_model_is_named(tmp_path: Path) -> None:
     random = build_models(PipelineConfig())
     path = tmp_path / "partial.safetensors"
-    digest = write_pipeline_weights(path, {"text_encoder": random.text_encoder, "vae": random.vae, "zimage": random.dit},
-                                    {"note": "random weights"})
+    digest = write_pipeline_weights(
+        path, {"text_encoder": random.text_encoder, "vae": random.vae, "zimage": random.dit}, {"note": "random weights"}
+    )
     card = json.loads(path.with_suffix(".json").read_text())
     assert card["sha256"] == digest and card["note"] == "random weights"
     loaded = run_pipeline(PipelineConfig(weights=str(path)))  # the same tensors as weights_seed=0 draws

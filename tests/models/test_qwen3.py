@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from harness.contracts.models import judge_masked_causal
+from harness.contracts.model_checks import judge_masked_causal
 from harness.targets.reference.encoder import check_masked_causal_lengths
 from reference_impl.attention.backends import AttentionBackendEnum
 from reference_impl.attention.selector import attention_backend_config
@@ -21,8 +21,15 @@ from reference_impl.models.qwen3 import CausalMaskPlan, Qwen3TextEncoder
 
 transformers = pytest.importorskip("transformers")
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, vocab_size=128)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+)
 LENGTHS = [7, 3, 10]
 # fp32 max abs difference from transformers on valid tokens, every hidden state; measured 1.9e-6.
 HF_BOUND = 1e-5
@@ -77,8 +84,11 @@ def test_every_hidden_state_matches_transformers_on_valid_tokens(hf) -> None:
     assert len(out.hidden_states) == len(ref.hidden_states) == TINY["num_hidden_layers"] + 1
     assert torch.equal(out.hidden_states[-1], out.last_hidden_state)
     pairs = list(zip((*out.hidden_states, out.last_hidden_state), (*ref.hidden_states, ref.last_hidden_state)))
-    errors = {(layer, row): _max_abs(ours[row, :n], theirs[row, :n]) for layer, (ours, theirs) in enumerate(pairs)
-              for row, n in enumerate(LENGTHS)}
+    errors = {
+        (layer, row): _max_abs(ours[row, :n], theirs[row, :n])
+        for layer, (ours, theirs) in enumerate(pairs)
+        for row, n in enumerate(LENGTHS)
+    }
     assert {at: e for at, e in errors.items() if not e <= HF_BOUND} == {}  # (hidden state, row): error past the bound
 
 
@@ -126,7 +136,12 @@ def test_masked_causal_attention_against_explicit_reference(backend: str | None)
 def test_mask_plan_rows() -> None:
     plan = CausalMaskPlan.from_lengths(torch.tensor([3, 0, 4]), 4)
     m = plan.mask[:, 0].int()
-    assert m[0].tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]]  # last row: padding, all valid keys
+    assert m[0].tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 0],
+    ]  # last row: padding, all valid keys
     assert m[2].tolist() == torch.ones(4, 4).tril().int().tolist()
     assert plan.empty_rows.tolist() == [False, True, False]
     with pytest.raises(ValueError, match="lengths"):
@@ -173,7 +188,9 @@ def test_packed_projections_load_through_the_shard_weight_loader(hf) -> None:
     assert qkv.weight.weight_loader == qkv.weight_loader and qkv.shard_ids == ("q", "k", "v")
     a = theirs.self_attn
     assert torch.equal(qkv.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
-    assert torch.equal(ours.mlp.gate_up_proj.weight, torch.cat([theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight]))
+    assert torch.equal(
+        ours.mlp.gate_up_proj.weight, torch.cat([theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight])
+    )
 
 
 def _edited(src: Path, dst: Path, edit) -> Path:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from harness.ranks import RankPool
-from harness.targets.reference.models import hunyuan_sp_parity_worker, zimage_sp_parity_worker
+from harness.targets.reference.hunyuan_parity import hunyuan_sp_parity_worker
+from harness.targets.reference.models import zimage_sp_parity_worker
 
 # fp32 drift measured at seed 0 (seeds 0-3 for HunyuanVideo: at most 3.6e-7): 1-4 ulps of outputs below 2.
 DRIFT_BOUND = 1e-6
@@ -34,9 +35,15 @@ SHARDS: dict[str, tuple[functools.partial, dict[str, float | None]]] = {
     "hunyuan-img16-mlp100": (_hunyuan((2, 4, 4), 1.5625), {"float32": None, "bfloat16": None}),  # 16·100 = 50·32
     "hunyuan-img12-mlp100": (_hunyuan((1, 4, 6), 1.5625), {"float32": DRIFT_BOUND, "bfloat16": None}),  # 5.96e-8
     "hunyuan-img12-mlp132": (_hunyuan((1, 4, 6), 2.0625), {"float32": DRIFT_BOUND, "bfloat16": None}),  # 2.38e-7
-    "hunyuan-img4-mlp128": (_hunyuan((1, 2, 4), 2.0), {"float32": DRIFT_BOUND, "bfloat16": None}),  # 4-row GEMMs: 3.58e-7
+    "hunyuan-img4-mlp128": (
+        _hunyuan((1, 2, 4), 2.0),
+        {"float32": DRIFT_BOUND, "bfloat16": None},
+    ),  # 4-row GEMMs: 3.58e-7
     "zimage-img3": (functools.partial(zimage_sp_parity_worker, grid_hw=(2, 3)), {"float32": None, "bfloat16": None}),
-    "zimage-img1": (functools.partial(zimage_sp_parity_worker, grid_hw=(1, 2)), {"float32": DRIFT_BOUND, "bfloat16": None}),  # 4.77e-7
+    "zimage-img1": (
+        functools.partial(zimage_sp_parity_worker, grid_hw=(1, 2)),
+        {"float32": DRIFT_BOUND, "bfloat16": None},
+    ),  # 4.77e-7
 }
 POINTS = [(name, dtype) for name, (_, expected) in SHARDS.items() for dtype in expected]
 
@@ -49,15 +56,21 @@ def worst() -> dict[tuple[str, str], dict[str, Any]]:
         for name, dtype in POINTS:
             paths = pool.run(SHARDS[name][0], dtype, 0)[0].paths
             judged = {k: v for k, v in paths.items() if "varlen" not in k and not k.startswith("control")}
-            figures[name, dtype] = {"max_abs": max(v.max_abs for v in judged.values()),
-                                    "moved": sorted(k for k, v in judged.items() if not v.bitwise),
-                                    "finite": all(v.finite for v in judged.values())}
+            figures[name, dtype] = {
+                "max_abs": max(v.max_abs for v in judged.values()),
+                "moved": sorted(k for k, v in judged.items() if not v.bitwise),
+                "finite": all(v.finite for v in judged.values()),
+            }
     return figures
 
 
-@pytest.mark.parametrize(("name", "dtype"), POINTS, ids=[f"{n}-{'fp32' if d == 'float32' else 'bf16'}" for n, d in POINTS])
+@pytest.mark.parametrize(
+    ("name", "dtype"), POINTS, ids=[f"{n}-{'fp32' if d == 'float32' else 'bf16'}" for n, d in POINTS]
+)
 def test_sp2_order_preserving_paths_are_bitwise_or_within_the_stated_drift(
-    worst: dict[tuple[str, str], dict[str, Any]], name: str, dtype: str,
+    worst: dict[tuple[str, str], dict[str, Any]],
+    name: str,
+    dtype: str,
 ) -> None:
     fig, bound = worst[name, dtype], SHARDS[name][1][dtype]
     assert fig["finite"], fig

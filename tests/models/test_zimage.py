@@ -35,7 +35,10 @@ def _hand_attention(mod: ZImageAttention, cfg: ZImageConfig, x: torch.Tensor, po
 
     q, k = rms(q, mod.norm_q.weight), rms(k, mod.norm_k.weight)
     angles = torch.cat(
-        [pos[:, a : a + 1] * cfg.rope_theta ** (-torch.arange(0, n, 2, dtype=torch.float64) / n) for a, n in enumerate(cfg.axes_dims)],
+        [
+            pos[:, a : a + 1] * cfg.rope_theta ** (-torch.arange(0, n, 2, dtype=torch.float64) / n)
+            for a, n in enumerate(cfg.axes_dims)
+        ],
         dim=-1,
     )
     rot = torch.polar(torch.ones_like(angles), angles)[None, :, None, :]
@@ -103,7 +106,12 @@ def test_bad_config_names_the_key(change: dict, key: str) -> None:
 
 
 def test_diffusers_bookkeeping_keys_are_dropped() -> None:
-    saved = {"_class_name": "ZImageTransformer2DModel", "_diffusers_version": "0.42.1", "_use_default_values": ["t_scale"], **CFG}
+    saved = {
+        "_class_name": "ZImageTransformer2DModel",
+        "_diffusers_version": "0.42.1",
+        "_use_default_values": ["t_scale"],
+        **CFG,
+    }
     assert ZImageConfig.from_diffusers(saved) == ZImageConfig.from_dict(CFG)
     assert ZImageConfig().head_dim == 128 and ZImageConfig().ffn_hidden_dim == 10240  # the released 6B sizes
 
@@ -191,7 +199,9 @@ def test_load_weights_round_trip_and_errors_name_the_tensor(tmp_path) -> None:
     with pytest.raises(WeightLoadError, match=r"missing tensors: layers\.1\.attention\.to_q\.weight"):
         dst.load_weights(weights)
     weights = dict(src.state_dict(), **{"all_final_layer.2-1.linear.bias": torch.zeros(5)})
-    with pytest.raises(WeightLoadError, match=r"misshapen tensor all_final_layer\.2-1\.linear\.bias: module expects \[16\]"):
+    with pytest.raises(
+        WeightLoadError, match=r"misshapen tensor all_final_layer\.2-1\.linear\.bias: module expects \[16\]"
+    ):
         dst.load_weights(weights)
 
 
@@ -219,7 +229,9 @@ def test_sp2_figures_cover_every_path_on_both_ranks(parity: dict[str, list[Model
 
 @pytest.mark.parametrize("name", JUDGED)
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_sp2_block_and_transformer_are_bitwise_single_rank(parity: dict[str, list[ModelParity]], dtype_name: str, name: str) -> None:
+def test_sp2_block_and_transformer_are_bitwise_single_rank(
+    parity: dict[str, list[ModelParity]], dtype_name: str, name: str
+) -> None:
     """Replicated-suffix caption (items of one length) and the masked unified sequence (per-item lengths)."""
     fig = parity[dtype_name][0].paths[name]
     assert fig.finite

@@ -45,8 +45,11 @@ def sleepy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _cases(tmp_path_factory.mktemp("tiny"), '[defaults]\nweights = "tiny-v1"\nprompt = "a cameraman"\nheight = 16\n'
-                                                   "width = 16\nsteps = 2\n\n[cases.tiny_1rank]\n")
+    return _cases(
+        tmp_path_factory.mktemp("tiny"),
+        '[defaults]\nweights = "tiny-v1"\nprompt = "a cameraman"\nheight = 16\n'
+        "width = 16\nsteps = 2\n\n[cases.tiny_1rank]\n",
+    )
 
 
 def _perf(cases: Path, out: Path, *argv: str) -> tuple[int, dict[str, Any]]:
@@ -70,8 +73,17 @@ def assert_slower(record: dict[str, Any], code: int) -> None:
 
 
 def test_a_command_against_itself_passes(sleepy: Path, tmp_path: Path) -> None:
-    code, doc = _perf(sleepy, tmp_path, "command", "command", "--base-arg", f"template={TEMPLATE}", "--head-arg",
-                      f"template={TEMPLATE}", *MANY)
+    code, doc = _perf(
+        sleepy,
+        tmp_path,
+        "command",
+        "command",
+        "--base-arg",
+        f"template={TEMPLATE}",
+        "--head-arg",
+        f"template={TEMPLATE}",
+        *MANY,
+    )
     record = _record(doc)
     assert (code, doc["verdict"], record["status"]) == (0, "passed", "passed"), record["reason"]
     figures = record["figures"]
@@ -80,13 +92,25 @@ def test_a_command_against_itself_passes(sleepy: Path, tmp_path: Path) -> None:
     judged = figures["figures_judged"]
     # the command's own timings and parity's clock of its process, each paired and judged
     assert {"wall_ms", "expected_e2e_ms", "stages_ms.DenoisingStage", "denoise_step_ms.3"} <= set(judged)
-    assert all(f["status"] == "passed" and f["ratio_low"] <= f["ratio"] <= f["ratio_high"] <= f["limit"] for f in judged.values())
+    assert all(
+        f["status"] == "passed" and f["ratio_low"] <= f["ratio"] <= f["ratio_high"] <= f["limit"]
+        for f in judged.values()
+    )
     assert len(figures["samples"]["wall_ms"]["base"]) == figures["pairs"]
 
 
 def test_a_command_whose_steps_sleep_10_percent_longer_fails(sleepy: Path, tmp_path: Path) -> None:
-    code, doc = _perf(sleepy, tmp_path, "command", "command", "--base-arg", f"template={TEMPLATE}", "--head-arg",
-                      f"template={TEMPLATE} --slow 0.1", *MANY)
+    code, doc = _perf(
+        sleepy,
+        tmp_path,
+        "command",
+        "command",
+        "--base-arg",
+        f"template={TEMPLATE}",
+        "--head-arg",
+        f"template={TEMPLATE} --slow 0.1",
+        *MANY,
+    )
     assert_slower(_record(doc), code)
     failure = ET.parse(tmp_path / "ab.xml").find(".//testcase[@name='sleepy']/failure")
     assert failure is not None and failure.get("type") == "failed"
@@ -100,7 +124,9 @@ def test_the_builtin_pipeline_against_itself_passes(tiny: Path, tmp_path: Path) 
 
 
 def test_the_builtin_pipeline_with_a_planted_10_percent_delay_fails(tiny: Path, tmp_path: Path) -> None:
-    code, doc = _perf(tiny, tmp_path, "reference", "tests.targets.slow_pipeline:factory", "--head-arg", "fraction=0.1", *MANY)
+    code, doc = _perf(
+        tiny, tmp_path, "reference", "tests.targets.slow_pipeline:factory", "--head-arg", "fraction=0.1", *MANY
+    )
     assert_slower(_record(doc), code)
 
 
@@ -111,9 +137,11 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-PLANTED = ("            step_marks.append(clock.mark())\n",
-           "            time.sleep(0.1 * (time.perf_counter() - step_start))  # planted: every step 10 % slower\n"
-           "            step_marks.append(clock.mark())\n            step_start = time.perf_counter()\n")
+PLANTED = (
+    "            step_marks.append(clock.mark())\n",
+    "            time.sleep(0.1 * (time.perf_counter() - step_start))  # planted: every step 10 % slower\n"
+    "            step_marks.append(clock.mark())\n            step_start = time.perf_counter()\n",
+)
 LOOP = ("        step_marks = [t_text]\n", "        step_marks = [t_text]\n        step_start = time.perf_counter()\n")
 
 
@@ -152,11 +180,17 @@ def test_a_commit_against_the_working_tree_it_was_made_from_passes(tiny: Path, h
     assert (code, record["status"]) == (0, "passed"), record["reason"]
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("rev:no-such-ref", "rev:no-such-ref"), ("rev:-x", "does not name a revision"),
-], ids=["unknown-ref", "option-like"])
-def test_a_revision_that_names_no_commit_is_a_configuration_error(tiny: Path, history: Path, spec: str, message: str,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("rev:no-such-ref", "rev:no-such-ref"),
+        ("rev:-x", "does not name a revision"),
+    ],
+    ids=["unknown-ref", "option-like"],
+)
+def test_a_revision_that_names_no_commit_is_a_configuration_error(
+    tiny: Path, history: Path, spec: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["perf", spec, "reference", "--cases", str(tiny), "--base-arg", f"repo={history}"]) == 2
     assert message in capsys.readouterr().err
 
@@ -172,14 +206,25 @@ def flat(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _cases(tmp_path_factory.mktemp("flat"), FLAT)
 
 
-@pytest.mark.parametrize(("head", "extra", "verdict", "pairs"), [
-    ("10", (), "passed", 10),  # every pair 1.0 exactly: decided at the first look
-    ("11", (), "failed", 10),  # every pair 1.1: beyond 5 %
-    ("9:11.6", ("--max-pairs", "12"), "inconclusive", 12),  # the interval straddles 1.05 up to the cap
-    ("9:11.6", ("--max-pairs", "12", "--inconclusive", "pass"), "passed", 12),
-], ids=["equal", "slower", "undecided", "undecided-counted-as-passed"])
-def test_the_verdict_and_its_exit_code_on_scripted_timings(flat: Path, tmp_path: Path, head: str, extra: tuple[str, ...],
-                                                           verdict: str, pairs: int, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("head", "extra", "verdict", "pairs"),
+    [
+        ("10", (), "passed", 10),  # every pair 1.0 exactly: decided at the first look
+        ("11", (), "failed", 10),  # every pair 1.1: beyond 5 %
+        ("9:11.6", ("--max-pairs", "12"), "inconclusive", 12),  # the interval straddles 1.05 up to the cap
+        ("9:11.6", ("--max-pairs", "12", "--inconclusive", "pass"), "passed", 12),
+    ],
+    ids=["equal", "slower", "undecided", "undecided-counted-as-passed"],
+)
+def test_the_verdict_and_its_exit_code_on_scripted_timings(
+    flat: Path,
+    tmp_path: Path,
+    head: str,
+    extra: tuple[str, ...],
+    verdict: str,
+    pairs: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     code, doc = _perf(flat, tmp_path, SCRIPTED, SCRIPTED, "--base-arg", "e2e=10", "--head-arg", f"e2e={head}", *extra)
     assert (code, doc["verdict"]) == (EXIT_CODES[verdict], verdict)
     record = _record(doc)
@@ -200,8 +245,22 @@ def test_the_gate_times_each_image_case_against_perf_base(tmp_path: Path) -> Non
     scripted = ("--pipeline-target", SCRIPTED, "--pipeline-target-arg", "e2e=11")
     assert main(["bless", "--all", "--cases", str(cases), "--baselines", str(baselines), *scripted]) == 0
     out = tmp_path / "gate.json"
-    code = main(["gate", "--cases", str(cases), "--baselines", str(baselines), *scripted, "--perf-base", SCRIPTED,
-                 "--perf-base-arg", "e2e=10", "--json", str(out)])
+    code = main(
+        [
+            "gate",
+            "--cases",
+            str(cases),
+            "--baselines",
+            str(baselines),
+            *scripted,
+            "--perf-base",
+            SCRIPTED,
+            "--perf-base-arg",
+            "e2e=10",
+            "--json",
+            str(out),
+        ]
+    )
     doc = json.loads(out.read_text())
     assert code == 1 and doc["verdict"] == "failed"
     assert doc["stages"]["contracts"]["summary"]["passed"] == 1 and doc["stages"]["images"]["summary"]["passed"] == 1
@@ -218,8 +277,9 @@ def test_perf_base_arg_without_perf_base_is_a_usage_error(capsys: pytest.Capture
 # --------------------------------------------------------------------------- absolute mode
 
 
-def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The doubled-step generator of the issue, on a stored baseline recorded here from 3 gates of the plain one.
 
     Tolerances of 75 %: recalibration refuses a tolerance inside the runs' spread, and a shared test
@@ -239,7 +299,9 @@ def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(tmp_path: 
     assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", *results, "--write"]) == 0
     assert main(["gate", *plain, "--report", str(tmp_path / "again")]) == 0  # the stored baseline turns the stage on
     report = tmp_path / "doubled"
-    assert main(["gate", *where, "--pipeline-target-arg", f"template={TEMPLATE} --slow 1.0", "--report", str(report)]) == 1
+    assert (
+        main(["gate", *where, "--pipeline-target-arg", f"template={TEMPLATE} --slow 1.0", "--report", str(report)]) == 1
+    )
     record = next(r for r in json.loads((report / "results.json").read_text())["stages"]["perf"]["records"])
     assert record["status"] == "failed" and "stages_ms.DenoisingStage" in record["reason"]
     assert record["reason"].endswith("[raw times against the stored baseline]")

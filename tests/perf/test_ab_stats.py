@@ -20,13 +20,35 @@ from harness.targets import Timings
 
 @pytest.mark.parametrize("n", range(1, 13))
 def test_the_signed_rank_distribution_is_the_count_of_sign_patterns(n: int) -> None:
-    sums = Counter(sum(rank for rank, on in zip(range(1, n + 1), signs) if on) for signs in itertools.product((0, 1), repeat=n))
+    sums = Counter(
+        sum(rank for rank, on in zip(range(1, n + 1), signs) if on) for signs in itertools.product((0, 1), repeat=n)
+    )
     assert _signed_rank_counts(n) == tuple(sums[t] for t in range(n * (n + 1) // 2 + 1))
 
 
 # Two-sided 5 % critical values of Wilcoxon's T (the largest T with P(T <= T) <= 0.025), as printed in the tables
-@pytest.mark.parametrize(("n", "critical"), [(6, 0), (7, 2), (8, 3), (9, 5), (10, 8), (11, 10), (12, 13), (13, 17), (14, 21),
-                                             (15, 25), (16, 29), (17, 34), (18, 40), (19, 46), (20, 52), (25, 89), (30, 137)])
+@pytest.mark.parametrize(
+    ("n", "critical"),
+    [
+        (6, 0),
+        (7, 2),
+        (8, 3),
+        (9, 5),
+        (10, 8),
+        (11, 10),
+        (12, 13),
+        (13, 17),
+        (14, 21),
+        (15, 25),
+        (16, 29),
+        (17, 34),
+        (18, 40),
+        (19, 46),
+        (20, 52),
+        (25, 89),
+        (30, 137),
+    ],
+)
 def test_the_interval_trims_the_published_critical_value_plus_one(n: int, critical: int) -> None:
     assert trimmed_per_side(n, 0.95) == critical + 1
 
@@ -50,8 +72,11 @@ def test_the_estimate_is_the_median_of_walsh_averages_and_the_interval_inverts_t
     assert got.low <= got.ratio <= got.high and got.coverage >= 0.95
     swapped = paired_ratio(head, base, 0.95)
     assert swapped is not None
-    assert (swapped.ratio, swapped.low, swapped.high) == (pytest.approx(1 / got.ratio), pytest.approx(1 / got.high),
-                                                           pytest.approx(1 / got.low))
+    assert (swapped.ratio, swapped.low, swapped.high) == (
+        pytest.approx(1 / got.ratio),
+        pytest.approx(1 / got.high),
+        pytest.approx(1 / got.low),
+    )
 
 
 @pytest.mark.parametrize("noise", ["lognormal", "exponential"])
@@ -61,6 +86,7 @@ def test_the_interval_covers_the_true_ratio_at_least_as_often_as_promised(noise:
     rng = np.random.default_rng(2026)
     covered, trials, n = 0, 600, 12
     for _ in range(trials):  # repeats: Monte Carlo trials of one interval
+
         def runs(scale: float) -> np.ndarray:
             jitter = rng.lognormal(0, 0.1, n) if noise == "lognormal" else 1 + rng.exponential(0.2, n)
             return scale * jitter
@@ -71,14 +97,20 @@ def test_the_interval_covers_the_true_ratio_at_least_as_often_as_promised(noise:
     assert covered / trials >= 0.93  # exact coverage 0.958 at n = 12; 600 trials have a standard error of 0.008
 
 
-@pytest.mark.parametrize(("base", "head", "status"), [
-    ([10.0] * 10, [11.0 + 0.01 * i for i in range(10)], FigureStatus.FAILED),  # 10 % slower: beyond 5 %
-    ([10.0] * 10, [10.0 + 0.01 * (-1) ** i for i in range(10)], FigureStatus.PASSED),  # equal within noise
-    ([10.0] * 10, [9.0, 11.6] * 5, FigureStatus.UNDECIDED),  # the interval straddles 1.05
-    ([10.0] * 5, [10.0] * 5, FigureStatus.UNDECIDED),  # too few pairs for a 95 % interval
-    ([0.2] * 10, [0.3] * 10, FigureStatus.PASSED),  # 0.1 ms slower, under the 0.5 ms floor: limit 1 + 0.5 / 0.2
-], ids=["slower", "equal", "straddles", "too-few", "under-the-floor"])
-def test_a_figure_is_judged_by_its_interval_against_its_limit(base: list[float], head: list[float], status: FigureStatus) -> None:
+@pytest.mark.parametrize(
+    ("base", "head", "status"),
+    [
+        ([10.0] * 10, [11.0 + 0.01 * i for i in range(10)], FigureStatus.FAILED),  # 10 % slower: beyond 5 %
+        ([10.0] * 10, [10.0 + 0.01 * (-1) ** i for i in range(10)], FigureStatus.PASSED),  # equal within noise
+        ([10.0] * 10, [9.0, 11.6] * 5, FigureStatus.UNDECIDED),  # the interval straddles 1.05
+        ([10.0] * 5, [10.0] * 5, FigureStatus.UNDECIDED),  # too few pairs for a 95 % interval
+        ([0.2] * 10, [0.3] * 10, FigureStatus.PASSED),  # 0.1 ms slower, under the 0.5 ms floor: limit 1 + 0.5 / 0.2
+    ],
+    ids=["slower", "equal", "straddles", "too-few", "under-the-floor"],
+)
+def test_a_figure_is_judged_by_its_interval_against_its_limit(
+    base: list[float], head: list[float], status: FigureStatus
+) -> None:
     verdict = judge_figure("expected_e2e_ms", base, head, DEFAULT_AB_TOLERANCES, 0.95)
     assert verdict.status == status
     assert verdict.limit == pytest.approx(1 + max(0.05, 0.5 / verdict.base_ms))
@@ -95,10 +127,17 @@ def test_a_failure_is_claimed_over_every_figure_judged() -> None:
     assert "not beyond it at the 99.5% a claim over every figure needs: 1.040" in among_ten.describe()
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"min_pairs": 5}, "6 <= min_pairs"), ({"min_pairs": 20, "max_pairs": 10}, "min_pairs <= max_pairs"),
-    ({"max_pairs": 201}, "max_pairs <= 200"), ({"warmup": -1}, "warmup >= 0"), ({"confidence": 1.0}, "confidence"),
-], ids=["min-below-an-interval", "min-above-max", "max-above-the-exact-table", "negative-warmup", "confidence-one"])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_pairs": 5}, "6 <= min_pairs"),
+        ({"min_pairs": 20, "max_pairs": 10}, "min_pairs <= max_pairs"),
+        ({"max_pairs": 201}, "max_pairs <= 200"),
+        ({"warmup": -1}, "warmup >= 0"),
+        ({"confidence": 1.0}, "confidence"),
+    ],
+    ids=["min-below-an-interval", "min-above-max", "max-above-the-exact-table", "negative-warmup", "confidence-one"],
+)
 def test_sampling_refuses_what_cannot_give_a_verdict(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Sampling(**kwargs)
@@ -107,20 +146,28 @@ def test_sampling_refuses_what_cannot_give_a_verdict(kwargs: dict, message: str)
 class ScriptedSession:
     """A session whose runs' timings come from ``times`` (ms, cycled), logging which side ran."""
 
-    def __init__(self, name: str, times: list[float], log: list[str], stages: tuple[str, ...] = ("DenoisingStage",)) -> None:
+    def __init__(
+        self, name: str, times: list[float], log: list[str], stages: tuple[str, ...] = ("DenoisingStage",)
+    ) -> None:
         self.name, self.times, self.log, self.stages, self.i = name, times, log, stages, 0
 
     def run(self, placement: int | None = None) -> TimedRun:
         e2e = self.times[self.i % len(self.times)]
         self.i += 1
         self.log.append(self.name)
-        return TimedRun(Timings(e2e, {s: e2e / 2 for s in self.stages}, [e2e / 4, e2e / 4]), e2e + 1.0, (), "not_measured")
+        return TimedRun(
+            Timings(e2e, {s: e2e / 2 for s in self.stages}, [e2e / 4, e2e / 4]), e2e + 1.0, (), "not_measured"
+        )
 
 
 def test_runs_alternate_in_abba_order_after_the_warm_up_and_stop_once_decided() -> None:
     log: list[str] = []
-    comparison = compare(ScriptedSession("B", [10.0], log), ScriptedSession("H", [10.0], log),
-                         Sampling(warmup=2, min_pairs=6, max_pairs=50), DEFAULT_AB_TOLERANCES)
+    comparison = compare(
+        ScriptedSession("B", [10.0], log),
+        ScriptedSession("H", [10.0], log),
+        Sampling(warmup=2, min_pairs=6, max_pairs=50),
+        DEFAULT_AB_TOLERANCES,
+    )
     assert log[:4] == ["B", "H", "B", "H"]  # warm-up
     assert "".join(log[4:]) == "BH" + "HB" + "BH" + "HB" + "BH" + "HB"  # ABBA: drift lands on both sides alike
     assert comparison.pairs == 6 and not comparison.capped and not comparison.failed and not comparison.undecided
@@ -129,11 +176,19 @@ def test_runs_alternate_in_abba_order_after_the_warm_up_and_stop_once_decided() 
 
 def test_an_undecided_figure_runs_to_the_cap_and_a_failed_one_stops_at_once() -> None:
     log: list[str] = []
-    undecided = compare(ScriptedSession("B", [10.0], log), ScriptedSession("H", [9.0, 11.6], log),
-                        Sampling(warmup=0, min_pairs=6, max_pairs=9), DEFAULT_AB_TOLERANCES)
+    undecided = compare(
+        ScriptedSession("B", [10.0], log),
+        ScriptedSession("H", [9.0, 11.6], log),
+        Sampling(warmup=0, min_pairs=6, max_pairs=9),
+        DEFAULT_AB_TOLERANCES,
+    )
     assert undecided.pairs == 9 and undecided.capped and undecided.undecided and not undecided.failed
-    slower = compare(ScriptedSession("B", [10.0], log), ScriptedSession("H", [12.0], log),
-                     Sampling(warmup=0, min_pairs=6, max_pairs=50), DEFAULT_AB_TOLERANCES)
+    slower = compare(
+        ScriptedSession("B", [10.0], log),
+        ScriptedSession("H", [12.0], log),
+        Sampling(warmup=0, min_pairs=6, max_pairs=50),
+        DEFAULT_AB_TOLERANCES,
+    )
     # 7 figures (wall, e2e, the stage, 2 steps, their average and median): a failure is claimed at 1 - 0.05/7,
     # whose interval needs 9 pairs; every pair reads exactly 1.2, so the 9th fails the figures beyond their limits
     assert slower.pairs == min_pairs(1 - 0.05 / 7) == 9
@@ -142,10 +197,15 @@ def test_an_undecided_figure_runs_to_the_cap_and_a_failed_one_stops_at_once() ->
 
 def test_figures_only_one_side_records_are_listed_not_judged() -> None:
     log: list[str] = []
-    comparison = compare(ScriptedSession("B", [10.0], log, ("DenoisingStage", "TextEncodingStage")),
-                         ScriptedSession("H", [10.0], log, ("DenoisingStage", "PreparationStage")),
-                         Sampling(warmup=0, min_pairs=6, max_pairs=6), DEFAULT_AB_TOLERANCES)
-    assert comparison.unpaired == {"stages_ms.PreparationStage": "recorded by HEAD only",
-                                   "stages_ms.TextEncodingStage": "recorded by BASE only"}
+    comparison = compare(
+        ScriptedSession("B", [10.0], log, ("DenoisingStage", "TextEncodingStage")),
+        ScriptedSession("H", [10.0], log, ("DenoisingStage", "PreparationStage")),
+        Sampling(warmup=0, min_pairs=6, max_pairs=6),
+        DEFAULT_AB_TOLERANCES,
+    )
+    assert comparison.unpaired == {
+        "stages_ms.PreparationStage": "recorded by HEAD only",
+        "stages_ms.TextEncodingStage": "recorded by BASE only",
+    }
     assert comparison.verdict("stages_ms.DenoisingStage") is not None
     assert comparison.verdict("stages_ms.TextEncodingStage") is None

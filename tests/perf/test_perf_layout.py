@@ -22,11 +22,14 @@ def _write(path: Path, doc: object) -> Path:
 
 
 def test_base_scenarios_apply_only_on_the_named_platform(tmp_path: Path) -> None:
-    _write(tmp_path / "perf_baselines.json", {
-        "metadata": {"hardware": "NVIDIA H200", "platform": "h200"},
-        "tolerances": {"pr_test": {**TOL, "abs_floor_ms": 1.5}},
-        "scenarios": {"a": {"expected_e2e_ms": 10.0}},
-    })
+    _write(
+        tmp_path / "perf_baselines.json",
+        {
+            "metadata": {"hardware": "NVIDIA H200", "platform": "h200"},
+            "tolerances": {"pr_test": {**TOL, "abs_floor_ms": 1.5}},
+            "scenarios": {"a": {"expected_e2e_ms": 10.0}},
+        },
+    )
     assert PerfBaselines.for_platform(tmp_path, "h200").scenario_ids == ["a"]
     assert PerfBaselines.for_platform(tmp_path, "h200_nvl").scenario_ids == ["a"]  # token prefix
     other = PerfBaselines.for_platform(tmp_path, "h20")
@@ -39,9 +42,13 @@ def test_base_scenarios_apply_only_on_the_named_platform(tmp_path: Path) -> None
 def test_overlay_under_platforms_perf_beside_threshold_overlays(tmp_path: Path) -> None:
     _write(tmp_path / "perf_baselines.json", {"tolerances": {"pr_test": TOL}})
     _write(tmp_path / "platforms" / "mi300x.json", {"cases": {}})  # a threshold overlay: not perf
-    overlay = _write(perf_overlay_path(tmp_path, "mi300x"), {
-        "tolerances": {"pr_test": {"e2e": 0.5}}, "scenarios": {"a": {"expected_e2e_ms": 7.0}},
-    })
+    overlay = _write(
+        perf_overlay_path(tmp_path, "mi300x"),
+        {
+            "tolerances": {"pr_test": {"e2e": 0.5}},
+            "scenarios": {"a": {"expected_e2e_ms": 7.0}},
+        },
+    )
     assert overlay == tmp_path / "platforms" / "perf" / "mi300x.json"
     pb = PerfBaselines.for_platform(tmp_path, "mi300x")
     assert pb.scenario("a") == {"expected_e2e_ms": 7.0}

@@ -37,8 +37,11 @@ seed = 1
 [cases.perf_b]
 seed = 2
 """
-THRESHOLDS = {f"default_{m}_threshold_{k}": v for k in ("image", "video")
-              for m, v in (("clip", 0.98), ("ssim", 0.95), ("psnr", 30.0), ("mean_abs_diff", 4.0))}
+THRESHOLDS = {
+    f"default_{m}_threshold_{k}": v
+    for k in ("image", "video")
+    for m, v in (("clip", 0.98), ("ssim", 0.95), ("psnr", 30.0), ("mean_abs_diff", 4.0))
+}
 PLATFORM = platform_name("cpu")
 
 
@@ -53,7 +56,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     (cases / "images" / "tiny.toml").write_text(clip_pinned(IMAGE_CASES))
     baselines.mkdir()
     (baselines / "consistency_threshold.json").write_text(json.dumps({**THRESHOLDS, "cases": {}}))
-    (baselines / PERF_BASE_FILE).write_bytes((REPO / "baselines" / PERF_BASE_FILE).read_bytes())  # the shipped tolerances
+    (baselines / PERF_BASE_FILE).write_bytes(
+        (REPO / "baselines" / PERF_BASE_FILE).read_bytes()
+    )  # the shipped tolerances
     assert main(["bless", "--all", "--cases", str(cases), "--baselines", str(baselines)]) == 0
     return cases, baselines
 
@@ -71,12 +76,15 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     out = capsys.readouterr().out
     assert code == 0
     reason = doc["stages"]["perf"]["skipped"]
-    assert reason.startswith(f"no perf baseline for hardware '{PLATFORM}'; time HEAD against BASE side by side with "
-                             "`--perf-base SPEC`")
+    assert reason.startswith(
+        f"no perf baseline for hardware '{PLATFORM}'; time HEAD against BASE side by side with `--perf-base SPEC`"
+    )
     where = f"--cases {cases} --baselines {baselines}"  # the commands repeat the options this gate ran with
     runs = " && ".join(f"parity gate --perf --report perf-run{i} {where}" for i in (1, 2, 3))
-    recalibrate = (f"parity recalibrate perf --results perf-run1/results.json perf-run2/results.json perf-run3/results.json "
-                   f"--write --baselines {baselines}")
+    recalibrate = (
+        f"parity recalibrate perf --results perf-run1/results.json perf-run2/results.json perf-run3/results.json "
+        f"--write --baselines {baselines}"
+    )
     assert f"to create one on this machine, run `{runs} && {recalibrate}`" in reason
     assert f"(writes platforms/perf/{PLATFORM}.json)" in reason
     assert "perf: skipped (no perf baseline for hardware" in " ".join(out.split())
@@ -89,8 +97,9 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
     assert records["perf_a"]["reason"] == f"no perf baseline for scenario 'perf_a' on '{PLATFORM}'"
     measured = doc["perf"]["perf_a"]
     assert (measured["runs"], measured["warmup"], len(measured["denoise_step_ms"])) == (2, 0, 2)
-    assert measured["expected_e2e_ms"] == pytest.approx(sorted(measured["samples"]["expected_e2e_ms"])[0] / 2
-                                                       + sorted(measured["samples"]["expected_e2e_ms"])[1] / 2)  # raw
+    assert measured["expected_e2e_ms"] == pytest.approx(
+        sorted(measured["samples"]["expected_e2e_ms"])[0] / 2 + sorted(measured["samples"]["expected_e2e_ms"])[1] / 2
+    )  # raw
     # 3. recalibration turns the measurement into this machine's overlay (4 significant figures)
     results = tmp_path / "r2" / "results.json"
     assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", str(results), "--write"]) == 0
@@ -126,24 +135,37 @@ def test_new_machine_flow(setup: tuple[Path, Path], tmp_path: Path, capsys) -> N
 
 def _scaled(scenario: dict[str, Any], factor: float) -> dict[str, Any]:
     """Every timing times ``factor`` (the dispersion, a ratio, as it was)."""
-    return {key: value if key == "dispersion" else
-            {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor
-            for key, value in scenario.items()}
+    return {
+        key: value
+        if key == "dispersion"
+        else {k: v * factor for k, v in value.items()}
+        if isinstance(value, dict)
+        else value * factor
+        for key, value in scenario.items()
+    }
 
 
 def _context(cases: Path, baselines: Path, pools: PoolSet | None = None, **perf: Any) -> GateContext:
-    options = GateOptions(cases_root=cases, baselines_dir=baselines, perf=PerfOptions(**{"runs": 1, "sampling": Sampling(warmup=0), **perf}))
+    options = GateOptions(
+        cases_root=cases,
+        baselines_dir=baselines,
+        perf=PerfOptions(**{"runs": 1, "sampling": Sampling(warmup=0), **perf}),
+    )
     return GateContext(options, make_console(), make_console(stderr=True), pools or PoolSet("cpu"))
 
 
-def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Path], tmp_path: Path, monkeypatch) -> None:
+def test_generous_baseline_passes_and_env_tolerances_apply(
+    setup: tuple[Path, Path], tmp_path: Path, monkeypatch
+) -> None:
     cases, real = setup
     baselines = tmp_path / "baselines"
     baselines.mkdir()
     (baselines / PERF_BASE_FILE).write_bytes((real / PERF_BASE_FILE).read_bytes())
-    generous = {"expected_e2e_ms": 60000.0, "stages_ms": {"TextEncodingStage": 20000.0, "DenoisingStage": 20000.0,
-                                                          "DecodingStage": 20000.0},
-                "denoise_step_ms": {"0": 10000.0, "1": 10000.0}}
+    generous = {
+        "expected_e2e_ms": 60000.0,
+        "stages_ms": {"TextEncodingStage": 20000.0, "DenoisingStage": 20000.0, "DecodingStage": 20000.0},
+        "denoise_step_ms": {"0": 10000.0, "1": 10000.0},
+    }
     overlay = perf_overlay_path(baselines, PLATFORM)
     overlay.parent.mkdir(parents=True)
     overlay.write_text(json.dumps({"scenarios": {"perf_a": generous, "perf_b": {"expected_e2e_ms": 0.5}}}))
@@ -158,7 +180,8 @@ def test_generous_baseline_passes_and_env_tolerances_apply(setup: tuple[Path, Pa
     assert (counts(result.results)[PASSED], result.failed) == (2, 0)
     assert {r.figures["tolerances"]["e2e"] for r in result.results} == {100000.0}
     assert all(r.bound.endswith("raw values within their tolerance of the stored baseline") for r in result.results), [
-        r.bound for r in result.results]
+        r.bound for r in result.results
+    ]
     assert set(result.top_level["perf"]) == {"perf_a", "perf_b"}
 
 
@@ -166,10 +189,17 @@ def test_failed_check_lines_name_the_slack_that_set_the_limit() -> None:
     from harness.baselines.perf import PerfCheck
     from harness.gate.perf import failed_checks
 
-    checks = [PerfCheck("e2e", 25.0, 35.2, 0.2, False, 30.0), PerfCheck("step", 0.5, 3.0, 0.25, False, 1.5),
-              PerfCheck("gone", 10.0, None, 0.3, False, 13.0), PerfCheck("fine", 10.0, 9.0, 0.3, True, 13.0)]
-    assert failed_checks(checks) == ["e2e 35.2 > 30 (25 ms +20%)", "step 3 > 1.5 (0.5 ms + 1 ms floor)",
-                                     "gone not measured > 13 (10 ms +30%)"]
+    checks = [
+        PerfCheck("e2e", 25.0, 35.2, 0.2, False, 30.0),
+        PerfCheck("step", 0.5, 3.0, 0.25, False, 1.5),
+        PerfCheck("gone", 10.0, None, 0.3, False, 13.0),
+        PerfCheck("fine", 10.0, 9.0, 0.3, True, 13.0),
+    ]
+    assert failed_checks(checks) == [
+        "e2e 35.2 > 30 (25 ms +20%)",
+        "step 3 > 1.5 (0.5 ms + 1 ms floor)",
+        "gone not measured > 13 (10 ms +30%)",
+    ]
 
 
 def test_a_planted_slowdown_fails_against_this_machines_own_baseline(setup: tuple[Path, Path], tmp_path: Path) -> None:
@@ -185,8 +215,17 @@ def test_a_planted_slowdown_fails_against_this_machines_own_baseline(setup: tupl
     assert code == 0
     results = tmp_path / "plain" / "results.json"
     assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", str(results), "--write"]) == 0
-    code, doc = _gate(cases, baselines, tmp_path / "slow", "--perf-runs", "3",
-                      "--pipeline-target", "tests.targets.slow_pipeline:factory", "--pipeline-target-arg", "fraction=3.0")
+    code, doc = _gate(
+        cases,
+        baselines,
+        tmp_path / "slow",
+        "--perf-runs",
+        "3",
+        "--pipeline-target",
+        "tests.targets.slow_pipeline:factory",
+        "--pipeline-target-arg",
+        "fraction=3.0",
+    )
     assert code == 1
     records = doc["stages"]["perf"]["records"]
     assert {r["status"] for r in records} <= {FAILED}

@@ -38,7 +38,9 @@ def _metrics(clip: Any, ssim: Any, psnr: Any, mad: Any) -> dict[str, Any]:
     return {"clip": clip, "ssim": ssim, "psnr": psnr, "mean_abs_diff": mad}
 
 
-def _results(path: Path, cases: dict[str, dict[str, Any]], platform: str | None = "h200", perf: dict | None = None) -> Path:
+def _results(
+    path: Path, cases: dict[str, dict[str, Any]], platform: str | None = "h200", perf: dict | None = None
+) -> Path:
     doc: dict[str, Any] = {"cases": {cid: {"kind": "image", "passed": True, "metrics": m} for cid, m in cases.items()}}
     if platform is not None:
         doc["platform"] = platform
@@ -91,7 +93,9 @@ def test_thresholds_table_by_hand_and_dry_run_writes_nothing(baselines: Path, th
     assert base.read_bytes() == before and not base.with_name(base.name + ".bak").exists()
 
 
-def test_thresholds_write_refuses_loosening_then_writes_with_backup(baselines: Path, three_runs: list[Path], capsys) -> None:
+def test_thresholds_write_refuses_loosening_then_writes_with_backup(
+    baselines: Path, three_runs: list[Path], capsys
+) -> None:
     base = baselines / "consistency_threshold.json"
     before = base.read_bytes()
     argv = ["recalibrate", "thresholds", "--baselines", str(baselines), "--results", *map(str, three_runs), "--write"]
@@ -104,17 +108,34 @@ def test_thresholds_write_refuses_loosening_then_writes_with_backup(baselines: P
     assert f"previous kept as {base.name}.bak" in capsys.readouterr().out
     assert base.with_name(base.name + ".bak").read_bytes() == before
     doc = _read(base)
-    assert doc["cases"]["flux_image_t2i"] == {"clip_threshold": 0.9731, "ssim_threshold": 0.93,
-                                              "psnr_threshold": 25.4, "mean_abs_diff_threshold": 5.2}
+    assert doc["cases"]["flux_image_t2i"] == {
+        "clip_threshold": 0.9731,
+        "ssim_threshold": 0.93,
+        "psnr_threshold": 25.4,
+        "mean_abs_diff_threshold": 5.2,
+    }
     old = json.loads(before)
     assert doc["_comment"] == old["_comment"] and len(doc["cases"]) == len(old["cases"])  # everything else kept
 
 
-def test_thresholds_platform_overlay_and_policy_file(baselines: Path, three_runs: list[Path], tmp_path: Path, capsys) -> None:
+def test_thresholds_platform_overlay_and_policy_file(
+    baselines: Path, three_runs: list[Path], tmp_path: Path, capsys
+) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text("[ssim]\nmargin = 0.01\n[psnr]\nmargin = 2\ncap = 35\n")
-    argv = ["recalibrate", "thresholds", "--baselines", str(baselines), "--results", *map(str, three_runs),
-            "--policy", str(policy), "--platform", "h200", "--write"]
+    argv = [
+        "recalibrate",
+        "thresholds",
+        "--baselines",
+        str(baselines),
+        "--results",
+        *map(str, three_runs),
+        "--policy",
+        str(policy),
+        "--platform",
+        "h200",
+        "--write",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     rows = _rows(out)
@@ -123,8 +144,9 @@ def test_thresholds_platform_overlay_and_policy_file(baselines: Path, three_runs
     overlay = baselines / "platforms" / "h200.json"
     assert "(new file)" in out
     # only the values that change are written into the overlay; the base is untouched
-    assert _read(overlay) == {"cases": {"flux_image_t2i": {"clip_threshold": 0.9731, "psnr_threshold": 26.4,
-                                                           "mean_abs_diff_threshold": 5.2}}}
+    assert _read(overlay) == {
+        "cases": {"flux_image_t2i": {"clip_threshold": 0.9731, "psnr_threshold": 26.4, "mean_abs_diff_threshold": 5.2}}
+    }
     assert _read(baselines / "consistency_threshold.json")["cases"]["flux_image_t2i"]["psnr_threshold"] == 24.0
     # the next recalibration of h200 starts from the overlay: the old column shows its values
     assert main(argv[:-1]) == 0
@@ -138,10 +160,15 @@ def test_thresholds_per_platform_and_platform_mismatch(baselines: Path, tmp_path
     assert main([*argv, "--per-platform"]) == 0
     # h200: clip 0.999-0.02, psnr 40-3 capped at 30, mad floored at 4; ssim 0.999-0.04 capped at 0.95 = base
     assert _read(baselines / "platforms" / "h200.json")["cases"]["flux_image_t2i"] == {
-        "clip_threshold": 0.979, "psnr_threshold": 30.0, "mean_abs_diff_threshold": 4.0}
+        "clip_threshold": 0.979,
+        "psnr_threshold": 30.0,
+        "mean_abs_diff_threshold": 4.0,
+    }
     # mi300x: clip 0.99-0.02; psnr 27-3 = 24 = base, so not written
     assert _read(baselines / "platforms" / "mi300x.json")["cases"]["flux_image_t2i"] == {
-        "clip_threshold": 0.97, "mean_abs_diff_threshold": 4.0}
+        "clip_threshold": 0.97,
+        "mean_abs_diff_threshold": 4.0,
+    }
     # pooled into the base: the worst machine sets the bound (psnr 27 - 3 = 24: unchanged)
     capsys.readouterr()
     assert main(argv[:-1]) == 0
@@ -156,7 +183,20 @@ def test_thresholds_per_platform_and_platform_mismatch(baselines: Path, tmp_path
     assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", str(hostile), "--write"]) == 2
     assert f"{hostile}: key 'platform': '../../x' is not a normalised platform name" in capsys.readouterr().err
     no_platform = _results(tmp_path / "c.json", {"flux_image_t2i": _metrics(0.99, 0.99, 30.0, 1.0)}, platform=None)
-    assert main(["recalibrate", "thresholds", "--baselines", str(baselines), "--results", str(no_platform), "--per-platform"]) == 2
+    assert (
+        main(
+            [
+                "recalibrate",
+                "thresholds",
+                "--baselines",
+                str(baselines),
+                "--results",
+                str(no_platform),
+                "--per-platform",
+            ]
+        )
+        == 2
+    )
     assert "missing key 'platform'" in capsys.readouterr().err
 
 
@@ -169,14 +209,26 @@ def test_thresholds_per_platform_and_platform_mismatch(baselines: Path, tmp_path
     ],
 )
 @pytest.mark.parametrize("what", ["thresholds", "perf"])
-def test_corrupt_results_are_refused_with_their_path(baselines: Path, tmp_path: Path, three_runs: list[Path], capsys,
-                                                      content: str, message: str, what: str) -> None:
+def test_corrupt_results_are_refused_with_their_path(
+    baselines: Path, tmp_path: Path, three_runs: list[Path], capsys, content: str, message: str, what: str
+) -> None:
     bad = tmp_path / "broken" / "results.json"
     bad.parent.mkdir()
     bad.write_text(content)
     before = (baselines / "consistency_threshold.json").read_bytes()
-    argv = ["recalibrate", what, "--baselines", str(baselines), "--results", str(three_runs[0]), str(bad), "--write",
-            "--allow-loosen", "--platform", "h200"]
+    argv = [
+        "recalibrate",
+        what,
+        "--baselines",
+        str(baselines),
+        "--results",
+        str(three_runs[0]),
+        str(bad),
+        "--write",
+        "--allow-loosen",
+        "--platform",
+        "h200",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"parity recalibrate: error: {bad}" in err and message in err
@@ -205,16 +257,22 @@ def _measured(e2e: float, text: float, denoise: float, decode: float, steps: lis
 
 
 def _perf_runs(tmp_path: Path, platform: str, measurements: list[dict[str, Any]], tag: str = "") -> list[Path]:
-    return [_results(tmp_path / f"{platform}{tag}{i}.json", {}, platform=platform, perf={"zimage_t2i_1rank": m})
-            for i, m in enumerate(measurements)]
+    return [
+        _results(tmp_path / f"{platform}{tag}{i}.json", {}, platform=platform, perf={"zimage_t2i_1rank": m})
+        for i, m in enumerate(measurements)
+    ]
 
 
 def test_perf_creates_the_machine_overlay_from_medians(baselines: Path, tmp_path: Path, capsys) -> None:
-    runs = _perf_runs(tmp_path, "h200", [
-        _measured(20.123456, 1.11111, 15.5, 3.3, [3.0, 4.0]),
-        _measured(22.0, 1.2, 16.0, 3.4, [3.5, 4.5]),
-        _measured(23.0, 1.3, 16.5, 3.5, [3.6, 4.6]),
-    ])
+    runs = _perf_runs(
+        tmp_path,
+        "h200",
+        [
+            _measured(20.123456, 1.11111, 15.5, 3.3, [3.0, 4.0]),
+            _measured(22.0, 1.2, 16.0, 3.4, [3.5, 4.5]),
+            _measured(23.0, 1.3, 16.5, 3.5, [3.6, 4.6]),
+        ],
+    )
     argv = ["recalibrate", "perf", "--baselines", str(baselines), "--results", *map(str, runs)]
     assert main(argv) == 0
     rows = _rows(capsys.readouterr().out)
@@ -233,9 +291,16 @@ def test_perf_creates_the_machine_overlay_from_medians(baselines: Path, tmp_path
         "denoise_step_ms": {"0": 3.5, "1": 4.5},
         "expected_avg_denoise_ms": 4.0,  # medians of 3.5, 4.0, 4.1
         "expected_median_denoise_ms": 4.0,
-        "dispersion": {"expected_e2e_ms": 0.085, "stages_ms.TextEncodingStage": 0.083, "stages_ms.DenoisingStage": 0.031,
-                       "stages_ms.DecodingStage": 0.029, "denoise_step_ms.0": 0.143, "denoise_step_ms.1": 0.111,
-                       "expected_avg_denoise_ms": 0.125, "expected_median_denoise_ms": 0.125},
+        "dispersion": {
+            "expected_e2e_ms": 0.085,
+            "stages_ms.TextEncodingStage": 0.083,
+            "stages_ms.DenoisingStage": 0.031,
+            "stages_ms.DecodingStage": 0.029,
+            "denoise_step_ms.0": 0.143,
+            "denoise_step_ms.1": 0.111,
+            "expected_avg_denoise_ms": 0.125,
+            "expected_median_denoise_ms": 0.125,
+        },
     }
     assert "tolerances" not in doc  # the overlay holds this machine's numbers; tolerances stay in the base
 
@@ -243,15 +308,31 @@ def test_perf_creates_the_machine_overlay_from_medians(baselines: Path, tmp_path
 def test_perf_refuses_a_tolerance_inside_the_measured_noise(baselines: Path, tmp_path: Path, capsys) -> None:
     """One gate of three read 40 ms where the others read 20-22: a tolerance that cannot hold this machine's
     noise (this file gives e2e 30 %), so the baseline is not written (exit 2), and the table marks the values it could not hold."""
-    runs = _perf_runs(tmp_path, "h200", [_measured(20.1, 1.1, 15.5, 3.3, [3.0, 4.0]), _measured(22.0, 1.2, 16.0, 3.4, [3.5, 4.5]),
-                                         _measured(40.0, 5.0, 30.0, 5.0, [9.0, 9.0])])
+    runs = _perf_runs(
+        tmp_path,
+        "h200",
+        [
+            _measured(20.1, 1.1, 15.5, 3.3, [3.0, 4.0]),
+            _measured(22.0, 1.2, 16.0, 3.4, [3.5, 4.5]),
+            _measured(40.0, 5.0, 30.0, 5.0, [9.0, 9.0]),
+        ],
+    )
     argv = ["recalibrate", "perf", "--baselines", str(baselines), "--results", *map(str, runs)]
     assert main(argv) == 0  # a dry run shows it
-    assert _rows(capsys.readouterr().out)[("zimage_t2i_1rank", "expected_e2e_ms")] == ["-", "22", "22", "±81.8% ≥ tol 30%", "added"]
+    assert _rows(capsys.readouterr().out)[("zimage_t2i_1rank", "expected_e2e_ms")] == [
+        "-",
+        "22",
+        "22",
+        "±81.8% ≥ tol 30%",
+        "added",
+    ]
     assert main([*argv, "--write"]) == 2
     err = capsys.readouterr().err
-    assert "inside the measured noise" in err and "zimage_t2i_1rank.expected_e2e_ms: - -> 22 (median 22): runs spread ±81.8%, " \
-        "tolerance 30.0%" in " ".join(err.split())
+    assert (
+        "inside the measured noise" in err
+        and "zimage_t2i_1rank.expected_e2e_ms: - -> 22 (median 22): runs spread ±81.8%, tolerance 30.0%"
+        in " ".join(err.split())
+    )
     assert not (baselines / "platforms" / "perf" / "h200.json").exists()
 
 
@@ -260,7 +341,9 @@ def test_perf_margin_rounding_loosening_and_machines(baselines: Path, tmp_path: 
     overlay.parent.mkdir(parents=True)
     baseline = _measured(100.0, 10.0, 80.0, 10.0, [40.0, 40.0])
     del baseline["peak_memory_mb"]
-    overlay.write_text(json.dumps({"metadata": {"platform": "h200"}, "scenarios": {"zimage_t2i_1rank": baseline}}, indent=4))
+    overlay.write_text(
+        json.dumps({"metadata": {"platform": "h200"}, "scenarios": {"zimage_t2i_1rank": baseline}}, indent=4)
+    )
     before = overlay.read_bytes()
     # within tolerance/3 everywhere (e2e 0.3/3 = 10 %: 109.9 stays; denoise stage 0.15/3 = 5 %: 83.9 stays)
     quiet = _perf_runs(tmp_path, "h200", [_measured(109.9, 10.5, 83.9, 10.2, [40.5, 41.0])])
@@ -283,7 +366,10 @@ def test_perf_margin_rounding_loosening_and_machines(baselines: Path, tmp_path: 
     mixed = _perf_runs(tmp_path, "mi300x", [_measured(300.0, 30.0, 240.0, 30.0, [120.0, 120.0])]) + fast
     capsys.readouterr()
     assert main([*argv, "--results", *map(str, mixed)]) == 0
-    assert _read(baselines / "platforms" / "perf" / "mi300x.json")["scenarios"]["zimage_t2i_1rank"]["expected_e2e_ms"] == 300.0
+    assert (
+        _read(baselines / "platforms" / "perf" / "mi300x.json")["scenarios"]["zimage_t2i_1rank"]["expected_e2e_ms"]
+        == 300.0
+    )
     assert main([*argv, "--results", *map(str, mixed), "--platform", "h200"]) == 2
     assert "results are from platform 'mi300x', not 'h200'" in capsys.readouterr().err
 
@@ -293,8 +379,17 @@ def test_perf_margin_rounding_loosening_and_machines(baselines: Path, tmp_path: 
 
 def _big_thresholds(path: Path, cases: int) -> dict[str, Any]:
     doc = json.loads(SGLANG_BASE.read_text())
-    doc["cases"].update({f"case_{i:05d}": {"clip_threshold": 0.9, "ssim_threshold": 0.9, "psnr_threshold": 20.0,
-                                           "mean_abs_diff_threshold": 9.0} for i in range(cases)})
+    doc["cases"].update(
+        {
+            f"case_{i:05d}": {
+                "clip_threshold": 0.9,
+                "ssim_threshold": 0.9,
+                "psnr_threshold": 20.0,
+                "mean_abs_diff_threshold": 9.0,
+            }
+            for i in range(cases)
+        }
+    )
     path.write_text(json.dumps(doc, indent=4))
     return doc
 
@@ -320,7 +415,10 @@ def test_sigkill_at_random_points_leaves_old_or_new_never_partial(baselines: Pat
     args = ["recalibrate", "thresholds", "--results", str(results), "--write"]
     assert main([*args, "--baselines", str(baselines)]) == 0  # in-process: the new file, for comparison
     new = json.loads(base.read_text())
-    assert new["cases"]["case_00001"]["psnr_threshold"] == 30.0 and new["cases"]["case_00002"] == old["cases"]["case_00002"]
+    assert (
+        new["cases"]["case_00001"]["psnr_threshold"] == 30.0
+        and new["cases"]["case_00002"] == old["cases"]["case_00002"]
+    )
     rng = random.Random(0)
     delays = [rng.uniform(0.0, 0.002), rng.uniform(0.002, 0.03)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -329,8 +427,13 @@ def test_sigkill_at_random_points_leaves_old_or_new_never_partial(baselines: Pat
         directory = tmp_path / f"copy{index}"
         directory.mkdir()
         shutil.copy(base.with_name(base.name + ".bak"), directory / base.name)  # the old file
-        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args, "--baselines", str(directory)], env=env,
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.cli", *args, "--baselines", str(directory)],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         killer = threading.Thread(target=_kill_in_write, args=(proc, directory, delay))
         killer.start()
         runs.append((directory, killer))
@@ -340,10 +443,14 @@ def test_sigkill_at_random_points_leaves_old_or_new_never_partial(baselines: Pat
     docs = [json.loads(target.read_text()) for target in targets]  # never torn: it always parses ...
     assert [doc in (old, new) for doc in docs] == [True] * len(runs)  # ... and is exactly the old or the new document
     baks = [bak for t in targets if (bak := t.with_name(t.name + ".bak")).exists()]
-    assert [json.loads(bak.read_text()) == old for bak in baks] == [True] * len(baks)  # the backup is complete too, or absent
+    assert [json.loads(bak.read_text()) == old for bak in baks] == [True] * len(
+        baks
+    )  # the backup is complete too, or absent
 
 
-def test_failed_runs_are_refused_unless_included_and_few_runs_warn(baselines: Path, three_runs: list[Path], capsys) -> None:
+def test_failed_runs_are_refused_unless_included_and_few_runs_warn(
+    baselines: Path, three_runs: list[Path], capsys
+) -> None:
     """The issue's case: one failed gate run proposed ssim 0.95 -> 0.2065 (LOOSENS) without a word."""
     failed = _read(three_runs[0])
     failed["passed"] = False
@@ -364,9 +471,14 @@ def test_failed_runs_are_refused_unless_included_and_few_runs_warn(baselines: Pa
     assert "warning" not in capsys.readouterr().err
 
 
-def test_perf_from_results_without_timings_says_how_to_get_them(baselines: Path, three_runs: list[Path], capsys) -> None:
+def test_perf_from_results_without_timings_says_how_to_get_them(
+    baselines: Path, three_runs: list[Path], capsys
+) -> None:
     assert main(["recalibrate", "perf", "--baselines", str(baselines), "--results", *map(str, three_runs)]) == 2
     err = capsys.readouterr().err
     assert "the results hold no timings (the perf stage did not run)" in err
     text = " ".join(err.split())
-    assert f"parity gate --perf --report perf-run1 --baselines {baselines} &&" in text and "platforms/perf/h200.json" in text
+    assert (
+        f"parity gate --perf --report perf-run1 --baselines {baselines} &&" in text
+        and "platforms/perf/h200.json" in text
+    )

@@ -26,10 +26,18 @@ def _run(text: float, steps: tuple[float, ...], decode: float, wall: float = 0.0
 
 def test_a_run_as_figures_by_hand() -> None:
     figures = _run(1.0, (10.0, 20.0, 30.0), 5.0, wall=70.0)
-    assert figures == {WALL: 70.0, "expected_e2e_ms": 66.0, "stages_ms.TextEncodingStage": 1.0,
-                       "stages_ms.DenoisingStage": 60.0, "stages_ms.DecodingStage": 5.0, "denoise_step_ms.0": 10.0,
-                       "denoise_step_ms.1": 20.0, "denoise_step_ms.2": 30.0, "expected_avg_denoise_ms": 20.0,
-                       "expected_median_denoise_ms": 20.0}
+    assert figures == {
+        WALL: 70.0,
+        "expected_e2e_ms": 66.0,
+        "stages_ms.TextEncodingStage": 1.0,
+        "stages_ms.DenoisingStage": 60.0,
+        "stages_ms.DecodingStage": 5.0,
+        "denoise_step_ms.0": 10.0,
+        "denoise_step_ms.1": 20.0,
+        "denoise_step_ms.2": 30.0,
+        "expected_avg_denoise_ms": 20.0,
+        "expected_median_denoise_ms": 20.0,
+    }
 
 
 def test_median_of_each_value_by_hand() -> None:
@@ -50,16 +58,22 @@ def test_median_of_each_value_by_hand() -> None:
     assert got["expected_median_denoise_ms"] == 2.0  # per-run medians 1, 2, 3
 
 
-@pytest.mark.parametrize(("runs", "message"), [
-    ([], "at least one run"),
-    ([_run(1.0, (1.0,), 1.0), _run(1.0, (1.0, 2.0), 1.0)], "number of denoising steps"),
-], ids=["no-run", "steps-differ"])
+@pytest.mark.parametrize(
+    ("runs", "message"),
+    [
+        ([], "at least one run"),
+        ([_run(1.0, (1.0,), 1.0), _run(1.0, (1.0, 2.0), 1.0)], "number of denoising steps"),
+    ],
+    ids=["no-run", "steps-differ"],
+)
 def test_median_scenario_refuses(runs: list[dict[str, float]], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         absolute.median_scenario(runs)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS reset through /proc/self/clear_refs is Linux-only")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="peak RSS reset through /proc/self/clear_refs is Linux-only"
+)
 def test_peak_rss_resets_and_sees_a_new_allocation() -> None:
     spike = bytearray(b"\x01") * (300 << 20)  # touched pages: 300 MB of RSS
     del spike

@@ -25,7 +25,9 @@ def _digest(root: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_the_nearest_project_file_upwards_governs_and_a_pyproject_without_the_table_is_passed_over(tmp_path: Path) -> None:
+def test_the_nearest_project_file_upwards_governs_and_a_pyproject_without_the_table_is_passed_over(
+    tmp_path: Path,
+) -> None:
     deep = tmp_path / "a" / "b" / "c"
     deep.mkdir(parents=True)
     (tmp_path / "a" / "parity.toml").write_text("")
@@ -39,18 +41,24 @@ def test_the_nearest_project_file_upwards_governs_and_a_pyproject_without_the_ta
         find_project(deep)
 
 
-@pytest.mark.parametrize(("body", "key", "message"), [
-    ('cases_dir = "x"', "cases_dir", "unknown key"),
-    ('cases = "missing"', "cases", "no such directory"),
-    ("cases = 3", "cases", "must be a non-empty string"),
-    ('device = "tpu"', "device", "must be one of cpu, cuda"),
-    ('profile = "fast"', "profile", "must be one of pr_test, long_term"),
-    ("target_args = { n = 3 }", "target_args.n", "must be a string"),
-    ('target_args = { "not-a-name" = "x" }', "target_args", "KEY a Python identifier"),
-    ('pipeline_target_args = "template=x"', "pipeline_target_args", "must be a table"),
-], ids=["unknown", "missing-dir", "not-a-string", "device", "profile", "arg-type", "arg-name", "args-not-a-table"])
+@pytest.mark.parametrize(
+    ("body", "key", "message"),
+    [
+        ('cases_dir = "x"', "cases_dir", "unknown key"),
+        ('cases = "missing"', "cases", "no such directory"),
+        ("cases = 3", "cases", "must be a non-empty string"),
+        ('device = "tpu"', "device", "must be one of cpu, cuda"),
+        ('profile = "fast"', "profile", "must be one of pr_test, long_term"),
+        ("target_args = { n = 3 }", "target_args.n", "must be a string"),
+        ('target_args = { "not-a-name" = "x" }', "target_args", "KEY a Python identifier"),
+        ('pipeline_target_args = "template=x"', "pipeline_target_args", "must be a table"),
+    ],
+    ids=["unknown", "missing-dir", "not-a-string", "device", "profile", "arg-type", "arg-name", "args-not-a-table"],
+)
 @pytest.mark.parametrize("where", ["parity.toml", "pyproject.toml"])
-def test_a_bad_project_file_names_its_file_and_key(tmp_path: Path, where: str, body: str, key: str, message: str) -> None:
+def test_a_bad_project_file_names_its_file_and_key(
+    tmp_path: Path, where: str, body: str, key: str, message: str
+) -> None:
     text = body if where == "parity.toml" else f"[tool.parity]\n{body}\n"
     (tmp_path / where).write_text(text)
     full = key if where == "parity.toml" else f"tool.parity.{key}"
@@ -59,8 +67,9 @@ def test_a_bad_project_file_names_its_file_and_key(tmp_path: Path, where: str, b
     assert caught.value.path == str(tmp_path / where) and caught.value.key == full
 
 
-def test_a_bad_project_file_exits_2_for_every_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_project_file_exits_2_for_every_verb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "parity.toml").write_text('device = "tpu"\n')
     monkeypatch.chdir(tmp_path)
     assert main(["doctor"]) == 2
@@ -73,14 +82,19 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     root = tmp_path / "proj"
     assert main(["init", str(root)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[-4:] == ["  " + shlex.join(["cd", str(root)]), "  parity check", "  parity bless --all",
-                                     "  parity gate --report parity-report"]
+    assert out.splitlines()[-4:] == [
+        "  " + shlex.join(["cd", str(root)]),
+        "  parity check",
+        "  parity bless --all",
+        "  parity gate --report parity-report",
+    ]
     monkeypatch.chdir(root)
     return root
 
 
-def test_init_writes_a_project_whose_baselines_load_and_refuses_to_overwrite(project: Path,
-                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_init_writes_a_project_whose_baselines_load_and_refuses_to_overwrite(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     baselines = project / "parity" / "baselines"
     assert ThresholdSet.load(baselines / "consistency_threshold.json").for_case("anything", "image").get("psnr") == 30.0
     assert PerfBaselines.load(baselines / "perf_baselines.json").scenario_ids == []
@@ -95,7 +109,9 @@ def test_init_refuses_a_directory_inside_parity(capsys: pytest.CaptureFixture[st
     assert "inside parity itself" in capsys.readouterr().err and not inside.exists()
 
 
-def test_every_verb_reads_the_project_and_the_command_line_overrides_it(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_verb_reads_the_project_and_the_command_line_overrides_it(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["list", "--json", "-"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [c["id"] for c in listed["image_cases"]] == ["example_1rank", "example_2ranks"]
@@ -110,13 +126,18 @@ def test_every_verb_reads_the_project_and_the_command_line_overrides_it(project:
     assert f"project file {project / 'parity.toml'}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("verb", [
-    ["bless", "--all"],
-    ["recalibrate", "perf", "--results", "nothing.json", "--write"],
-    ["recalibrate", "thresholds", "--results", "nothing.json", "--write"],
-], ids=["bless", "recalibrate-perf", "recalibrate-thresholds"])
-def test_with_a_project_in_use_parity_own_baselines_are_never_written(project: Path, verb: list[str],
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["bless", "--all"],
+        ["recalibrate", "perf", "--results", "nothing.json", "--write"],
+        ["recalibrate", "thresholds", "--results", "nothing.json", "--write"],
+    ],
+    ids=["bless", "recalibrate-perf", "recalibrate-thresholds"],
+)
+def test_with_a_project_in_use_parity_own_baselines_are_never_written(
+    project: Path, verb: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     before = _digest(default_baselines_dir())
     assert main([*verb, "--baselines", str(default_baselines_dir())]) == 2
     err = capsys.readouterr().err
@@ -124,22 +145,28 @@ def test_with_a_project_in_use_parity_own_baselines_are_never_written(project: P
     assert _digest(default_baselines_dir()) == before
 
 
-def test_an_image_only_project_gates_and_its_hint_blesses_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_image_only_project_gates_and_its_hint_blesses_verbatim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """No contract case; the pipeline from the project file; the bless hint carries nothing the file already says."""
     root = tmp_path / "imgs"
     assert main(["init", str(root), "--images-only"]) == 0
     assert "parity check" not in capsys.readouterr().out and not (root / "parity" / "cases" / "contracts").exists()
     (root / "parity" / "cases" / "images" / "example.toml").write_text(
-        '[defaults]\nunmeasured = { clip = "no CLIP model configured" }\nprompt = "a lighthouse"\nseed = 3\nheight = 16\nwidth = 16\n\n[cases.gen_1rank]\n')
-    template = f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} " \
-               f"--height {{height}} --width {{width}} --out {{out_dir}}"
+        '[defaults]\nunmeasured = { clip = "no CLIP model configured" }\nprompt = "a lighthouse"\nseed = 3\nheight = 16\nwidth = 16\n\n[cases.gen_1rank]\n'
+    )
+    template = (
+        f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} "
+        f"--height {{height}} --width {{width}} --out {{out_dir}}"
+    )
     with (root / "parity.toml").open("a") as fh:
         fh.write(f'pipeline_target = "command"\npipeline_target_args = {{ template = {json.dumps(template)} }}\n')
     monkeypatch.chdir(root)
     assert main(["gate", "--json", "out.json"]) == 1
     doc = json.loads((root / "out.json").read_text())
-    assert doc["stages"]["contracts"] == {"skipped": f"no contract cases ({root / 'parity' / 'cases' / 'contracts'} does not exist)"}
+    assert doc["stages"]["contracts"] == {
+        "skipped": f"no contract cases ({root / 'parity' / 'cases' / 'contracts'} does not exist)"
+    }
     assert doc["project"] == str(root / "parity.toml")
     (record,) = doc["stages"]["images"]["records"]
     assert record["next_step"] == "parity bless gen_1rank"
@@ -153,18 +180,38 @@ def _project(tmp_path: Path, **keys: object) -> Project:
     return Project(tmp_path / "parity.toml", "", cases=tmp_path / "c", **keys)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("keys", "given", "carried"), [
-    ({}, {"pipeline": ("reference", ())}, []),
-    ({}, {"pipeline": ("command", (("template", "g {out_dir}"),))},
-     ["--pipeline-target", "command", "--pipeline-target-arg", "template=g {out_dir}"]),
-    ({"pipeline_target": "command", "pipeline_target_args": (("template", "g {out_dir}"),)},
-     {"pipeline": ("command", (("template", "g {out_dir}"),))}, []),
-    ({"pipeline_target": "command"}, {"pipeline": ("reference", ())}, ["--pipeline-target", "reference"]),
-    ({"device": "cuda"}, {"device": "cuda"}, []),
-    ({"device": "cuda"}, {"device": "cpu"}, ["--device", "cpu"]),
-    ({}, {"target": ("mod:f", (("n", "1"),))}, ["--target", "mod:f", "--target-arg", "n=1"]),
-], ids=["default", "cli-pipeline", "project-pipeline", "back-to-default", "project-device", "cli-device", "cli-target"])
-def test_a_hint_carries_what_the_bare_command_would_not_find(tmp_path: Path, keys: dict, given: dict, carried: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("keys", "given", "carried"),
+    [
+        ({}, {"pipeline": ("reference", ())}, []),
+        (
+            {},
+            {"pipeline": ("command", (("template", "g {out_dir}"),))},
+            ["--pipeline-target", "command", "--pipeline-target-arg", "template=g {out_dir}"],
+        ),
+        (
+            {"pipeline_target": "command", "pipeline_target_args": (("template", "g {out_dir}"),)},
+            {"pipeline": ("command", (("template", "g {out_dir}"),))},
+            [],
+        ),
+        ({"pipeline_target": "command"}, {"pipeline": ("reference", ())}, ["--pipeline-target", "reference"]),
+        ({"device": "cuda"}, {"device": "cuda"}, []),
+        ({"device": "cuda"}, {"device": "cpu"}, ["--device", "cpu"]),
+        ({}, {"target": ("mod:f", (("n", "1"),))}, ["--target", "mod:f", "--target-arg", "n=1"]),
+    ],
+    ids=[
+        "default",
+        "cli-pipeline",
+        "project-pipeline",
+        "back-to-default",
+        "project-device",
+        "cli-device",
+        "cli-target",
+    ],
+)
+def test_a_hint_carries_what_the_bare_command_would_not_find(
+    tmp_path: Path, keys: dict, given: dict, carried: list[str]
+) -> None:
     assert carried_options(_project(tmp_path, **keys), **given) == carried
 
 

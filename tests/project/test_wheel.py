@@ -53,34 +53,71 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # CI runs every marke
 
 def _tree_digest(root: Path) -> dict[str, str]:
     """SHA-256 of every file under ``root`` except bytecode (which Python may cache at will)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def _install_from_a_wheel(root: Path) -> Path:
     """A fresh venv with parity installed from a wheel built now (from a copy of the tree: setuptools' build/
     and egg-info stay out of the checkout); the venv."""
     source = root / "source"
-    shutil.copytree(CHECKOUT, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
-                                                                    ".pytest_cache", ".hypothesis", "parity-report"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
-                    str(source)], check=True, capture_output=True)
+    shutil.copytree(
+        CHECKOUT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".pytest_cache",
+            ".hypothesis",
+            "parity-report",
+        ),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(root / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (root / "dist").glob("parity-*.whl")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     python = root / "venv" / "bin" / "python"
-    site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     (site / "outer_site_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     return root / "venv"
 
 
 def _parity(venv: Path, cwd: Path, *words: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PARITY_HOME", "PYTHONPATH", "VIRTUAL_ENV")}
     env["COLUMNS"] = "400"  # one hint per line
-    return subprocess.run([str(venv / "bin" / "parity"), *words], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [str(venv / "bin" / "parity"), *words], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_wheel_gates_its_defaults_and_a_project_outside_the_checkout(tmp_path: Path) -> None:
@@ -94,8 +131,11 @@ def test_a_wheel_gates_its_defaults_and_a_project_outside_the_checkout(tmp_path:
 
     venv = _install_from_a_wheel(tmp_path)
     lap("build + install")
-    site = Path(subprocess.check_output([str(venv / "bin" / "python"), "-c", "import harness; print(harness.__file__)"],
-                                        cwd=tmp_path, text=True).strip()).parent.parent
+    site = Path(
+        subprocess.check_output(
+            [str(venv / "bin" / "python"), "-c", "import harness; print(harness.__file__)"], cwd=tmp_path, text=True
+        ).strip()
+    ).parent.parent
     assert site.is_relative_to(venv) and (site / "parity" / "_data" / "cases" / "contracts").is_dir()
     package = {name: _tree_digest(site / name) for name in ("harness", "reference_impl", "parity")}
     own = _tree_digest(default_baselines_dir())
@@ -124,12 +164,22 @@ def test_a_wheel_gates_its_defaults_and_a_project_outside_the_checkout(tmp_path:
     with (project / "parity.toml").open("a") as fh:
         fh.write('target = "mytarget:factory"\n')
     python = shlex.quote(str(venv / "bin" / "python"))
-    template = f"{python} gen.py --prompt {{prompt}} --seed {{seed}} --height {{height}} --width {{width}} --out {{out_dir}}"
-    pipeline = ["--pipeline-target", "command", "--pipeline-target-arg", f"template={template}"]  # not in the project file
+    template = (
+        f"{python} gen.py --prompt {{prompt}} --seed {{seed}} --height {{height}} --width {{width}} --out {{out_dir}}"
+    )
+    pipeline = [
+        "--pipeline-target",
+        "command",
+        "--pipeline-target-arg",
+        f"template={template}",
+    ]  # not in the project file
 
     first = _parity(venv, project, "gate", "--report", "r1", *pipeline)
     assert first.returncode == 1, first.stdout + first.stderr
-    records = {r["case_id"]: r for r in json.loads((project / "r1" / "results.json").read_text())["stages"]["images"]["records"]}
+    records = {
+        r["case_id"]: r
+        for r in json.loads((project / "r1" / "results.json").read_text())["stages"]["images"]["records"]
+    }
     hint = records["gen_2ranks"]["next_step"]
     assert records["gen_2ranks"]["reason"] == f"no reference yet: run `{hint}`" and f"    -> {hint}" in first.stdout
     contracts = json.loads((project / "r1" / "results.json").read_text())
@@ -148,7 +198,9 @@ def test_a_wheel_gates_its_defaults_and_a_project_outside_the_checkout(tmp_path:
     assert recalibrated.returncode == 0, recalibrated.stdout + recalibrated.stderr
     thresholds = project / "parity" / "baselines" / "consistency_threshold.json"
     assert f"thresholds -> {thresholds}" in recalibrated.stdout and "│ gen_2ranks │ ssim" in recalibrated.stdout
-    assert f"{thresholds}: unchanged, not rewritten" in recalibrated.stdout  # the defaults are the policy's caps already
+    assert (
+        f"{thresholds}: unchanged, not rewritten" in recalibrated.stdout
+    )  # the defaults are the policy's caps already
     compared = _parity(venv, project, "compare", "r1/results.json", "r2/results.json")
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "images/gen_2ranks: failed -> passed" in compared.stdout

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.contracts.models import judge_admission, judge_fp8, judge_packed_qkv
+from harness.contracts.model_checks import judge_admission, judge_fp8, judge_packed_qkv
 from harness.targets.reference.encoder import (
     TINY_QWEN3,
     check_fp8_parity,
@@ -45,7 +45,10 @@ def test_admission_is_fail_closed_before_any_read(block) -> None:
     assert judge_admission(figures)[0] == [], figures
     assert figures.admitted_tensors_read == figures.checkpoint_tensors == 39
     assert {case: r.tensors_read for case, r in figures.rejections.items()} == {
-        "native_without_quantized_layers": 0, "not_native": 0, "unsupported_method": 0}
+        "native_without_quantized_layers": 0,
+        "not_native": 0,
+        "unsupported_method": 0,
+    }
 
 
 @pytest.mark.parametrize("block", BLOCKS)
@@ -117,7 +120,10 @@ def test_bnb_4bit_is_delegated_and_names_bitsandbytes_when_missing(tmp_path: Pat
     bnb = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
     directory = write_checkpoint(tmp_path, TINY_QWEN3, qwen3_tensors(TINY_QWEN3), bnb)
     checkpoint = SafetensorsCheckpoint(directory)
-    with pytest.raises(ComponentCheckpointUnsupportedError, match=r"bitsandbytes 4-bit.*delegated to transformers.*pip install bitsandbytes"):
+    with pytest.raises(
+        ComponentCheckpointUnsupportedError,
+        match=r"bitsandbytes 4-bit.*delegated to transformers.*pip install bitsandbytes",
+    ):
         load_text_encoder(checkpoint, model_cls=Qwen3TextEncoder)
     assert checkpoint.tensors_read == 0
 
@@ -125,7 +131,9 @@ def test_bnb_4bit_is_delegated_and_names_bitsandbytes_when_missing(tmp_path: Pat
 def test_bnb_8bit_is_not_the_kept_exception(tmp_path: Path) -> None:
     bnb8 = {"quant_method": "bitsandbytes", "load_in_8bit": True}
     directory = write_checkpoint(tmp_path, TINY_QWEN3, qwen3_tensors(TINY_QWEN3), bnb8)
-    with pytest.raises(ComponentCheckpointUnsupportedError, match="'bitsandbytes' quantization; Qwen3TextEncoder supports fp8"):
+    with pytest.raises(
+        ComponentCheckpointUnsupportedError, match="'bitsandbytes' quantization; Qwen3TextEncoder supports fp8"
+    ):
         load_text_encoder(directory)
 
 
@@ -173,7 +181,10 @@ def test_corrupt_shard_of_a_sharded_checkpoint_is_named(tmp_path: Path) -> None:
     directory = write_checkpoint(tmp_path, TINY_QWEN3, tensors)
     (directory / "model.safetensors").unlink()
     names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2], "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     from safetensors.torch import save_file
 
     for shard, keys in shards.items():
@@ -185,7 +196,9 @@ def test_corrupt_shard_of_a_sharded_checkpoint_is_named(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors: not a readable safetensors file"):
         load_text_encoder(directory)
     (directory / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"index.json: shard 'model-00002-of-00002.safetensors' .* does not exist"):
+    with pytest.raises(
+        CheckpointError, match=r"index.json: shard 'model-00002-of-00002.safetensors' .* does not exist"
+    ):
         load_text_encoder(directory)
 
 

@@ -86,7 +86,9 @@ def test_fp8_packed_scales_land_in_their_shard(block) -> None:
 
 
 def test_block_boundary_inside_a_shard_is_refused_at_construction() -> None:
-    with pytest.raises(ValueError, match=r"qkv: FP8 block height 16 does not divide the shard boundary at output row 8"):
+    with pytest.raises(
+        ValueError, match=r"qkv: FP8 block height 16 does not divide the shard boundary at output row 8"
+    ):
         QKVLinear(16, 4, num_heads=2, num_kv_heads=1, quant_config=Fp8Config(weight_block_size=(16, 16)), prefix="qkv")
 
 
@@ -105,8 +107,8 @@ def test_quantize_fp8_keeps_the_block_max_exact_and_bounds_the_rest(block: tuple
     back = dequantize_fp8(q, scale, block)
     assert back.abs().max() == pytest.approx(w.abs().max().item(), rel=1e-6)
     # e4m3 keeps 3 mantissa bits: round-to-nearest error <= 2^-4 relative (normal range).
-    normal = w.abs() > 2 ** -6 * scale.max() * 2
-    assert ((back - w).abs()[normal] <= w.abs()[normal] * 2 ** -4 + 1e-7).all()
+    normal = w.abs() > 2**-6 * scale.max() * 2
+    assert ((back - w).abs()[normal] <= w.abs()[normal] * 2**-4 + 1e-7).all()
 
 
 def test_a_block_scale_has_one_value_per_block() -> None:
@@ -120,7 +122,10 @@ def test_a_block_scale_has_one_value_per_block() -> None:
         ({"quant_method": "fp8", "weight_block_size": [128, 0]}, "quantization_config.weight_block_size"),
         ({"quant_method": "fp8", "activation_scheme": "static"}, "quantization_config.activation_scheme"),
         ({"quant_method": "fp8", "fmt": "e5m2"}, "quantization_config.fmt"),
-        ({"quant_method": "fp8", "ignored_layers": ["model.layers.0.mlp.down_proj"]}, "quantization_config.ignored_layers"),
+        (
+            {"quant_method": "fp8", "ignored_layers": ["model.layers.0.mlp.down_proj"]},
+            "quantization_config.ignored_layers",
+        ),
         ({"quant_method": "gptq"}, "quantization_config.quant_method"),
         ({"bits": 4}, "quantization_config.quant_method"),
     ],
@@ -132,7 +137,8 @@ def test_bad_quantization_config_names_the_key(config: dict, key: str) -> None:
 
 
 def test_fp8_config_reads_checkpoint_metadata() -> None:
-    cfg = get_quantization_config({"quant_method": "FP8", "weight_block_size": [128, 128], "fmt": "e4m3",
-                                   "modules_to_not_convert": ["lm_head"]})
+    cfg = get_quantization_config(
+        {"quant_method": "FP8", "weight_block_size": [128, 128], "fmt": "e4m3", "modules_to_not_convert": ["lm_head"]}
+    )
     assert isinstance(cfg, Fp8Config) and cfg.weight_block_size == (128, 128)
     assert get_quantization_config({"quant_method": "fp8"}).weight_block_size is None

@@ -36,7 +36,11 @@ def children(parent: int, *, long_lived: bool = False) -> set[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if fields is not None and int(fields[1]) == parent and (long_lived or not any(n in cmdline for n in LONG_LIVED)):
+        if (
+            fields is not None
+            and int(fields[1]) == parent
+            and (long_lived or not any(n in cmdline for n in LONG_LIVED))
+        ):
             found.add(int(entry))
     return found
 

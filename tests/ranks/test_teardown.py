@@ -114,7 +114,9 @@ def test_ranks_fork_from_the_preloaded_server_or_are_spawned(monkeypatch: pytest
     assert len(server) == 1 and me not in server  # both forked by one server, not by this process
     assert {ppid for ppid, _, _ in spawned} == {me}
     assert [variable for _, variable, _ in forked + spawned] == ["set after the server started"] * 4  # the parent's now
-    assert os.getpgid(0) not in {group for _, _, group in forked + spawned}  # groups of their own: teardown kills them whole
+    assert os.getpgid(0) not in {
+        group for _, _, group in forked + spawned
+    }  # groups of their own: teardown kills them whole
 
 
 def test_start_method_cpu_ranks_forked_cuda_ranks_spawned_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,15 +175,31 @@ def test_a_parent_sigkill_leaves_no_process_no_daemon_and_no_file(tmp_path: Path
     env = {**os.environ, "TMPDIR": str(tmp), "PARITY_LEFTOVER_TAG": tag}
     log = tmp_path / "parity.log"
     with log.open("w") as out:
-        parent = subprocess.Popen([sys.executable, "-m", "harness.cli", "check", "ulysses[world_size=2,dtype=fp32,causal=false]",
-                                   "--target", "tests.targets.daemons:factory", "--target-arg", f"marker={marker}"],
-                                  cwd=REPO_ROOT, env=env, stdout=out, stderr=out)
+        parent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "harness.cli",
+                "check",
+                "ulysses[world_size=2,dtype=fp32,causal=false]",
+                "--target",
+                "tests.targets.daemons:factory",
+                "--target-arg",
+                f"marker={marker}",
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
     try:
         deadline = time.monotonic() + 120
         while len(list(marker.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.1)
         started = [int(pid) for path in marker.iterdir() for pid in path.read_text().split()]
-        assert len(started) == 6, f"exit {parent.poll()}: {log.read_text()[-3000:]}"  # two ranks, a child and a daemon each
+        assert len(started) == 6, (
+            f"exit {parent.poll()}: {log.read_text()[-3000:]}"
+        )  # two ranks, a child and a daemon each
         parent.kill()
         parent.wait()
         assert wait_until_gone(started, 30) == [], "a rank, or what it started, outlived the killed parent"
@@ -200,8 +218,14 @@ def test_a_tmpdir_too_long_for_a_unix_socket_still_starts_the_preloaded_server(t
     long_tmp.mkdir()
     assert len(str(long_tmp)) >= 100
     env = {**os.environ, "TMPDIR": str(long_tmp), START_METHOD_ENV: "forkserver"}
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "check", "ulysses[world_size=2,dtype=fp32,causal=false]"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "check", "ulysses[world_size=2,dtype=fp32,causal=false]"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1 passed" in done.stdout
     assert sorted(p.name for p in long_tmp.rglob("*")) == []
@@ -211,7 +235,9 @@ def test_a_ranks_own_error_is_blamed_before_a_collective_its_leaving_broke() -> 
     """Rank 3 raised; rank 2's all-to-all then broke on the closed connection and answered first."""
     from harness.ranks.group import describe_failure
 
-    broken = "Traceback...\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    broken = (
+        "Traceback...\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    )
     own = "Traceback...\nRuntimeError: rank 3 cannot build its layer"
     failure = describe_failure([(2, False, broken), (3, False, own)], "call of 'f'")
     assert failure.rank == 3 and str(failure).startswith("rank 3 raised: RuntimeError: rank 3 cannot build its layer")

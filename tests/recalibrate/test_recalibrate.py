@@ -162,14 +162,18 @@ GOOD_RESULTS = {
 }
 
 
-@pytest.mark.parametrize(("doc", "key"), [
-    ({"pnsr": {"margin": 1}}, "pnsr"),
-    ({"psnr": {"margin": 1, "floor": 3}}, "psnr.floor"),  # psnr has a cap, not a floor
-    ({"clip": {"cap": 1.5}}, "clip.cap"),
-    ({"ssim": {"margin": -0.1}}, "ssim.margin"),
-    ({"ssim": {"margin": "0.1"}}, "ssim.margin"),
-    ({"ssim": 0.04}, "ssim"),
-], ids=["misspelt-metric", "psnr-floor", "clip-cap-past-1", "negative-margin", "string-margin", "not-a-table"])
+@pytest.mark.parametrize(
+    ("doc", "key"),
+    [
+        ({"pnsr": {"margin": 1}}, "pnsr"),
+        ({"psnr": {"margin": 1, "floor": 3}}, "psnr.floor"),  # psnr has a cap, not a floor
+        ({"clip": {"cap": 1.5}}, "clip.cap"),
+        ({"ssim": {"margin": -0.1}}, "ssim.margin"),
+        ({"ssim": {"margin": "0.1"}}, "ssim.margin"),
+        ({"ssim": 0.04}, "ssim"),
+    ],
+    ids=["misspelt-metric", "psnr-floor", "clip-cap-past-1", "negative-margin", "string-margin", "not-a-table"],
+)
 def test_a_bad_policy_is_refused_naming_its_key(tmp_path: Path, doc: dict, key: str) -> None:
     js = tmp_path / "policy.json"
     js.write_text(json.dumps(doc))
@@ -202,7 +206,9 @@ BROKEN_RESULTS = [
 
 
 @pytest.mark.parametrize(("mutate", "key"), BROKEN_RESULTS, ids=[key for _, key in BROKEN_RESULTS])
-def test_a_broken_results_file_is_refused_naming_its_key(tmp_path: Path, mutate: Callable[[dict], object], key: str) -> None:
+def test_a_broken_results_file_is_refused_naming_its_key(
+    tmp_path: Path, mutate: Callable[[dict], object], key: str
+) -> None:
     path = tmp_path / "results.json"
     doc = copy.deepcopy(GOOD_RESULTS)
     mutate(doc)
@@ -216,8 +222,9 @@ def test_conflicting_kinds_across_runs_are_refused_naming_both_files() -> None:
     runs = _results({"c": _m(0.99, 0.9, 30.0, 1.0)}) + _results({"c": _m(0.99, 0.9, 30.0, 1.0)}, kind="video")
     with pytest.raises(ConfigError) as info:
         propose_thresholds(ThresholdSet.load(BASE), runs, paths=["main/results.json", "pr/results.json"])
-    assert str(info.value) == ("pr/results.json: key 'cases.c.kind': case 'c' is recorded as video here but as image in "
-                               "main/results.json")
+    assert str(info.value) == (
+        "pr/results.json: key 'cases.c.kind': case 'c' is recorded as video here but as image in main/results.json"
+    )
 
 
 # ------------------------------------------------------------------------------------- perf
@@ -245,12 +252,24 @@ def _perf_runs(*measured: dict) -> list[dict]:
 
 def test_perf_median_margin_and_rounding_by_hand() -> None:
     runs = _perf_runs(
-        {"expected_e2e_ms": 1290.0, "stages_ms": {"TextEncodingStage": 55.0, "DenoisingStage": 1111.11},
-         "denoise_step_ms": {"0": 95.0, "1": 97.0}, "expected_avg_denoise_ms": 96.0},
-        {"expected_e2e_ms": 1300.0, "stages_ms": {"TextEncodingStage": 58.0, "DenoisingStage": 1123.456},
-         "denoise_step_ms": {"0": 89.0}, "expected_avg_denoise_ms": 92.0},
-        {"expected_e2e_ms": 1000.0, "stages_ms": {"TextEncodingStage": 40.0, "DenoisingStage": 900.0},
-         "denoise_step_ms": {"0": 91.0}, "expected_avg_denoise_ms": 94.0},
+        {
+            "expected_e2e_ms": 1290.0,
+            "stages_ms": {"TextEncodingStage": 55.0, "DenoisingStage": 1111.11},
+            "denoise_step_ms": {"0": 95.0, "1": 97.0},
+            "expected_avg_denoise_ms": 96.0,
+        },
+        {
+            "expected_e2e_ms": 1300.0,
+            "stages_ms": {"TextEncodingStage": 58.0, "DenoisingStage": 1123.456},
+            "denoise_step_ms": {"0": 89.0},
+            "expected_avg_denoise_ms": 92.0,
+        },
+        {
+            "expected_e2e_ms": 1000.0,
+            "stages_ms": {"TextEncodingStage": 40.0, "DenoisingStage": 900.0},
+            "denoise_step_ms": {"0": 91.0},
+            "expected_avg_denoise_ms": 94.0,
+        },
     )
     got = {p.metric: p for p in propose_perf(PERF, runs, TOL)}
     # e2e: median 1290, |1290 - 1200| / 1200 = 0.075 <= 0.3 / 3 = 0.1: unchanged
@@ -271,10 +290,14 @@ def test_perf_median_margin_and_rounding_by_hand() -> None:
         apply_perf_proposals(PERF, list(got.values()))
     # the denoising stage's runs spread (1111.11 - 900) / 1111.11 = 19.0 % from their median: its 15 % is inside the noise
     assert den.spread == pytest.approx(211.11 / 1111.11) and den.inside_noise
-    assert perf_proposal_rows([den]) == [("s", "stages_ms.DenoisingStage", "1000", "1111.11", "1111", "±19.0% ≥ tol 15%",
-                                          "LOOSENS")]
-    with pytest.raises(NoiseRefused, match=r"s\.stages_ms\.DenoisingStage: 1000 -> 1111 \(median 1111\.11\): runs spread "
-                                           r"±19\.0%, tolerance 15\.0%"):
+    assert perf_proposal_rows([den]) == [
+        ("s", "stages_ms.DenoisingStage", "1000", "1111.11", "1111", "±19.0% ≥ tol 15%", "LOOSENS")
+    ]
+    with pytest.raises(
+        NoiseRefused,
+        match=r"s\.stages_ms\.DenoisingStage: 1000 -> 1111 \(median 1111\.11\): runs spread "
+        r"±19\.0%, tolerance 15\.0%",
+    ):
         apply_perf_proposals(PERF, list(got.values()), allow_loosen=True)
     wider = {p.metric: p for p in propose_perf(PERF, runs, dataclasses.replace(TOL, denoise_stage=0.25))}
     updated = apply_perf_proposals(PERF, list(wider.values()), allow_loosen=True).scenario("s")
@@ -284,7 +307,10 @@ def test_perf_median_margin_and_rounding_by_hand() -> None:
     assert updated["estimated_full_test_time_s"] == 133.1
     # every value's spread is written beside the values: e2e (1290 - 1000) / 1290, step 0 (95 - 91) / 91, step 1 one run
     assert updated["dispersion"]["expected_e2e_ms"] == round(290 / 1290, 3)
-    assert updated["dispersion"]["denoise_step_ms.0"] == round(4 / 91, 3) and updated["dispersion"]["denoise_step_ms.1"] == 0.0
+    assert (
+        updated["dispersion"]["denoise_step_ms.0"] == round(4 / 91, 3)
+        and updated["dispersion"]["denoise_step_ms.1"] == 0.0
+    )
 
 
 def test_perf_speedup_tightens_without_permission_and_new_scenarios_are_added() -> None:
@@ -301,7 +327,6 @@ def test_perf_speedup_tightens_without_permission_and_new_scenarios_are_added() 
     assert updated.scenario("s")["expected_e2e_ms"] == 601.2  # type: ignore[index]
 
 
-
 def test_runs_are_taken_raw_and_a_quiet_runner_writes() -> None:
     """Three gates whose e2e moved with the host (63.7 / 51.3 / 50.7 ms on one H200 host in an hour): the
     median is the middle gate's raw value, and their ±24 % spread is inside pr_test's 25 % only barely."""
@@ -309,7 +334,10 @@ def test_runs_are_taken_raw_and_a_quiet_runner_writes() -> None:
     base = PerfBaselines.from_json({"tolerances": {}, "scenarios": {}})
     e2e = {p.metric: p for p in propose_perf(base, runs, TOL)}["expected_e2e_ms"]
     assert (e2e.median, e2e.spread, e2e.inside_noise) == (51.3, pytest.approx(12.4 / 51.3), False)
-    assert apply_perf_proposals(base, [e2e]).scenario("s") == {"expected_e2e_ms": 51.3, "dispersion": {"expected_e2e_ms": 0.242}}
+    assert apply_perf_proposals(base, [e2e]).scenario("s") == {
+        "expected_e2e_ms": 51.3,
+        "dispersion": {"expected_e2e_ms": 0.242},
+    }
     tight = {p.metric: p for p in propose_perf(base, runs, dataclasses.replace(TOL, e2e=0.2))}["expected_e2e_ms"]
     with pytest.raises(NoiseRefused, match="inside the measured noise"):
         apply_perf_proposals(base, [tight])

@@ -32,7 +32,9 @@ def test_sglang_replicated_case_world4(assert_contract):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_ulysses_is_bitwise(assert_contract, dtype, causal, kv_heads):
-    verdict = assert_contract("usp.ulysses_parity", world_size=2, heads=4, kv_heads=kv_heads, head_dim=32, dtype=dtype, causal=causal)
+    verdict = assert_contract(
+        "usp.ulysses_parity", world_size=2, heads=4, kv_heads=kv_heads, head_dim=32, dtype=dtype, causal=causal
+    )
     assert verdict.figures["bitwise"] is True
 
 
@@ -40,7 +42,9 @@ def test_ulysses_is_bitwise(assert_contract, dtype, causal, kv_heads):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("backend", ["torch_sdpa", "math"])
 def test_ring_matches_by_fa_rule(assert_contract, dtype, causal, backend):
-    verdict = assert_contract("usp.ring_parity", world_size=2, heads=4, kv_heads=2, head_dim=32, dtype=dtype, causal=causal, backend=backend)
+    verdict = assert_contract(
+        "usp.ring_parity", world_size=2, heads=4, kv_heads=2, head_dim=32, dtype=dtype, causal=causal, backend=backend
+    )
     assert verdict.figures["err_ref64"] <= verdict.figures["allowed"]
 
 
@@ -48,14 +52,23 @@ def test_ring_matches_by_fa_rule(assert_contract, dtype, causal, backend):
 @pytest.mark.parametrize("causal", [False, True])
 def test_hybrid_2x2_matches_by_fa_rule(assert_contract, dtype, causal):
     verdict = assert_contract(
-        "usp.hybrid_parity", world_size=4, ulysses_degree=2, ring_degree=2, heads=4, kv_heads=2, dtype=dtype, causal=causal
+        "usp.hybrid_parity",
+        world_size=4,
+        ulysses_degree=2,
+        ring_degree=2,
+        heads=4,
+        kv_heads=2,
+        dtype=dtype,
+        causal=causal,
     )
     assert verdict.figures["err_ref64"] <= verdict.figures["allowed"]
 
 
 @pytest.mark.parametrize("world_size, seq_lens", [(2, [5, 9]), (2, [9, 1]), (2, [7, 7]), (4, [3, 8, 1, 6])])
 def test_varlen_uneven_lengths(assert_contract, world_size, seq_lens):
-    verdict = assert_contract("usp.varlen_parity", world_size=world_size, tokens_per_rank=9, seq_lens=seq_lens, dtype="bf16")
+    verdict = assert_contract(
+        "usp.varlen_parity", world_size=world_size, tokens_per_rank=9, seq_lens=seq_lens, dtype="bf16"
+    )
     assert verdict.figures["bitwise"] is True
 
 
@@ -73,11 +86,14 @@ def test_skip_sequence_parallel_runs_locally_without_collectives(assert_contract
     assert assert_contract("usp.skip_sequence_parallel_local", world_size=2).status == PASSED
 
 
-@pytest.mark.parametrize(("contract_id", "params"), [
-    ("usp.replicated_suffix_bitwise", dict(replicated=5)),
-    ("usp.replicated_prefix_drift", dict(replicated=5, dtype="bf16")),
-    ("usp.replicated_kv_prefix", dict(heads=8, replicated=7)),
-])
+@pytest.mark.parametrize(
+    ("contract_id", "params"),
+    [
+        ("usp.replicated_suffix_bitwise", dict(replicated=5)),
+        ("usp.replicated_prefix_drift", dict(replicated=5, dtype="bf16")),
+        ("usp.replicated_kv_prefix", dict(heads=8, replicated=7)),
+    ],
+)
 def test_replicated_tokens_run_under_ring_within_the_flash_attention_rule(assert_contract, contract_id, params):
     """Replicated K/V is one more LSE block of the ring; the replicated queries' partials merge in rank order."""
     result = assert_contract(contract_id, world_size=2, ring_degree=2, tokens_per_rank=7, head_dim=40, **params)

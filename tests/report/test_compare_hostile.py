@@ -20,11 +20,22 @@ import pytest
 from harness.cli import main
 
 BASE: dict[str, Any] = {
-    "command": "check", "passed": True, "git": {"commit": "abc", "dirty": False},
-    "stages": {"contracts": {"records": [
-        {"case_id": "c1", "check": "usp.x", "status": "passed", "figures": {"bitwise": False, "max_abs": 1e-3, "kernel": "sdpa"}},
-        {"case_id": "c2", "check": "usp.x", "status": "passed", "figures": {"max_abs": 2e-3}},
-    ]}},
+    "command": "check",
+    "passed": True,
+    "git": {"commit": "abc", "dirty": False},
+    "stages": {
+        "contracts": {
+            "records": [
+                {
+                    "case_id": "c1",
+                    "check": "usp.x",
+                    "status": "passed",
+                    "figures": {"bitwise": False, "max_abs": 1e-3, "kernel": "sdpa"},
+                },
+                {"case_id": "c2", "check": "usp.x", "status": "passed", "figures": {"max_abs": 2e-3}},
+            ]
+        }
+    },
 }
 
 
@@ -83,18 +94,38 @@ ROWS = [
     ("duplicate_record", _duplicate, [], 2, "key 'stages.contracts.records[2].case_id': a second record of case 'c1'"),
     ("duplicate_hides_a_worse_one", _hide_a_worse_record, ["max_abs:1000"], 2, "a second record of case 'c1'"),
     ("word_figure_on_both_sides_kept", _figure(0, "kernel", "flash"), [], 0, "figures compared"),
-    ("improved_from_nan", lambda d: None, ["max_abs:0"], 0, "0 past a --fail-on threshold", _figure(0, "max_abs", "nan")),
+    (
+        "improved_from_nan",
+        lambda d: None,
+        ["max_abs:0"],
+        0,
+        "0 past a --fail-on threshold",
+        _figure(0, "max_abs", "nan"),
+    ),
     ("escape_in_a_case_id", _escape_in("case_id"), [], 0, "c1\\x1b]0;pwned\\x07\\x1b[2J"),
     ("escape_in_a_figure_name", _escape_in("figure"), [], 0, "\\x1b[31mmax_abs"),
     ("escape_in_the_commit", _escape_in("commit"), [], 0, "\\x1b[2Jabc"),
-    ("misspelt_record_key", lambda d: _records(d)[0].update(figure=_records(d)[0].pop("figures")), [], 2,
-     "key 'stages.contracts.records[0].figure': unknown key: did you mean 'figures'?"),
-    ("misspelt_top_level_key", lambda d: d.update(stagse={}), [], 2, "key 'stagse': unknown key: did you mean 'stages'?"),
+    (
+        "misspelt_record_key",
+        lambda d: _records(d)[0].update(figure=_records(d)[0].pop("figures")),
+        [],
+        2,
+        "key 'stages.contracts.records[0].figure': unknown key: did you mean 'figures'?",
+    ),
+    (
+        "misspelt_top_level_key",
+        lambda d: d.update(stagse={}),
+        [],
+        2,
+        "key 'stagse': unknown key: did you mean 'stages'?",
+    ),
 ]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
-def test_compare_of_a_hostile_results_file(row: tuple[Any, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_of_a_hostile_results_file(
+    row: tuple[Any, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _, edit, rules, code, says, *base_edit = row
     base_doc, new_doc = copy.deepcopy(BASE), copy.deepcopy(BASE)
     for change in base_edit:

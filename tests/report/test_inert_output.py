@@ -30,14 +30,19 @@ def _thresholds(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(("args", "code", "says"), [
-    (["matrix", "{sweep}"], 0, "dev\\x1b]0;pwned\\x07\\x1b[2J"),
-    (["matrix", "{sweep}", "--format", "html"], 0, "usp.x\\x1b]0;pwned\\x07\\x1b[2J"),
-    (["matrix", "{sweep}", "--output", "{tmp}/m.md"], 0, "B=1\\x1b]0;pwned\\x07\\x1b[2J"),
-    (["gate", "--baselines", "{baselines}"], 2, "key 'cases.a\\x1b]0;pwned\\x07\\x1b[2J'"),
-], ids=["matrix_markdown", "matrix_html", "matrix_to_a_file", "error_naming_a_key"])
-def test_escapes_from_a_file_are_shown_inert(args: list[str], code: int, says: str, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["matrix", "{sweep}"], 0, "dev\\x1b]0;pwned\\x07\\x1b[2J"),
+        (["matrix", "{sweep}", "--format", "html"], 0, "usp.x\\x1b]0;pwned\\x07\\x1b[2J"),
+        (["matrix", "{sweep}", "--output", "{tmp}/m.md"], 0, "B=1\\x1b]0;pwned\\x07\\x1b[2J"),
+        (["gate", "--baselines", "{baselines}"], 2, "key 'cases.a\\x1b]0;pwned\\x07\\x1b[2J'"),
+    ],
+    ids=["matrix_markdown", "matrix_html", "matrix_to_a_file", "error_naming_a_key"],
+)
+def test_escapes_from_a_file_are_shown_inert(
+    args: list[str], code: int, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fill = {"sweep": _sweep(tmp_path / "sweep.json"), "baselines": _thresholds(tmp_path / "baselines"), "tmp": tmp_path}
     assert main([a.format(**fill) for a in args]) == code
     captured = capsys.readouterr()

@@ -25,8 +25,11 @@ from tests.report.webdriver import chromium, find_browser
 
 BROWSER = find_browser()
 pytestmark = [
-    pytest.mark.skipif(BROWSER is None, reason="needs Debian's chromium and chromium-driver (apt-get install chromium "
-                       "chromium-driver; .ci/run installs them)"),
+    pytest.mark.skipif(
+        BROWSER is None,
+        reason="needs Debian's chromium and chromium-driver (apt-get install chromium "
+        "chromium-driver; .ci/run installs them)",
+    ),
     pytest.mark.timeout(180),
 ]
 VIEWPORT = (1280, 800)
@@ -34,16 +37,36 @@ VIEWPORT = (1280, 800)
 
 def _failing_report(directory: Path) -> str:
     contracts = [
-        CaseResult(f"ulysses_case_{i:02d}[dtype=bf16,causal=false,heads=30]", "usp.ulysses_parity", PASSED,
-                   figures={"bitwise": True, "max_abs": 0.0, "mean_abs": 0.0, "rel_err": 0.0,
-                            "paths": {"block.image": {"bitwise": True, "max_abs": 0.0, "numel": 4096},
-                                      "dit": {"bitwise": True, "max_abs": 1.07e-06, "numel": 384}}},
-                   bound="bitwise (torch.equal with the single-rank reference)", kernel="torch_sdpa",
-                   duration_s=0.012, params={"world_size": 2})
+        CaseResult(
+            f"ulysses_case_{i:02d}[dtype=bf16,causal=false,heads=30]",
+            "usp.ulysses_parity",
+            PASSED,
+            figures={
+                "bitwise": True,
+                "max_abs": 0.0,
+                "mean_abs": 0.0,
+                "rel_err": 0.0,
+                "paths": {
+                    "block.image": {"bitwise": True, "max_abs": 0.0, "numel": 4096},
+                    "dit": {"bitwise": True, "max_abs": 1.07e-06, "numel": 384},
+                },
+            },
+            bound="bitwise (torch.equal with the single-rank reference)",
+            kernel="torch_sdpa",
+            duration_s=0.012,
+            params={"world_size": 2},
+        )
         for i in range(93)
     ]
-    contracts.append(CaseResult("ring_admission", "usp.ring_admission", SKIPPED, "backend sage_attn is not installed",
-                                params={"world_size": 2}))
+    contracts.append(
+        CaseResult(
+            "ring_admission",
+            "usp.ring_admission",
+            SKIPPED,
+            "backend sage_attn is not installed",
+            params={"world_size": 2},
+        )
+    )
     rng = np.random.default_rng(0)
     ref = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
     cand = ref.copy()
@@ -54,11 +77,16 @@ def _failing_report(directory: Path) -> str:
     write_png(directory / "triptychs" / f"{case.id}.png", triptych(ref, cand).picture)
     failing.artifacts["triptych"] = f"triptychs/{case.id}.png"
     failing.next_step = f"see index.html#{anchor('images', case.id)}"
-    document = results_document("gate", {"device": "cpu"}, {
-        "contracts": StageResult("contracts", contracts, 40.5),
-        "images": StageResult("images", [failing], 1.2),
-        "perf": "no perf baseline for hardware 'cpu_x86_64'",
-    }, 42.0)
+    document = results_document(
+        "gate",
+        {"device": "cpu"},
+        {
+            "contracts": StageResult("contracts", contracts, 40.5),
+            "images": StageResult("images", [failing], 1.2),
+            "perf": "no perf baseline for hardware 'cpu_x86_64'",
+        },
+        42.0,
+    )
     write_index(directory / "index.html", document)
     return anchor("images", case.id)
 
@@ -120,15 +148,37 @@ def test_with_28_failures_the_image_triptych_is_one_link_and_3_screenfuls_away(t
     image = judge_case(case, ref, cand, bounds, None, "no CLIP model configured")
     write_png(report / "triptychs" / f"{case.id}.png", triptych(ref, cand).picture)
     image.artifacts["triptych"] = f"triptychs/{case.id}.png"
-    contracts = [CaseResult(f"ring_case_{i:02d}[dtype=bf16,causal=true]", "usp.ring_parity", FAILED,
-                            "max_abs 0.0312 > bound 0.0156 (|out - ref64| <= 2 x |naive_bf16 - ref64| + 1e-05)",
-                            figures={"bitwise": False, "max_abs": 0.0312, "paths": {"out": {"max_abs": 0.0312}}},
-                            traceback="Traceback (most recent call last):\n" + "  frame\n" * 30, params={"world_size": 2})
-                 for i in range(27)]
-    contracts += [CaseResult(f"skipped_{i:02d}", "usp.ring_parity", SKIPPED, "backend fa is not installed: flash-attn",
-                             params={"world_size": 2}) for i in range(91)]
-    write_index(report / "index.html", results_document("gate", {"device": "cpu"}, {
-        "contracts": StageResult("contracts", contracts, 40.5), "images": StageResult("images", [image], 1.2)}, 42.0))
+    contracts = [
+        CaseResult(
+            f"ring_case_{i:02d}[dtype=bf16,causal=true]",
+            "usp.ring_parity",
+            FAILED,
+            "max_abs 0.0312 > bound 0.0156 (|out - ref64| <= 2 x |naive_bf16 - ref64| + 1e-05)",
+            figures={"bitwise": False, "max_abs": 0.0312, "paths": {"out": {"max_abs": 0.0312}}},
+            traceback="Traceback (most recent call last):\n" + "  frame\n" * 30,
+            params={"world_size": 2},
+        )
+        for i in range(27)
+    ]
+    contracts += [
+        CaseResult(
+            f"skipped_{i:02d}",
+            "usp.ring_parity",
+            SKIPPED,
+            "backend fa is not installed: flash-attn",
+            params={"world_size": 2},
+        )
+        for i in range(91)
+    ]
+    write_index(
+        report / "index.html",
+        results_document(
+            "gate",
+            {"device": "cpu"},
+            {"contracts": StageResult("contracts", contracts, 40.5), "images": StageResult("images", [image], 1.2)},
+            42.0,
+        ),
+    )
     with chromium(*BROWSER, tmp_path / "profile", *VIEWPORT) as browser:
         browser.open((report / "index.html").as_uri())
         geometry = browser.script(MANY_FAILURES, target)

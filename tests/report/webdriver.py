@@ -19,8 +19,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 def find_browser() -> tuple[str, str] | None:
@@ -65,8 +73,9 @@ def _free_port() -> int:
 def chromium(browser: str, driver: str, profile: Path, width: int = 1280, height: int = 800) -> Iterator[Session]:
     """A headless Chromium window of ``width`` x ``height`` CSS pixels, driven through a chromedriver of our own."""
     port = _free_port()
-    proc = subprocess.Popen([driver, f"--port={port}", "--allowed-ips=127.0.0.1"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [driver, f"--port={port}", "--allowed-ips=127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -79,7 +88,9 @@ def chromium(browser: str, driver: str, profile: Path, width: int = 1280, height
                     raise RuntimeError("chromedriver did not start") from None
                 time.sleep(0.1)
         args = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"]
-        capabilities = {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {"binary": browser, "args": args}}}
+        capabilities = {
+            "alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {"binary": browser, "args": args}}
+        }
         session_id = call("POST", f"{url}/session", {"capabilities": capabilities})["sessionId"]
         try:
             yield Session(url, session_id)

@@ -13,8 +13,13 @@ from harness.sweep.stacks import load_stack_run
 
 
 def _doc(target: str, version: str | None, records: list[dict]) -> dict:
-    return {"command": "check", "target": target, "target_version": version, "device": "cpu",
-            "stages": {"contracts": {"records": records}}}
+    return {
+        "command": "check",
+        "target": target,
+        "target_version": version,
+        "device": "cpu",
+        "stages": {"contracts": {"records": records}},
+    }
 
 
 def _rec(case: str, status: str, reason: str | None = None, **figures) -> dict:
@@ -23,9 +28,24 @@ def _rec(case: str, status: str, reason: str | None = None, **figures) -> dict:
 
 def test_rows_are_cases_columns_are_stacks_and_reasons_are_footnotes(tmp_path: Path, capsys) -> None:
     ref, other = tmp_path / "ref.json", tmp_path / "other.json"
-    ref.write_text(json.dumps(_doc("reference", "parity 0.1.0", [_rec("u", "passed", bitwise=True), _rec("m", "passed", max_abs=0.001)])))
-    other.write_text(json.dumps(_doc("stack", "1.2", [_rec("u", "xfailed", "expected failure: bug 7"),
-                                                       _rec("m", "skipped", "no masks"), _rec("x", "failed", "boom", max_abs=2.0)])))
+    ref.write_text(
+        json.dumps(
+            _doc("reference", "parity 0.1.0", [_rec("u", "passed", bitwise=True), _rec("m", "passed", max_abs=0.001)])
+        )
+    )
+    other.write_text(
+        json.dumps(
+            _doc(
+                "stack",
+                "1.2",
+                [
+                    _rec("u", "xfailed", "expected failure: bug 7"),
+                    _rec("m", "skipped", "no masks"),
+                    _rec("x", "failed", "boom", max_abs=2.0),
+                ],
+            )
+        )
+    )
     assert main(["matrix", str(ref), str(other)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| case | contract | reference parity 0.1.0 (cpu) | stack 1.2 (cpu) |"

@@ -18,8 +18,11 @@ pytestmark = pytest.mark.timeout(240)
 
 def _suffix_cases():
     """The Ulysses suffix cases (bitwise); the ring ones are judged by the FlashAttention rule."""
-    return [c for c in load_cases(default_cases_dir())
-            if c.contract_id == "usp.replicated_suffix_bitwise" and c.params.get("ring_degree", 1) == 1]
+    return [
+        c
+        for c in load_cases(default_cases_dir())
+        if c.contract_id == "usp.replicated_suffix_bitwise" and c.params.get("ring_degree", 1) == 1
+    ]
 
 
 def test_backend_columns():
@@ -50,7 +53,9 @@ def sweep_files(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("PARITY_PLATFORM", "rocm:gfx950")
     try:
-        simulated = run_sweep(cases, SweepOptions(backends=tuple(columns[:1]), dtypes=("bf16",), world_sizes=(2,), kernels=False))
+        simulated = run_sweep(
+            cases, SweepOptions(backends=tuple(columns[:1]), dtypes=("bf16",), world_sizes=(2,), kernels=False)
+        )
     finally:
         mp.undo()
     (out / "rocm.json").write_text(json.dumps(simulated))
@@ -81,12 +86,13 @@ def test_matrix_merges_machines(sweep_files):
     row = next(line for line in text.splitlines() if line.startswith("| usp.replicated_suffix_bitwise · bf16"))
     assert "pass =" in row and "skip" in row
     html = render_html(sweeps)
-    assert "<table>" in html and "class=\"pass\"" in html and "class=\"skip\"" in html
+    assert "<table>" in html and 'class="pass"' in html and 'class="skip"' in html
 
 
 def test_failed_cells_are_shown_first():
     sweep_doc = {
-        "schema": "parity.sweep/1", "platform": {"kind": "cpu", "label": "cpu", "device_name": "x"},
+        "schema": "parity.sweep/1",
+        "platform": {"kind": "cpu", "label": "cpu", "device_name": "x"},
         "cells": [
             {"contract": "c", "dtype": "bf16", "backend": "math", "status": "passed", "figures": {"bitwise": True}},
             {"contract": "c", "dtype": "bf16", "backend": "math", "status": "failed", "figures": {"max_abs": 0.5}},
@@ -98,10 +104,14 @@ def test_failed_cells_are_shown_first():
     assert "FAIL 5.00e-01 (+1)" in render_markdown([sweep])
 
 
-@pytest.mark.parametrize(("status", "figures", "text"), [
-    ("xfailed", {"max_abs": 0.1}, "xfail 1.00e-01"),
-    ("failed", {"max_abs": "inf"}, "FAIL inf"),
-], ids=["xfailed", "failed-inf"])
+@pytest.mark.parametrize(
+    ("status", "figures", "text"),
+    [
+        ("xfailed", {"max_abs": 0.1}, "xfail 1.00e-01"),
+        ("failed", {"max_abs": "inf"}, "FAIL inf"),
+    ],
+    ids=["xfailed", "failed-inf"],
+)
 def test_an_expected_failure_reads_as_one_and_a_non_finite_error_is_spelled_out(status, figures, text):
     from harness.sweep.matrix import Sweep
 
@@ -112,15 +122,32 @@ def test_an_expected_failure_reads_as_one_and_a_non_finite_error_is_spelled_out(
 
 @pytest.mark.parametrize(
     "content, key",
-    [("{", None), ('{"schema": "other"}', "schema"), ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{}]}', "cells.0.contract"),
-     ('{"schema": "parity.sweep/1", "platform": {}, "cells": [], "kernal": []}', "did you mean 'kernels'"),
-     ('{"schema": "parity.sweep/1", "platform": {"devce_name": "x"}, "cells": []}', "key 'platform.devce_name'"),
-     ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{"contract": "c", "dtype": "bf16", "backend": "math", '
-      '"status": "passed", "figure": {"max_abs": 9}}]}', "key 'cells.0.figure': unknown key: did you mean 'figures'"),
-     ('{"schema": "parity.sweep/1", "platform": {}, "cells": [], "kernels": [{"backend": "m", "dtype": "bf16", '
-      '"shape": "s", "median": 1}]}', "key 'kernels.0.median'")],
-    ids=["not_json", "other_schema", "cell_without_contract", "misspelt_top_level", "misspelt_platform_key",
-         "misspelt_cell_key", "misspelt_kernel_key"],
+    [
+        ("{", None),
+        ('{"schema": "other"}', "schema"),
+        ('{"schema": "parity.sweep/1", "platform": {}, "cells": [{}]}', "cells.0.contract"),
+        ('{"schema": "parity.sweep/1", "platform": {}, "cells": [], "kernal": []}', "did you mean 'kernels'"),
+        ('{"schema": "parity.sweep/1", "platform": {"devce_name": "x"}, "cells": []}', "key 'platform.devce_name'"),
+        (
+            '{"schema": "parity.sweep/1", "platform": {}, "cells": [{"contract": "c", "dtype": "bf16", "backend": "math", '
+            '"status": "passed", "figure": {"max_abs": 9}}]}',
+            "key 'cells.0.figure': unknown key: did you mean 'figures'",
+        ),
+        (
+            '{"schema": "parity.sweep/1", "platform": {}, "cells": [], "kernels": [{"backend": "m", "dtype": "bf16", '
+            '"shape": "s", "median": 1}]}',
+            "key 'kernels.0.median'",
+        ),
+    ],
+    ids=[
+        "not_json",
+        "other_schema",
+        "cell_without_contract",
+        "misspelt_top_level",
+        "misspelt_platform_key",
+        "misspelt_cell_key",
+        "misspelt_kernel_key",
+    ],
 )
 def test_bad_sweep_files_name_file_and_key(tmp_path, content, key):
     path = tmp_path / "bad.json"

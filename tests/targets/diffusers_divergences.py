@@ -19,7 +19,9 @@ from harness.targets.diffusers import DiffusersTarget
 B, S_LOCAL, H, D = 1, 16, 4, 32
 
 
-def _inputs(world: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inputs(
+    world: int, dtype: torch.dtype, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Full-length q, k, v and a key-padding mask (key 0 always kept), identical on every rank."""
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, S_LOCAL * world, H, D, generator=gen).to(dtype) for _ in range(3))
@@ -65,7 +67,9 @@ def dense_mask_ulysses(dtype: str) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v, _ = _inputs(world, DTYPES[dtype])
     gen = torch.Generator().manual_seed(3)
-    per_head = (torch.rand(B, H, S_LOCAL * world, S_LOCAL * world, generator=gen) > 0.4) | torch.eye(S_LOCAL * world, dtype=torch.bool)
+    per_head = (torch.rand(B, H, S_LOCAL * world, S_LOCAL * world, generator=gen) > 0.4) | torch.eye(
+        S_LOCAL * world, dtype=torch.bool
+    )
     shared = per_head[:, :1]
     sl = slice(rank * S_LOCAL, (rank + 1) * S_LOCAL)
     target = DiffusersTarget()

@@ -31,8 +31,12 @@ def image(prompt: str, seed: int, height: int, width: int, frame: int = 0) -> np
     cols = np.linspace(0, 3, width)[None, :]
     r0, c0 = np.floor(rows).astype(int).clip(0, 2), np.floor(cols).astype(int).clip(0, 2)
     fr, fc = (rows - r0)[..., None], (cols - c0)[..., None]
-    smooth = (grid[r0, c0] * (1 - fr) * (1 - fc) + grid[r0 + 1, c0] * fr * (1 - fc)
-              + grid[r0, c0 + 1] * (1 - fr) * fc + grid[r0 + 1, c0 + 1] * fr * fc)
+    smooth = (
+        grid[r0, c0] * (1 - fr) * (1 - fc)
+        + grid[r0 + 1, c0] * fr * (1 - fc)
+        + grid[r0, c0 + 1] * (1 - fr) * fc
+        + grid[r0 + 1, c0 + 1] * fr * fc
+    )
     return np.clip(smooth + np.linspace(-20, 20, width)[None, :, None], 0, 255).round().astype(np.uint8)
 
 
@@ -64,10 +68,14 @@ def main() -> int:
         (args.out / "sleeper.pid").write_text(str(sleeper.pid))
         sleeper.wait()
     start = time.perf_counter()
-    frames = [image(args.prompt, args.seed + args.seed_offset, args.height, args.width, i) for i in range(max(args.frames, 1))]
+    frames = [
+        image(args.prompt, args.seed + args.seed_offset, args.height, args.width, i) for i in range(max(args.frames, 1))
+    ]
     if args.sp_bug and args.world_size > 1:
         for frame in frames:
-            frame[: args.height // 2, : args.width // 2] = np.clip(frame[: args.height // 2, : args.width // 2] + 40, 0, 255)
+            frame[: args.height // 2, : args.width // 2] = np.clip(
+                frame[: args.height // 2, : args.width // 2] + 40, 0, 255
+            )
     if args.frames:
         (args.out / "frames").mkdir()
         for i, frame in enumerate(frames):
@@ -77,12 +85,18 @@ def main() -> int:
     e2e = (time.perf_counter() - start) * 1000 + 3.0
     if args.timings:
         if args.schema == "parity":
-            doc = {"e2e_ms": e2e, "stages_ms": {"TextEncodingStage": 1.0, "DenoisingStage": 1.5, "DecodingStage": 0.5},
-                   "denoise_step_ms": [0.75, 0.75]}
+            doc = {
+                "e2e_ms": e2e,
+                "stages_ms": {"TextEncodingStage": 1.0, "DenoisingStage": 1.5, "DecodingStage": 0.5},
+                "denoise_step_ms": [0.75, 0.75],
+            }
         else:
-            doc = {"total_duration_ms": e2e, "steps": [{"name": "DenoisingStage", "duration_ms": 1.5}],
-                   "denoise_steps_ms": [{"step": 0, "duration_ms": 0.75}, {"step": 1, "duration_ms": 0.75}],
-                   "commit_hash": "abc123"}
+            doc = {
+                "total_duration_ms": e2e,
+                "steps": [{"name": "DenoisingStage", "duration_ms": 1.5}],
+                "denoise_steps_ms": [{"step": 0, "duration_ms": 0.75}, {"step": 1, "duration_ms": 0.75}],
+                "commit_hash": "abc123",
+            }
         args.timings.write_text(json.dumps(doc))
     return 0
 

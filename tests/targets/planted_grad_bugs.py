@@ -95,7 +95,6 @@ def planted(bug: str) -> Iterator[None]:
 
 
 class PlantedTarget(ReferenceTarget):
-
     def __init__(self, bug: str) -> None:
         self.bug = bug
         self.name = f"planted_{bug}"

@@ -38,9 +38,15 @@ def refusals() -> dict[str, tuple[str, str] | None]:
     key_mask = torch.ones(1, TOKENS + REPLICATED, dtype=torch.bool)
     found = {"ring": _refusal(target, (1, world), lambda: target.make_attention(SPEC))}
     for kwarg in ("num_replicated_prefix", "num_replicated_suffix", "num_replicated_kv_prefix"):
-        found[kwarg] = _refusal(target, (world, 1), lambda: target.make_attention(SPEC)(q, k, v, attn_mask=key_mask, **{kwarg: REPLICATED}))
+        found[kwarg] = _refusal(
+            target, (world, 1), lambda: target.make_attention(SPEC)(q, k, v, attn_mask=key_mask, **{kwarg: REPLICATED})
+        )
     dense = torch.ones(1, 4, TOKENS * world, TOKENS * world, dtype=torch.bool)
-    found["dense_mask"] = _refusal(target, (world, 1), lambda: target.make_attention(SPEC)(q[:, :TOKENS], k[:, :TOKENS], v[:, :TOKENS], attn_mask=dense))
+    found["dense_mask"] = _refusal(
+        target,
+        (world, 1),
+        lambda: target.make_attention(SPEC)(q[:, :TOKENS], k[:, :TOKENS], v[:, :TOKENS], attn_mask=dense),
+    )
     found["sdpa_kernel"] = _refusal(target, (world, 1), lambda: target.make_attention(SPEC.with_(sdpa_kernel="math")))
     return found
 

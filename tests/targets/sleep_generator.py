@@ -24,12 +24,15 @@ FIELDS = {"height": 16, "width": 16, "steps": 4, "step_ms": 10}  # a case of 4 s
 def template(*python_flags: str) -> str:
     """Its ``command`` template (the case's fields: :data:`FIELDS`), run by this interpreter with ``python_flags``
     (``-S -E`` start it in a quarter of the time: no site packages, which it does not need)."""
-    return (shlex.join([sys.executable, *python_flags, str(Path(__file__).resolve())])
-            + " --out {out_dir} --height {height} --width {width} --steps {steps} --step-ms {step_ms} --timings {timings}")
+    return (
+        shlex.join([sys.executable, *python_flags, str(Path(__file__).resolve())])
+        + " --out {out_dir} --height {height} --width {width} --steps {steps} --step-ms {step_ms} --timings {timings}"
+    )
 
 
 def png(height: int, width: int, rgb: tuple[int, int, int]) -> bytes:
     """A flat 8-bit RGB PNG."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
@@ -62,8 +65,15 @@ def main() -> int:
     (args.out / "image.png").write_bytes(png(args.height, args.width, (90, 120, 200)))
     e2e = (time.perf_counter() - start) * 1000.0
     if args.timings:
-        args.timings.write_text(json.dumps({"e2e_ms": e2e, "denoise_step_ms": steps, "stages_ms": {
-            "TextEncodingStage": text, "DenoisingStage": sum(steps), "DecodingStage": decode}}))
+        args.timings.write_text(
+            json.dumps(
+                {
+                    "e2e_ms": e2e,
+                    "denoise_step_ms": steps,
+                    "stages_ms": {"TextEncodingStage": text, "DenoisingStage": sum(steps), "DecodingStage": decode},
+                }
+            )
+        )
     return 0
 
 

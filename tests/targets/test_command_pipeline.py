@@ -29,8 +29,10 @@ from harness.targets.loader import load_pipeline_target
 from tests.ranks.procs import wait_until_gone
 
 GENERATOR = Path(__file__).with_name("fake_generator.py")
-BASE = (f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} "
-        "--height {height} --width {width} --out {out_dir} --world-size {world_size}")
+BASE = (
+    f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERATOR))} --prompt {{prompt}} --seed {{seed}} "
+    "--height {height} --width {width} --out {out_dir} --world-size {world_size}"
+)
 FIELDS = {"prompt": "a lighthouse at dusk", "seed": 3, "height": 24, "width": 32}
 
 
@@ -45,11 +47,11 @@ def run_once(extra: str = "", fields: dict | None = None, world_size: int = 1, t
         prepared.close()
 
 
-
 @pytest.fixture(autouse=True)
 def _kept_outputs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed command's output directory is kept for a human to read: in tests, inside tmp_path."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
 
 @pytest.mark.parametrize(
     ("template", "fields", "key", "message"),
@@ -86,7 +88,7 @@ def test_kind_template_from_a_case_field_and_factory_arguments() -> None:
 
 def test_values_reach_the_command_as_single_arguments_never_as_shell(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    nasty = "it's a \"fox\"; touch {marker} $(touch {marker}) `touch {marker}`".format(marker=tmp_path / "pwned")
+    nasty = 'it\'s a "fox"; touch {marker} $(touch {marker}) `touch {marker}`'.format(marker=tmp_path / "pwned")
     out = run_once(f" --log {shlex.quote(str(log))}", {**FIELDS, "prompt": nasty}, world_size=4)
     argv = json.loads(log.read_text())["argv"]
     assert argv[argv.index("--prompt") + 1] == nasty and json.loads(log.read_text())["world_size"] == 4
@@ -97,7 +99,9 @@ def test_values_reach_the_command_as_single_arguments_never_as_shell(tmp_path: P
 
 
 def test_a_failing_command_fails_with_its_stderr_and_keeps_its_outputs() -> None:
-    with pytest.raises(PipelineFailed, match=r"exited with status 3 \(RuntimeError: CUDA out of memory \(planted\)\)") as info:
+    with pytest.raises(
+        PipelineFailed, match=r"exited with status 3 \(RuntimeError: CUDA out of memory \(planted\)\)"
+    ) as info:
         run_once(" --fail")
     assert "loading weights..." in info.value.detail and "--prompt 'a lighthouse at dusk'" in info.value.reason
     kept = Path(info.value.reason.rsplit("outputs kept in ", 1)[1].rstrip(")"))
@@ -117,17 +121,24 @@ def test_a_timeout_ends_the_command_and_everything_it_started() -> None:
 
 def test_pngs_are_checked_against_the_case() -> None:
     wrong_size = BASE.replace("--height {height}", "--height 16")
-    with pytest.raises(PipelineFailed, match=r"image.png: expected 8-bit RGB of shape \(24, 32, 3\), got uint8 \(16, 32, 3\)"):
+    with pytest.raises(
+        PipelineFailed, match=r"image.png: expected 8-bit RGB of shape \(24, 32, 3\), got uint8 \(16, 32, 3\)"
+    ):
         _run_template(wrong_size, FIELDS)
-    with pytest.raises(PipelineFailed, match=r"expected 3 PNGs in one directory under \{out_dir\}, found frames/0.png, frames/1.png"):
+    with pytest.raises(
+        PipelineFailed, match=r"expected 3 PNGs in one directory under \{out_dir\}, found frames/0.png, frames/1.png"
+    ):
         _run_template(BASE + " --frames 2", {**FIELDS, "num_frames": 3})
 
 
 HUGE_PNG_HEADER = b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + (100_000).to_bytes(4, "big") * 2 + bytes(5)
 
 
-@pytest.mark.parametrize(("data", "words"), [(b"GIF89a not a png", "not a PNG file"),
-                                             (HUGE_PNG_HEADER, "declares 100000x100000 pixels")], ids=["not-a-png", "huge"])
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [(b"GIF89a not a png", "not a PNG file"), (HUGE_PNG_HEADER, "declares 100000x100000 pixels")],
+    ids=["not-a-png", "huge"],
+)
 def test_a_commands_png_goes_through_the_guarded_decoder(tmp_path: Path, data: bytes, words: str) -> None:
     """Foreign output: a file that only claims to be a PNG, or declares a huge picture, is refused before decoding."""
     (tmp_path / "image.png").write_bytes(data)
@@ -156,30 +167,56 @@ def test_timings_in_parity_and_sglang_schemas(tmp_path: Path) -> None:
     path = tmp_path / "timings.json"
     path.write_text(json.dumps({"e2e_ms": 9.5, "stages_ms": {"DenoisingStage": 6.0}, "denoise_step_ms": [3, 3.0]}))
     timings, source = read_timings(tmp_path, 1000.0)
-    assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms, source) == (9.5, {"DenoisingStage": 6.0}, [3.0, 3.0],
-                                                                                 "timings.json")
-    path.write_text(json.dumps({"total_duration_ms": 14959.11, "steps": [{"name": "TextEncodingStage", "duration_ms": 611.83}],
-                                "denoise_steps_ms": [{"step": 0, "duration_ms": 240.5}], "commit_hash": "abc"}))
+    assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms, source) == (
+        9.5,
+        {"DenoisingStage": 6.0},
+        [3.0, 3.0],
+        "timings.json",
+    )
+    path.write_text(
+        json.dumps(
+            {
+                "total_duration_ms": 14959.11,
+                "steps": [{"name": "TextEncodingStage", "duration_ms": 611.83}],
+                "denoise_steps_ms": [{"step": 0, "duration_ms": 240.5}],
+                "commit_hash": "abc",
+            }
+        )
+    )
     timings, source = read_timings(tmp_path, 1000.0)
-    assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms) == (14959.11, {"TextEncodingStage": 611.83}, [240.5])
+    assert (timings.e2e_ms, timings.stages_ms, timings.denoise_step_ms) == (
+        14959.11,
+        {"TextEncodingStage": 611.83},
+        [240.5],
+    )
     assert source == "timings.json (sglang perf dump)"
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    (["x"], "must be a JSON object"),
-    ({"e2e_ms": -1}, "non-negative"),
-    ({"steps": []}, "neither e2e_ms"),
-    ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, "need name/duration_ms"),
-], ids=["not-an-object", "negative", "no-total", "step-without-duration"])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (["x"], "must be a JSON object"),
+        ({"e2e_ms": -1}, "non-negative"),
+        ({"steps": []}, "neither e2e_ms"),
+        ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, "need name/duration_ms"),
+    ],
+    ids=["not-an-object", "negative", "no-total", "step-without-duration"],
+)
 def test_timings_of_another_shape_are_refused(tmp_path: Path, bad: object, message: str) -> None:
     (tmp_path / "timings.json").write_text(json.dumps(bad))
     with pytest.raises(PipelineFailed, match=message):
         read_timings(tmp_path, 1.0)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("{", "line 1"), ('{"e2e_ms": NaN}', "NaN"), ('{"e2e_ms": 1, "stages_ms": {"A": Infinity}}', "Infinity"),
-], ids=["malformed", "nan", "infinity"])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "line 1"),
+        ('{"e2e_ms": NaN}', "NaN"),
+        ('{"e2e_ms": 1, "stages_ms": {"A": Infinity}}', "Infinity"),
+    ],
+    ids=["malformed", "nan", "infinity"],
+)
 def test_timings_that_are_not_strict_json_are_refused_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "timings.json"
     path.write_text(text)
@@ -190,8 +227,17 @@ def test_timings_that_are_not_strict_json_are_refused_naming_the_file(tmp_path: 
 
 def test_perf_timing_runs_here_with_the_commands_own_timings() -> None:
     fields = {**FIELDS, "template": BASE + " --timings {timings}"}
-    case = ImageCase("cmd", kind="image", world_size=2, ulysses_degree=2, ring_degree=1, fields=fields,
-                     target="command", target_args=(), source="<test>")
+    case = ImageCase(
+        "cmd",
+        kind="image",
+        world_size=2,
+        ulysses_degree=2,
+        ring_degree=1,
+        fields=fields,
+        target="command",
+        target_args=(),
+        source="<test>",
+    )
     with PoolSet("cpu") as pools, Session(case.pipeline_run, pools) as session:
         measured = absolute.measure(session, runs=2, warmup=1)
         assert pools.startup_s == {}  # no rank group was started: the command does its own parallelism
@@ -199,5 +245,7 @@ def test_perf_timing_runs_here_with_the_commands_own_timings() -> None:
     assert measured["stages_ms"] == {"TextEncodingStage": 1.0, "DenoisingStage": 1.5, "DecodingStage": 0.5}
     assert measured["denoise_step_ms"] == {"0": 0.75, "1": 0.75}
     assert len(measured["samples"]["wall_ms"]) == 2 and measured["clock"] == "command timings.json"
-    assert min(measured["samples"]["wall_ms"]) > max(measured["samples"]["expected_e2e_ms"])  # the process's start counts
+    assert min(measured["samples"]["wall_ms"]) > max(
+        measured["samples"]["expected_e2e_ms"]
+    )  # the process's start counts
     assert measured["peak_memory_mb"] is None and measured["peak_memory_kind"] == "not_measured"

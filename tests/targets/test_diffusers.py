@@ -44,12 +44,24 @@ def test_missing_or_old_diffusers_says_why(monkeypatch):
     target = adapter.DiffusersTarget(backend="anything: unchecked without diffusers")
     assert target.unavailable_reason("cpu") == "diffusers is not installed (pip install 'parity[diffusers]')"
     monkeypatch.setattr(adapter, "installed_version", lambda: "0.35.2")
-    assert "diffusers 0.35.2 has no ContextParallelConfig (it arrived in 0.36" in adapter.DiffusersTarget().unavailable_reason("cpu")
+    assert (
+        "diffusers 0.35.2 has no ContextParallelConfig (it arrived in 0.36"
+        in adapter.DiffusersTarget().unavailable_reason("cpu")
+    )
 
 
 def test_capabilities_follow_the_installed_version():
     """Masks are declared on every release (0.37-0.38's wrong masks are expected failures); varlen arrived in 0.37."""
-    assert adapter.capabilities_for("0.36.0") == {"ulysses", "ring", "gqa", "causal", "backend_choice", "mask", "ring_mask", "backward"}
+    assert adapter.capabilities_for("0.36.0") == {
+        "ulysses",
+        "ring",
+        "gqa",
+        "causal",
+        "backend_choice",
+        "mask",
+        "ring_mask",
+        "backward",
+    }
     assert adapter.capabilities_for("0.38.0") - adapter.capabilities_for("0.36.0") == {"varlen"}
     assert adapter.capabilities_for("0.42.1") == adapter.capabilities_for("0.38.0")
 
@@ -59,7 +71,9 @@ class _Refusing036:
 
     def __init__(self, ring_degree: int, ulysses_degree: int) -> None:
         if ring_degree > 1 and ulysses_degree > 1:
-            raise ValueError("Unified Ulysses-Ring attention is not yet supported. Please set either `ring_degree` or `ulysses_degree` to 1.")
+            raise ValueError(
+                "Unified Ulysses-Ring attention is not yet supported. Please set either `ring_degree` or `ulysses_degree` to 1."
+            )
 
 
 @needs_diffusers
@@ -108,7 +122,9 @@ def test_backend_argument_is_validated_with_the_valid_names():
 
 
 @needs_diffusers
-@pytest.mark.parametrize(("params", "key"), [({"backend": "torch_sdpa"}, "backend"), ({"sdpa_kernel": "math"}, "sdpa_kernel")])
+@pytest.mark.parametrize(
+    ("params", "key"), [({"backend": "torch_sdpa"}, "backend"), ({"sdpa_kernel": "math"}, "sdpa_kernel")]
+)
 def test_a_case_backend_diffusers_lacks_is_refused_before_any_rank_starts(params: dict, key: str) -> None:
     """A typo in a case file (or --backend) exits 2 naming the key; it never becomes a skip on every rank."""
     from harness.contracts.case import make_case
@@ -151,12 +167,17 @@ def test_varlen_goes_through_ulysses_anything_bitwise(assert_contract, params):
 @needs_diffusers
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_key_padding_mask_under_ulysses_is_bitwise(assert_contract, world_size):
-    assert assert_contract("usp.masked_parity", target="diffusers", world_size=world_size, mask="key_padding", dtype="bf16").figures["bitwise"]
+    assert assert_contract(
+        "usp.masked_parity", target="diffusers", world_size=world_size, mask="key_padding", dtype="bf16"
+    ).figures["bitwise"]
 
 
 @needs_diffusers
 def test_skip_sequence_parallel_is_rank_local(assert_contract):
-    assert assert_contract("usp.skip_sequence_parallel_local", target="diffusers", world_size=2).kernel == "diffusers 0.42.1 native: rank-local"
+    assert (
+        assert_contract("usp.skip_sequence_parallel_local", target="diffusers", world_size=2).kernel
+        == "diffusers 0.42.1 native: rank-local"
+    )
 
 
 @needs_diffusers
@@ -170,10 +191,15 @@ def test_skip_sequence_parallel_is_rank_local(assert_contract):
         ("usp.hybrid_parity", dict(world_size=4, dtype="bf16"), "_templated_unified_attention U=2 x R=2"),
     ],
 )
-def test_ring_and_hybrid_with_an_lse_backend_are_within_the_flash_attention_rule(assert_contract, contract_id, params, path):
+def test_ring_and_hybrid_with_an_lse_backend_are_within_the_flash_attention_rule(
+    assert_contract, contract_id, params, path
+):
     verdict = assert_contract(contract_id, target="diffusers", **params)
     assert verdict.figures["err_ref64"] <= 0.5 * verdict.figures["allowed"]  # measured <= 0.30 of the allowance
-    assert verdict.kernel == f"diffusers 0.42.1 native: {path} [ring blocks: aten._scaled_dot_product_flash_attention_for_cpu]"
+    assert (
+        verdict.kernel
+        == f"diffusers 0.42.1 native: {path} [ring blocks: aten._scaled_dot_product_flash_attention_for_cpu]"
+    )
 
 
 # ------------------------------------------------------------------ refusals: skips in diffusers' words
@@ -186,8 +212,16 @@ def test_ring_and_hybrid_with_an_lse_backend_are_within_the_flash_attention_rule
         ("usp.ulysses_parity", dict(causal=True), "Causal attention is not yet supported for templated attention."),
         ("usp.ulysses_parity", dict(heads=8, kv_heads=2), "GQA is not yet supported for templated attention."),
         ("usp.ring_parity", dict(target_args=STOCK), "Native attention does not support return_lse=True"),
-        ("usp.hybrid_parity", dict(world_size=4, target_args=STOCK), "Native attention does not support return_lse=True"),
-        ("usp.varlen_grad", dict(), "no backward for uneven lengths: TemplatedUlyssesAnythingAttention.backward raises"),
+        (
+            "usp.hybrid_parity",
+            dict(world_size=4, target_args=STOCK),
+            "Native attention does not support return_lse=True",
+        ),
+        (
+            "usp.varlen_grad",
+            dict(),
+            "no backward for uneven lengths: TemplatedUlyssesAnythingAttention.backward raises",
+        ),
     ],
 )
 def test_refusals_are_skips_with_diffusers_text(rank_pools, contract_id, params, text):
@@ -199,8 +233,14 @@ def test_refusals_are_skips_with_diffusers_text(rank_pools, contract_id, params,
 def test_refusals_carry_their_kind(rank_pools):
     kinds = dict(rank_pools.get(2).run(div.refusal_kinds)[0])
     assert kinds["ring"][0] == "ring_needs_lse" and "'native' cannot run ring attention" in kinds["ring"][1]
-    assert kinds["causal"] == ("unsupported", "diffusers 0.42.1 under context parallelism: Causal attention is not yet supported for templated attention.")
-    assert kinds["gqa"] == ("unsupported", "diffusers 0.42.1 under context parallelism: GQA is not yet supported for templated attention.")
+    assert kinds["causal"] == (
+        "unsupported",
+        "diffusers 0.42.1 under context parallelism: Causal attention is not yet supported for templated attention.",
+    )
+    assert kinds["gqa"] == (
+        "unsupported",
+        "diffusers 0.42.1 under context parallelism: GQA is not yet supported for templated attention.",
+    )
 
 
 # ------------------------------------------------------------------ divergences
@@ -220,7 +260,9 @@ def test_dense_per_head_mask_under_ulysses_raises_a_size_mismatch(rank_pools, wo
 @needs_diffusers
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_ring_applies_each_ranks_key_mask_to_every_kv_block(rank_pools, dtype):
-    verdict = _run(rank_pools, "usp.masked_parity", world_size=2, ring_degree=2, mask="key_padding", dtype=dtype, bound="fa:2")
+    verdict = _run(
+        rank_pools, "usp.masked_parity", world_size=2, ring_degree=2, mask="key_padding", dtype=dtype, bound="fa:2"
+    )
     assert verdict.status == FAILED and verdict.figures["err_ref64"] > max(1.0, 50 * verdict.figures["allowed"])  # 1.65
     shown = rank_pools.get(2).run(div.ring_key_padding, dtype)
     worst = {key: max(rank[key] for rank in shown) for key in shown[0]}
@@ -234,7 +276,16 @@ def test_ring_applies_each_ranks_key_mask_to_every_kv_block(rank_pools, dtype):
 
 @needs_diffusers
 def test_hybrid_with_a_key_mask_raises_a_size_mismatch(rank_pools):
-    verdict = _run(rank_pools, "usp.masked_parity", world_size=4, ring_degree=2, ulysses_degree=2, mask="key_padding", dtype="bf16", bound="fa:2")
+    verdict = _run(
+        rank_pools,
+        "usp.masked_parity",
+        world_size=4,
+        ring_degree=2,
+        ulysses_degree=2,
+        mask="key_padding",
+        dtype="bf16",
+        bound="fa:2",
+    )
     assert verdict.status == FAILED and "must match the existing size" in verdict.reason
 
 
@@ -247,15 +298,22 @@ def test_ring_backward_sends_kv_gradients_the_wrong_way_from_ring_degree_3(rank_
     (tests/targets/diffusers_ring_grad_fixed.py) the same case passes: the overlay's ring_grad_w4 entry is that bug."""
     params = dict(world_size=4, ring_degree=4, dtype="bf16", tokens_per_rank=7, head_dim=40)
     stock = _run(rank_pools, "usp.ring_grad", **params)
-    assert stock.status == FAILED and "dk: " in stock.reason and "dv: " in stock.reason and "dq: " not in stock.reason, stock.reason
+    assert (
+        stock.status == FAILED and "dk: " in stock.reason and "dv: " in stock.reason and "dq: " not in stock.reason
+    ), stock.reason
     oracle = stock.figures["oracle"]
-    far = {name: oracle[f"sharded {name}"]["err_ref64"] > 20 * oracle[f"sharded {name}"]["allowed"] for name in ("dk", "dv")}
+    far = {
+        name: oracle[f"sharded {name}"]["err_ref64"] > 20 * oracle[f"sharded {name}"]["allowed"]
+        for name in ("dk", "dv")
+    }
     assert far == {"dk": True, "dv": True}, oracle  # measured: dk 1.565, dv 1.028 against 1.86e-2 and 1.94e-2
     assert oracle["sharded dq"]["err_ref64"] <= oracle["sharded dq"]["allowed"]
     fixed = _run(rank_pools, "usp.ring_grad", FIXED, **params)
     assert fixed.status == PASSED, fixed.reason
     assert fixed.kernel.endswith("[test-only: ring backward accumulators sent to rank - 1]")
-    assert _run(rank_pools, "usp.ring_grad", **{**params, "world_size": 2, "ring_degree": 2}).status == PASSED  # next = previous
+    assert (
+        _run(rank_pools, "usp.ring_grad", **{**params, "world_size": 2, "ring_degree": 2}).status == PASSED
+    )  # next = previous
 
 
 # ------------------------------------------------------------------ the overlay's version ranges, without ranks
@@ -271,16 +329,30 @@ def contract_cases():
     return [c for c in load_cases(default_cases_dir(), platform="cpu") if hasattr(c, "contract_id")]
 
 
-@pytest.mark.parametrize(("version", "key_mask", "dense", "gqa_words"), [
-    ("0.36.0", "skip:Attention mask is not yet supported", "skip:Attention mask is not yet supported", "Attention mask is not yet supported"),
-    ("0.37.1", "xfail:PR #13756", "xfail:PR #12970", "GQA is not yet supported"),
-    ("0.38.0", "xfail:PR #13756", "xfail:PR #12970", "GQA is not yet supported"),
-    ("0.39.0", None, "xfail:PR #12970", "GQA is not yet supported"),
-    ("0.42.1", None, "xfail:PR #12970", "GQA is not yet supported"),
-    ("0.43.0", None, None, "GQA is not yet supported"),  # unknown yet: judged as any case, so a fix or a regression shows
-])
-def test_overlay_ranges_follow_each_releases_masks(contract_cases, version: str, key_mask: str | None, dense: str | None,
-                                                   gqa_words: str) -> None:
+@pytest.mark.parametrize(
+    ("version", "key_mask", "dense", "gqa_words"),
+    [
+        (
+            "0.36.0",
+            "skip:Attention mask is not yet supported",
+            "skip:Attention mask is not yet supported",
+            "Attention mask is not yet supported",
+        ),
+        ("0.37.1", "xfail:PR #13756", "xfail:PR #12970", "GQA is not yet supported"),
+        ("0.38.0", "xfail:PR #13756", "xfail:PR #12970", "GQA is not yet supported"),
+        ("0.39.0", None, "xfail:PR #12970", "GQA is not yet supported"),
+        ("0.42.1", None, "xfail:PR #12970", "GQA is not yet supported"),
+        (
+            "0.43.0",
+            None,
+            None,
+            "GQA is not yet supported",
+        ),  # unknown yet: judged as any case, so a fix or a regression shows
+    ],
+)
+def test_overlay_ranges_follow_each_releases_masks(
+    contract_cases, version: str, key_mask: str | None, dense: str | None, gqa_words: str
+) -> None:
     """0.36 refuses masks under CP (pinned skips), 0.37-0.38 run them wrongly (strict xfails), 0.39 gathers the key mask."""
     from pathlib import Path
 
@@ -305,6 +377,8 @@ def test_overlay_ranges_follow_each_releases_masks(contract_cases, version: str,
         return got is not None and got.startswith(f"{kind}:") and words in got
 
     got = {_KEY_MASK: judged(_KEY_MASK), _DENSE: judged(_DENSE)}
-    assert {_KEY_MASK: agrees(got[_KEY_MASK], key_mask), _DENSE: agrees(got[_DENSE], dense)} == dict.fromkeys(got, True), got
+    assert {_KEY_MASK: agrees(got[_KEY_MASK], key_mask), _DENSE: agrees(got[_DENSE], dense)} == dict.fromkeys(
+        got, True
+    ), got
     assert gqa_words in cases["masked_gqa"].expected_skip.reason
     assert cases["masked[world_size=1,mask=key_padding]"].expected_skip is None  # one rank takes masks on every release

@@ -41,14 +41,27 @@ def pools() -> PoolSet:
 
 
 def _case(path: Path, **fields: object) -> ImageCase:
-    return ImageCase("flux", kind="image", world_size=1, ulysses_degree=1, ring_degree=1, fields={**FIELDS, **fields},
-                     target="diffusers", target_args=(("path", str(path)),), source="<test>")
+    return ImageCase(
+        "flux",
+        kind="image",
+        world_size=1,
+        ulysses_degree=1,
+        ring_degree=1,
+        fields={**FIELDS, **fields},
+        target="diffusers",
+        target_args=(("path", str(path)),),
+        source="<test>",
+    )
 
 
 @pytest.mark.parametrize(
     ("change", "key", "message"),
     [
-        ({"num_steps": 3}, "num_steps", r"unknown key: neither a parity field nor a parameter of FluxPipeline.__call__; valid: path, "),
+        (
+            {"num_steps": 3},
+            "num_steps",
+            r"unknown key: neither a parity field nor a parameter of FluxPipeline.__call__; valid: path, ",
+        ),
         ({"output_type": "pil"}, "output_type", "set by parity"),
         ({"device": "cuda"}, "device", "set by the runner"),
         ({"prompt": None}, "prompt", "required: a string"),
@@ -84,9 +97,15 @@ def test_kind_path_and_context_parallel_plan(flux: Path, tmp_path: Path) -> None
     assert info.value.key == "world_size"
 
 
-@pytest.mark.parametrize(("name", "text"), [
-    ("model_index.json", "{"), ("model_index.json", "[]"), ("transformer/config.json", '{"a": NaN}'),
-], ids=["index-malformed", "index-not-an-object", "config-nan"])
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("model_index.json", "{"),
+        ("model_index.json", "[]"),
+        ("transformer/config.json", '{"a": NaN}'),
+    ],
+    ids=["index-malformed", "index-not-an-object", "config-nan"],
+)
 def test_a_damaged_saved_pipeline_is_an_error_naming_the_file(flux: Path, tmp_path: Path, name: str, text: str) -> None:
     damaged = tmp_path / "damaged"
     (damaged / "transformer").mkdir(parents=True)
@@ -120,7 +139,10 @@ def _enable_parallelism_on_cpu(path: str) -> str:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fact is about a machine without an accelerator")
 def test_enable_parallelism_still_cannot_run_on_the_cpu(flux: Path) -> None:
     """The fact behind CPU_REASON. When a diffusers release makes this pass, lift the refusal."""
-    assert run_on_ranks(_enable_parallelism_on_cpu, str(flux), world_size=2) == ["ZeroDivisionError: integer modulo by zero"] * 2
+    assert (
+        run_on_ranks(_enable_parallelism_on_cpu, str(flux), world_size=2)
+        == ["ZeroDivisionError: integer modulo by zero"] * 2
+    )
 
 
 def test_seeded_generation_and_stage_timings_in_a_rank(flux: Path, pools: PoolSet) -> None:
@@ -128,8 +150,12 @@ def test_seeded_generation_and_stage_timings_in_a_rank(flux: Path, pools: PoolSe
     other_seed = generate(_case(flux, seed=1).pipeline_run, pools)
     assert first.output.shape == (32, 32, 3) and first.output.dtype == np.uint8 and first.output.std() > 20
     assert np.array_equal(first.output, again.output) and not np.array_equal(first.output, other_seed.output)
-    assert first.backends == {"pipeline": "FluxPipeline", "transformer": "FluxTransformer2DModel", "attention": "native",
-                              "context_parallel": "none"}
+    assert first.backends == {
+        "pipeline": "FluxPipeline",
+        "transformer": "FluxTransformer2DModel",
+        "attention": "native",
+        "context_parallel": "none",
+    }
     with Session(_case(flux).pipeline_run, pools) as session:
         session.run()
         runs = [session.run().timings for _ in range(2)]
@@ -159,10 +185,16 @@ def test_a_model_directory_is_pinned_by_its_content_not_its_location(flux: Path,
     here = target.identity({**FIELDS, "path": str(flux)})
     moved = tmp_path / "mounted" / "elsewhere"
     shutil.copytree(flux, moved)
-    assert "path" not in here and str(flux) not in json.dumps(here) and target.identity({**FIELDS, "path": str(moved)}) == here
+    assert (
+        "path" not in here
+        and str(flux) not in json.dumps(here)
+        and target.identity({**FIELDS, "path": str(moved)}) == here
+    )
     cases = tmp_path / "flux.toml"
-    cases.write_text(f'[defaults]\ntarget = "diffusers"\nprompt = "a red fox"\npath = {json.dumps(str(moved))}\n'
-                     'height = 32\nwidth = 32\nnum_inference_steps = 3\nmax_sequence_length = 16\n[cases.flux]\n')
+    cases.write_text(
+        f'[defaults]\ntarget = "diffusers"\nprompt = "a red fox"\npath = {json.dumps(str(moved))}\n'
+        "height = 32\nwidth = 32\nnum_inference_steps = 3\nmax_sequence_length = 16\n[cases.flux]\n"
+    )
     (case,) = load_image_case_file(cases)
     assert fingerprint(case.pinned) == fingerprint(here)  # what the manifest records and the gate compares
     weights = next(moved.rglob("*.safetensors"))
@@ -170,7 +202,10 @@ def test_a_model_directory_is_pinned_by_its_content_not_its_location(flux: Path,
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     changed = target.identity({**FIELDS, "path": str(moved)})["model"]
-    assert changed["weights_sha256"] != here["model"]["weights_sha256"] and changed["config_sha256"] == here["model"]["config_sha256"]
+    assert (
+        changed["weights_sha256"] != here["model"]["weights_sha256"]
+        and changed["config_sha256"] == here["model"]["config_sha256"]
+    )
 
 
 def test_loading_a_pipeline_draws_no_progress_bar(flux: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -192,6 +227,10 @@ def test_tiny_flux_saves_from_any_directory(tmp_path: Path) -> None:
     import sys
 
     script = Path(__file__).with_name("tiny_flux.py")
-    done = subprocess.run([sys.executable, str(script), "flux"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(script), "flux"], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "flux" / "pipeline" / "model_index.json").is_file() and describe(str(tmp_path / "flux" / "pipeline"))
+    assert (tmp_path / "flux" / "pipeline" / "model_index.json").is_file() and describe(
+        str(tmp_path / "flux" / "pipeline")
+    )

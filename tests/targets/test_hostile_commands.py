@@ -29,7 +29,10 @@ from harness.targets.command_pipeline import CommandPipelineTarget
 from tests.files.test_hostile_inputs import bounded_memory
 from tests.ranks.procs import kill_tagged, tagged, wait_until_gone
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, setsid")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, setsid"),
+]
 TAG = "PARITY_HOSTILE_COMMAND_TAG"
 PASS = None
 HONEST = 'cp "$HOSTILE_PNG" "$1/out.png"'
@@ -44,33 +47,51 @@ def _json(text: str) -> str:
 ROWS = [
     ("honest", HONEST, 30, PASS),
     ("png_symlink_to_the_reference", 'ln -s "$HOSTILE_PNG" "$1/out.png"', 30, "is a symlink"),
-    ("png_in_a_linked_folder", 'mkdir "$1/../elsewhere-$$"; cp "$HOSTILE_PNG" "$1/../elsewhere-$$/out.png"; '
-                               'ln -s "$1/../elsewhere-$$" "$1/sub"', 30, "is a symlink"),
-    ("png_hard_link_kept", 'ln "$HOSTILE_PNG" "$1/out.png"', 30, PASS),  # a regular file inside out_dir: its bytes are judged
+    (
+        "png_in_a_linked_folder",
+        'mkdir "$1/../elsewhere-$$"; cp "$HOSTILE_PNG" "$1/../elsewhere-$$/out.png"; '
+        'ln -s "$1/../elsewhere-$$" "$1/sub"',
+        30,
+        "is a symlink",
+    ),
+    (
+        "png_hard_link_kept",
+        'ln "$HOSTILE_PNG" "$1/out.png"',
+        30,
+        PASS,
+    ),  # a regular file inside out_dir: its bytes are judged
     ("png_fifo", 'mkfifo "$1/out.png"', 30, "a FIFO"),
     ("png_directory", 'mkdir "$1/out.png"', 30, "expected 1 PNG"),
     ("apng_of_300_frames", 'cp "$HOSTILE_APNG" "$1/out.png"', 30, "an animated PNG"),
     ("png_of_another_size", 'cp "$HOSTILE_BIG_PNG" "$1/out.png"', 30, "expected 8-bit RGB of shape (8, 8, 3)"),
     ("two_thousand_pngs", 'cd "$1" && for i in $(seq 2000); do : > "$i.png"; done', 60, "and 1980 more"),
-    ("stdout_3_GiB", f'head -c 3G /dev/zero; {HONEST}', 60, PASS),
-    ("stderr_1_GiB_then_failing", 'head -c 1G /dev/zero >&2; exit 3', 60, "exited with status 3"),
-    ("background_process_holding_stdout", f'sleep 300 & {HONEST}', 30, PASS),
-    ("own_session_holding_stdout", f'setsid sleep 300 & {HONEST}', 30, PASS),
+    ("stdout_3_GiB", f"head -c 3G /dev/zero; {HONEST}", 60, PASS),
+    ("stderr_1_GiB_then_failing", "head -c 1G /dev/zero >&2; exit 3", 60, "exited with status 3"),
+    ("background_process_holding_stdout", f"sleep 300 & {HONEST}", 30, PASS),
+    ("own_session_holding_stdout", f"setsid sleep 300 & {HONEST}", 30, PASS),
     ("double_forked_daemon", f'(setsid sh -c "sleep 300 & sleep 300" &) ; {HONEST}', 30, PASS),
     ("daemon_closing_its_output", f'setsid sh -c "exec sleep 300 >/dev/null 2>&1 </dev/null" & {HONEST}', 30, PASS),
-    ("outlives_its_timeout_in_its_own_session", f'setsid sleep 300 & {HONEST}; sleep 300', 2, "timed out after 2 s"),
-    ("killed_by_a_signal", 'kill -9 $$', 30, "exited with status -9"),
+    ("outlives_its_timeout_in_its_own_session", f"setsid sleep 300 & {HONEST}; sleep 300", 2, "timed out after 2 s"),
+    ("killed_by_a_signal", "kill -9 $$", 30, "exited with status -9"),
     ("ignores_sigterm_past_its_timeout", "trap '' TERM; sleep 300 & wait; sleep 300", 2, "timed out after 2 s"),
     ("daemon_ignoring_sigterm", f"setsid sh -c \"trap '' TERM; sleep 300\" & {HONEST}", 30, PASS),
-    ("two_hundred_children_left", f'for i in $(seq 200); do sleep 300 & done; {HONEST}', 30, PASS),
+    ("two_hundred_children_left", f"for i in $(seq 200); do sleep 300 & done; {HONEST}", 30, PASS),
     ("spawning_while_it_is_ended", f'setsid sh -c "while :; do sleep 300 & sleep 0.01; done" & {HONEST}', 30, PASS),
     ("timings_fifo", f'{HONEST}; mkfifo "$1/timings.json"', 30, "a FIFO"),
     ("timings_directory", f'{HONEST}; mkdir "$1/timings.json"', 30, "a directory"),
     ("timings_link_to_dev_zero", f'{HONEST}; ln -s /dev/zero "$1/timings.json"', 30, "a symlink to '/dev/zero'"),
-    ("timings_link_to_a_valid_file", HONEST + "; " + _json('{"e2e_ms": 1}') + ' > "$1/../t-$$.json"; '
-                                     'ln -s "$1/../t-$$.json" "$1/timings.json"', 30, "is a symlink"),
-    ("timings_unknown_key", HONEST + "; " + _json('{"e2e_ms": 1, "e2e_mss": 2}') + ' > "$1/timings.json"', 30,
-     "unknown key 'e2e_mss'"),
+    (
+        "timings_link_to_a_valid_file",
+        HONEST + "; " + _json('{"e2e_ms": 1}') + ' > "$1/../t-$$.json"; ln -s "$1/../t-$$.json" "$1/timings.json"',
+        30,
+        "is a symlink",
+    ),
+    (
+        "timings_unknown_key",
+        HONEST + "; " + _json('{"e2e_ms": 1, "e2e_mss": 2}') + ' > "$1/timings.json"',
+        30,
+        "unknown key 'e2e_mss'",
+    ),
     ("timings_valid", HONEST + "; " + _json('{"e2e_ms": 1.5}') + ' > "$1/timings.json"', 30, PASS),
 ]
 
@@ -100,8 +121,9 @@ def hostile_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.mark.parametrize(("script", "timeout", "expect"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_a_hostile_command_fails_or_passes_and_leaves_nothing(script: str, timeout: float, expect: str | None,
-                                                              hostile_env: str) -> None:
+def test_a_hostile_command_fails_or_passes_and_leaves_nothing(
+    script: str, timeout: float, expect: str | None, hostile_env: str
+) -> None:
     target = CommandPipelineTarget(shlex.join(["sh", "-c", script, "sh"]) + " {out_dir}", timeout)
     fields = {"height": 8, "width": 8}
     assert target.check_case(fields, 1) == "image"

@@ -46,7 +46,10 @@ def fake_module(monkeypatch):
 @pytest.mark.parametrize(
     "spec,message",
     [
-        ("nosuch", "unknown target 'nosuch'; built-in targets: reference, sglang, yunchang, yunchang-ulysses, diffusers, or give 'module:factory'"),
+        (
+            "nosuch",
+            "unknown target 'nosuch'; built-in targets: reference, sglang, yunchang, yunchang-ulysses, diffusers, or give 'module:factory'",
+        ),
         ("nosuch_module_xyz:factory", "cannot import module 'nosuch_module_xyz'"),
         ("parity_fake_targets:missing", "has no callable 'missing'"),
         ("parity_fake_targets:constant", "has no callable 'constant'"),
@@ -67,9 +70,15 @@ def test_yunchang_says_why_it_cannot_run(monkeypatch):
 
     real_find_spec = importlib.util.find_spec
     if real_find_spec("yunchang") is None:
-        assert target.unavailable_reason("cpu") == NOT_INSTALLED == "yunchang is not installed (pip install yunchang==0.6.4)"
+        assert (
+            target.unavailable_reason("cpu")
+            == NOT_INSTALLED
+            == "yunchang is not installed (pip install yunchang==0.6.4)"
+        )
     # Installed or not, the CPU is refused for its own reason once the package is there.
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "yunchang" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "yunchang" else real_find_spec(name, *a)
+    )
     assert target.unavailable_reason("cpu") == CUDA_ONLY
     assert CUDA_ONLY == "yunchang's torch kernels call CUDA-only aten ops; it runs only on CUDA with one GPU per rank"
     assert target.unavailable_reason("cuda") is None

@@ -19,7 +19,8 @@ def test_every_backend_is_reported_with_time_or_reason():
     assert set(timings) == {"torch_sdpa", "fa", "sage_attn", "math"}
     timed = ("torch_sdpa", "math")
     assert {n: (timings[n].median_ms > 0, timings[n].tflops > 0, timings[n].skipped) for n in timed} == dict.fromkeys(
-        timed, (True, True, None))
+        timed, (True, True, None)
+    )
     assert "flash-attn" in timings["fa"].skipped and timings["fa"].median_ms is None
     assert "sageattention" in timings["sage_attn"].skipped
 

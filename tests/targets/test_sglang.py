@@ -52,7 +52,13 @@ def _run(cases: dict[str, Case], ids: list[str], rank_pools, target_args=()) -> 
 
 @pytest.mark.parametrize(
     "version,has_varlen,has_0_5_20",
-    [("0.5.17", False, False), ("0.5.18", True, False), ("0.5.19", True, False), ("0.5.20", True, True), ("0.5.23", True, True)],
+    [
+        ("0.5.17", False, False),
+        ("0.5.18", True, False),
+        ("0.5.19", True, False),
+        ("0.5.20", True, True),
+        ("0.5.23", True, True),
+    ],
 )
 def test_capabilities_follow_the_installed_version(monkeypatch, version, has_varlen, has_0_5_20):
     monkeypatch.setattr(sglang_target, "installed_version", lambda: Version(version))
@@ -71,7 +77,10 @@ def test_unavailable_reasons(monkeypatch):
     assert "scripts/install-sglang-cpu.sh" in sglang_target.INSTALL_HINT
     assert target.capabilities() == frozenset()
     monkeypatch.setattr(sglang_target, "installed_version", lambda: Version("0.5.15"))
-    assert target.unavailable_reason("cpu") == "sglang 0.5.15 is older than 0.5.16, the oldest USPAttention this adapter is written for"
+    assert (
+        target.unavailable_reason("cpu")
+        == "sglang 0.5.15 is older than 0.5.16, the oldest USPAttention this adapter is written for"
+    )
     monkeypatch.setattr(sglang_target, "installed_version", lambda: Version("0.5.23"))
     assert target.unavailable_reason("mps") == "the sglang target runs on cpu or cuda, not mps"
     monkeypatch.setattr(sglang_target, "import_error", lambda: "sglang 0.5.23 is installed but ... does not import: X")
@@ -91,7 +100,10 @@ def test_registered_as_builtin():
         ("no_colon", "'no_colon' must be MODULE:CLASS"),
         ("nosuch_module_xyz:Layer", "cannot import module 'nosuch_module_xyz'"),
         ("harness.targets.sglang:not_there", "module 'harness.targets.sglang' has no class 'not_there'"),
-        ("harness.targets.sglang:SglangAttention", "does not look like sglang's USPAttention: its constructor lacks num_heads, head_size"),
+        (
+            "harness.targets.sglang:SglangAttention",
+            "does not look like sglang's USPAttention: its constructor lacks num_heads, head_size",
+        ),
     ],
 )
 def test_layer_argument_errors_name_the_argument(layer, message):
@@ -116,20 +128,30 @@ def test_overlay_carries_the_version_facts(cases):
     now = _overlaid(cases, "0.5.23")
     assert now[guard].params["refused"] == ["suffix", "kv_prefix"]  # PR #36735
     assert all("sglang 0.5.23" in now[i].expected_failure for i in divergences)
-    assert now["sglang_suffix_w2"].expected_failure is None and now["masked_rejects_replicated_legal_prefix"].expected_failure is None
+    assert (
+        now["sglang_suffix_w2"].expected_failure is None
+        and now["masked_rejects_replicated_legal_prefix"].expected_failure is None
+    )
     old = _overlaid(cases, "0.5.17")
     assert old[guard].params["refused"] == ["prefix", "suffix", "kv_prefix"]
-    assert "PR #33923" in old["sglang_suffix_w2"].expected_failure and "PR #33923" in old["suffix[world_size=4,causal=true]"].expected_failure
+    assert (
+        "PR #33923" in old["sglang_suffix_w2"].expected_failure
+        and "PR #33923" in old["suffix[world_size=4,causal=true]"].expected_failure
+    )
     assert old["suffix[world_size=1,causal=false]"].expected_failure is None  # one rank: nothing to rotate
     # before PR #36735 the legal prefix cannot be expressed: pinned skips there, never an expected failure that cannot fire
     legal_prefix = ("masked_rejects_replicated_legal_prefix", "masked_prefix[world_size=2]")
-    assert {c: (old[c].expected_failure, "PR #36735" in old[c].expected_skip.because, now[c].expected_skip) for c in legal_prefix} == (
-        dict.fromkeys(legal_prefix, (None, True, None)))
+    assert {
+        c: (old[c].expected_failure, "PR #36735" in old[c].expected_skip.because, now[c].expected_skip)
+        for c in legal_prefix
+    } == (dict.fromkeys(legal_prefix, (None, True, None)))
     assert "PR #33923" in old["varlen[world_size=2,causal=false]"].expected_skip.because
     # 0.5.17's own divergences, fixed in 0.5.18 (measured: docs/targets/versions.md)
     fixed = (guard, "skip_sequence_parallel_local[world_size=2]")
     then = _overlaid(cases, "0.5.18")
-    assert {c: ("before 0.5.18" in old[c].expected_failure, then[c].expected_failure) for c in fixed} == dict.fromkeys(fixed, (True, None))
+    assert {c: ("before 0.5.18" in old[c].expected_failure, then[c].expected_failure) for c in fixed} == dict.fromkeys(
+        fixed, (True, None)
+    )
     assert _overlaid(cases, "0.5.18")["varlen[world_size=2,causal=false]"].expected_skip is None
     later = _overlaid(cases, "0.5.24")  # unknown yet: judged as any case, so a fix or a regression shows
     assert all(later[i].expected_failure is None for i in divergences)
@@ -162,10 +184,15 @@ def test_refusals_carry_sglangs_text_and_a_kind(sglang_ready, rank_pool):
     found, other = rank_pool(2).run(sglang_workers.refusals)
     assert found == other  # identical on every rank
     assert {kind for kind, _ in filter(None, found.values())} <= set(REFUSALS)
-    assert found["ring"][0] == "ring_needs_lse" and "Ring Attention requires a backend whose kernel exposes the softmax LSE" in found["ring"][1]
+    assert (
+        found["ring"][0] == "ring_needs_lse"
+        and "Ring Attention requires a backend whose kernel exposes the softmax LSE" in found["ring"][1]
+    )
     replicated = ("num_replicated_suffix", "num_replicated_kv_prefix")
     said = "masked path does not support replicated prefix/suffix tokens"
-    assert {k: (found[k][0], said in found[k][1]) for k in replicated} == dict.fromkeys(replicated, ("mask_with_replicated", True)), found
+    assert {k: (found[k][0], said in found[k][1]) for k in replicated} == dict.fromkeys(
+        replicated, ("mask_with_replicated", True)
+    ), found
     assert found["num_replicated_prefix"] is None  # legal since PR #36735 (0.5.20)
     assert found["dense_mask"][0] == "unsupported" and "expects a [B, S_local] key mask" in found["dense_mask"][1]
     assert found["sdpa_kernel"][0] == "backend_unavailable"
@@ -175,10 +202,14 @@ def test_a_layer_that_crashes_under_ring_fails_instead_of_passing_for_a_refusal(
     assert rank_pool(2).run(sglang_workers.crash_under_ring) == ["RuntimeError", "RuntimeError"]
 
 
-@pytest.mark.parametrize(("params", "key", "words"), [
-    ({"backend": "no_such_backend"}, "backend", "no attention backend 'no_such_backend'"),
-    ({"sdpa_kernel": "math"}, "sdpa_kernel", "cannot pin torch SDPA"),
-], ids=["backend", "sdpa_kernel"])
+@pytest.mark.parametrize(
+    ("params", "key", "words"),
+    [
+        ({"backend": "no_such_backend"}, "backend", "no attention backend 'no_such_backend'"),
+        ({"sdpa_kernel": "math"}, "sdpa_kernel", "cannot pin torch SDPA"),
+    ],
+    ids=["backend", "sdpa_kernel"],
+)
 def test_a_backend_name_sglang_lacks_is_refused_before_any_rank_starts(sglang_ready, params, key, words):
     from harness.contracts.case import make_case
     from harness.contracts.runner import validate_for_target
@@ -192,8 +223,13 @@ def test_a_backend_name_sglang_lacks_is_refused_before_any_rank_starts(sglang_re
 
 
 def test_refusals_become_skips_and_checked_refusals(sglang_ready, cases, rank_pools):
-    ring, dense, stock, legal, masked_prefix = "ring[dtype=bf16,causal=false]", "masked[world_size=2,mask=dense]", \
-        "masked_rejects_replicated[world_size=2]", "masked_rejects_replicated_legal_prefix", "masked_prefix[world_size=2]"
+    ring, dense, stock, legal, masked_prefix = (
+        "ring[dtype=bf16,causal=false]",
+        "masked[world_size=2,mask=dense]",
+        "masked_rejects_replicated[world_size=2]",
+        "masked_rejects_replicated_legal_prefix",
+        "masked_prefix[world_size=2]",
+    )
     verdicts = _run(cases, [ring, dense, stock, legal, masked_prefix], rank_pools)
     assert verdicts[ring].status == "skipped" and "Ring Attention requires a backend" in verdicts[ring].reason
     assert verdicts[dense].status == "skipped" and "expects a [B, S_local] key mask" in verdicts[dense].reason
@@ -216,7 +252,9 @@ def test_causal_with_a_mask_passes_self_comparison_and_fails_the_oracle(sglang_r
     assert result.status == "failed" and result.figures["bitwise"]  # one rank and SP agree: both non-causal
     outputs = ("sharded", "single-rank")
     oracle = result.figures["oracle"]
-    assert {o: oracle[o]["err_ref64"] > 10 * oracle[o]["allowed"] for o in outputs} == dict.fromkeys(outputs, True), oracle
+    assert {o: oracle[o]["err_ref64"] > 10 * oracle[o]["allowed"] for o in outputs} == dict.fromkeys(outputs, True), (
+        oracle
+    )
     assert [o for o in outputs if f"{o} output vs float64 attention" not in result.reason] == [], result.reason
     assert "(it ignores causal: it matches non-causal attention)" in result.reason
 
@@ -225,6 +263,11 @@ def test_causal_with_any_mask_is_not_causal(sglang_ready, rank_pool):
     """sglang's causal layer ignores causality once a mask is given, even an all-true one, on one rank and under SP."""
     ranks = rank_pool(2).run(sglang_workers.causal_with_mask)
     labels = ("one_rank_mask", "sp_mask")
-    seen = [(f["one_rank_no_mask_vs_causal"] < 1e-5, {lab: (f[f"{lab}_vs_causal"] > 0.1, f[f"{lab}_vs_non_causal"] < 1e-5) for lab in labels})
-            for f in ranks]
+    seen = [
+        (
+            f["one_rank_no_mask_vs_causal"] < 1e-5,
+            {lab: (f[f"{lab}_vs_causal"] > 0.1, f[f"{lab}_vs_non_causal"] < 1e-5) for lab in labels},
+        )
+        for f in ranks
+    ]
     assert seen == [(True, dict.fromkeys(labels, (True, True)))] * 2, ranks

@@ -22,17 +22,39 @@ resolve = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(resolve)
 
 # sglang 0.5.17, layer.py:588 (a list of backends) and 0.5.19, layer.py:776 (a backend capability, PR #33928).
-OLD_WORDS = ("Ring Attention is only supported for FlashAttention or SageAttention backends, but got TORCH_SDPA. "
-             "Please ensure your platform supports these backends.")
-NEW_WORDS = ("Ring Attention requires a backend whose kernel exposes the softmax LSE for the per-hop merge; TORCH_SDPA "
-             "does not declare support (see AttentionBackend.supports_ring_rotation).")
+OLD_WORDS = (
+    "Ring Attention is only supported for FlashAttention or SageAttention backends, but got TORCH_SDPA. "
+    "Please ensure your platform supports these backends."
+)
+NEW_WORDS = (
+    "Ring Attention requires a backend whose kernel exposes the softmax LSE for the per-hop merge; TORCH_SDPA "
+    "does not declare support (see AttentionBackend.supports_ring_rotation)."
+)
 
 
-@pytest.mark.parametrize(("version", "message", "refusal"), [
-    ("0.5.16", OLD_WORDS, True), ("0.5.17", OLD_WORDS, True), ("0.5.17", NEW_WORDS, False),
-    ("0.5.18", NEW_WORDS, True), ("0.5.23", NEW_WORDS, True), ("0.5.23", OLD_WORDS, False),
-    ("0.5.23", "RuntimeError: out of memory", False), ("0.5.15", OLD_WORDS, False),
-], ids=["0.5.16-old", "0.5.17-old", "0.5.17-new", "0.5.18-new", "0.5.23-new", "0.5.23-old", "0.5.23-other", "older-than-OLDEST"])
+@pytest.mark.parametrize(
+    ("version", "message", "refusal"),
+    [
+        ("0.5.16", OLD_WORDS, True),
+        ("0.5.17", OLD_WORDS, True),
+        ("0.5.17", NEW_WORDS, False),
+        ("0.5.18", NEW_WORDS, True),
+        ("0.5.23", NEW_WORDS, True),
+        ("0.5.23", OLD_WORDS, False),
+        ("0.5.23", "RuntimeError: out of memory", False),
+        ("0.5.15", OLD_WORDS, False),
+    ],
+    ids=[
+        "0.5.16-old",
+        "0.5.17-old",
+        "0.5.17-new",
+        "0.5.18-new",
+        "0.5.23-new",
+        "0.5.23-old",
+        "0.5.23-other",
+        "older-than-OLDEST",
+    ],
+)
 def test_a_ring_refusal_is_recognised_in_its_releases_words(version: str, message: str, refusal: bool) -> None:
     assert sglang_target.is_ring_refusal(Version(version), message) is refusal
 
@@ -50,11 +72,16 @@ def test_the_install_table_spans_oldest_to_its_default() -> None:
     assert releases[-1] == Version(default)  # CI's release is the newest claimed
 
 
-@pytest.mark.parametrize(("release", "pinned", "unpinned"), [
-    ("0.5.17", {"sglang==0.5.17", "transformers==5.12.1", "cache-dit==1.3.0", "xgrammar"}, set()),
-    ("0.5.23", {"sglang==0.5.23", "apache-tvm-ffi==0.1.11"}, {"transformers", "diffusers"}),
-])
-def test_a_release_gets_its_own_lines_and_one_line_per_package(release: str, pinned: set[str], unpinned: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("release", "pinned", "unpinned"),
+    [
+        ("0.5.17", {"sglang==0.5.17", "transformers==5.12.1", "cache-dit==1.3.0", "xgrammar"}, set()),
+        ("0.5.23", {"sglang==0.5.23", "apache-tvm-ffi==0.1.11"}, {"transformers", "diffusers"}),
+    ],
+)
+def test_a_release_gets_its_own_lines_and_one_line_per_package(
+    release: str, pinned: set[str], unpinned: set[str]
+) -> None:
     default, groups = resolve.load()
     lists = resolve.requirements(release, groups[release])
     no_deps = lists["no_deps"]
@@ -65,8 +92,11 @@ def test_a_release_gets_its_own_lines_and_one_line_per_package(release: str, pin
 
 
 def test_an_unknown_release_exits_2_naming_the_known_ones(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPTS / "resolve.py"), "--version", "0.4.0", str(tmp_path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "resolve.py"), "--version", "0.4.0", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "known: 0.5.16, 0.5.17" in done.stderr and not list(tmp_path.iterdir())
     done = subprocess.run([sys.executable, str(SCRIPTS / "resolve.py"), str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == resolve.load()[0]

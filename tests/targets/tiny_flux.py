@@ -61,13 +61,25 @@ def _t5_tokenizer():  # noqa: ANN202 - transformers' own type
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import T5TokenizerFast
 
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -1.0), *((c, -2.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789")]
+    pieces = [
+        ("<pad>", 0.0),
+        ("</s>", 0.0),
+        ("<unk>", 0.0),
+        ("▁", -1.0),
+        *((c, -2.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789"),
+    ]
     tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
     tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    return T5TokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", pad_token="<pad>", unk_token="<unk>", extra_ids=0,
-                           model_max_length=512), len(pieces)
+    return T5TokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        extra_ids=0,
+        model_max_length=512,
+    ), len(pieces)
 
 
 def save_tiny_flux(directory: Path, seed: int = 0) -> Path:
@@ -80,24 +92,71 @@ def save_tiny_flux(directory: Path, seed: int = 0) -> Path:
     t5_tokenizer, t5_vocab = _t5_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        clip = CLIPTextModel(CLIPTextConfig(
-            vocab_size=len(clip_tokenizer), hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
-            projection_dim=32, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1))
-        t5 = T5EncoderModel(T5Config(
-            vocab_size=t5_vocab, d_model=32, d_ff=37, d_kv=8, num_heads=4, num_layers=2, relative_attention_num_buckets=8,
-            decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+        clip = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(clip_tokenizer),
+                hidden_size=32,
+                intermediate_size=37,
+                num_attention_heads=4,
+                num_hidden_layers=2,
+                projection_dim=32,
+                max_position_embeddings=77,
+                bos_token_id=0,
+                eos_token_id=1,
+                pad_token_id=1,
+            )
+        )
+        t5 = T5EncoderModel(
+            T5Config(
+                vocab_size=t5_vocab,
+                d_model=32,
+                d_ff=37,
+                d_kv=8,
+                num_heads=4,
+                num_layers=2,
+                relative_attention_num_buckets=8,
+                decoder_start_token_id=0,
+                pad_token_id=0,
+                eos_token_id=1,
+            )
+        )
         transformer = FluxTransformer2DModel(
-            patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-            joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8])
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=[4, 4, 8],
+        )
         with torch.no_grad():
             for name, param in transformer.named_parameters():
                 if name.endswith(LOUD_ATTENTION):
                     param.mul_(ATTENTION_GAIN)
         vae = AutoencoderKL(
-            sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1, latent_channels=1,
-            norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
-    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=clip, tokenizer=clip_tokenizer,
-                        text_encoder_2=t5, tokenizer_2=t5_tokenizer, transformer=transformer, vae=vae)
+            sample_size=32,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(4,),
+            layers_per_block=1,
+            latent_channels=1,
+            norm_num_groups=1,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.0609,
+            scaling_factor=1.5035,
+        )
+    pipe = FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        text_encoder=clip,
+        tokenizer=clip_tokenizer,
+        text_encoder_2=t5,
+        tokenizer_2=t5_tokenizer,
+        transformer=transformer,
+        vae=vae,
+    )
     pipe.save_pretrained(directory / "pipeline")
     return directory / "pipeline"
 

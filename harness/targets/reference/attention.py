@@ -42,11 +42,11 @@ PIPELINE_CONTRACTS = frozenset({"pipeline.turbo_drift", "perf.sp_step_ratio"})
 def model_checks() -> dict[str, Callable[..., Any]]:
     """Check name -> the function measuring it (:mod:`harness.targets.figures`). Imported on first use, so a
     rank of another commit (:mod:`.revision`) loads only the modules it runs."""
-    from harness.targets.reference import encoder, models, pipeline, vae
+    from harness.targets.reference import encoder, hunyuan_parity, models, pipeline, vae
 
     return {
         "model.zimage_sp_parity": models.zimage_sp_parity_worker,
-        "model.hunyuan_sp_parity": models.hunyuan_sp_parity_worker,
+        "model.hunyuan_sp_parity": hunyuan_parity.hunyuan_sp_parity_worker,
         "encoder.masked_causal_lengths": encoder.check_masked_causal_lengths,
         "encoder.quantized_admission": encoder.check_quantized_admission,
         "encoder.packed_qkv_scale": encoder.check_packed_qkv_scale,
@@ -114,10 +114,24 @@ class ReferenceTarget(Target):
 
     def capabilities(self) -> frozenset[str]:
         c = Capability
-        return frozenset({
-            c.ULYSSES, c.RING, c.GQA, c.CAUSAL, c.REPLICATED_PREFIX, c.REPLICATED_SUFFIX, c.REPLICATED_KV_PREFIX,
-            c.RING_REPLICATED, c.VARLEN, c.MASK, c.BACKEND_CHOICE, c.BACKEND_SELECTION, c.REFERENCE_MODELS, c.BACKWARD,
-        })
+        return frozenset(
+            {
+                c.ULYSSES,
+                c.RING,
+                c.GQA,
+                c.CAUSAL,
+                c.REPLICATED_PREFIX,
+                c.REPLICATED_SUFFIX,
+                c.REPLICATED_KV_PREFIX,
+                c.RING_REPLICATED,
+                c.VARLEN,
+                c.MASK,
+                c.BACKEND_CHOICE,
+                c.BACKEND_SELECTION,
+                c.REFERENCE_MODELS,
+                c.BACKWARD,
+            }
+        )
 
     def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
         init_sequence_parallel(ulysses_degree, ring_degree)
@@ -131,7 +145,9 @@ class ReferenceTarget(Target):
             # this case here (missing package, head size, dtype) skips it.
             reason = _cannot_serve(backend_class(spec.backend), spec)
             if reason:
-                raise Unsupported(f"backend {spec.backend} cannot run this case here: {reason}", kind=Refusal.BACKEND_UNAVAILABLE)
+                raise Unsupported(
+                    f"backend {spec.backend} cannot run this case here: {reason}", kind=Refusal.BACKEND_UNAVAILABLE
+                )
         with refusals_as_unsupported(), attention_backend_config(spec.backend_config):
             with attention_component(spec.component) if spec.component else nullcontext():
                 layer = USPAttention(

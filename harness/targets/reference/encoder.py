@@ -52,8 +52,15 @@ TINY_QWEN3: dict[str, Any] = {
 # K = 64 and 128 are not multiples of 48, so edge blocks are cropped.
 TINY_BLOCK = (32, 48)
 
-LINEAR_WEIGHTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEAR_WEIGHTS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 # ---------------------------------------------------------------------------- tiny checkpoints
@@ -72,9 +79,15 @@ def qwen3_tensors(config: Mapping[str, Any], seed: int = 0, dtype: torch.dtype =
     def norm(n: int) -> Tensor:
         return (1.0 + 0.1 * torch.randn(n, generator=gen)).to(dtype)
 
-    shapes = {"self_attn.q_proj": (heads * d, h, 1.0), "self_attn.k_proj": (kv * d, h, 2.0),
-              "self_attn.v_proj": (kv * d, h, 3.0), "self_attn.o_proj": (h, heads * d, 1.0),
-              "mlp.gate_proj": (inter, h, 1.0), "mlp.up_proj": (inter, h, 1.0), "mlp.down_proj": (h, inter, 1.0)}
+    shapes = {
+        "self_attn.q_proj": (heads * d, h, 1.0),
+        "self_attn.k_proj": (kv * d, h, 2.0),
+        "self_attn.v_proj": (kv * d, h, 3.0),
+        "self_attn.o_proj": (h, heads * d, 1.0),
+        "mlp.gate_proj": (inter, h, 1.0),
+        "mlp.up_proj": (inter, h, 1.0),
+        "mlp.down_proj": (h, inter, 1.0),
+    }
     tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], h, std=1.0)}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}"
@@ -104,7 +117,9 @@ def fp8_tensors(tensors: Mapping[str, Tensor], block_size: Sequence[int] | None)
     return out
 
 
-def dequantized_tensors(tensors: Mapping[str, Tensor], block_size: Sequence[int] | None, dtype: torch.dtype) -> dict[str, Tensor]:
+def dequantized_tensors(
+    tensors: Mapping[str, Tensor], block_size: Sequence[int] | None, dtype: torch.dtype
+) -> dict[str, Tensor]:
     """The FP8 checkpoint's linear weights dequantized to ``dtype`` (its scales dropped)."""
     out: dict[str, Tensor] = {}
     for name, tensor in tensors.items():
@@ -238,8 +253,13 @@ def _rejection(directory: Path, model_cls: type, quantization_config: Mapping[st
         load_text_encoder(checkpoint, model_cls=model_cls, component="text_encoder")
     except ComponentCheckpointUnsupportedError as exc:
         message = str(exc)  # what a user reads must name the class and the component it refuses
-        return Rejection(True, checkpoint.tensors_read, names_class=model_cls.__name__ in message,
-                         names_component="'text_encoder'" in message, message=message)
+        return Rejection(
+            True,
+            checkpoint.tensors_read,
+            names_class=model_cls.__name__ in message,
+            names_component="'text_encoder'" in message,
+            message=message,
+        )
     return Rejection(False, checkpoint.tensors_read)
 
 
@@ -258,8 +278,10 @@ def check_quantized_admission(block_size: Sequence[int] | None = TINY_BLOCK, see
             "not_native": (ForeignEncoder, None),
             "unsupported_method": (Qwen3TextEncoder, {"quant_method": "awq", "bits": 4}),
         }
-        rejections = {case: _rejection(write_checkpoint(root / case, TINY_QWEN3, tensors, qcfg), cls, qoverride)
-                      for case, (cls, qoverride) in cases.items()}
+        rejections = {
+            case: _rejection(write_checkpoint(root / case, TINY_QWEN3, tensors, qcfg), cls, qoverride)
+            for case, (cls, qoverride) in cases.items()
+        }
     return Admission(
         checkpoint_tensors=len(tensors),
         admitted_tensors_read=checkpoint.tensors_read,
@@ -275,13 +297,17 @@ def check_packed_qkv_scale(block_size: Sequence[int] | None = None, seed: int = 
     """Each of q/k/v (and gate/up) lands in its own shard of the fused weight and ``weight_scale_inv``, bit for bit."""
     tensors = fp8_tensors(qwen3_tensors(TINY_QWEN3, seed), block_size)
     with tempfile.TemporaryDirectory(prefix="parity-qkv-scale-") as tmp:
-        model = load_text_encoder(write_checkpoint(tmp, TINY_QWEN3, tensors, fp8_quantization_config(block_size)), Qwen3TextEncoder)
+        model = load_text_encoder(
+            write_checkpoint(tmp, TINY_QWEN3, tensors, fp8_quantization_config(block_size)), Qwen3TextEncoder
+        )
     bn = block_size[0] if block_size is not None else None
     exact = True
     distinct_scales = True
     for i, layer in enumerate(model.layers):
-        for fused, parts in ((layer.self_attn.qkv_proj, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-                             (layer.mlp.gate_up_proj, ("mlp.gate_proj", "mlp.up_proj"))):
+        for fused, parts in (
+            (layer.self_attn.qkv_proj, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+            (layer.mlp.gate_up_proj, ("mlp.gate_proj", "mlp.up_proj")),
+        ):
             scales = []
             for shard, (part, offset, size) in enumerate(zip(parts, fused.shard_offsets, fused.output_sizes)):
                 w = tensors[f"model.layers.{i}.{part}.weight"]
@@ -289,10 +315,14 @@ def check_packed_qkv_scale(block_size: Sequence[int] | None = None, seed: int = 
                 got_w = fused.weight.data[offset : offset + size]
                 rows = slice(shard, shard + 1) if bn is None else slice(offset // bn, math.ceil((offset + size) / bn))
                 got_s = fused.weight_scale_inv.data[rows]
-                exact &= torch.equal(got_w.view(torch.uint8), w.view(torch.uint8)) and torch.equal(got_s, s.reshape(got_s.shape))
+                exact &= torch.equal(got_w.view(torch.uint8), w.view(torch.uint8)) and torch.equal(
+                    got_s, s.reshape(got_s.shape)
+                )
                 scales.append(s.flatten()[0].item())
             distinct_scales &= len(set(scales)) == len(scales)
-    return PackedQkv(bool(exact), bool(distinct_scales), "per_tensor" if block_size is None else f"block {list(block_size)}")
+    return PackedQkv(
+        bool(exact), bool(distinct_scales), "per_tensor" if block_size is None else f"block {list(block_size)}"
+    )
 
 
 # ---------------------------------------------------------------------------- fp8 parity
@@ -316,9 +346,12 @@ def check_fp8_parity(
         root = Path(tmp)
         bf16 = load_text_encoder(write_checkpoint(root / "bf16", config, source), Qwen3TextEncoder)
         twin = load_text_encoder(
-            write_checkpoint(root / "dequant", config, dequantized_tensors(quantized, block_size, torch.bfloat16)), Qwen3TextEncoder
+            write_checkpoint(root / "dequant", config, dequantized_tensors(quantized, block_size, torch.bfloat16)),
+            Qwen3TextEncoder,
         )
-        fp8 = load_text_encoder(write_checkpoint(root / "fp8", config, quantized, fp8_quantization_config(block_size)), Qwen3TextEncoder)
+        fp8 = load_text_encoder(
+            write_checkpoint(root / "fp8", config, quantized, fp8_quantization_config(block_size)), Qwen3TextEncoder
+        )
     ref, out_twin, out = (_valid(_encode(m, ids, mask), lengths) for m in (bf16, twin, fp8))
     figures = Fp8Parity(
         layout="per_tensor" if block_size is None else f"block {list(block_size)}",
@@ -330,14 +363,21 @@ def check_fp8_parity(
     if block_size is not None:
         return figures
     probe = {layer: torch.zeros(1, layer.input_size, dtype=torch.bfloat16) for layer in quantized_linear_layers(fp8)}
-    missing = {reason for layer, x in probe.items() for variant, reason in [layer.quant_method.scaled_mm_variant(layer, x)] if variant is None}
+    missing = {
+        reason
+        for layer, x in probe.items()
+        for variant, reason in [layer.quant_method.scaled_mm_variant(layer, x)]
+        if variant is None
+    }
     if missing:  # this torch cannot run scaled_mm on the CPU for some layer: say so
         return dataclasses.replace(figures, scaled_mm_skipped="; ".join(sorted(missing)))
     # Per tensor, the scaled_mm path runs on the CPU too (tensor-wise and row-wise).
     _use_kernel(fp8, "scaled_mm")
     kernels = sorted({layer.quant_method.kernel_for(layer, x) for layer, x in probe.items()})
     out_mm = _valid(_encode(fp8, ids, mask), lengths)
-    return dataclasses.replace(figures, scaled_mm_kernels=kernels, rel_l2_scaled_mm_vs_bf16=((out_mm - ref).norm() / ref.norm()).item())
+    return dataclasses.replace(
+        figures, scaled_mm_kernels=kernels, rel_l2_scaled_mm_vs_bf16=((out_mm - ref).norm() / ref.norm()).item()
+    )
 
 
 __all__ = [

@@ -59,12 +59,16 @@ def _median_ms(stmt: str, env: dict, min_run_time: float) -> float:
 def _inputs(shape: AttnShape, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(0)
     return tuple(
-        torch.randn(shape.batch, shape.seq, shape.heads, shape.head_dim, generator=gen).to(device, dtype) for _ in range(3)
+        torch.randn(shape.batch, shape.seq, shape.heads, shape.head_dim, generator=gen).to(device, dtype)
+        for _ in range(3)
     )
 
 
 def time_backends(
-    shape: AttnShape = STANDARD_SHAPE, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", min_run_time: float = 0.5
+    shape: AttnShape = STANDARD_SHAPE,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    min_run_time: float = 0.5,
 ) -> list[KernelTiming]:
     """Every backend (and, on CUDA, every pinned SDPA kernel) on one shape; unavailable ones say why."""
     q, k, v = _inputs(shape, dtype, device)
@@ -84,14 +88,21 @@ def time_backends(
         try:
             ms = _median_ms("b.forward(q, k, v, causal=c)", env, min_run_time)
         except RuntimeError as exc:
-            timings.append(KernelTiming(enum.value, kernel, dtype_name, shape.label(), None, None, str(exc).splitlines()[0][:200]))
+            timings.append(
+                KernelTiming(enum.value, kernel, dtype_name, shape.label(), None, None, str(exc).splitlines()[0][:200])
+            )
             continue
-        timings.append(KernelTiming(enum.value, kernel, dtype_name, shape.label(), ms, shape.flops() / (ms * 1e-3) / 1e12))
+        timings.append(
+            KernelTiming(enum.value, kernel, dtype_name, shape.label(), ms, shape.flops() / (ms * 1e-3) / 1e12)
+        )
     return timings
 
 
 def usp_overhead(
-    shape: AttnShape = STANDARD_SHAPE, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", min_run_time: float = 1.0
+    shape: AttnShape = STANDARD_SHAPE,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    min_run_time: float = 1.0,
 ) -> dict:
     """USPAttention's single-rank path against the raw SDPA call it wraps, timed side by side."""
     q, k, v = _inputs(shape, dtype, device)
@@ -107,7 +118,9 @@ def usp_overhead(
         raw, same, usp = [], [], []
         for _ in range(2):
             raw.append(_median_ms("F.scaled_dot_product_attention(qt, kt, vt, is_causal=c)", env, min_run_time))
-            same.append(_median_ms("F.scaled_dot_product_attention(qv, kv, vv, is_causal=c).transpose(1, 2)", env, min_run_time))
+            same.append(
+                _median_ms("F.scaled_dot_product_attention(qv, kv, vv, is_causal=c).transpose(1, 2)", env, min_run_time)
+            )
             usp.append(_median_ms("attn(q, k, v)", env, min_run_time))
     raw_ms, same_ms, usp_ms = min(raw), min(same), min(usp)
     return {
@@ -122,10 +135,17 @@ def usp_overhead(
     }
 
 
-def matmul_tflops(device: str = "cpu", dtype: torch.dtype = torch.bfloat16, n: int | None = None, min_run_time: float = 1.0) -> dict:
+def matmul_tflops(
+    device: str = "cpu", dtype: torch.dtype = torch.bfloat16, n: int | None = None, min_run_time: float = 1.0
+) -> dict:
     """The device's measured dense matmul rate: the yardstick for attention TFLOP/s."""
     n = n or (8192 if device.startswith("cuda") else 1024)
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen).to(device, dtype) for _ in range(2))
     ms = _median_ms("a @ b", {"a": a, "b": b}, min_run_time)
-    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "median_ms": ms, "tflops": 2.0 * n**3 / (ms * 1e-3) / 1e12}
+    return {
+        "n": n,
+        "dtype": str(dtype).removeprefix("torch."),
+        "median_ms": ms,
+        "tflops": 2.0 * n**3 / (ms * 1e-3) / 1e12,
+    }

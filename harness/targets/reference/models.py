@@ -1,4 +1,4 @@
-"""Model checks of the model-level SP parity contracts (``model.zimage_sp_parity``, ``model.hunyuan_sp_parity``).
+"""Model checks of the model-level SP parity contracts: shared machinery and Z-Image (``model.zimage_sp_parity``).
 
 Each worker runs on every rank of a live group and compares a sequence-parallel run of a
 reference model with the single-rank run of the same weights on the same inputs, computed in the
@@ -33,16 +33,7 @@ from reference_impl.attention.backends import pinned_sdpa_kernel
 from reference_impl.attention.layer import USPAttention
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
-from reference_impl.models.hunyuanvideo import (
-    HunyuanVideoBlockConfig,
-    MMDoubleStreamBlock,
-    MMSingleStreamBlock,
-    hunyuan_rope,
-    shard_text,
-)
-from reference_impl.models.hunyuanvideo_transformer import HunyuanVideoConfig, HunyuanVideoTransformer
 from reference_impl.models.layers import even_shard_bounds, grid_positions
-from reference_impl.models.sequences import key_mask
 from reference_impl.models.zimage import ZImageConfig, ZImageTransformerBlock, zimage_rope
 from reference_impl.models.zimage_transformer import ZImageTransformer, caption_positions
 from reference_impl.parallel import comm
@@ -50,25 +41,30 @@ from reference_impl.parallel.state import destroy_sequence_parallel, get_ulysses
 
 Tensor = torch.Tensor
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Tiny architectures (diffusers config keys for the transformers): heads divisible by 2 and 4
-# so the same worker runs at W = 1, 2, 4.
-ZIMAGE_TINY = dict(in_channels=4, dim=64, n_layers=2, n_refiner_layers=2, n_heads=4, n_kv_heads=4, cap_feat_dim=32,
-                   axes_dims=[4, 6, 6], axes_lens=[1024, 64, 64])
-HUNYUAN_TINY = dict(hidden_size=64, num_heads=4, mlp_ratio=2.0, rope_axes_dim=[4, 6, 6])
-HUNYUAN_MODEL_TINY = dict(in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=16, num_layers=1,
-                          num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=32,
-                          pooled_projection_dim=16, rope_axes_dim=[4, 6, 6])
+# so the same worker runs at W = 1, 2, 4 (HunyuanVideo's: :mod:`.hunyuan_parity`).
+ZIMAGE_TINY = dict(
+    in_channels=4,
+    dim=64,
+    n_layers=2,
+    n_refiner_layers=2,
+    n_heads=4,
+    n_kv_heads=4,
+    cap_feat_dim=32,
+    axes_dims=[4, 6, 6],
+    axes_lens=[1024, 64, 64],
+)
 
 
-def _dtype(name: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}")
-    return _DTYPES[name]
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[name]
 
 
-def _device(device: str | None) -> torch.device:
+def run_device(device: str | None) -> torch.device:
     if device is not None:
         return torch.device(device)
     try:
@@ -78,23 +74,23 @@ def _device(device: str | None) -> torch.device:
 
 
 @contextmanager
-def _backend(backend: str | None) -> Iterator[None]:
+def pinned_backend(backend: str | None) -> Iterator[None]:
     with attention_backend_config({"force": backend}) if backend else nullcontext():
         yield
 
 
-def _inputs(seed: int, device: torch.device, dtype: torch.dtype) -> Callable[..., Tensor]:
+def seeded_inputs(seed: int, device: torch.device, dtype: torch.dtype) -> Callable[..., Tensor]:
     """Seeded random inputs already rounded to ``dtype``, so the fp64 reference sees the very same values."""
     gen = torch.Generator().manual_seed(seed + 1)
     return lambda *shape: torch.randn(*shape, generator=gen).to(device, dtype)
 
 
-def _table_dtype(model: torch.nn.Module) -> torch.dtype:
+def table_dtype(model: torch.nn.Module) -> torch.dtype:
     """RoPE tables in fp32, or fp64 for the fp64 reference copy (so its only rounding is fp64's)."""
     return torch.promote_types(next(model.parameters()).dtype, torch.float32)
 
 
-def _figures(out: Tensor, ref: Tensor, ref64: Tensor) -> PathFigures:
+def path_figures(out: Tensor, ref: Tensor, ref64: Tensor) -> PathFigures:
     d = (out.double() - ref.double()).abs()
     return PathFigures(
         bitwise=bool(torch.equal(out, ref)),
@@ -107,12 +103,14 @@ def _figures(out: Tensor, ref: Tensor, ref64: Tensor) -> PathFigures:
     )
 
 
-def _gather(t: Tensor) -> Tensor:
+def gather_output(t: Tensor) -> Tensor:
     """Every rank's tokens, in rank order (sharded outputs: the full sequence; replicated: W copies)."""
     return comm.all_gather(t.contiguous(), dim=1, group=get_ulysses_group())
 
 
-def _reference(fn: Callable[..., Any], model: torch.nn.Module, args: tuple[Tensor, ...], sdpa_kernel: str | None) -> tuple[Any, Any]:
+def reference_outputs(
+    fn: Callable[..., Any], model: torch.nn.Module, args: tuple[Tensor, ...], sdpa_kernel: str | None
+) -> tuple[Any, Any]:
     """Single-rank outputs in the model's dtype (kernel pinned like the SP run) and in fp64 (a
     float64 copy of the same weights, same inputs, any kernel: the fused ones have no fp64).
     Masks (bool or integer tensors) are passed unchanged."""
@@ -122,9 +120,12 @@ def _reference(fn: Callable[..., Any], model: torch.nn.Module, args: tuple[Tenso
     return low, high
 
 
-def _run_worker(
-    reference: Callable[[], Any], sharded: Callable[[int, int, Any], dict[str, PathFigures]], attn: USPAttention,
-    setup: dict[str, Any], sdpa_kernel: str | None,
+def run_worker(
+    reference: Callable[[], Any],
+    sharded: Callable[[int, int, Any], dict[str, PathFigures]],
+    attn: USPAttention,
+    setup: dict[str, Any],
+    sdpa_kernel: str | None,
 ) -> ModelParity:
     """``reference()`` on one rank, then ``sharded(rank, world, refs)`` under Ulysses SP = world (kernel pinned)."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -138,15 +139,31 @@ def _run_worker(
     finally:
         destroy_sequence_parallel()
     # The SDPA kernel pinned around the low-precision runs (None: torch chose).
-    return ModelParity(paths, attn.backend.value, attn.selection.level, sdpa_kernel or getattr(attn.attn_impl, "kernel", None),
-                       rank, world, setup)
+    return ModelParity(
+        paths,
+        attn.backend.value,
+        attn.selection.level,
+        sdpa_kernel or getattr(attn.attn_impl, "kernel", None),
+        rank,
+        world,
+        setup,
+    )
 
 
 # ---------------------------------------------------------------------------- Z-Image
 def zimage_sp_parity_worker(
-    dtype_name: str = "bfloat16", seed: int = 0, *, grid_hw: tuple[int, int] = (8, 8), cap_len: int = 6, batch: int = 1,
-    image_grid: tuple[int, int] = (6, 6), caption_lengths: tuple[int, ...] = (20, 40), config: Mapping[str, Any] | None = None,
-    backend: str | None = None, sdpa_kernel: str | None = None, device: str | None = None,
+    dtype_name: str = "bfloat16",
+    seed: int = 0,
+    *,
+    grid_hw: tuple[int, int] = (8, 8),
+    cap_len: int = 6,
+    batch: int = 1,
+    image_grid: tuple[int, int] = (6, 6),
+    caption_lengths: tuple[int, ...] = (20, 40),
+    config: Mapping[str, Any] | None = None,
+    backend: str | None = None,
+    sdpa_kernel: str | None = None,
+    device: str | None = None,
 ) -> ModelParity:
     """Z-Image block (caption as replicated suffix) and the faithful ZImageTransformer, SP=W vs one rank.
 
@@ -161,8 +178,8 @@ def zimage_sp_parity_worker(
     ring degree 1. ``config`` overrides keys of :data:`ZIMAGE_TINY`; ``backend`` forces the
     attention backend, ``sdpa_kernel`` pins torch's SDPA kernel for the low-precision runs.
     """
-    dtype, dev = _dtype(dtype_name), _device(device)
-    with _backend(backend):
+    dtype, dev = torch_dtype(dtype_name), run_device(device)
+    with pinned_backend(backend):
         torch.manual_seed(seed)
         cfg = ZImageConfig.from_dict({**ZIMAGE_TINY, **(config or {})})
         block = ZImageTransformerBlock(cfg, compute_dtype=dtype).to(dev, dtype)
@@ -171,7 +188,7 @@ def zimage_sp_parity_worker(
             model.x_pad_token.normal_()
             model.cap_pad_token.normal_()
     attn = block.attention.attn
-    rand = _inputs(seed, dev, dtype)
+    rand = seeded_inputs(seed, dev, dtype)
     n_img = grid_hw[0] * grid_hw[1]
     img, cap = rand(batch, n_img, cfg.dim), rand(batch, cap_len, cfg.dim)
     adaln = rand(batch, cfg.adaln_embed_dim)
@@ -183,7 +200,7 @@ def zimage_sp_parity_worker(
     uniform = [rand(caption_lengths[0], cfg.cap_feat_dim) for _ in caption_lengths]
 
     def block_full(m: torch.nn.Module, img_: Tensor, cap_: Tensor, ada: Tensor) -> Tensor:
-        rope = zimage_rope(cfg, positions, _table_dtype(m))
+        rope = zimage_rope(cfg, positions, table_dtype(m))
         return m(torch.cat([img_, cap_], dim=1), rope, ada, num_replicated_suffix=cap_len)
 
     def transformer(m: torch.nn.Module, t_: Tensor, *tensors: Tensor) -> Tensor:
@@ -191,9 +208,11 @@ def zimage_sp_parity_worker(
         return torch.stack(m(list(tensors[:n]), t_, list(tensors[n:])))
 
     def reference() -> tuple[Any, Any, Any]:
-        return (_reference(block_full, block, (img, cap, adaln), sdpa_kernel),
-                _reference(transformer, model, (t, *latents, *uniform), sdpa_kernel),
-                _reference(transformer, model, (t, *latents, *captions), sdpa_kernel))
+        return (
+            reference_outputs(block_full, block, (img, cap, adaln), sdpa_kernel),
+            reference_outputs(transformer, model, (t, *latents, *uniform), sdpa_kernel),
+            reference_outputs(transformer, model, (t, *latents, *captions), sdpa_kernel),
+        )
 
     def sharded(rank: int, world: int, refs: tuple[Any, Any, Any]) -> dict[str, PathFigures]:
         (ref, ref64), (uni_ref, uni_ref64), (mask_ref, mask_ref64) = refs
@@ -201,154 +220,26 @@ def zimage_sp_parity_worker(
         rows = torch.cat([positions[start:end], positions[n_img:]])
         rope = zimage_rope(cfg, rows)
         out = block(torch.cat([img[:, start:end], cap], dim=1), rope, adaln, num_replicated_suffix=cap_len)
-        out_img, out_cap = _gather(out[:, : end - start]), _gather(out[:, end - start :])
+        out_img, out_cap = gather_output(out[:, : end - start]), gather_output(out[:, end - start :])
         # Control: the caption rotated to the front as a replicated *prefix* (sglang's old suffix
         # path). Same maths, another K/V scan order: shows what order preservation buys.
-        rot = block(torch.cat([cap, img[:, start:end]], dim=1), (rope[0].roll(cap_len, 0), rope[1].roll(cap_len, 0)), adaln,
-                    num_replicated_prefix=cap_len)
+        rot = block(
+            torch.cat([cap, img[:, start:end]], dim=1),
+            (rope[0].roll(cap_len, 0), rope[1].roll(cap_len, 0)),
+            adaln,
+            num_replicated_prefix=cap_len,
+        )
         return {
-            "block.image": _figures(out_img, ref[:, :n_img], ref64[:, :n_img]),
-            "block.caption": _figures(out_cap, ref[:, n_img:].repeat(1, world, 1), ref64[:, n_img:].repeat(1, world, 1)),
-            "transformer": _figures(transformer(model, t, *latents, *uniform), uni_ref, uni_ref64),
-            "transformer.masked": _figures(transformer(model, t, *latents, *captions), mask_ref, mask_ref64),
-            "control.block.caption_as_prefix.image": _figures(_gather(rot[:, cap_len:]), ref[:, :n_img], ref64[:, :n_img]),
+            "block.image": path_figures(out_img, ref[:, :n_img], ref64[:, :n_img]),
+            "block.caption": path_figures(
+                out_cap, ref[:, n_img:].repeat(1, world, 1), ref64[:, n_img:].repeat(1, world, 1)
+            ),
+            "transformer": path_figures(transformer(model, t, *latents, *uniform), uni_ref, uni_ref64),
+            "transformer.masked": path_figures(transformer(model, t, *latents, *captions), mask_ref, mask_ref64),
+            "control.block.caption_as_prefix.image": path_figures(
+                gather_output(rot[:, cap_len:]), ref[:, :n_img], ref64[:, :n_img]
+            ),
         }
 
     setup = {"model": "zimage", "dtype": dtype_name, "seed": seed, "caption_lengths": list(caption_lengths)}
-    return _run_worker(reference, sharded, attn, setup, sdpa_kernel)
-
-
-# ---------------------------------------------------------------------------- HunyuanVideo
-def hunyuan_sp_parity_worker(
-    dtype_name: str = "bfloat16", seed: int = 0, *, grid_thw: tuple[int, int, int] = (2, 4, 4), txt_len: int = 7,
-    batch: int = 1, text_lengths: tuple[int, ...] = (7, 3), masked_text_len: int = 16, config: Mapping[str, Any] | None = None,
-    model_config: Mapping[str, Any] | None = None, backend: str | None = None, sdpa_kernel: str | None = None,
-    device: str | None = None,
-) -> ModelParity:
-    """MMDoubleStreamBlock, MMSingleStreamBlock and the faithful HunyuanVideoTransformer, SP=W vs one rank.
-
-    Block paths ``{double,single}.{layout}.{image,text}``: ``suffix`` (text replicated on every
-    rank, as ``num_replicated_suffix``), ``varlen`` (text sharded with :func:`shard_text`,
-    ``seq_lens``; padded text positions dropped) on ``batch`` items of ``txt_len`` tokens; and
-    ``masked`` (one item per entry of ``text_lengths``, text padded to ``masked_text_len``, a
-    ``[B, S]`` key mask, the joint sequence sharded contiguously; image + padded text must
-    divide by W). Transformer paths on the same ``grid_thw``: ``transformer`` (unpadded text
-    of ``txt_len`` tokens: the replicated suffix), ``transformer.masked`` (per-item
-    ``text_lengths``: the joint masked layout) and ``transformer.varlen`` (``text_layout="sharded"``).
-    Pick a ``txt_len`` not divisible by W to exercise uneven per-rank lengths. ``config``
-    overrides keys of :data:`HUNYUAN_TINY`, ``model_config`` of :data:`HUNYUAN_MODEL_TINY`;
-    ``backend`` / ``sdpa_kernel`` as for the Z-Image worker.
-    """
-    dtype, dev = _dtype(dtype_name), _device(device)
-    with _backend(backend):
-        torch.manual_seed(seed)
-        cfg = HunyuanVideoBlockConfig.from_dict({**HUNYUAN_TINY, **(config or {})})
-        double = MMDoubleStreamBlock(cfg, compute_dtype=dtype).to(dev, dtype)
-        single = MMSingleStreamBlock(cfg, compute_dtype=dtype).to(dev, dtype)
-        mcfg = HunyuanVideoConfig.from_dict({**HUNYUAN_MODEL_TINY, **(model_config or {})})
-        model = HunyuanVideoTransformer(mcfg, compute_dtype=dtype).to(dev, dtype)
-    rand = _inputs(seed, dev, dtype)
-    n_img = grid_thw[0] * grid_thw[1] * grid_thw[2]
-    img, txt, vec = rand(batch, n_img, cfg.hidden_size), rand(batch, txt_len, cfg.hidden_size), rand(batch, cfg.hidden_size)
-    n_items, masked_len = len(text_lengths), masked_text_len
-    m_img, m_txt, m_vec = rand(n_items, n_img, cfg.hidden_size), rand(n_items, masked_len, cfg.hidden_size), rand(n_items, cfg.hidden_size)
-    m_mask = key_mask([n_img + n for n in text_lengths], n_img + masked_len, dev)
-    inputs = _hunyuan_model_inputs(mcfg, grid_thw, rand, [txt_len] * batch, txt_len)
-    masked_inputs = _hunyuan_model_inputs(mcfg, grid_thw, rand, list(text_lengths), masked_len)
-
-    def double_full(m: torch.nn.Module, img_: Tensor, txt_: Tensor, vec_: Tensor, *mask: Tensor) -> Tensor:
-        rope = hunyuan_rope(cfg, grid_thw, device=dev, dtype=_table_dtype(m))
-        return torch.cat(m(img_, txt_, vec_, rope, attn_mask=mask[0] if mask else None), dim=1)
-
-    def single_full(m: torch.nn.Module, img_: Tensor, txt_: Tensor, vec_: Tensor, *mask: Tensor) -> Tensor:
-        rope = hunyuan_rope(cfg, grid_thw, device=dev, dtype=_table_dtype(m))
-        return m(torch.cat([img_, txt_], dim=1), vec_, txt_.shape[1], rope, attn_mask=mask[0] if mask else None)
-
-    def transformer(m: torch.nn.Module, *args: Tensor, text_layout: str = "replicated") -> Tensor:
-        return m(*args, text_layout=text_layout)
-
-    def reference() -> dict[str, tuple[Tensor, Tensor]]:
-        blocks = {"double": double_full, "single": single_full}
-        refs = {name: _reference(fn, mod, (img, txt, vec), sdpa_kernel) for (name, fn), mod in zip(blocks.items(), (double, single))}
-        refs.update({f"{name}.masked": _reference(fn, mod, (m_img, m_txt, m_vec, m_mask), sdpa_kernel)
-                     for (name, fn), mod in zip(blocks.items(), (double, single))})
-        refs["transformer"] = _reference(transformer, model, inputs, sdpa_kernel)
-        refs["transformer.masked"] = _reference(transformer, model, masked_inputs, sdpa_kernel)
-        return refs
-
-    def sharded(rank: int, world: int, refs: dict[str, tuple[Tensor, Tensor]]) -> dict[str, PathFigures]:
-        paths = _hunyuan_block_paths(double, single, cfg, grid_thw, (img, txt, vec), refs, rank, world)
-        paths.update(_hunyuan_masked_paths(double, single, cfg, grid_thw, (m_img, m_txt, m_vec, m_mask), refs, rank, world))
-        paths["transformer"] = _figures(transformer(model, *inputs), *refs["transformer"])
-        paths["transformer.varlen"] = _figures(transformer(model, *inputs, text_layout="sharded"), *refs["transformer"])
-        paths["transformer.masked"] = _figures(transformer(model, *masked_inputs), *refs["transformer.masked"])
-        return paths
-
-    setup = {"model": "hunyuanvideo", "dtype": dtype_name, "seed": seed, "txt_len": txt_len,
-             "text_lengths": list(text_lengths), "masked_text_len": masked_text_len}
-    return _run_worker(reference, sharded, double.attn.attn, setup, sdpa_kernel)
-
-
-def _hunyuan_model_inputs(cfg: HunyuanVideoConfig, grid_thw: tuple[int, int, int], rand: Callable[..., Tensor],
-                          lengths: list[int], text_len: int) -> tuple[Tensor, ...]:
-    """Transformer inputs: latents, t, text, its mask (item i valid on ``lengths[i]``), pooled text, guidance."""
-    b, p = len(lengths), cfg.patch_size
-    latents = rand(b, cfg.in_channels, grid_thw[0] * cfg.patch_size_t, grid_thw[1] * p, grid_thw[2] * p)
-    mask = torch.tensor([[1] * n + [0] * (text_len - n) for n in lengths], device=latents.device)
-    t, guidance = rand(b).abs() * 1000, rand(b).abs() * 1000
-    return latents, t, rand(b, text_len, cfg.text_embed_dim), mask, rand(b, cfg.pooled_projection_dim), guidance
-
-
-def _hunyuan_block_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBlock, cfg: HunyuanVideoBlockConfig,
-                         grid_thw: tuple[int, int, int], inputs: tuple[Tensor, Tensor, Tensor],
-                         refs: Mapping[str, tuple[Tensor, Tensor]], rank: int, world: int) -> dict[str, PathFigures]:
-    """The ``suffix`` and ``varlen`` block paths on this rank's image shard."""
-    img, txt, vec = inputs
-    n_img, txt_len = img.shape[1], txt.shape[1]
-    start, end = even_shard_bounds(n_img, rank, world)
-    rope = hunyuan_rope(cfg, grid_thw, rank, world, img.device)
-    img_l = img[:, start:end]
-    txt_shard, valid = shard_text(txt, rank, world)
-    n_local = end - start
-
-    def run(kind: str, txt_l: Tensor, **layout: Any) -> tuple[Tensor, Tensor]:
-        if kind == "double":
-            return double(img_l, txt_l, vec, rope, **layout)
-        out = single(torch.cat([img_l, txt_l], dim=1), vec, txt_l.shape[1], rope, **layout)
-        return out[:, :n_local], out[:, n_local:]
-
-    paths: dict[str, PathFigures] = {}
-    for kind in ("double", "single"):
-        ref, ref64 = refs[kind]
-        ref_img, ref_txt = ref[:, :n_img], ref[:, n_img:]
-        ref64_img, ref64_txt = ref64[:, :n_img], ref64[:, n_img:]
-        out_img, out_txt = run(kind, txt)
-        paths[f"{kind}.suffix.image"] = _figures(_gather(out_img), ref_img, ref64_img)
-        paths[f"{kind}.suffix.text"] = _figures(_gather(out_txt), ref_txt.repeat(1, world, 1), ref64_txt.repeat(1, world, 1))
-        out_img, out_txt = run(kind, txt_shard, txt_is_sharded=True, txt_valid_lens=valid)
-        paths[f"{kind}.varlen.image"] = _figures(_gather(out_img), ref_img, ref64_img)
-        # Padding sits only at the tail of the last ranks, so the gathered chunks' first txt_len are the text.
-        paths[f"{kind}.varlen.text"] = _figures(_gather(out_txt)[:, :txt_len], ref_txt, ref64_txt)
-    return paths
-
-
-def _hunyuan_masked_paths(double: MMDoubleStreamBlock, single: MMSingleStreamBlock, cfg: HunyuanVideoBlockConfig,
-                          grid_thw: tuple[int, int, int], inputs: tuple[Tensor, Tensor, Tensor, Tensor],
-                          refs: Mapping[str, tuple[Tensor, Tensor]], rank: int, world: int) -> dict[str, PathFigures]:
-    """The ``masked`` block paths: a contiguous shard of the joint [image | padded text] sequence and its key mask."""
-    img, txt, vec, mask = inputs
-    n_img = img.shape[1]
-    start, end = even_shard_bounds(n_img + txt.shape[1], rank, world)
-    i0, i1 = min(start, n_img), min(end, n_img)
-    img_l, txt_l, mask_l = img[:, i0:i1], txt[:, max(start, n_img) - n_img : max(end, n_img) - n_img], mask[:, start:end]
-    cos, sin = hunyuan_rope(cfg, grid_thw, device=img.device)
-    rope = (cos[i0:i1], sin[i0:i1])
-    outs = {"double": torch.cat(double(img_l, txt_l, vec, rope, attn_mask=mask_l), dim=1),
-            "single": single(torch.cat([img_l, txt_l], dim=1), vec, txt_l.shape[1], rope, attn_mask=mask_l)}
-    paths: dict[str, PathFigures] = {}
-    for kind, out in outs.items():
-        full = _gather(out)
-        ref, ref64 = refs[f"{kind}.masked"]
-        paths[f"{kind}.masked.image"] = _figures(full[:, :n_img], ref[:, :n_img], ref64[:, :n_img])
-        paths[f"{kind}.masked.text"] = _figures(full[:, n_img:], ref[:, n_img:], ref64[:, n_img:])
-    return paths
+    return run_worker(reference, sharded, attn, setup, sdpa_kernel)

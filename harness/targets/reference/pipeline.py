@@ -94,15 +94,22 @@ class ReferencePipelineTarget(PipelineTarget):
         if tokens > MAX_IMAGE_TOKENS:
             key = "height" if config.height >= config.width else "width"
             key = "num_frames" if tokens // (config.num_frames or 1) <= MAX_IMAGE_TOKENS else key
-            raise ParamError(key, f"{config.height}x{config.width}" + (f"x{config.num_frames} frames" if config.num_frames else "")
-                             + f" makes {tokens} image tokens; at most {MAX_IMAGE_TOKENS}")
+            raise ParamError(
+                key,
+                f"{config.height}x{config.width}"
+                + (f"x{config.num_frames} frames" if config.num_frames else "")
+                + f" makes {tokens} image tokens; at most {MAX_IMAGE_TOKENS}",
+            )
         for key, limit in (("steps", MAX_STEPS), ("max_text_tokens", MAX_TEXT_TOKENS)):
             if getattr(config, key) > limit:
                 raise ParamError(key, f"{getattr(config, key)} is above the maximum {limit}")
         if tokens % world_size:
             frames = f"x{config.num_frames} frames" if config.num_frames else ""
-            raise ParamError("world_size", f"{tokens} image tokens ({config.height}x{config.width}{frames}) "
-                             f"do not divide by world_size {world_size}")
+            raise ParamError(
+                "world_size",
+                f"{tokens} image tokens ({config.height}x{config.width}{frames}) "
+                f"do not divide by world_size {world_size}",
+            )
         return "image" if config.num_frames is None else "video"
 
     def output_shape(self, fields: Mapping[str, Any]) -> tuple[int, ...]:
@@ -133,8 +140,9 @@ def turbo_drift(device: str, **fields: Any) -> TurboDrift:
     preserving = run_pipeline_sequence_parallel(config)
     rotated = run_pipeline_sequence_parallel(dataclasses.replace(config, suffix_mode="rotate_to_front"))
     figures = DriftFigures(
-        order_preserving_bitwise=bool(np.array_equal(preserving.latents, single.latents)
-                                      and np.array_equal(preserving.output, single.output)),
+        order_preserving_bitwise=bool(
+            np.array_equal(preserving.latents, single.latents) and np.array_equal(preserving.output, single.output)
+        ),
         order_preserving_mae=_mae(preserving.output, single.output),
         rotate_to_front_mae=_mae(rotated.output, single.output),
         rotate_to_front_max_abs=float(np.abs(rotated.output.astype(np.int16) - single.output.astype(np.int16)).max()),
@@ -146,8 +154,9 @@ def turbo_drift(device: str, **fields: Any) -> TurboDrift:
 def check_pipeline_case(params: Mapping[str, Any]) -> None:
     """Parameters of a contract that runs the pipeline (``pipeline.turbo_drift``, ``perf.sp_step_ratio``)
     that the pipeline can run (ParamError naming the key), before any rank starts."""
-    fields = {k: params[k] for k in ("prompt", "seed", "height", "width", "steps", "weights")
-              if params.get(k) is not None}
+    fields = {
+        k: params[k] for k in ("prompt", "seed", "height", "width", "steps", "weights") if params.get(k) is not None
+    }
     ReferencePipelineTarget().check_case(fields, int(params.get("world_size", 1)))
 
 

@@ -51,8 +51,10 @@ def default_repo() -> Path:
     checkout = package.parent
     top = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if top.returncode != 0 or Path(top.stdout.strip()).resolve() != checkout.resolve():
-        raise ConfigError(f"rev: needs parity's own git checkout, and {PACKAGE} is imported from {package}, which is not "
-                          "at the top of one; name the checkout with the side's argument repo=DIR")
+        raise ConfigError(
+            f"rev: needs parity's own git checkout, and {PACKAGE} is imported from {package}, which is not "
+            "at the top of one; name the checkout with the side's argument repo=DIR"
+        )
     return checkout
 
 
@@ -60,12 +62,18 @@ def resolve_commit(rev: str, repo: Path) -> str:
     """The full commit id ``rev`` names in ``repo`` (ConfigError naming both when it names none)."""
     if not rev or rev.startswith("-"):
         raise ConfigError(f"{PREFIX}{rev!r} does not name a revision", key="rev")
-    return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", what=f"{PREFIX}{rev}").stdout.decode().strip()
+    return (
+        _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", what=f"{PREFIX}{rev}")
+        .stdout.decode()
+        .strip()
+    )
 
 
 def export_tree(repo: Path, commit: str, into: Path) -> Path:
     """``reference_impl`` as ``commit`` has it, written under ``into`` (which must be empty); returns ``into``."""
-    archive = _git(repo, "archive", "--format=tar", commit, PACKAGE, what=f"{PREFIX}{commit[:12]}: git archive {PACKAGE}")
+    archive = _git(
+        repo, "archive", "--format=tar", commit, PACKAGE, what=f"{PREFIX}{commit[:12]}: git archive {PACKAGE}"
+    )
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")  # a member that would land outside ``into`` is refused
     if not (into / PACKAGE / "__init__.py").is_file():
@@ -105,10 +113,15 @@ class RevisionPipelineTarget(PipelineTarget):
 
     def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> PreparedPipeline:
         if self.tree is None:
-            raise ConfigError(f"{PREFIX}{self.rev} runs as a side of a perf A/B only (parity perf BASE HEAD, "
-                              "parity gate --perf-base SPEC), which exports the commit first", key="target")
+            raise ConfigError(
+                f"{PREFIX}{self.rev} runs as a side of a perf A/B only (parity perf BASE HEAD, "
+                "parity gate --perf-base SPEC), which exports the commit first",
+                key="target",
+            )
         return _import_from(Path(self.tree)).ReferencePipelineTarget().prepare(fields, device, world_size)
 
 
-def factory(rev: str, repo: str | None = None, tree: str | None = None, commit: str | None = None) -> RevisionPipelineTarget:
+def factory(
+    rev: str, repo: str | None = None, tree: str | None = None, commit: str | None = None
+) -> RevisionPipelineTarget:
     return RevisionPipelineTarget(rev, repo, tree, commit)

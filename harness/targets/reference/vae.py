@@ -3,7 +3,7 @@
 Each runs in one process and forces platforms through ``PARITY_PLATFORM`` (read by the reference
 at construction and call time), so every branch runs on a CPU-only machine: on a simulated
 platform the tensors stay on the real device and the USP path runs the platform's default
-backend there. The contracts in :mod:`harness.contracts.models` judge the figures.
+backend there. The contracts in :mod:`harness.contracts.model_checks` judge the figures.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def _max_abs(a: Tensor, b: Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
-def video_dispatch(device: str = "cpu", seed: int = 0, tokens: int = 64, heads: int = 2, dim_head: int = 32) -> VideoDispatch:
+def video_dispatch(
+    device: str = "cpu", seed: int = 0, tokens: int = 64, heads: int = 2, dim_head: int = 32
+) -> VideoDispatch:
     """Which branch the video VAE attention takes per (platform, dtype), and how far the branches are apart.
 
     ``table[platform][dtype]`` is the ``last_dispatch`` seen; per dtype the max abs difference between
@@ -131,7 +133,9 @@ class _Audio:
 
     def build(self, **kwargs: Any) -> CausalAttention:
         """A copy of the template's weights, built under the platform in force."""
-        return _copy_of(self.template, lambda: CausalAttention(self.dim, self.dim, self.heads, **kwargs)).to(self.x.device)
+        return _copy_of(self.template, lambda: CausalAttention(self.dim, self.dim, self.heads, **kwargs)).to(
+            self.x.device
+        )
 
 
 def _audio(device: str, seed: int, tokens: int = 48, dim: int = 64, heads: int = 4) -> _Audio:
@@ -153,8 +157,9 @@ def _audio_run(audio: _Audio, module: CausalAttention, fused: bool) -> AudioRun:
     out, seen = _attention_dtypes(module, audio.x)
     common = dict(dispatch=module.last_dispatch, attention_dtypes=[str(d) for d in seen], out_dtype=str(out.dtype))
     if not fused:
-        return AudioRun(**common, bitwise_vs_direct_sdpa=bool(torch.equal(out, audio.direct)),
-                        direct_dispatch=audio.direct_dispatch)
+        return AudioRun(
+            **common, bitwise_vs_direct_sdpa=bool(torch.equal(out, audio.direct)), direct_dispatch=audio.direct_dispatch
+        )
     return AudioRun(**common, max_abs_vs_fp32=_max_abs(out, audio.direct), bound=audio.bound)
 
 
@@ -194,6 +199,8 @@ def audio_cast_restore(device: str = "cpu", seed: int = 0) -> AudioRun:
     audio = _audio(device, seed)
     with forced_platform("cuda"):
         with attention_backend_config("audio_vae=math"):
-            module = audio.build(supported_attention_backends={AttentionBackendEnum.MATH, AttentionBackendEnum.TORCH_SDPA},
-                                 dtype=torch.bfloat16)
+            module = audio.build(
+                supported_attention_backends={AttentionBackendEnum.MATH, AttentionBackendEnum.TORCH_SDPA},
+                dtype=torch.bfloat16,
+            )
         return _audio_run(audio, module, fused=True)
