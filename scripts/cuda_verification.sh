@@ -9,6 +9,7 @@
 #   thresholds 3 gates (images only) and a per-platform threshold recalibration: the new
 #              baselines/platforms/<gpu>.json, for when the image references were re-blessed
 #   tests      pytest tests/gpu (kernels by the FA rule, LSE paths, SP with ranks sharing the GPU)
+#   reference  the default contract cases on the reference, on CUDA
 #   targets    the contract cases on --target diffusers and --target sglang on CUDA
 # Wheels in .whl/ (diffusers, sglang and what its import needs) are installed to a temp dir first;
 # sglang's top-level __init__ is replaced as scripts/sglang_cpu/README.md describes.
@@ -42,6 +43,8 @@ for phase in "$@"; do
       rm -rf "$W"/images?/candidates "$W"/images?/triptychs; pack ;;
     tests)
       step gpu_tests python3 -m pytest tests/gpu -q -s -p no:cacheprovider ;;
+    reference)
+      step reference $P check --device cuda --json "$W/reference.json" ;;
     targets)
       for t in diffusers sglang; do step "target_$t" $P check --device cuda --target $t --json "$W/target_$t.json"; done ;;
     *) echo "unknown phase $phase" ;;
