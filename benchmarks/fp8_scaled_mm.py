@@ -2,15 +2,12 @@
 
     python benchmarks/fp8_scaled_mm.py [--tokens 1024] [--reps 20]
 
-For Qwen3-4B projection shapes (the Flux Klein text encoder: hidden 2560, 32 heads, 8 KV heads,
-head dim 128, intermediate 9728) and each weight layout -- per tensor with one shard
-(tensor-wise ``torch._scaled_mm``), per tensor with fused q/k/v of different scales (row-wise
-``torch._scaled_mm``), 128x128 blocks (``torch.nn.functional.scaled_mm`` BlockWise1x128 x
-BlockWise128x128) -- it prints which kernel ran, the relative L2 error of the GPU ``scaled_mm``
-and GPU ``dequant`` outputs against the CPU reference (fp32 ``F.linear`` on the dequantized
-weights: the exact answer for these FP8 weights), and median times of ``scaled_mm``, ``dequant``
-and a plain bf16 ``F.linear``. Exits 1 if a ``scaled_mm`` error exceeds the bound, 0 otherwise;
-without CUDA it says so and exits 0.
+At Qwen3-4B projection shapes (hidden 2560, 32 heads, 8 KV heads, head dim 128, intermediate 9728), per weight
+layout (per tensor: tensor-wise ``torch._scaled_mm``; fused q/k/v of different scales: row-wise; 128x128 blocks:
+``torch.nn.functional.scaled_mm``), it prints the kernel that ran, the relative L2 error of GPU ``scaled_mm`` and
+``dequant`` against the CPU reference (fp32 ``F.linear`` on the dequantized weights: exact for these weights) and
+median times of both and of plain bf16 ``F.linear``. Exits 1 if a ``scaled_mm`` error exceeds the bound, else 0
+(also without CUDA, saying so).
 """
 
 from __future__ import annotations

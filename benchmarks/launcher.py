@@ -1,12 +1,11 @@
-"""What a rank group costs: its start, spawned versus forked from the preloaded server, per world size;
-then a small 2-rank case in a fresh group per case (run_on_ranks) versus a persistent RankPool.
+"""What a rank group costs: its start (spawned versus preloaded, per world size) and a small case's call in it.
 
-A group's start is the time until every rank has joined the process group and answered ready.
-The preloaded server's own start (one interpreter importing torch and the harness, once per
-process) is shown apart: it is the first preloaded group's start minus a warm one's.
-
-Also measures why ranks default to one intra-op thread: the same compute-bound case in a pool
-whose ranks use 1 thread versus 2 (OMP_NUM_THREADS=2), 2 ranks either way.
+Per world size, a group's start spawned versus forked from the preloaded server: the time until every rank has
+joined the process group and answered ready. The preloaded server's own start (one interpreter importing torch
+and the harness, once per process) is shown apart: the first preloaded group's start minus a warm one's. Then a
+small 2-rank case in a fresh group per case (run_on_ranks) versus a persistent RankPool, and why ranks default to
+one intra-op thread: the same compute-bound case in a pool whose ranks use 1 thread versus 2 (OMP_NUM_THREADS=2),
+2 ranks either way.
 
     .venv/bin/python benchmarks/launcher.py [--starts 3] [--worlds 1 2 4] [--calls 20] [--fresh 3]
 """

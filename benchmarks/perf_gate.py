@@ -1,16 +1,10 @@
 """How often each perf verdict is wrong on this machine: the false-alarm rate (BASE = HEAD) and the detection
 rate of a planted 10 % slowdown, for the A/B verdict and for absolute baselines, measured side by side.
 
-Per workload, one absolute baseline is recorded first (the median of 3 measurements of ``--runs`` runs,
-as ``parity recalibrate perf`` makes one from 3 gates); then each repetition makes, interleaved, the
-four verdicts: A/B with HEAD = BASE, A/B with HEAD 10 % slower, absolute unchanged, absolute 10 %
-slower. Absolute mode is judged at sglang's pr_test tolerances (the shipped default) and at the A/B's
-own 5 %, so the two modes are compared at one tolerance too. ``--neighbour`` starts a busy loop during
-every other repetition (a CI neighbour that was not there when the baseline was recorded).
-
-Workloads: ``reference`` (parity's tiny pipeline, 16x16, 2 steps, one rank; the slowdown sleeps 10 %
-of every denoising step: tests/targets/slow_pipeline.py) and ``command`` (tests/targets/sleep_generator.py:
-a process whose steps sleep; the slowdown sleeps 10 % longer per step).
+Per workload an absolute baseline is recorded first (as ``parity recalibrate perf`` makes one); then each
+repetition makes, interleaved, A/B and absolute verdicts on an unchanged and a 10 % slower HEAD, absolute mode at
+sglang's pr_test tolerances and at the A/B's 5 %. Workloads: ``reference`` (the tiny pipeline, 16x16, 2 steps)
+and ``command`` (tests/targets/sleep_generator.py). The method in full and the figures: docs/perf.md, "Measured".
 
     .venv/bin/python benchmarks/perf_gate.py [--repetitions 20] [--workloads reference command] [--neighbour]
         [--device cpu|cuda] [--json FILE]

@@ -1,13 +1,10 @@
 """The perf A/B's acceptance run: N independent A/Bs per pipeline, BASE = HEAD and HEAD with every denoising step
 10 % slower, through `parity perf` itself; prints the verdict counts.
 
-The cases root holds N copies of each image case (``<case>__<i>``): each copy is an A/B of its own (both
-sides prepared, warmed up and sampled afresh) inside one `parity perf` run, so the rank groups start once.
-The same processes then serve all N copies, which makes a process that is slower for good (a busy
-core, a slow vCPU) show in every copy instead of hiding between runs: the false-alarm count is, if
-anything, pessimistic. Pipelines: the built-in one (``--cases`` of ``cases/images/pipelines.toml``,
-slowed by tests/targets/slow_pipeline.py) and a command (tests/targets/sleep_generator.py, slowed by
-sleeping 10 % longer per step).
+The cases root holds N copies of each image case (``<case>__<i>``), each an A/B of its own inside one `parity perf`
+run, so the rank groups start once and the same processes serve every copy: a process slower for good shows in
+every copy, so the false-alarm count is, if anything, pessimistic. Pipelines: the built-in one (``--cases``,
+slowed by tests/targets/slow_pipeline.py) and a command (tests/targets/sleep_generator.py); docs/perf.md, "Measured".
 
     python scripts/perf_ab_acceptance.py --device cuda --copies 10 --out DIR [--cases zimage_t2i_1rank ...]
 """

@@ -1,15 +1,12 @@
 """Bounds a contract applies, and the two oracles the FlashAttention rule needs.
 
-- ``bitwise``: ``torch.equal`` with the single-rank reference. Holds where the reduction order
-  is unchanged (Ulysses, the order-preserving replicated suffix), for a given kernel and shape.
+- ``bitwise``: ``torch.equal`` with the single-rank reference; holds where the reduction order is unchanged.
 - ``abs:X``: ``max|out − ref| ≤ X`` (sglang's replicated-prefix drift, X = 1e-2).
-- ``fa:K:FLOOR``: FlashAttention's own test rule,
-  ``max|out − ref64| ≤ K·max|naive_lowprec − ref64| + FLOOR``, where ref64 is exact attention
-  in float64 on the same inputs and naive_lowprec the textbook softmax(QKᵀ)V with every op in
-  the low precision dtype: an implementation may be at most K times worse than the naive one.
+- ``fa:K:FLOOR``: FlashAttention's test rule ``max|out − ref64| ≤ K·max|naive_lowprec − ref64| + FLOOR``
+  (ref64: float64 attention; naive_lowprec: softmax(QKᵀ)V in the low precision): at most K times the naive error.
 
-A NaN or Inf in an output (or in the reference it is compared with) fails under every bound.
-The oracles the FlashAttention rule compares with live in :mod:`harness.contracts.oracles`.
+A NaN or Inf in an output (or in its reference) fails under every bound. The oracles live in
+:mod:`harness.contracts.oracles`; docs/judging.md says how contracts apply these bounds.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Text-encoder loading with fail-closed admission of quantized checkpoints (sglang seed 003).
 
-The rule: when config.json declares ``quantization_config``, the encoder class must be an
-in-tree native encoder (:class:`NativeEncoderMixin`) and the model it *builds* from that config
-must hold at least one quantized linear (a :class:`LinearBase` whose ``quant_method`` is
-neither None nor :class:`UnquantizedLinearMethod`). Both are checked after construction and
-before a single tensor is read, so an incompatible (checkpoint, implementation) pair fails with
-:class:`ComponentCheckpointUnsupportedError` instead of loading FP8 bits into float weights or
-failing halfway. No model-name allowlist: the built layers are the evidence.
-
-Two kept exceptions own their lifecycle: classes with ``manages_checkpoint_quantization = True``
-(built without a quant config, they interpret ``quantization_config`` themselves; no admission
-check, no post-processing), and standard bitsandbytes 4-bit, delegated to transformers.
-
-After loading, ``process_weights_after_loading`` runs on every quantized layer, staged on the
-processing device and moved back to where the layer lives.
+When config.json declares ``quantization_config``, the encoder class must be an in-tree native encoder
+(:class:`NativeEncoderMixin`) and the model it builds from that config must hold at least one quantized linear.
+Both are checked after construction and before a tensor is read, so an incompatible (checkpoint, implementation)
+pair fails with :class:`ComponentCheckpointUnsupportedError` instead of loading FP8 bits into float weights or
+failing halfway. No model-name allow-list: the built layers are the evidence. The two exceptions (classes with
+``manages_checkpoint_quantization = True``, bitsandbytes 4-bit) and the post-load processing: docs/models.md,
+"Text encoder loading".
 """
 
 from __future__ import annotations

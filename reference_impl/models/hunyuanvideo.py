@@ -1,31 +1,13 @@
 """HunyuanVideo double- and single-stream blocks as diffusers 0.42.1 computes them, through USPAttention.
 
-Parameter names are diffusers' (``norm1.linear``, ``attn.to_q``, ``attn.add_q_proj``,
-``ff.net.0.proj``, ``proj_mlp`` ...), so a diffusers state dict loads as it is; the model
-around the blocks is :mod:`reference_impl.models.hunyuanvideo_transformer`.
-
-Both blocks attend over one joint sequence *[image tokens | text tokens]* and get back ONE
-tensor from the attention (sglang seed 001): the double-stream block splits it for its two
-streams; the single-stream block feeds it whole to ``proj_out``, whose input order it already
-is. Under sequence parallelism (degree W, ring degree 1) the text comes in one of three layouts:
-
-- replicated (the default): every rank holds its contiguous ``S_img / W`` image tokens and
-  the whole text, passed as ``num_replicated_suffix``. Order-preserving, so bitwise equal to
-  one rank (given row-count-invariant GEMMs; see harness.targets.reference.models).
-- sharded (``txt_is_sharded=True``): rank r holds its slice of the text padded to a common
-  length (:func:`shard_text`) with ``txt_valid_lens[r]`` valid tokens; the attention runs the
-  ``seq_lens`` varlen path and scans keys as ``[img_0, txt_0, img_1, txt_1, ...]``, a
-  reordering of the single-rank keys, so it equals one rank only up to rounding (the
-  FlashAttention rule). Outputs at padded text positions are meaningless.
-- masked (``attn_mask [B, S_local]`` given, True = attend): the text carries per-item
-  padding. USPAttention refuses a mask with replicated tokens and ``seq_lens`` takes one
-  length per rank, not per item, so neither layout above can carry it: the joint sequence
-  ``[image | text]`` is sharded contiguously instead (a rank may hold image tokens only, text
-  only, or both) and the key mask gathered with it. Single-rank key order, so bitwise.
-
-Image tokens are rotated by 3-D axial RoPE (interleaved, the table in fp32 as diffusers
-computes it) at their global positions; text tokens get no RoPE. Blocks need
-``reference_impl.set_forward_context(...)`` around the call.
+Parameter names are diffusers', so a diffusers state dict loads as it is; the model around the blocks is
+:mod:`reference_impl.models.hunyuanvideo_transformer`. Both blocks attend over one joint sequence
+*[image tokens | text tokens]* and get back ONE tensor from the attention (sglang seed 001). Under sequence
+parallelism (degree W, ring 1) the text is replicated (the default: the order-preserving suffix, bitwise),
+sharded (``txt_is_sharded=True``: ``seq_lens`` varlen, keys reordered, the FlashAttention rule) or masked
+(``attn_mask [B, S_local]``: the joint sequence sharded contiguously with its key mask, bitwise); docs/models.md,
+"Under sequence parallelism", has each layout. Image tokens get 3-D axial RoPE (interleaved, the table in fp32
+as diffusers computes it) at their global positions, text tokens none. Needs ``set_forward_context(...)``.
 """
 
 from __future__ import annotations
@@ -124,18 +106,24 @@ def _joint_attention(
     txt_is_sharded: bool,
     txt_valid_lens: Sequence[int] | None,
 ) -> Tensor:
-    """Attention over [image | text] in the text layout of the module docstring; one ``[B, S, H, D]`` tensor."""
+    """Attention over [image | text] in one of the three text layouts; one ``[B, S, H, D]`` tensor."""
     img_len, txt_len = img_qkv[0].shape[1], txt_qkv[0].shape[1]
     q, k, v = (torch.cat([i, t], dim=1) for i, t in zip(img_qkv, txt_qkv))
     if txt_valid_lens is not None and not txt_is_sharded:
         raise ValueError("txt_valid_lens is only meaningful with txt_is_sharded=True")
     if attn_mask is not None:
+        # Masked (True = attend; per-item text padding): USPAttention refuses a mask with replicated tokens and
+        # seq_lens takes one length per rank, not per item, so the joint [image | text] sequence is sharded
+        # contiguously (a rank may hold image tokens only, text only, or both) and the key mask gathered with it:
+        # single-rank key order, so bitwise.
         if txt_is_sharded:
             raise ValueError(
                 "attn_mask cannot be combined with txt_is_sharded: the seq_lens (varlen) path takes no mask"
             )
         return attn(q, k, v, attn_mask=attn_mask)
     if not txt_is_sharded:
+        # Replicated: every rank holds its contiguous S_img / W image tokens and the whole text as the suffix;
+        # order-preserving, so bitwise given row-count-invariant GEMMs (see harness.targets.reference.models).
         return attn(q, k, v, num_replicated_suffix=txt_len)
     if txt_valid_lens is None:
         raise ValueError("txt_is_sharded=True needs txt_valid_lens (valid text tokens on every rank; see shard_text)")
@@ -143,6 +131,9 @@ def _joint_attention(
         raise ValueError(
             f"txt_valid_lens {list(txt_valid_lens)} must each be in [0, {txt_len}] (the local padded text length)"
         )
+    # Sharded: rank r holds its slice of the text padded to a common length (shard_text), txt_valid_lens[r] of it
+    # valid; keys are scanned [img_0, txt_0, img_1, txt_1, ...], a reordering of the single-rank keys, so this equals
+    # one rank only up to rounding (the FlashAttention rule). Outputs at padded text positions are meaningless.
     return attn(q, k, v, seq_lens=[img_len + int(n) for n in txt_valid_lens])
 
 

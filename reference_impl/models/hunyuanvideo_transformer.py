@@ -1,25 +1,13 @@
 """HunyuanVideo DiT as diffusers 0.42.1's ``HunyuanVideoTransformer3DModel`` computes it (text to video).
 
-Conv3d patch embedding → token refiner on the text → timestep + guidance + pooled-text
-conditioning → double-stream then single-stream blocks over ``[image | text]`` with the text
-key mask in every block → continuous AdaLN norm → projection → unpatchify. Like diffusers, the
-blocks' mask keeps each item's first ``sum(encoder_attention_mask[i])`` text tokens.
+Conv3d patch embedding → token refiner on the text → timestep + guidance + pooled-text conditioning → double- then
+single-stream blocks over ``[image | text]`` with the text key mask in every block → continuous AdaLN norm →
+projection → unpatchify. Like diffusers, the mask keeps each item's first ``sum(encoder_attention_mask[i])`` tokens.
 
-Sequence parallelism (Ulysses degree W, ring 1): every rank embeds and refines everything
-(the refiner is rank-local on the replicated text), the blocks run on shards, and the output
-is all-gathered, so every rank returns the whole prediction. The text layout
-(see :mod:`reference_impl.models.hunyuanvideo`):
-
-- ``text_layout="replicated"`` (default) and no text padding: image shards + the whole text
-  as the replicated suffix: bitwise equal to one rank.
-- ``"replicated"`` with padded text (per-item lengths): a mask cannot ride with replicated
-  tokens (USPAttention refuses it before any collective), so the joint ``[image | text]``
-  sequence is sharded contiguously with its key mask: bitwise. Needs ``(T·H·W + L) % W == 0``
-  (pad the text, masked, to make it so).
-- ``text_layout="sharded"``: image shards + text shards through ``seq_lens`` varlen (keys
-  reordered: the FlashAttention rule, not bitwise). ``seq_lens`` is one length per rank, not
-  per item, so every item must have the same number of valid text tokens; the padding is
-  dropped (its keys are masked out in diffusers, so nothing else sees it).
+Under sequence parallelism (Ulysses degree W, ring 1) every rank embeds and refines everything, the blocks run on
+shards and every rank returns the whole prediction. ``text_layout="replicated"`` (default) is bitwise, padded or
+not; ``"sharded"`` follows the FlashAttention rule and needs one valid text length for every item. The layouts and
+what each needs: docs/models.md, "Under sequence parallelism".
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Building blocks shared by the reference models (DiTs, text encoder, VAE).
 
-- :class:`ModelConfig`: a frozen-dataclass base whose ``from_dict`` refuses unknown, missing
-  or mistyped keys with an error naming the key, so a bad config never builds a wrong model.
-- :class:`RMSNorm` with or without an affine weight (``elementwise_affine=False`` is the
-  affine-free q/k norm some VAEs use).
-- RoPE: 1-D and axial (2-D/3-D) cos/sin tables, rounded where the implementation a model
-  follows rounds them (:data:`ROPE_ROUNDINGS`), applied to ``[B, S, H, D]`` in fp32. Positions
-  are explicit tensors, so a sequence-parallel shard passes the *global* positions of its
-  tokens and gets exactly the rotation the single-rank run gives them.
-- :func:`timestep_embedding`: the sinusoidal timestep embedding of the diffusion models.
-- :func:`even_shard_bounds`: which contiguous tokens a sequence-parallel rank holds.
-- safetensors I/O: :func:`load_safetensors_into` reads weights without pickle and reports
-  every missing, unexpected or misshapen tensor by name before touching the module.
+- :class:`ModelConfig`: a frozen-dataclass base whose ``from_dict`` refuses unknown, missing or mistyped keys
+  with an error naming the key, so a bad config never builds a wrong model.
+- :class:`RMSNorm`, with or without an affine weight (``elementwise_affine=False``: some VAEs' q/k norm).
+- RoPE: 1-D and axial (2-D/3-D) cos/sin tables, rounded where the followed implementation rounds them
+  (:data:`ROPE_ROUNDINGS`), applied to ``[B, S, H, D]`` in fp32 at explicit positions, so a sequence-parallel
+  shard passes its tokens' *global* positions and gets exactly the single-rank rotation.
+- :func:`timestep_embedding` (sinusoidal), :func:`even_shard_bounds` (the contiguous tokens a rank holds), and
+  :func:`load_safetensors_into`: no pickle; every missing, unexpected or misshapen tensor named before any is copied.
 """
 
 from __future__ import annotations

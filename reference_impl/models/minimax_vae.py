@@ -1,19 +1,13 @@
 """MiniMax-H3 style VAE attention: the video ViT decoder and the audio VAE's causal attention.
 
-Behaviour follows sglang's change that moved both VAE attentions onto USPAttention (seed 000):
-
-* video ``Attention``: on CUDA, fp16/bf16 go through ``USPAttention(causal=False,
-  skip_sequence_parallel=True)`` built inside ``attention_component("video_vae")``, so a
-  component override such as ``video_vae=torch_sdpa`` applies; fp32 and every non-CUDA
-  platform call SDPA directly (fused kernels do not take fp32, and the released precision
-  contract must not move); ROCm gfx95* pins the SDPA MATH kernel because its fused kernels
-  break the dense ViT decode. Unlike sglang, the gfx95 decision is read from
-  ``current_platform`` at call time, not frozen at import (a risk the seed lists), so every
-  branch is testable under ``PARITY_PLATFORM``. The branch taken is kept in ``last_dispatch``.
-* audio ``CausalAttention``: default fp32 causal SDPA; when a fused backend is chosen
-  (``audio_vae=fa``), q/k/v are cast to the backend's dtype and the output restored.
-* ``ViT3DDecoder``: latent tokens → TransformerBlocks → unpatchify to frames. The released
-  decoder is non-causal, so ``t_causal=True`` is refused rather than half supported.
+Behaviour follows sglang's change that moved both VAE attentions onto USPAttention (seed 000): the video
+``Attention`` goes through ``USPAttention`` inside ``attention_component("video_vae")`` for fp16/bf16 on CUDA and
+calls SDPA directly otherwise (MATH kernel on ROCm gfx95*), the branch taken kept in ``last_dispatch``; the
+audio ``CausalAttention`` is fp32 causal SDPA unless a fused backend is chosen, which it casts to and back from.
+Unlike sglang, the gfx95 decision is read at call time, not frozen at import, so every branch is testable under
+``PARITY_PLATFORM``. ``ViT3DDecoder``: latent tokens → TransformerBlocks → unpatchify to frames; the released
+decoder is non-causal, so ``t_causal=True`` is refused rather than half supported. Why each branch is what it
+is: docs/models.md, "VAE attention".
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Qwen3 text encoder (the Flux Klein text encoder) with masked causal attention (sglang seed 002).
 
-Architecture as transformers' ``Qwen3Model``: token embedding; per layer RMSNorm → attention
-(fused q/k/v projection, per-head RMSNorm on q and k, RoPE with ``rope_theta``, GQA through
-``num_key_value_heads``) → residual → RMSNorm → SwiGLU MLP → residual; final RMSNorm.
-Linear layers are :class:`LinearBase` layers, so an FP8 checkpoint builds FP8 layers and the
-encoder loader can admit it (seed 003).
-
-Masked causal attention from ``attention_lengths = attention_mask.sum(-1)`` (right padding):
-a valid query (position < length) attends causally to valid keys; a padding query attends to
-every valid key with no causal limit; a zero-length row gives zero attention output. The
-whole batch takes ONE masked attention call with a ``[B, 1, S, S]`` boolean mask; a batch
-whose rows are all full takes plain causal attention (no mask, so fused causal kernels apply).
-With right padding a padding query sits after every valid key, so "non-causal over valid
-keys" is exactly what transformers' causal+padding mask gives it too.
+Architecture as transformers' ``Qwen3Model``; its linear layers are :class:`LinearBase` layers, so an FP8
+checkpoint builds FP8 layers and the encoder loader can admit it (seed 003). Masked causal attention from
+``attention_lengths = attention_mask.sum(-1)`` (right padding): a valid query attends causally to valid keys, a
+padding query to every valid key (what transformers' causal+padding mask gives it too), a zero-length row gives
+zeros. The batch takes ONE masked attention call with a ``[B, 1, S, S]`` boolean mask; a batch whose rows are all
+full takes plain causal attention, so fused causal kernels apply. The layers and the rule in full: docs/models.md,
+"The Qwen3 text encoder".
 """
 
 from __future__ import annotations

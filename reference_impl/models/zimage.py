@@ -1,19 +1,13 @@
 """Z-Image transformer blocks as diffusers 0.42.1 computes them (``transformer_z_image.py``).
 
-Parameter names are diffusers' (``attention.to_q``, ``feed_forward.w1``, ``adaLN_modulation.0``
-...), so a diffusers state dict loads as it is; the model around the blocks (padding, refiners,
-sequence parallelism) is :mod:`reference_impl.models.zimage_transformer`.
-
-- :class:`ZImageConfig` has diffusers' config keys and defaults (the released 6B model); the
-  sizes diffusers derives from them (head dim, SwiGLU width, adaLN width) are properties.
-- RoPE is 3-D axial and interleaved, its table rounded where diffusers rounds it (angles in fp64,
-  rounded to fp32, cos/sin in fp32: the fp64 table differs by 1.5e-5 near position 513) and
-  applied as diffusers applies it, a complex64 multiply (:func:`apply_rope_complex`).
-- :class:`ZImageAttention`: ``to_q``/``to_k``/``to_v`` → per-head RMSNorm on q and k → RoPE →
-  USPAttention → ``to_out``. The caption refiner's attention runs rank-locally
-  (``skip_sequence_parallel``): every rank holds the whole caption, so there is nothing to shard.
-
-Attention layers must run inside ``reference_impl.set_forward_context(...)``.
+Parameter names are diffusers' (``attention.to_q``, ``feed_forward.w1``, ``adaLN_modulation.0`` ...), so a
+diffusers state dict loads as it is; the model around the blocks (padding, refiners, sequence parallelism) is
+:mod:`reference_impl.models.zimage_transformer`. :class:`ZImageConfig` has diffusers' config keys and defaults
+(the released 6B model), the sizes diffusers derives from them as properties. RoPE is 3-D axial and interleaved,
+its table rounded where diffusers rounds it and applied as a complex64 multiply (:func:`apply_rope_complex`).
+:class:`ZImageAttention`: ``to_q``/``to_k``/``to_v`` → per-head RMSNorm on q and k → RoPE → USPAttention →
+``to_out``; the caption refiner's runs rank-locally (every rank holds the whole caption). Attention layers must
+run inside ``reference_impl.set_forward_context(...)``.
 """
 
 from __future__ import annotations

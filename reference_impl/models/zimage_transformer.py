@@ -1,31 +1,13 @@
 """Z-Image DiT as diffusers 0.42.1's ``ZImageTransformer2DModel`` computes it (text to image), sequence-parallel ready.
 
-What diffusers does, and so does this:
+As diffusers does: caption and image tokens each padded to a multiple of 32 with learned pad tokens, attended to
+like any other; the image at positions after the *padded* caption; the modulated ``noise_refiner`` over the image
+alone, the unmodulated ``context_refiner`` over the caption alone, then the main layers over ``[image | caption]``;
+a batch padded to its longest item, with a key mask over that padding only.
 
-- caption and image tokens are each padded to a multiple of 32 with learned pad tokens
-  (``cap_pad_token``, ``x_pad_token``); pad tokens are attended to like any other token;
-- positions: caption token ``i`` (pads included) at ``(1 + i, 0, 0)``; image token ``(f, h, w)``
-  at ``(L + 1 + f, h, w)`` with ``L`` the *padded* caption length; image pad tokens at ``(0, 0, 0)``;
-- ``noise_refiner`` (modulated) runs over the image tokens alone, ``context_refiner``
-  (unmodulated) over the caption alone, then the main layers over ``[image | caption]`` per item;
-- a batch pads every stream to its longest item and a key mask covers that padding only (per
-  item); when all items have one length there is no mask.
-
-Sequence parallelism (Ulysses degree W, ring 1). Every rank embeds everything (cheap) and
-returns the whole output; the blocks run on shards:
-
-- noise refiner: the padded image tokens, sharded contiguously (masked path if the items'
-  images differ in size): the all-to-all restores single-rank key order, so bitwise;
-- context refiner: rank-local on the replicated caption: every rank runs the one-rank computation;
-- main layers, items of one length: rank r holds its image shard followed by the whole padded
-  caption as the replicated suffix (seed 001's order-preserving layout): bitwise;
-- main layers, per-item lengths: the key mask forces another layout. USPAttention refuses a
-  mask together with replicated tokens (each rank would contribute its copy of the caption's
-  keys), so the caption cannot be the replicated suffix; the whole ``[image | caption |
-  padding]`` sequence is sharded contiguously instead and the key mask gathered with it. That
-  too restores single-rank key order: bitwise.
-
-Padded lengths are multiples of 32, so any W dividing 32 shards them; another W is refused.
+Under sequence parallelism (Ulysses degree W, ring 1) every rank embeds everything and returns the whole output;
+the blocks run on shards in layouts that restore single-rank key order, so bitwise (docs/models.md, "Under
+sequence parallelism"). Padded lengths are multiples of 32, so any W dividing 32 shards them; another is refused.
 """
 
 from __future__ import annotations

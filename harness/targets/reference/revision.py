@@ -1,14 +1,12 @@
 """``rev:GITREV``: parity's own pipeline as another commit has it, for timing two commits side by side.
 
-The parent exports that commit's ``reference_impl`` (``git archive``: nothing is written into the
-repository, not even a worktree entry) into a temporary tree; a rank that prepares the target
-imports ``reference_impl`` from there, and this harness's adapters with it. The measuring side
-stays this checkout's, as asv times two commits with one benchmark suite: only the code under
-test changes. A rank serves one commit for its life (the perf stage gives each side its own
-pool), because a process can hold one ``reference_impl`` at a time.
-
-Fields are checked in the parent by this checkout's reference target; a field the commit does not
-know fails when its ranks prepare it, with the commit's own error.
+The parent exports that commit's ``reference_impl`` (``git archive``: nothing is written into the repository, not
+even a worktree entry) into a temporary tree; a rank that prepares the target imports ``reference_impl`` from there,
+and this harness's adapters with it. The measuring side stays this checkout's, as asv times two commits with one
+benchmark suite: only the code under test changes. A process can hold one ``reference_impl`` at a time, so a rank
+serves one commit for its life (the perf stage gives each side its own pool). Fields are checked in the parent by
+this checkout's reference target; a field the commit does not know fails when its ranks prepare it, with the
+commit's own error.
 """
 
 from __future__ import annotations
