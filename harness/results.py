@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness.errors import ConfigError
-from harness.files.jsonio import expect_id, expect_known_key, expect_object, expect_str, join_key, read_json
+from harness.files.jsonio import expect_id, expect_known_keys, expect_object, expect_str, join_key, read_json
 
 
 class Status(StrEnum):
@@ -123,11 +123,6 @@ DOCUMENT_KEYS = (
 )
 #: The keys of an image case's entry in ``cases`` (:func:`image_entry`).
 IMAGE_ENTRY_KEYS = ("kind", "passed", "metrics", "thresholds", "threshold_source", "skipped_metrics", "world_size")
-
-
-def _known_keys(doc: Mapping[str, Any], own: tuple[str, ...], path: str | Path, where: str) -> None:
-    for key in doc:
-        expect_known_key(key, own, (), path, join_key(where, key) if where else key)
 
 
 def json_safe(value: Any) -> Any:
@@ -324,7 +319,7 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
     from harness.metrics import metric_from_json
 
     doc = expect_object(doc, path, "")
-    _known_keys(doc, DOCUMENT_KEYS, path, "")
+    expect_known_keys(doc, DOCUMENT_KEYS, path, "")
     out = dict(doc)
     if "platform" in doc:
         expect_str(doc["platform"], path, "platform")
@@ -337,7 +332,7 @@ def parse_results(doc: Any, path: str | Path = "<memory>") -> dict[str, Any]:
         case_path = join_key("cases", case_id)
         expect_id(case_id, path, case_path)
         case = expect_object(case, path, case_path)
-        _known_keys(case, IMAGE_ENTRY_KEYS, path, case_path)
+        expect_known_keys(case, IMAGE_ENTRY_KEYS, path, case_path)
         for key in ("kind", "passed", "metrics"):
             if key not in case:
                 raise ConfigError(f"missing required key '{key}'", path=path, key=case_path)
@@ -377,7 +372,7 @@ def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, st
         raise ConfigError(
             "missing required key 'stages' (not a results file of parity gate or parity check)", path=path
         )
-    _known_keys(doc, DOCUMENT_KEYS, path, "")
+    expect_known_keys(doc, DOCUMENT_KEYS, path, "")
     out: dict[tuple[str, str], StageRecord] = {}
     for name, stage in expect_object(doc["stages"], path, "stages").items():
         stage = expect_object(stage, path, join_key("stages", name))
@@ -387,7 +382,7 @@ def stage_records(doc: Any, path: str | Path = "<memory>") -> dict[tuple[str, st
         for i, record in enumerate(records):
             key = f"{join_key(join_key('stages', name), 'records')}[{i}]"
             record = expect_object(record, path, key)
-            _known_keys(record, RECORD_KEYS, path, key)
+            expect_known_keys(record, RECORD_KEYS, path, key)
             case_id = expect_str(record.get("case_id"), path, join_key(key, "case_id"))
             if record.get("status") not in tuple(str(s) for s in Status):
                 raise ConfigError(

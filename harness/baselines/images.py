@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import ConfigError
-from harness.files.jsonio import expect_id, expect_known_key, expect_object, expect_str, join_key, read_json
+from harness.files.jsonio import expect_id, expect_known_keys, expect_object, expect_str, join_key, read_json
 from harness.files.png import decode_rgb_png
 from harness.files.reading import is_present, lstat_kind, read_regular_bytes
 
@@ -171,8 +171,7 @@ _ENTRY_KEYS = ("fingerprint", "fields", "world_size", "pipeline", "shape", "file
 def _entry(case_id: str, raw: Any, path: Path) -> Entry:
     key = join_key("cases", case_id)
     raw = expect_object(raw, path, key)
-    for name in raw:
-        expect_known_key(name, _ENTRY_KEYS, (), path, join_key(key, name))
+    expect_known_keys(raw, _ENTRY_KEYS, path, key)
     files = expect_object(raw.get("files"), path, join_key(key, "files"))
     if not files:
         raise ConfigError("a case needs at least one file", path=path, key=join_key(key, "files"))
@@ -221,8 +220,7 @@ def read_manifest(directory: str | Path) -> dict[str, Entry]:
             path=path,
             key="format",
         )
-    for name in doc:
-        expect_known_key(name, ("format", "cases"), (), path, name)
+    expect_known_keys(doc, ("format", "cases"), path, "")
     cases = expect_object(doc.get("cases", {}), path, "cases")
     return {
         expect_id(case_id, path, join_key("cases", case_id)): _entry(case_id, raw, path)

@@ -37,6 +37,7 @@ from harness.files.atomic import write_json_atomic
 from harness.files.jsonio import (
     expect_id,
     expect_known_key,
+    expect_known_keys,
     expect_number,
     expect_object,
     expect_str,
@@ -220,8 +221,7 @@ def check_perf(
 
 def _validate_document(doc: Any, path: str) -> dict[str, Any]:
     doc = expect_object(doc, path, "")
-    for key in doc:
-        expect_known_key(key, _TOP_KEYS, UPSTREAM_TOP_KEYS, path, key)
+    expect_known_keys(doc, _TOP_KEYS, path, "", UPSTREAM_TOP_KEYS)
     for key in UPSTREAM_TOP_KEYS:
         if key in doc:
             expect_object(doc[key], path, key)
@@ -233,10 +233,7 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
         profile_key = join_key("tolerances", profile)
         expect_known_key(profile, (*PROFILES, AB_PROFILE), (), path, profile_key)
         values = expect_object(values, path, profile_key)
-        for name in values:
-            expect_known_key(
-                name, (*TOLERANCE_KEYS, *OPTIONAL_KEYS), UPSTREAM_PROFILE_KEYS, path, join_key(profile_key, name)
-            )
+        expect_known_keys(values, (*TOLERANCE_KEYS, *OPTIONAL_KEYS), path, profile_key, UPSTREAM_PROFILE_KEYS)
         for name in (*TOLERANCE_KEYS, *OPTIONAL_KEYS, *UPSTREAM_PROFILE_KEYS):
             if name in values:
                 expect_number(
@@ -253,8 +250,7 @@ def _validate_document(doc: Any, path: str) -> dict[str, Any]:
         scenario_key = join_key("scenarios", scenario_id)
         expect_id(scenario_id, path, scenario_key, "scenario id")
         validate_scenario(scenario, path, scenario_key)
-        for key in scenario:
-            expect_known_key(key, _SCENARIO_KEYS, UPSTREAM_SCENARIO_KEYS, path, join_key(scenario_key, key))
+        expect_known_keys(scenario, _SCENARIO_KEYS, path, scenario_key, UPSTREAM_SCENARIO_KEYS)
         for key in UPSTREAM_SCENARIO_KEYS:
             if key in scenario:
                 expect_number(scenario[key], path, join_key(scenario_key, key), lo=0.0)

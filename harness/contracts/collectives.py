@@ -56,29 +56,24 @@ KINDS = tuple(dict.fromkeys([*_C10D.values(), *_FUNCTIONAL.values()]))
 _MODULES = ((dist, _C10D), (c10d, _C10D), (funcol, _FUNCTIONAL))
 
 
-def _counting(counts: Counter[str], kind: str, fn: Callable[..., Any], depth: list[int]) -> Callable[..., Any]:
+Kinds = Callable[..., list[str]]  # a call's arguments -> the kinds it counts as
+
+
+def _p2p_kinds(p2p_op_list: list[Any], *args: Any, **kwargs: Any) -> list[str]:
+    """A ``batch_isend_irecv`` counts as its sends and receives."""
+    return ["send" if getattr(op.op, "__name__", "") == "isend" else "recv" for op in p2p_op_list]
+
+
+def _counting(counts: Counter[str], kinds: Kinds, fn: Callable[..., Any], depth: list[int]) -> Callable[..., Any]:
+    """``fn`` counting its call unless it runs inside another counted call (``depth``)."""
+
     @functools.wraps(fn)
     def counted(*args: Any, **kwargs: Any) -> Any:
         if not depth[0]:
-            counts[kind] += 1
+            counts.update(kinds(*args, **kwargs))
         depth[0] += 1
         try:
             return fn(*args, **kwargs)
-        finally:
-            depth[0] -= 1
-
-    return counted
-
-
-def _batch(counts: Counter[str], fn: Callable[..., Any], depth: list[int]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def counted(p2p_op_list: list[Any], *args: Any, **kwargs: Any) -> Any:
-        if not depth[0]:
-            for op in p2p_op_list:
-                counts["send" if getattr(op.op, "__name__", "") == "isend" else "recv"] += 1
-        depth[0] += 1
-        try:
-            return fn(p2p_op_list, *args, **kwargs)
         finally:
             depth[0] -= 1
 
@@ -93,12 +88,15 @@ def _wrapped(counts: Counter[str]) -> Iterator[None]:
     wrappers: dict[int, Callable[..., Any]] = {}
     saved = []
     for module, names in _MODULES:
-        for name, kind in [*names.items(), ("batch_isend_irecv", "")]:
+        entries: list[tuple[str, Kinds]] = [(name, lambda *a, k=kind, **kw: [k]) for name, kind in names.items()]
+        if module is not funcol:
+            entries.append(("batch_isend_irecv", _p2p_kinds))
+        for name, kinds in entries:
             fn = getattr(module, name, None)
-            if fn is None or (not kind and module is funcol):
+            if fn is None:
                 continue
             if id(fn) not in wrappers:
-                wrappers[id(fn)] = _batch(counts, fn, depth) if not kind else _counting(counts, kind, fn, depth)
+                wrappers[id(fn)] = _counting(counts, kinds, fn, depth)
             saved.append((module, name, fn))
             setattr(module, name, wrappers[id(fn)])
     try:
@@ -147,6 +145,11 @@ class Counted:
             return self._attention(*args, **kwargs)
 
 
+def made(counts: Counter[str]) -> dict[str, int]:
+    """The kinds the counted calls made, each with its count (none made: empty)."""
+    return {kind: counts[kind] for kind in KINDS if counts[kind]}
+
+
 def figures(counts: Counter[str]) -> dict[str, int]:
     """The counts as a figure: the number of calls and each kind the calls made."""
-    return {"calls": counts["calls"], **{kind: counts[kind] for kind in KINDS if counts[kind]}}
+    return {"calls": counts["calls"], **made(counts)}

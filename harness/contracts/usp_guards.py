@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.contracts import layouts
+from harness.contracts import collectives, layouts
 from harness.contracts.bounds import Bitwise
 from harness.contracts.judging import RankOutcome
 from harness.contracts.layouts import qkv
@@ -143,15 +143,10 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
             assert outcome.stats is not None
             outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref))
         outcome.problems += all_ranks_alive(p.world_size)
-    made = _made(ctx)
+    made = collectives.made(ctx.collectives)
     outcome.problems += [f"its calls made {_said(made)}: a rank-local call makes none"] if made else []
     outcome.checks += 1
     return outcome
-
-
-def _made(ctx: RankContext) -> dict[str, int]:
-    """The collectives the layer's calls under SP made on this rank, by kind (none made: empty)."""
-    return {kind: n for kind, n in ctx.collectives.items() if kind != "calls" and n}
 
 
 def _said(made: dict[str, int]) -> str:
@@ -170,7 +165,7 @@ def ulysses_collectives(ctx: RankContext, p: Params) -> RankOutcome:
     with ctx.parallel(p.ulysses_degree, 1):
         attn = ctx.attention(p)
         attn(*case.local, **case.kwargs)
-    made = _made(ctx)
+    made = collectives.made(ctx.collectives)
     problems = (
         []
         if made == ULYSSES_EXCHANGES

@@ -11,7 +11,7 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "read_json",
     "join_key",
     "expect_object",
+    "expect_known_keys",
     "expect_number",
     "expect_int",
     "expect_str",
@@ -74,6 +75,14 @@ def expect_known_key(key: str, own: Sequence[str], upstream: Sequence[str], path
         path=path,
         key=where,
     )
+
+
+def expect_known_keys(
+    table: Mapping[str, Any], own: Sequence[str], path: str | Path, where: str, upstream: Sequence[str] = ()
+) -> None:
+    """:func:`expect_known_key` for every key of ``table``, found at ``where`` (``""``: the document root)."""
+    for key in table:
+        expect_known_key(key, own, upstream, path, join_key(where, key))
 
 
 def expect_number(value: Any, path: str | Path, key: str, *, lo: float | None = None, hi: float | None = None) -> float:

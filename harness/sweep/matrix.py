@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
-from harness.files.jsonio import expect_int, expect_known_key, expect_number, expect_object, expect_str, read_json
+from harness.files.jsonio import expect_int, expect_known_keys, expect_number, expect_object, expect_str, read_json
 from harness.report.format import outcome_cell
 from harness.results import Status
 
 SWEEP_SCHEMA = "parity.sweep/1"
-_NON_FINITE = ("nan", "inf", "-inf")
+_NON_FINITE = ("nan", "inf", "-inf")  # how a results figure records a non-finite float (harness.results.json_safe)
 # the keys harness.sweep.sweep writes: any other is a misspelling or a hand edit, refused naming the nearest
 _DOCUMENT_KEYS = ("schema", "created", "target", "device", "platform", "cells", "kernels", "usp_overhead", "matmul")
 _PLATFORM_KEYS = (
@@ -52,13 +52,6 @@ _CELL_KEYS = (
     "figures",
 )
 _KERNEL_KEYS = ("backend", "kernel", "dtype", "shape", "median_ms", "tflops", "skipped")
-
-
-def _known_keys(value: dict[str, Any], own: tuple[str, ...], path: str | Path, key: str) -> None:
-    for name in value:
-        expect_known_key(
-            name, own, (), path, f"{key}.{name}" if key else name
-        )  # how a results figure records a non-finite float (harness.results.json_safe)
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,7 @@ def _optional(value: Any, path: str | Path, key: str, kind: str) -> None:
 
 def _check_cell(cell: Any, path: str | Path, key: str) -> None:
     cell = expect_object(cell, path, key)
-    _known_keys(cell, _CELL_KEYS, path, key)
+    expect_known_keys(cell, _CELL_KEYS, path, key)
     for name in ("contract", "dtype", "backend", "status"):
         if not isinstance(cell.get(name), str) or not cell[name]:
             raise ConfigError("missing or not a non-empty string", path=path, key=f"{key}.{name}")
@@ -119,7 +112,7 @@ def _check_cell(cell: Any, path: str | Path, key: str) -> None:
 
 def _check_kernel(row: Any, path: str | Path, key: str) -> None:
     row = expect_object(row, path, key)
-    _known_keys(row, _KERNEL_KEYS, path, key)
+    expect_known_keys(row, _KERNEL_KEYS, path, key)
     for name in ("backend", "dtype", "shape"):
         expect_str(row.get(name), path, f"{key}.{name}")
     for name, kind in (("kernel", "str"), ("skipped", "str"), ("median_ms", "number"), ("tflops", "number")):
@@ -136,9 +129,9 @@ def parse_sweep(data: Any, path: str | Path = "<this run>") -> Sweep:
     data = expect_object(data, path, "")
     if data.get("schema") != SWEEP_SCHEMA:
         raise ConfigError(f"not a parity sweep file (expected schema {SWEEP_SCHEMA!r})", path=path, key="schema")
-    _known_keys(data, _DOCUMENT_KEYS, path, "")
+    expect_known_keys(data, _DOCUMENT_KEYS, path, "")
     platform = expect_object(data.get("platform"), path, "platform")
-    _known_keys(platform, _PLATFORM_KEYS, path, "platform")
+    expect_known_keys(platform, _PLATFORM_KEYS, path, "platform")
     for name in ("label", "kind", "device_name"):
         _optional(platform.get(name), path, f"platform.{name}", "str")
     _optional(platform.get("simulated"), path, "platform.simulated", "bool")
