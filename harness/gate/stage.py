@@ -23,7 +23,7 @@ from harness.perf.sides import Side
 from harness.pipelines.sessions import PipelineRun
 from harness.project import Project
 from harness.ranks import PoolSet, RankFailure, capacity_reason
-from harness.report.console import progress
+from harness.report.console import Tables, progress
 from harness.results import FAILED, SKIPPED, CaseResult, StageResult, Status
 from harness.targets.base import PipelineFailed
 from harness.targets.loader import TargetArgs
@@ -74,7 +74,7 @@ class GateOptions:
     ] = ()  # the stages to run (every stage when empty): ``parity perf`` runs the perf stage alone
     command: str = "gate"  # the verb the results document and the last line name
     project: Project | None = None  # the project file in effect: recorded, and what printed commands need not repeat
-    tables: str = "all"  # the result tables' rows: all, failures (--failures-only) or none (-q)
+    tables: Tables = "all"  # the result tables' rows: all, failures (--failures-only) or none (-q)
 
     def carried(self, *, target: bool = False, baselines: bool = True) -> list[str]:
         """The options a printed command must repeat to run on these cases, baselines, pipeline (and target) and device."""

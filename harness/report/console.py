@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.markup import escape
@@ -72,11 +73,11 @@ def _detail(result: CaseResult) -> str:
     return result.bound
 
 
-TABLES = ("all", "failures", "none")  # which rows a verb's result tables show: -q none, --failures-only failures
+Tables = Literal["all", "failures", "none"]  # which rows a verb's result tables show: -q none, --failures-only failures
 
 
 def print_results(
-    console: Console, results: Sequence[CaseResult], title: str, columns: Sequence[Column] = (), tables: str = "all"
+    console: Console, results: Sequence[CaseResult], title: str, columns: Sequence[Column] = (), tables: Tables = "all"
 ) -> None:
     """A stage's result table as ``tables`` asks: every row, the failing and undecided ones, or none."""
     if tables == "none":

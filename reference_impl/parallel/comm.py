@@ -223,13 +223,6 @@ def replicated_input(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     return x if dist.get_world_size(group) == 1 else _ReplicatedInput.apply(x, group)
 
 
-def all_gather_object_list(value: object, group: dist.ProcessGroup) -> list[object]:
-    """Small Python values (lengths, flags) from every rank."""
-    out: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, value, group=group)
-    return out
-
-
 def _shift(tensors: Sequence[Tensor], group: dist.ProcessGroup, step: int) -> list[Tensor]:
     """Send each tensor ``step`` ranks on along the ring (+1 or -1) and receive from the other side."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)

@@ -77,10 +77,6 @@ def sequence_parallel_initialized() -> bool:
     return _state is not None
 
 
-def _get() -> SequenceParallelState | None:
-    return _state
-
-
 def get_sp_world_size() -> int:
     return _state.world_size if _state else 1
 
