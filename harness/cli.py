@@ -189,6 +189,10 @@ def _exit_code(who: str, run: Callable[[], int]) -> int:
     except Interrupted as exc:
         return _stopped(who, exc.signum)
     except Exception as exc:
+        if _Unwinding.signum is not None:  # a library caught the signal's exception and failed another way
+            return _stopped(
+                who, _Unwinding.signum
+            )  # (numpy interrupted mid-import: "cannot load module more than once")
         control = sys.modules.get("harness.ranks.control")  # only raised once the ranks were imported
         if control is None or not isinstance(exc, control.JobLost):
             raise

@@ -78,3 +78,21 @@ def test_contract_parameters_are_documented_in_docs_contracts_md(capsys: pytest.
     )
     docs = README.parent / "docs" / "contracts.md"
     assert docs.read_text() == text, "docs/contracts.md is stale: parity list --markdown > docs/contracts.md"
+
+
+def test_an_error_a_library_raised_after_catching_the_signal_ends_as_the_signal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """numpy interrupted mid-import by SIGTERM fails its retry with an ImportError: that is the signal's doing."""
+    import signal
+
+    import harness.cli as cli
+
+    def interrupted_then_failed() -> int:
+        cli._Unwinding.signum = signal.SIGTERM  # what the handler records before raising
+        raise ImportError("cannot load module more than once per process")
+
+    monkeypatch.setattr(cli._Unwinding, "signum", None)
+    monkeypatch.setattr(cli._Unwinding, "reported", False)
+    assert cli._exit_code("parity check", interrupted_then_failed) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "parity check: stopped by SIGTERM; every rank was ended\n"
