@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from harness.contracts.bounds import Bound, FlashAttentionRule, judge
+from harness.contracts.bounds import Bitwise, Bound, FlashAttentionRule, JitterBound, judge
 from harness.contracts.stats import Stats
 from harness.results import FAILED, PASSED, SKIPPED, Status
 
@@ -56,8 +56,13 @@ class RankOutcome:
     checks: int = 0  # how many checks the body made
     figures: dict[str, Any] = field(default_factory=dict)  # reported as they are (every rank computes the same)
     replicated: dict[str, str] = field(default_factory=dict)  # digests of what every rank must hold alike
+    # the single-rank computation run twice, by comparison name (OUTPUT or a part): measured under a bitwise bound
+    spread: dict[str, Stats] = field(default_factory=dict)
     kernel: str | None = None
     skip: str | None = None
+
+
+OUTPUT = "output"  # the name of the output's comparison (``RankOutcome.stats``) among the spreads
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Verdict:
     reason: str | None
     figures: dict[str, Any]
     kernel: str | None
+    bound: str | None = None  # the bound applied, where it is not the case's (a non-deterministic kernel)
 
 
 def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[RankOutcome]) -> Verdict:
@@ -82,18 +88,22 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         return Verdict(FAILED, f"ranks disagree on whether this case can run: {sorted(skips)}", {}, kernel)
     figures: dict[str, Any] = {}
     reasons: list[str] = []
+    spreads = _merged([o.spread for o in outcomes])
+    parts = _merged([o.parts for o in outcomes])
+    applied = {name: _applied(bound, spreads.get(name)) for name in (OUTPUT, *parts)}
     stats = [o.stats for o in outcomes if o.stats is not None]
     if stats:
         merged = functools.reduce(Stats.merge, stats)
-        figures.update(_judged_figures(bound, merged))
-        reasons += _reasons(bound, merged, None)
-    parts = _merged([o.parts for o in outcomes])
+        figures.update(_judged_figures(applied[OUTPUT], merged))
+        reasons += _reasons(applied[OUTPUT], merged, None)
     for name, part in parts.items():
-        figures[name] = _judged_figures(bound, part)
-        reasons += _reasons(bound, part, name)
+        figures[name] = _judged_figures(applied[name], part)
+        reasons += _reasons(applied[name], part, name)
     if parts:  # the worst of them as the headline (bitwise: all of them; max_abs: the largest)
         worst = functools.reduce(Stats.merge, parts.values()).figures()
         figures.update({k: v for k, v in worst.items() if k in ("bitwise", "max_abs", "mean_abs", "elements")})
+    if spreads:
+        figures["determinism"] = {name: _determinism(s, len(outcomes)) for name, s in spreads.items()}
     problems = _merge_problems([o.problems for o in outcomes]) + _not_alike(outcomes)
     if outcomes and outcomes[0].checks:
         figures["checks"] = outcomes[0].checks
@@ -104,7 +114,36 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         oracle_problems, figures["oracle"] = _judge_oracle(bound, oracle, outcomes)
         problems += oracle_problems
     reason = "; ".join(reasons + problems) or None
-    return Verdict(FAILED if reason else PASSED, reason, figures, kernel)
+    return Verdict(FAILED if reason else PASSED, reason, figures, kernel, _applied_text(applied, stats, parts))
+
+
+def _applied(bound: Bound, spread: Stats | None) -> Bound:
+    """The case's bound, unless it claims bitwise for a kernel whose two single-rank runs differed."""
+    if not isinstance(bound, Bitwise) or spread is None or spread.bitwise or spread.nonfinite or spread.ref_nonfinite:
+        return bound
+    return JitterBound(spread.max_ulps or 0.0)
+
+
+def _applied_text(applied: Mapping[str, Bound], stats: Sequence[Stats], parts: Mapping[str, Stats]) -> str | None:
+    """The bound to report where a non-deterministic kernel changed it (which comparisons, if not all)."""
+    judged = ([OUTPUT] if stats else []) + list(parts)
+    jitter = [name for name in judged if isinstance(applied[name], JitterBound)]
+    if not jitter:
+        return None
+    widest = max((applied[name] for name in jitter), key=lambda b: b.allowed_ulps)  # type: ignore[attr-defined]
+    which = "" if len(jitter) == len(judged) else f" for {', '.join(jitter)} (the rest bitwise)"
+    return widest.describe() + which
+
+
+def _determinism(spread: Stats, ranks: int) -> dict[str, Any]:
+    """How the single-rank computation differed from itself: each rank ran it twice."""
+    return {
+        "deterministic": spread.bitwise,
+        "differing": spread.mismatched,
+        "elements": spread.count,
+        "spread_ulps": spread.max_ulps,
+        "pairs": ranks,
+    }
 
 
 def _judged_figures(bound: Bound, stats: Stats) -> dict[str, Any]:

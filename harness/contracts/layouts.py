@@ -2,8 +2,8 @@
 
 One :class:`Layout` per kind of case (sharded, replicated suffix / prefix / K/V prefix, varlen,
 masks). The forward contracts (:mod:`.usp`) compare the outputs it leads to, the gradient
-contracts (:mod:`.usp_grad`) the gradients of the inputs, through the same ``pick`` functions:
-a whole-sequence tensor (an output, dq, an upstream gradient) mapped to what this rank holds.
+contracts (:mod:`.usp_grad`) the gradients of the inputs, through the same row indices: which
+rows of a whole-sequence tensor (an output, dq, an upstream gradient) this rank holds.
 Every rank generates the same seeded full-length inputs, so every rank can compute the
 single-rank reference itself.
 """
@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
+from harness.contracts.oracles import take
 from harness.contracts.outputs import Asked
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext
 
 Tensor = torch.Tensor
-Pick = Callable[[Tensor], Tensor]
 GARBAGE_SEED = 7919  # padding filler seed: a varlen path that reads padding changes the output
 
 
@@ -30,15 +30,16 @@ class Layout:
     """One case on one rank.
 
     ``asked``: the whole sequence in single-rank order (the single-rank call and the oracle's inputs);
-    ``local``: this rank's q, k, v; ``pick_q`` / ``pick_kv``: a whole-sequence query-side / K/V-side
-    tensor as this rank holds it; ``replicated_q`` / ``replicated_kv``: where the replicated tokens
-    sit in this rank's tensors (their values and gradients must be the same on every rank).
+    ``local``: this rank's q, k, v; ``q_rows`` / ``kv_rows``: which rows of the whole query-side / K/V-side
+    sequence this rank holds, in its order (-1: a padding row, zeros); ``replicated_q`` / ``replicated_kv``:
+    where the replicated tokens sit in this rank's tensors (their values and gradients must be the same on
+    every rank). The oracle computes only the rows a rank holds.
     """
 
     asked: Asked
     local: tuple[Tensor, Tensor, Tensor]
-    pick_q: Pick
-    pick_kv: Pick
+    q_rows: Tensor
+    kv_rows: Tensor
     degrees: tuple[int, int]
     kwargs: dict[str, Any] = field(default_factory=dict)
     replicated_q: slice | None = None
@@ -47,6 +48,14 @@ class Layout:
     @property
     def single_kwargs(self) -> dict[str, Any]:
         return {} if self.asked.mask is None else {"attn_mask": self.asked.mask}
+
+    def pick_q(self, t: Tensor) -> Tensor:
+        """A whole-sequence query-side tensor (an output, dq, dO) as this rank holds it."""
+        return take(t, self.q_rows)
+
+    def pick_kv(self, t: Tensor) -> Tensor:
+        """A whole-sequence K/V-side tensor (dk, dv) as this rank holds it."""
+        return take(t, self.kv_rows)
 
 
 LayoutFn = Callable[[RankContext, Params], Layout]
@@ -66,54 +75,43 @@ def shard(ctx: RankContext, p: Params) -> slice:
     return slice(ctx.rank * p.tokens_per_rank, (ctx.rank + 1) * p.tokens_per_rank)
 
 
-def _same(pick: Pick, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return pick(q), pick(k), pick(v)
+def _rows(ctx: RankContext, *parts: slice | Tensor) -> Tensor:
+    """Row indices of the pieces (ranges, or index tensors) in order, on the rank's device."""
+    pieces = [torch.arange(part.start, part.stop) if isinstance(part, slice) else part for part in parts]
+    return torch.cat(pieces).to(ctx.device)
+
+
+def _same(rows: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return take(q, rows), take(k, rows), take(v, rows)
+
+
+def _layout(ctx: RankContext, p: Params, asked: Asked, rows: Tensor, **options: Any) -> Layout:
+    """Query and K/V sides held alike (self attention) at the case's degrees."""
+    local = _same(rows, asked.q, asked.k, asked.v)
+    return Layout(asked, local, rows, rows, (p.ulysses_degree, p.ring_degree), **options)
 
 
 def sharded(ctx: RankContext, p: Params) -> Layout:
     """Plain sharded attention at (ulysses_degree, ring_degree)."""
-    q, k, v = qkv(ctx, p, p.tokens)
-    sl = shard(ctx, p)
-    pick = lambda t: t[:, sl]  # noqa: E731
-    return Layout(Asked(q, k, v, p.causal), _same(pick, q, k, v), pick, pick, (p.ulysses_degree, p.ring_degree))
+    return _layout(ctx, p, Asked(*qkv(ctx, p, p.tokens), p.causal), _rows(ctx, shard(ctx, p)))
 
 
 def replicated_suffix(ctx: RankContext, p: Params) -> Layout:
     """sglang: rank r holds [shard r, replicated tail]; the single-rank sequence is [shards..., tail]."""
     total, rep = p.tokens, p.replicated
-    q, k, v = qkv(ctx, p, total + rep)
-    sl = shard(ctx, p)
-    pick = lambda t: torch.cat([t[:, sl], t[:, total:]], dim=1)  # noqa: E731
     tail = slice(p.tokens_per_rank, p.tokens_per_rank + rep)
-    return Layout(
-        Asked(q, k, v, p.causal),
-        _same(pick, q, k, v),
-        pick,
-        pick,
-        (p.ulysses_degree, p.ring_degree),
-        {"num_replicated_suffix": rep},
-        tail,
-        tail,
-    )
+    rows = _rows(ctx, shard(ctx, p), slice(total, total + rep))
+    asked = Asked(*qkv(ctx, p, total + rep), p.causal)
+    return _layout(ctx, p, asked, rows, kwargs={"num_replicated_suffix": rep}, replicated_q=tail, replicated_kv=tail)
 
 
 def replicated_prefix(ctx: RankContext, p: Params) -> Layout:
     """sglang: [replicated head, shard r], against the single-rank sequence in *suffix* order (bounded drift)."""
     total, rep = p.tokens, p.replicated
-    q, k, v = qkv(ctx, p, total + rep)
-    sl = shard(ctx, p)
-    pick = lambda t: torch.cat([t[:, total:], t[:, sl]], dim=1)  # noqa: E731
     head = slice(0, rep)
-    return Layout(
-        Asked(q, k, v, p.causal),
-        _same(pick, q, k, v),
-        pick,
-        pick,
-        (p.ulysses_degree, p.ring_degree),
-        {"num_replicated_prefix": rep},
-        head,
-        head,
-    )
+    rows = _rows(ctx, slice(total, total + rep), shard(ctx, p))
+    asked = Asked(*qkv(ctx, p, total + rep), p.causal)
+    return _layout(ctx, p, asked, rows, kwargs={"num_replicated_prefix": rep}, replicated_q=head, replicated_kv=head)
 
 
 def replicated_kv_prefix(ctx: RankContext, p: Params) -> Layout:
@@ -121,13 +119,12 @@ def replicated_kv_prefix(ctx: RankContext, p: Params) -> Layout:
     total, rep = p.tokens, p.replicated
     q, k, v = qkv(ctx, p, total, rep + total)
     sl = shard(ctx, p)
-    pick_q = lambda t: t[:, sl]  # noqa: E731
-    pick_kv = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
+    q_rows, kv_rows = _rows(ctx, sl), _rows(ctx, slice(0, rep), slice(rep + sl.start, rep + sl.stop))
     return Layout(
         Asked(q, k, v),
-        (pick_q(q), pick_kv(k), pick_kv(v)),
-        pick_q,
-        pick_kv,
+        (take(q, q_rows), take(k, kv_rows), take(v, kv_rows)),
+        q_rows,
+        kv_rows,
         (p.ulysses_degree, p.ring_degree),
         {"num_replicated_kv_prefix": rep},
         None,
@@ -142,8 +139,8 @@ def varlen(ctx: RankContext, p: Params) -> Layout:
     start, mine = sum(lens[: ctx.rank]), lens[ctx.rank]
     garbage = qkv(ctx, p, padded - mine, seed=p.seed + GARBAGE_SEED)
     inputs = tuple(torch.cat([t[:, start : start + mine], g * 10], dim=1) for t, g in zip((q, k, v), garbage))
-    pick = lambda t: torch.cat([t[:, start : start + mine], t.new_zeros(p.batch, padded - mine, *t.shape[2:])], dim=1)  # noqa: E731
-    return Layout(Asked(q, k, v, p.causal), inputs, pick, pick, (p.world_size, 1), {"seq_lens": lens})  # type: ignore[arg-type]
+    rows = _rows(ctx, slice(start, start + mine), torch.full((padded - mine,), -1))
+    return Layout(Asked(q, k, v, p.causal), inputs, rows, rows, (p.world_size, 1), {"seq_lens": lens})  # type: ignore[arg-type]
 
 
 def masked(ctx: RankContext, p: Params) -> Layout:
@@ -159,16 +156,8 @@ def masked(ctx: RankContext, p: Params) -> Layout:
         full |= torch.eye(total, dtype=torch.bool)
     full = full.to(ctx.device)
     sl = shard(ctx, p)
-    pick = lambda t: t[:, sl]  # noqa: E731
     mine = full[:, sl] if p.mask == "key_padding" else full
-    return Layout(
-        Asked(q, k, v, p.causal, full),
-        _same(pick, q, k, v),
-        pick,
-        pick,
-        (p.ulysses_degree, p.ring_degree),
-        {"attn_mask": mine},
-    )
+    return _layout(ctx, p, Asked(q, k, v, p.causal, full), _rows(ctx, sl), kwargs={"attn_mask": mine})
 
 
 def masked_replicated_prefix(ctx: RankContext, p: Params) -> Layout:
@@ -180,15 +169,16 @@ def masked_replicated_prefix(ctx: RankContext, p: Params) -> Layout:
     full[:, 0] = True  # no all-masked row
     full = full.to(ctx.device)
     sl = shard(ctx, p)
-    pick = lambda t: torch.cat([t[:, :rep], t[:, rep + sl.start : rep + sl.stop]], dim=1)  # noqa: E731
+    rows = _rows(ctx, slice(0, rep), slice(rep + sl.start, rep + sl.stop))
     head = slice(0, rep)
+    asked = Asked(q, k, v, False, full)
     return Layout(
-        Asked(q, k, v, False, full),
-        _same(pick, q, k, v),
-        pick,
-        pick,
+        asked,
+        _same(rows, q, k, v),
+        rows,
+        rows,
         (p.world_size, 1),
-        {"attn_mask": pick(full), "num_replicated_prefix": rep},
+        {"attn_mask": full.index_select(1, rows), "num_replicated_prefix": rep},
         head,
         head,
     )

@@ -8,6 +8,10 @@
    consistently wrong target pass: zeros, an ignored ``causal`` or mask, a wrong scale or an
    upcast output are the same on one rank and on N. This comparison catches them, and when it
    fails, :func:`harness.contracts.oracles.diagnose` says which of those the output looks like.
+
+A bitwise claim also needs a kernel that gives the same bits twice: :func:`measured_spread` runs the
+single-rank computation again, and where the runs differ the judging falls back on the kernel's own
+run-to-run spread (:class:`harness.contracts.bounds.JitterBound`), saying so.
 """
 
 from __future__ import annotations
@@ -17,15 +21,15 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.contracts.bounds import Bound, FlashAttentionRule, judge, parse_bound
-from harness.contracts.judging import Output, RankOutcome, Role
-from harness.contracts.oracles import attention_ref64, diagnose, naive_attention
+from harness.contracts.bounds import Bitwise, Bound, FlashAttentionRule, judge, parse_bound
+from harness.contracts.judging import OUTPUT, Output, RankOutcome, Role
+from harness.contracts.oracles import attention_ref64, diagnose, naive_attention, take
 from harness.contracts.params import Param, ParamError, Params
-from harness.contracts.stats import Stats, compare
+from harness.contracts.stats import Stats, compare, magnitude_floor
 
 Tensor = torch.Tensor
 
-ORACLE = Param("oracle", "str", "fa:2", "bound of the comparison with float64 attention: fa[:K[:FLOOR]]")
+ORACLE = Param("oracle", "str", "fa:2", "bound of the comparison with float64 attention: fa[:K[:FLOOR[:ULPS]]]")
 
 
 def oracle_rule(p: Params) -> FlashAttentionRule:
@@ -54,10 +58,14 @@ class Asked:
     mask: Tensor | None = None
     scale: float | None = None
 
-    def oracles(self) -> tuple[Tensor, Tensor]:
-        """(float64 attention, the naive low precision attention) of these inputs."""
-        args = (self.q, self.k, self.v, self.causal, self.scale, self.mask)
-        return attention_ref64(*args), naive_attention(*args)
+    @property
+    def args(self) -> tuple[Tensor, Tensor, Tensor, bool, float | None, Tensor | None]:
+        """The oracles' positional arguments."""
+        return self.q, self.k, self.v, self.causal, self.scale, self.mask
+
+    def oracles(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(float64 attention, the naive low precision attention) of these inputs, for the query ``rows``."""
+        return attention_ref64(*self.args, rows=rows), naive_attention(*self.args, rows=rows)
 
 
 def _unlike(out: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: Role) -> tuple[list[str], list[str]]:
@@ -67,24 +75,34 @@ def _unlike(out: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: Role)
     return dtypes, shapes
 
 
+def measured_spread(bound: Bound, again: Callable[[], Tensor], first: Tensor) -> Stats | None:
+    """Under a bitwise bound, the single-rank computation once more against ``first``: whether the kernel gives the
+    same bits twice at this shape (a bitwise claim holds only if it does). None under any other bound."""
+    if not isinstance(bound, Bitwise):
+        return None
+    return compare(again(), first, ulps_above=magnitude_floor(first))
+
+
 def judge_output(
     bound: Bound,
     p: Params,
     asked: Asked,
     out: Tensor,
     single: Tensor,
-    pick: Callable[[Tensor], Tensor],
+    rows: Tensor | None,
     kernel: str,
     *,
-    report_single: bool,
+    spread: Stats | None = None,
 ) -> RankOutcome:
-    """This rank's sharded ``out`` against ``pick(single)`` (the case's ``bound``) and both against the oracle.
+    """This rank's sharded ``out`` against its rows of ``single`` (the case's ``bound``) and both against the oracle.
 
-    ``single`` is the target's single-rank output of ``asked``; ``pick`` maps a whole-sequence
-    tensor to what this rank holds (its shard, its replicated tokens, zero rows for padding).
-    ``report_single``: this rank speaks for the single-rank output (every rank computed the same one).
+    ``single`` is the target's single-rank output of ``asked``; ``rows`` the rows of the whole sequence this
+    rank holds, in its order (-1: a padding row of zeros; None: all of them). The oracle computes those rows
+    only; each rank judges the single-rank output on its own rows, so the ranks together judge all of it.
+    ``spread``: :func:`measured_spread` of the single-rank computation.
     """
-    expected = pick(single)
+    rows = torch.arange(single.shape[1], device=single.device) if rows is None else rows
+    expected = take(single, rows)
     single_dtype, single_shape = _unlike(
         single, asked.q.dtype, tuple(asked.q.shape[:3]) + (asked.v.shape[3],), Role.SINGLE_RANK
     )
@@ -92,18 +110,25 @@ def judge_output(
     problems = single_dtype + single_shape + out_dtype + out_shape
     if single_shape or out_shape:
         return RankOutcome(problems=problems, checks=1, kernel=kernel)
-    ref64, naive = asked.oracles()
-    stats = compare(out, expected, pick(ref64), pick(naive)) if bound.needs_ref64 else compare(out, expected)
-    rule = oracle_rule(p)
-    judged = {Output(Role.SHARDED): (out, pick)}
-    if report_single:
-        judged[Output(Role.SINGLE_RANK)] = (single, lambda t: t)
+    floor = magnitude_floor(single) if isinstance(bound, Bitwise) else None
+    ref64, naive = asked.oracles(rows)
+    oracle_args = (ref64, naive) if bound.needs_ref64 else ()
+    stats = compare(out, expected, *oracle_args, ulps_above=floor)
+    valid = (rows >= 0).nonzero().flatten()
+    judged = {
+        Output(Role.SHARDED): (out, ref64, naive, rows),
+        Output(Role.SINGLE_RANK): (take(single, rows[valid]), ref64[:, valid], naive[:, valid], rows[valid]),
+    }
     oracle: dict[Output, Stats] = {}
     hints: dict[Output, str] = {}
-    for output, (tensor, chooser) in judged.items():
-        oracle[output] = compare(tensor, chooser(ref64), chooser(ref64), chooser(naive))
+    rule = oracle_rule(p)
+    for output, (tensor, ref, low, its_rows) in judged.items():
+        oracle[output] = compare(tensor, ref, ref, low)
         if judge(rule, oracle[output]):
-            hint = diagnose(tensor, asked.q, asked.k, asked.v, asked.causal, asked.scale, asked.mask, chooser, rule)
+            hint = diagnose(tensor, *asked.args, its_rows, rule)
             if hint:
                 hints[output] = hint
-    return RankOutcome(stats=stats, oracle=oracle, hints=hints, problems=problems, kernel=kernel)
+    outcome = RankOutcome(stats=stats, oracle=oracle, hints=hints, problems=problems, kernel=kernel)
+    if spread is not None:
+        outcome.spread[OUTPUT] = spread
+    return outcome

@@ -155,7 +155,7 @@ class Contract:
             self.id,
             judged.status,
             judged.reason,
-            bound=bound.describe(),
+            bound=judged.bound or bound.describe(),
             params=dict(params),
             target=target,
             figures=judged.figures,

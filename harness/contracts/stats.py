@@ -2,25 +2,40 @@
 
 Ranks return small sums and maxima, never tensors: they are cheap to send back through the
 launcher's pipe and merge exactly (a max of maxima, a sum of sums), so the figures of an
-N-rank case are the same as if one process had compared the whole output.
+N-rank case are the same as if one process had compared the whole output. A comparison runs on
+the tensors' own device in chunks of :data:`CHUNK` elements, so a 119k-token output costs a few
+chunk-sized float64 temporaries, not float64 copies of whole tensors on the host.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+Tensor = torch.Tensor
+CHUNK = 1 << 22  # elements per chunk of a comparison: 32 MiB of float64 per temporary
+#: Below this fraction of a tensor's largest magnitude an element's ulp is taken at that fraction: a sum that
+#: cancels to almost nothing carries the rounding of its terms, not of its result (see :func:`ulps`).
+ULP_FLOOR_FRACTION = 2.0**-8
+_MANTISSA_BITS = {torch.float64: 52, torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
+_MAXIMA = ("max_abs", "max_ulps", "err_ref64", "naive_err_ref64", "ref64_max")
+_SUMS = ("count", "nonfinite", "ref_nonfinite", "sum_abs", "sum_sq_err", "sum_sq_ref")
 
 
 @dataclass
 class Stats:
     """Comparison of an output with its expected value, mergeable across ranks.
 
-    ``max_abs`` etc. are against the single-rank reference; ``err_ref64`` (|out − ref64|) and
-    ``naive_err_ref64`` (|naive_lowprec − ref64|) are filled only for the FlashAttention rule.
+    ``max_abs`` etc. are against the single-rank reference; ``max_ulps`` is the same distance in units
+    in the last place of the expected value's dtype (:func:`ulps`; measured where a bitwise claim may
+    have to fall back on a kernel's run-to-run spread). ``err_ref64`` (|out − ref64|),
+    ``naive_err_ref64`` (|naive_lowprec − ref64|) and ``ref64_max`` (max|ref64|, what the rule's floor
+    scales with) are filled only for the FlashAttention rule.
     """
 
     count: int = 0
@@ -31,25 +46,19 @@ class Stats:
     sum_abs: float = 0.0
     sum_sq_err: float = 0.0
     sum_sq_ref: float = 0.0
+    max_ulps: float | None = None
     err_ref64: float | None = None
     naive_err_ref64: float | None = None
+    ref64_max: float | None = None
 
     def merge(self, other: Stats) -> Stats:
         def opt_max(a: float | None, b: float | None) -> float | None:
             return b if a is None else a if b is None else max(a, b)
 
-        return Stats(
-            self.count + other.count,
-            None if self.mismatched is None or other.mismatched is None else self.mismatched + other.mismatched,
-            self.nonfinite + other.nonfinite,
-            self.ref_nonfinite + other.ref_nonfinite,
-            max(self.max_abs, other.max_abs),
-            self.sum_abs + other.sum_abs,
-            self.sum_sq_err + other.sum_sq_err,
-            self.sum_sq_ref + other.sum_sq_ref,
-            opt_max(self.err_ref64, other.err_ref64),
-            opt_max(self.naive_err_ref64, other.naive_err_ref64),
-        )
+        maxima = {n: opt_max(getattr(self, n), getattr(other, n)) for n in _MAXIMA}
+        sums = {n: getattr(self, n) + getattr(other, n) for n in _SUMS}
+        mismatched = None if self.mismatched is None or other.mismatched is None else self.mismatched + other.mismatched
+        return Stats(mismatched=mismatched, **sums, **maxima)
 
     @property
     def bitwise(self) -> bool:
@@ -65,54 +74,104 @@ class Stats:
         }
         if self.mismatched is not None:
             figures["mismatched"] = self.mismatched
+        if self.max_ulps is not None:
+            figures["max_ulps"] = self.max_ulps
         if self.nonfinite or self.ref_nonfinite:
             figures["nonfinite"] = self.nonfinite
             figures["ref_nonfinite"] = self.ref_nonfinite
         if self.err_ref64 is not None:
             figures["err_ref64"] = self.err_ref64
             figures["naive_err_ref64"] = self.naive_err_ref64
+            figures["ref64_max"] = self.ref64_max
         return figures
 
 
+def chunks(*tensors: Tensor | None) -> Iterator[tuple[Tensor | None, ...]]:
+    """Aligned flat chunks of same-sized tensors, each as float64 on the first tensor's device (None stays None)."""
+    first = tensors[0]
+    assert first is not None
+    flat = [None if t is None else t.detach().reshape(-1) for t in tensors]
+    for start in range(0, first.numel(), CHUNK):
+        yield tuple(
+            None if t is None else t[start : start + CHUNK].to(device=first.device, dtype=torch.float64) for t in flat
+        )
+
+
+def ulps(diff: Tensor, expected: Tensor, dtype: torch.dtype, magnitude_floor: float) -> Tensor:
+    """``diff`` in units in the last place of ``dtype`` at ``max(|expected|, magnitude_floor)`` (float64 inputs)."""
+    scale = expected.abs().clamp(min=max(magnitude_floor, torch.finfo(dtype).tiny))
+    _, exponent = torch.frexp(scale)  # scale = m·2^e with m in [0.5, 1): its binade starts at 2^(e-1)
+    spacing = torch.ldexp(torch.ones_like(scale), exponent - 1 - _MANTISSA_BITS.get(dtype, 52))
+    return diff / spacing
+
+
+def magnitude_floor(tensor: Tensor) -> float:
+    """:data:`ULP_FLOOR_FRACTION` of ``tensor``'s largest finite magnitude (0 for an empty or all non-finite one)."""
+    finite = tensor.detach()[torch.isfinite(tensor.detach())]
+    return float(finite.abs().max().item()) * ULP_FLOOR_FRACTION if finite.numel() else 0.0
+
+
 def compare(
-    out: torch.Tensor,
-    expected: torch.Tensor,
-    ref64: torch.Tensor | None = None,
-    naive: torch.Tensor | None = None,
+    out: Tensor,
+    expected: Tensor,
+    ref64: Tensor | None = None,
+    naive: Tensor | None = None,
+    *,
+    ulps_above: float | None = None,
 ) -> Stats:
-    """Stats of ``out`` against ``expected`` (same shape); with ``ref64`` and ``naive`` also the FA-rule errors.
+    """Stats of ``out`` against ``expected`` (same shape); with ``ref64`` and ``naive`` also the FA-rule errors;
+    with ``ulps_above`` (a :func:`magnitude_floor`) also ``max_ulps`` in ``expected``'s dtype.
 
     Bitwise means the same dtype and value equality as ``torch.equal`` defines it (NaN never
     equals anything).
     """
     if out.shape != expected.shape:
         raise ValueError(f"output shape {tuple(out.shape)} != expected shape {tuple(expected.shape)}")
-    o, e = out.detach().double().cpu(), expected.detach().double().cpu()
-    out_finite, ref_finite = torch.isfinite(o), torch.isfinite(e)
-    finite = out_finite & ref_finite
-    # Non-finite values are counted (and always fail), never summed into the figures.
-    diff = torch.where(finite, (o - e).abs(), torch.zeros_like(o))
-    # Different dtypes are never bitwise equal, even where the values compare equal once promoted.
-    mismatched = o.numel() if out.dtype != expected.dtype else int((out != expected).sum().item())
-    stats = Stats(
-        count=o.numel(),
-        mismatched=mismatched,
-        nonfinite=int((~out_finite).sum().item()),
-        ref_nonfinite=int((~ref_finite).sum().item()),
-        max_abs=float(diff.max().item()) if diff.numel() else 0.0,
-        sum_abs=float(diff.sum().item()),
-        sum_sq_err=float((diff * diff).sum().item()),
-        sum_sq_ref=float(torch.where(ref_finite, e * e, torch.zeros_like(e)).sum().item()),
-    )
-    if ref64 is not None and naive is not None:
-        r = ref64.detach().double().cpu()
-        err = torch.where(finite, (o - r).abs(), torch.zeros_like(o))
-        stats.err_ref64 = float(err.max().item()) if err.numel() else 0.0
-        stats.naive_err_ref64 = float((naive.detach().double().cpu() - r).abs().max().item()) if r.numel() else 0.0
+    stats = Stats(count=out.numel(), mismatched=0 if out.dtype == expected.dtype else out.numel())
+    oracle = ref64 is not None and naive is not None
+    if oracle:
+        stats.err_ref64 = stats.naive_err_ref64 = stats.ref64_max = 0.0
+    if ulps_above is not None:
+        stats.max_ulps = 0.0
+    for o, e, r, n in chunks(out, expected, ref64 if oracle else None, naive if oracle else None):
+        _add_chunk(stats, o, e, r, n, expected.dtype, ulps_above, bitwise=out.dtype == expected.dtype)
     return stats
 
 
-def digest(tensor: torch.Tensor) -> str:
+def _add_chunk(
+    stats: Stats,
+    o: Tensor | None,
+    e: Tensor | None,
+    r: Tensor | None,
+    n: Tensor | None,
+    dtype: torch.dtype,
+    ulps_above: float | None,
+    bitwise: bool,
+) -> None:
+    """One chunk's sums and maxima into ``stats``. Non-finite values are counted (and always fail), never summed."""
+    assert o is not None and e is not None
+    out_finite, ref_finite = torch.isfinite(o), torch.isfinite(e)
+    finite = out_finite & ref_finite
+    diff = torch.where(finite, (o - e).abs(), 0.0)
+    if bitwise:  # float64 holds every narrower value exactly: equal here is equal in the dtype
+        assert stats.mismatched is not None
+        stats.mismatched += int((o != e).sum().item())
+    stats.nonfinite += int((~out_finite).sum().item())
+    stats.ref_nonfinite += int((~ref_finite).sum().item())
+    stats.max_abs = max(stats.max_abs, float(diff.max().item()) if diff.numel() else 0.0)
+    stats.sum_abs += float(diff.sum().item())
+    stats.sum_sq_err += float((diff * diff).sum().item())
+    stats.sum_sq_ref += float(torch.where(ref_finite, e * e, 0.0).sum().item())
+    if ulps_above is not None and diff.numel():
+        stats.max_ulps = max(stats.max_ulps or 0.0, float(ulps(diff, e, dtype, ulps_above).max().item()))
+    if r is not None and n is not None and r.numel():
+        stats.err_ref64 = max(stats.err_ref64 or 0.0, float(torch.where(finite, (o - r).abs(), 0.0).max().item()))
+        stats.naive_err_ref64 = max(stats.naive_err_ref64 or 0.0, float((n - r).abs().max().item()))
+        finite_ref = torch.where(torch.isfinite(r), r.abs(), 0.0)
+        stats.ref64_max = max(stats.ref64_max or 0.0, float(finite_ref.max().item()))
+
+
+def digest(tensor: Tensor) -> str:
     """sha256 of a tensor's dtype, shape and bytes: equal digests on two ranks mean the same tensor, bit for bit."""
     t = tensor.detach().cpu().contiguous()
     h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}".encode())

@@ -20,7 +20,7 @@ from harness.contracts import layouts
 from harness.contracts.bounds import Bound, parse_bound
 from harness.contracts.judging import RankOutcome
 from harness.contracts.layouts import LayoutFn
-from harness.contracts.outputs import ORACLE, check_oracle, judge_output, oracle_rule
+from harness.contracts.outputs import ORACLE, check_oracle, judge_output, measured_spread, oracle_rule
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Body, Contract, RankContext, register
 from harness.contracts.stats import digest
@@ -88,14 +88,18 @@ def output_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
 
     A ring case whose backend has no LSE is refused by the target (Refusal.RING_NEEDS_LSE) and
     skipped with its reason; that refusal itself is usp.ring_admission's subject. Replicated
-    outputs must be the same on every rank, bit for bit.
+    outputs must be the same on every rank, bit for bit. Under a bitwise bound the single-rank
+    output is computed twice, to learn whether the kernel is deterministic at this shape.
     """
     case = layout(ctx, p)
-    ref = ctx.attention(p, skip_sequence_parallel=True)(case.asked.q, case.asked.k, case.asked.v, **case.single_kwargs)
+    single = ctx.attention(p, skip_sequence_parallel=True)
+    run_single = partial(single, case.asked.q, case.asked.k, case.asked.v, **case.single_kwargs)
+    ref = run_single()
+    spread = measured_spread(ctx.bound, run_single, ref)
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
         out = attn(*case.local, **case.kwargs)
-    outcome = judge_output(ctx.bound, p, case.asked, out, ref, case.pick_q, attn.kernel, report_single=ctx.rank == 0)
+    outcome = judge_output(ctx.bound, p, case.asked, out, ref, case.q_rows, attn.kernel, spread=spread)
     if case.replicated_q is not None:
         outcome.replicated["output"] = digest(out[:, case.replicated_q])
     return outcome

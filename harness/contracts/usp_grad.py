@@ -11,20 +11,21 @@ replicated token's gradient, like its value, must be whole and the same on every
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
 
 from harness.contracts import layouts
-from harness.contracts.bounds import Bound, judge
+from harness.contracts.bounds import Bitwise, Bound, judge
 from harness.contracts.judging import Output, RankOutcome, Role
 from harness.contracts.layouts import Layout, LayoutFn
-from harness.contracts.oracles import diagnose_gradient, gradients_ref64, naive_gradients
+from harness.contracts.oracles import diagnose_gradient, gradients_ref64, naive_gradients, take
 from harness.contracts.outputs import oracle_rule
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext
-from harness.contracts.stats import Stats, compare, digest
+from harness.contracts.stats import Stats, compare, digest, magnitude_floor
 from harness.contracts.usp import (
     HYBRID,
     KV_PREFIX,
@@ -52,14 +53,26 @@ def _grads(out: Tensor, inputs: list[Tensor], dout: Tensor, what: str) -> tuple[
     return grads, [f"no gradient reached the {what} {n[1]}" for n, g in zip(NAMES, grads) if g is None]
 
 
+def _single_rank(attn: Callable[..., Tensor], case: Layout, dout: Tensor) -> tuple[list[Tensor | None], list[str]]:
+    """dq, dk, dv of the single-rank layer on the whole sequence for ``dout``."""
+    whole = [t.detach().clone().requires_grad_() for t in (case.asked.q, case.asked.k, case.asked.v)]
+    return _grads(attn(*whole, **case.single_kwargs), whole, dout, "single-rank")
+
+
 def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
-    """This rank's dq, dk, dv of the case's layout against the single-rank ones and float64's."""
+    """This rank's dq, dk, dv of the case's layout against the single-rank ones and float64's.
+
+    Under a bitwise bound the single-rank backward runs twice, to learn whether the kernel is
+    deterministic at this shape (its spread, per gradient, is reported and used where it is not)."""
     case = layout(ctx, p)
-    asked = case.asked
-    dout = ctx.randn(p, asked.q.shape[1], p.heads, p.seed + _DOUT_SEED)
-    whole = [t.detach().clone().requires_grad_() for t in (asked.q, asked.k, asked.v)]
-    single_out = ctx.attention(p, skip_sequence_parallel=True)(*whole, **case.single_kwargs)
-    single, problems = _grads(single_out, whole, dout, "single-rank")
+    dout = ctx.randn(p, case.asked.q.shape[1], p.heads, p.seed + _DOUT_SEED)
+    single_attn = ctx.attention(p, skip_sequence_parallel=True)
+    single, problems = _single_rank(single_attn, case, dout)
+    spread: dict[str, Stats] = {}
+    if isinstance(ctx.bound, Bitwise) and not problems:
+        again, _ = _single_rank(single_attn, case, dout)
+        spread = {n: compare(a, s, ulps_above=magnitude_floor(s)) for n, a, s in zip(NAMES, again, single)}  # type: ignore[arg-type]
+        del again
     mine = [t.detach().clone().requires_grad_() for t in case.local]
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
@@ -68,16 +81,8 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
     problems += sharded_problems
     if problems:
         return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
-    outcome = judge_gradients(
-        ctx.bound,
-        p,
-        case,
-        dout,
-        sharded,
-        single,
-        attn.kernel,  # type: ignore[arg-type]
-        report_single=ctx.rank == 0,
-    )
+    outcome = judge_gradients(ctx.bound, p, case, dout, sharded, single, attn.kernel)  # type: ignore[arg-type]
+    outcome.spread = spread
     for name, grad, rows in zip(NAMES, sharded, (case.replicated_q, case.replicated_kv, case.replicated_kv)):
         if rows is not None:
             outcome.replicated[name] = digest(grad[:, rows])  # type: ignore[index]
@@ -92,12 +97,11 @@ def judge_gradients(
     sharded: list[Tensor],
     single: list[Tensor],
     kernel: str,
-    *,
-    report_single: bool,
 ) -> RankOutcome:
     """Each gradient: dtype and shape, then against its share of the single-rank one (the case's bound, per name)
-    and against float64 attention's (the ``oracle`` rule), with a diagnosis where the oracle is missed."""
-    asked, picks = case.asked, (case.pick_q, case.pick_kv, case.pick_kv)
+    and against float64 attention's (the ``oracle`` rule), with a diagnosis where the oracle is missed. Each rank
+    judges the single-rank gradients on the rows it holds, so the ranks together judge all of them."""
+    asked = case.asked
     problems = []
     for name, grad, whole, local, full in zip(NAMES, sharded, single, case.local, (asked.q, asked.k, asked.v)):
         for what, g, t in ((Role.SHARDED, grad, local), (Role.SINGLE_RANK, whole, full)):
@@ -105,26 +109,28 @@ def judge_gradients(
                 problems.append(f"{what} {name} is {g.dtype} {tuple(g.shape)}, its input {t.dtype} {tuple(t.shape)}")
     if problems:
         return RankOutcome(problems=problems, checks=1, kernel=kernel)
-    args = (asked.q, asked.k, asked.v, asked.causal, asked.scale, asked.mask)
-    ref64, naive = gradients_ref64(*args, dout=dout), naive_gradients(*args, dout=dout)
+    ref64, naive = gradients_ref64(*asked.args, dout=dout), naive_gradients(*asked.args, dout=dout)
     rule = oracle_rule(p)
-    parts: dict[str, Stats] = {}
-    oracle: dict[Output, Stats] = {}
-    hints: dict[Output, str] = {}
-    for name, grad, whole, g64, gnaive, pick in zip(NAMES, sharded, single, ref64, naive, picks):
-        parts[name] = (
-            compare(grad, pick(whole), pick(g64), pick(gnaive)) if bound.needs_ref64 else compare(grad, pick(whole))
-        )
-        judged: dict[Output, tuple[Tensor, Any]] = {Output(Role.SHARDED, name): (grad, pick)}
-        if report_single:
-            judged[Output(Role.SINGLE_RANK, name)] = (whole, lambda t: t)
-        for output, (g, chooser) in judged.items():
-            oracle[output] = compare(g, chooser(g64), chooser(g64), chooser(gnaive))
-            if judge(rule, oracle[output]):
-                hint = diagnose_gradient(g, chooser(g64), chooser(gnaive), rule)
+    outcome = RankOutcome(kernel=kernel)
+    for name, grad, whole, g64, gnaive, rows in zip(
+        NAMES, sharded, single, ref64, naive, (case.q_rows, case.kv_rows, case.kv_rows)
+    ):
+        mine64, mine_naive = take(g64, rows), take(gnaive, rows)
+        floor = magnitude_floor(whole) if isinstance(bound, Bitwise) else None
+        oracle_args = (mine64, mine_naive) if bound.needs_ref64 else ()
+        outcome.parts[name] = compare(grad, take(whole, rows), *oracle_args, ulps_above=floor)
+        valid = rows[rows >= 0]
+        judged = {
+            Output(Role.SHARDED, name): (grad, mine64, mine_naive),
+            Output(Role.SINGLE_RANK, name): (take(whole, valid), take(g64, valid), take(gnaive, valid)),
+        }
+        for output, (g, ref, low) in judged.items():
+            outcome.oracle[output] = compare(g, ref, ref, low)
+            if judge(rule, outcome.oracle[output]):
+                hint = diagnose_gradient(g, ref, low, rule)
                 if hint:
-                    hints[output] = hint
-    return RankOutcome(parts=parts, oracle=oracle, hints=hints, kernel=kernel)
+                    outcome.hints[output] = hint
+    return outcome
 
 
 def _gradient_contract(contract_id: str, description: str, layout: LayoutFn, **options: Any) -> None:

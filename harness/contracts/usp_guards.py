@@ -9,6 +9,7 @@ make exactly its two all-to-alls (:mod:`.collectives` counts them).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,10 +19,10 @@ from harness.contracts import collectives, layouts
 from harness.contracts.bounds import Bitwise
 from harness.contracts.judging import RankOutcome
 from harness.contracts.layouts import qkv
-from harness.contracts.outputs import Asked, judge_output
+from harness.contracts.outputs import Asked, judge_output, measured_spread
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import RankContext
-from harness.contracts.stats import compare
+from harness.contracts.stats import compare, magnitude_floor
 from harness.contracts.usp import REPLICATED, RING, ULYSSES, attention_contract, replicated_positive
 from harness.targets.base import Capability, Refusal, Unsupported
 
@@ -133,15 +134,15 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     """
     tokens = p.tokens_per_rank + 3 * ctx.rank
     q, k, v = qkv(ctx, p, tokens, seed=p.seed + 1000 * (ctx.rank + 1))
-    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
+    single = ctx.attention(p, skip_sequence_parallel=True)
+    ref = single(q, k, v)
+    spread = measured_spread(ctx.bound, partial(single, q, k, v), ref)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p, skip_sequence_parallel=True)
-        outcome = judge_output(
-            ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, lambda t: t, attn.kernel, report_single=True
-        )
+        outcome = judge_output(ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, None, attn.kernel, spread=spread)
         for _ in range(ctx.rank):
             assert outcome.stats is not None
-            outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref))
+            outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref, ulps_above=magnitude_floor(ref)))
         outcome.problems += all_ranks_alive(p.world_size)
     made = collectives.made(ctx.collectives)
     outcome.problems += [f"its calls made {_said(made)}: a rank-local call makes none"] if made else []

@@ -6,9 +6,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.contracts.bounds import AbsBound, Bitwise, FlashAttentionRule, judge, parse_bound
+from harness.contracts.bounds import (
+    NON_DETERMINISTIC,
+    AbsBound,
+    Bitwise,
+    FlashAttentionRule,
+    JitterBound,
+    judge,
+    parse_bound,
+)
 from harness.contracts.oracles import attention_ref64, naive_attention
-from harness.contracts.stats import Stats, compare
+from harness.contracts.stats import Stats, compare, magnitude_floor
 
 
 def _qkv(dtype: torch.dtype, heads: int = 4, kv_heads: int = 4, seq: int = 24, seed: int = 0):
@@ -50,12 +58,45 @@ def test_abs_bound_is_inclusive():
 
 
 def test_fa_rule_allows_k_times_the_naive_error_plus_the_floor():
-    rule = FlashAttentionRule(k=2, floor=1e-3, dtype="bf16")
+    rule = FlashAttentionRule(k=2, floor=1e-3, dtype="bf16", ulps=0)
     assert rule.describe() == "max|out − ref64| ≤ 2·max|naive_bf16 − ref64| + 0.001"
-    at_limit = Stats(count=1, err_ref64=2 * 0.01 + 1e-3, naive_err_ref64=0.01)
+    at_limit = Stats(count=1, err_ref64=2 * 0.01 + 1e-3, naive_err_ref64=0.01, ref64_max=3.0)
     assert rule.violation(at_limit) is None
-    over = Stats(count=1, err_ref64=2 * 0.01 + 1.1e-3, naive_err_ref64=0.01)
-    assert "> 2·1.000e-02 + 0.001" in rule.violation(over)
+    over = Stats(count=1, err_ref64=2 * 0.01 + 1.1e-3, naive_err_ref64=0.01, ref64_max=3.0)
+    assert "> 2·1.000e-02 + 0.001 + 0·" in rule.violation(over)
+
+
+@pytest.mark.parametrize(
+    ("magnitude", "ulp"), [(1.0, 2.0**-23), (1.5, 2.0**-23), (2.0, 2.0**-22), (3.24, 2.0**-22), (0.3, 2.0**-25)]
+)
+def test_the_fa_rules_floor_scales_with_the_references_magnitude(magnitude: float, ulp: float) -> None:
+    """ULPS fp32 ulps at max|ref64| on top of K·naive + FLOOR: an fp32 gradient of 3.24 may be 16·2^-22 off."""
+    rule = FlashAttentionRule(k=2, floor=1e-6, dtype="fp32")
+    stats = Stats(count=1, err_ref64=0.0, naive_err_ref64=1e-7, ref64_max=magnitude)
+    assert rule.allowed(stats) == pytest.approx(2e-7 + 1e-6 + 16 * ulp, rel=1e-12)
+    assert rule.describe() == "max|out − ref64| ≤ 2·max|naive_fp32 − ref64| + 1e-06 + 16·ulp_fp32(max|ref64|)"
+
+
+def test_a_jitter_bound_allows_twice_the_spread_in_ulps_and_says_why() -> None:
+    bound = JitterBound(spread_ulps=1.0)
+    assert bound.violation(Stats(count=4, mismatched=2, max_abs=1e-3, max_ulps=2.0)) is None
+    reason = bound.violation(Stats(count=4, mismatched=2, max_abs=4e-3, max_ulps=4.0))
+    assert reason.startswith("4 ulp (max abs 4.000e-03) from the single-rank reference > 2 ulp")
+    assert NON_DETERMINISTIC in reason and NON_DETERMINISTIC in bound.describe()
+
+
+@pytest.mark.parametrize(
+    ("values", "ulps"),
+    [
+        (torch.tensor([1.0, 1.0078125], dtype=torch.bfloat16), 1.0),  # the next bf16 after 1
+        (torch.tensor([3.0, 3.03125], dtype=torch.bfloat16), 2.0),  # 2 bf16 ulps in [2, 4)
+        (torch.tensor([1.0, 1.0 + 2**-23], dtype=torch.float32), 1.0),
+        (torch.tensor([2.0**-12, 2.0**-12 + 2.0**-19], dtype=torch.bfloat16), 1 / 16),  # below the floor (2^-8): its ulp
+    ],
+)
+def test_compare_measures_the_distance_in_ulps_of_the_expected_dtype(values: torch.Tensor, ulps: float) -> None:
+    expected, out = values[:1], values[1:]
+    assert compare(out, expected, ulps_above=magnitude_floor(torch.tensor([1.0]))).max_ulps == ulps
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -115,13 +156,14 @@ def test_compare_refuses_shape_mismatch():
         ("abs:1e-2", AbsBound(0.01)),
         ("fa", FlashAttentionRule(2.0, 1e-6, "bf16")),
         ("fa:3:1e-5", FlashAttentionRule(3.0, 1e-5, "bf16")),
+        ("fa:3:1e-5:0", FlashAttentionRule(3.0, 1e-5, "bf16", 0.0)),
     ],
 )
 def test_parse_bound(text, expected):
     assert parse_bound(text, "bf16") == expected
 
 
-@pytest.mark.parametrize("text", ["bitwize", "abs", "abs:-1", "abs:x", "fa:1:2:3", "abs:nan"])
+@pytest.mark.parametrize("text", ["bitwize", "abs", "abs:-1", "abs:x", "fa:1:2:3:4:5", "fa:1:2:-3", "abs:nan"])
 def test_parse_bound_rejects_bad_syntax(text):
     with pytest.raises(ValueError, match="bitwise"):
         parse_bound(text, "fp32")
