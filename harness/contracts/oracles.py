@@ -100,7 +100,9 @@ def _attention_in(
     valid = (index >= 0).nonzero().flatten()
     for pos in _blocks(valid, block_rows(batch, heads, k.shape[1], q.device)):
         r = index[pos]
-        probs = _probs(dtype, q[:, r].transpose(1, 2), keys_t, _scale(q, softmax_scale), _keep(r, k.shape[1], causal, attn_mask))
+        probs = _probs(
+            dtype, q[:, r].transpose(1, 2), keys_t, _scale(q, softmax_scale), _keep(r, k.shape[1], causal, attn_mask)
+        )
         out[:, pos] = torch.matmul(probs, values).transpose(1, 2)
     return out
 

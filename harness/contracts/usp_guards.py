@@ -139,7 +139,9 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     spread = measured_spread(ctx.bound, partial(single, q, k, v), ref)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p, skip_sequence_parallel=True)
-        outcome = judge_output(ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, None, attn.kernel, spread=spread)
+        outcome = judge_output(
+            ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, None, attn.kernel, spread=spread
+        )
         for _ in range(ctx.rank):
             assert outcome.stats is not None
             outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref, ulps_above=magnitude_floor(ref)))

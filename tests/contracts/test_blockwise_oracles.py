@@ -22,7 +22,6 @@ from harness.contracts.oracles import (
     take,
 )
 
-
 SHIPPED_BLOCKS = dict(oracles.BLOCK_ELEMENTS)
 
 

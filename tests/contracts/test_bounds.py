@@ -91,7 +91,10 @@ def test_a_jitter_bound_allows_twice_the_spread_in_ulps_and_says_why() -> None:
         (torch.tensor([1.0, 1.0078125], dtype=torch.bfloat16), 1.0),  # the next bf16 after 1
         (torch.tensor([3.0, 3.03125], dtype=torch.bfloat16), 2.0),  # 2 bf16 ulps in [2, 4)
         (torch.tensor([1.0, 1.0 + 2**-23], dtype=torch.float32), 1.0),
-        (torch.tensor([2.0**-12, 2.0**-12 + 2.0**-19], dtype=torch.bfloat16), 1 / 16),  # below the floor (2^-8): its ulp
+        (
+            torch.tensor([2.0**-12, 2.0**-12 + 2.0**-19], dtype=torch.bfloat16),
+            1 / 16,
+        ),  # below the floor (2^-8): its ulp
     ],
 )
 def test_compare_measures_the_distance_in_ulps_of_the_expected_dtype(values: torch.Tensor, ulps: float) -> None:

@@ -77,7 +77,11 @@ def test_sp_paths_pass_on_the_reference(assert_contract, contract_id, params):
 def test_ring_bf16_is_judged_against_the_naive_bf16_error(assert_contract):
     ring = assert_contract("usp.ring_parity", world_size=2, dtype="bf16")
     scaled_floor = 16 * fp32_ulp(ring.figures["ref64_max"])
-    assert ring.figures["err_ref64"] <= ring.figures["allowed"] == 2 * ring.figures["naive_err_ref64"] + 1e-6 + scaled_floor
+    assert (
+        ring.figures["err_ref64"]
+        <= ring.figures["allowed"]
+        == 2 * ring.figures["naive_err_ref64"] + 1e-6 + scaled_floor
+    )
     assert ring.figures["naive_err_ref64"] > 1e-3  # the naive bf16 reference really is low precision
 
 
