@@ -56,3 +56,16 @@ def default_cases_dir() -> Path:
 
 def default_baselines_dir() -> Path:
     return parity_home() / "baselines"
+
+
+#: The case sets parity ships besides its default cases (``--suite NAME``): each a cases root under ``cases/``.
+SUITES = {
+    "production": "released models' shapes (Z-Image, FLUX.1, HunyuanVideo, Wan2.1) at W = 2, 4, 8: for a GPU",
+    "long": "12,288-token sequences sized for a CPU: the O(S) oracles on every commit",
+    "sweeps": "kernel-sensitive shapes for hardware sweeps",
+}
+
+
+def suite_dir(name: str) -> Path:
+    """The cases root of the shipped suite ``name`` (one of :data:`SUITES`)."""
+    return parity_home() / "cases" / name

@@ -11,6 +11,11 @@
 #   tests      pytest tests/gpu (kernels by the FA rule, LSE paths, SP with ranks sharing the GPU)
 #   reference  the default contract cases on the reference, on CUDA
 #   targets    the contract cases on --target diffusers and --target sglang on CUDA
+#   gate       the whole gate on CUDA with the shipped cases and baselines (results, JUnit, HTML report)
+#   production the production suite's Z-Image 1024² forward and gradient cases and HunyuanVideo 720p × 129
+#              frames at W = 2, then that video case with planted defects (rank_order, scaled_rank: both must
+#              fail), and the Z-Image gradient with each SDPA kernel pinned (which ones are deterministic)
+#   scale      benchmarks/oracle_scale.py --device cuda: contract cost beside the kernel's, 4.6k to 119k tokens
 # Wheels in .whl/ (diffusers, sglang and what its import needs) are installed to a temp dir first;
 # sglang's top-level __init__ is replaced as scripts/sglang_cpu/README.md describes.
 # Everything lands in $OUT/cuda.tgz (re-packed after each step, so a cut-short run keeps what it did).
@@ -47,6 +52,22 @@ for phase in "$@"; do
       step reference $P check --device cuda --json "$W/reference.json" ;;
     targets)
       for t in diffusers sglang; do step "target_$t" $P check --device cuda --target $t --json "$W/target_$t.json"; done ;;
+    gate)
+      step gate $P gate --device cuda --report "$W/gate"
+      rm -rf "$W"/gate/candidates "$W"/gate/triptychs; pack ;;
+    production)
+      step production $P check --suite production --device cuda zimage_1024_w2 zimage_1024_grad_w2 hunyuan_720p_w2 \
+        --json "$W/production.json"
+      for defect in rank_order scaled_rank; do
+        step "planted_$defect" $P check --suite production --device cuda hunyuan_720p_w2 --allow-new-skips \
+          --target tests.targets.planted_sp:factory --target-arg defect=$defect --json "$W/planted_$defect.json"
+      done
+      for kernel in flash efficient cudnn; do
+        step "zimage_grad_$kernel" $P check --suite production --device cuda zimage_1024_grad_w2 --sdpa-kernel $kernel \
+          --json "$W/zimage_grad_$kernel.json"
+      done ;;
+    scale)
+      step scale python3 benchmarks/oracle_scale.py --device cuda --grad-max "${GRAD_MAX:-65536}" --json "$W/scale.json" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

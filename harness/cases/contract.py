@@ -26,7 +26,7 @@ from harness.errors import ConfigError
 from harness.files.jsonio import expect_id
 from harness.files.reading import is_present
 
-_CASE_META = ("contract", "description", "matrix")
+_CASE_META = ("contract", "description", "matrix", "timeout")
 MAX_MATRIX_CASES = 1024
 MAX_FILE_CASES = 4096
 
@@ -41,7 +41,7 @@ def load_case_file(path: str | Path) -> list[Case]:
             raise ConfigError(
                 f"the file expands to more than {MAX_FILE_CASES} cases", path=path, key=f"cases.{case_id}"
             )
-    used = {key for case in cases for key in case.raw}
+    used = {key for case in cases for key in case.raw} | {"timeout"}
     for key in defaults:
         if key not in used:
             raise ConfigError(
@@ -63,6 +63,7 @@ def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) ->
     description = body.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
+    timeout = _timeout(path, case_id, body.get("timeout", defaults.get("timeout")))
     matrix = body.get("matrix", {})
     if not isinstance(matrix, dict):
         raise ConfigError(f"case '{case_id}': matrix must be a table of lists", path=path, key=f"{where}.matrix")
@@ -86,7 +87,7 @@ def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) ->
     # A default applies where the contract has that parameter (a file may mix contracts).
     declared = {p.name for p in contract.params}
     params = {
-        **{k: v for k, v in defaults.items() if k in declared},
+        **{k: v for k, v in defaults.items() if k in declared and k not in _CASE_META},
         **{k: v for k, v in body.items() if k not in _CASE_META},
     }
     combos = [dict(zip(matrix, values)) for values in itertools.product(*matrix.values())] if matrix else [{}]
@@ -96,9 +97,30 @@ def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) ->
         raw = {**params, **combo}
         inherited = set(params) - set(body) - set(combo)
         cases.append(
-            make_case(contract_id, raw, case_id=cid, source=str(path), description=description, inherited=inherited)
+            make_case(
+                contract_id,
+                raw,
+                case_id=cid,
+                source=str(path),
+                description=description,
+                inherited=inherited,
+                timeout=timeout,
+            )
         )
     return cases
+
+
+def _timeout(path: Path, case_id: str, value: Any) -> float | None:
+    """A case's ``timeout`` (seconds, > 0; from its table or the file's ``[defaults]``), or None: the contract's."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+        raise ConfigError(
+            f"case '{case_id}': timeout must be a number of seconds in (0, 86400], got {value!r}",
+            path=path,
+            key=f"cases.{case_id}.timeout",
+        )
+    return float(value)
 
 
 def _show(value: Any) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.contracts.params import MAX_WORLD_SIZE
 from harness.contracts.runner import RunOptions
 from harness.errors import ConfigError, ParamError
-from harness.paths import default_baselines_dir, default_cases_dir, is_inside_package
+from harness.paths import SUITES, default_baselines_dir, default_cases_dir, is_inside_package, suite_dir
 from harness.project import Project
 from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, TargetArgs, parse_target_args
 
@@ -61,13 +61,21 @@ def check_backends(
 
 
 def add_cases(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument(
         "--cases",
         type=Path,
         default=None,
         metavar="DIR",
         help="cases root (contracts/ and images/ hold the case files) or a directory of *.toml contract case "
         f"files (default: {FROM_PROJECT} {default_cases_dir()})",
+    )
+    chosen.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        default=None,
+        help="one of the case sets parity ships instead of the default cases: "
+        + "; ".join(f"{name}: {what}" for name, what in sorted(SUITES.items())),
     )
 
 
@@ -295,6 +303,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def cases_root(args: argparse.Namespace) -> Path:
+    if getattr(args, "suite", None):
+        return suite_dir(args.suite)
     p = project(args)
     return args.cases or (p and p.cases) or default_cases_dir()
 

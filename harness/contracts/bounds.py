@@ -1,11 +1,8 @@
-"""Bounds a contract applies, and the two oracles the FlashAttention rule needs.
-
-- ``bitwise``: ``torch.equal`` with the single-rank reference; holds where the reduction order is unchanged.
-- ``abs:X``: ``max|out − ref| ≤ X`` (sglang's replicated-prefix drift, X = 1e-2).
-- ``fa:K:FLOOR:ULPS``: FlashAttention's test rule ``max|out − ref64| ≤ K·max|naive_lowprec − ref64| + FLOOR +
-  ULPS·ulp_fp32(max|ref64|)`` (ref64: float64 attention; naive_lowprec: softmax(QKᵀ)V in the low precision):
-  at most K times the naive error, plus a floor that scales with the values (fused kernels accumulate in fp32).
-- a bitwise claim on a kernel measured non-deterministic at the case's shape becomes :class:`JitterBound`.
+"""Bounds a contract applies: ``bitwise`` (``torch.equal`` with one rank), ``abs:X`` (``max|out − ref| ≤ X``,
+sglang's prefix drift X = 1e-2) and ``fa:K:FLOOR:ULPS``, FlashAttention's test rule ``max|out − ref64| ≤
+K·max|naive_lowprec − ref64| + FLOOR + ULPS·ulp_fp32(max|ref64|)``: at most K times the naive low precision
+error, plus a floor that scales with the values (fused kernels accumulate in fp32). A bitwise claim on a
+kernel measured non-deterministic at the case's shape becomes :class:`JitterBound`.
 
 A NaN or Inf in an output (or in its reference) fails under every bound. The oracles live in
 :mod:`harness.contracts.oracles`; docs/judging.md says how contracts apply these bounds.

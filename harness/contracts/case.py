@@ -48,6 +48,8 @@ class Case(CaseOrigin):
     expected_failure: str | None = field(default=None, kw_only=True)
     # What the target cannot express (from a target overlay): the skip this case is expected to end in.
     expected_skip: ExpectedSkip | None = field(default=None, kw_only=True)
+    # Seconds the case may take (a production shape's oracle takes minutes); None: the contract's own.
+    timeout: float | None = field(default=None, kw_only=True)
 
     @property
     def world_size(self) -> int:
@@ -62,6 +64,7 @@ def make_case(
     source: str,
     description: str = "",
     inherited: Iterable[str] = (),
+    timeout: float | None = None,
 ) -> Case:
     """Validate ``raw`` against the contract; a ConfigError names ``source``, the case and the key.
 
@@ -73,7 +76,7 @@ def make_case(
     except ParamError as exc:
         note = " (value from [defaults])" if exc.key in set(inherited) else ""
         raise ConfigError(f"case '{case_id}': {exc}{note}", path=source, key=f"cases.{case_id}.{exc.key}") from None
-    return Case(case_id, contract_id, params, dict(raw), source=source, description=description)
+    return Case(case_id, contract_id, params, dict(raw), source=source, description=description, timeout=timeout)
 
 
 def rebuilt(case: Case, values: Mapping[str, Any], source: str | None = None) -> Case:
@@ -84,6 +87,7 @@ def rebuilt(case: Case, values: Mapping[str, Any], source: str | None = None) ->
         case_id=case.id,
         source=source or case.source,
         description=case.description,
+        timeout=case.timeout,
     )
     return dataclasses.replace(fresh, expected_failure=case.expected_failure, expected_skip=case.expected_skip)
 

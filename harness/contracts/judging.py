@@ -58,6 +58,7 @@ class RankOutcome:
     replicated: dict[str, str] = field(default_factory=dict)  # digests of what every rank must hold alike
     # the single-rank computation run twice, by comparison name (OUTPUT or a part): measured under a bitwise bound
     spread: dict[str, Stats] = field(default_factory=dict)
+    peak_memory: dict[str, float] = field(default_factory=dict)  # GiB this rank held at most: device, host
     kernel: str | None = None
     skip: str | None = None
 
@@ -104,6 +105,9 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         figures.update({k: v for k, v in worst.items() if k in ("bitwise", "max_abs", "mean_abs", "elements")})
     if spreads:
         figures["determinism"] = {name: _determinism(s, len(outcomes)) for name, s in spreads.items()}
+    peaks = _merged_max([o.peak_memory for o in outcomes])
+    if peaks:
+        figures["peak_memory_gib"] = peaks
     problems = _merge_problems([o.problems for o in outcomes]) + _not_alike(outcomes)
     if outcomes and outcomes[0].checks:
         figures["checks"] = outcomes[0].checks
@@ -192,6 +196,15 @@ def _merged(per_rank: Sequence[Mapping[K, Stats]]) -> dict[K, Stats]:
     for named in per_rank:
         for name, stats in named.items():
             merged[name] = merged[name].merge(stats) if name in merged else stats
+    return merged
+
+
+def _merged_max(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each key's largest value over the ranks (a rank's peak memory: the most any one rank held)."""
+    merged: dict[str, float] = {}
+    for values in per_rank:
+        for key, value in values.items():
+            merged[key] = max(merged.get(key, value), value)
     return merged
 
 

@@ -35,7 +35,9 @@ ORACLE = Param("oracle", "str", "fa:2", "bound of the comparison with float64 at
 def oracle_rule(p: Params) -> FlashAttentionRule:
     rule = parse_bound(p.oracle, p.dtype)
     if not isinstance(rule, FlashAttentionRule):
-        raise ValueError(f"oracle {p.oracle!r}: the oracle comparison is the FlashAttention rule, fa[:K[:FLOOR]]")
+        raise ValueError(
+            f"oracle {p.oracle!r}: the oracle comparison is the FlashAttention rule, fa[:K[:FLOOR[:ULPS]]]"
+        )
     return rule
 
 

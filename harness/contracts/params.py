@@ -181,7 +181,7 @@ NUMERIC = (
 
 
 def bound_param(default: str) -> Param:
-    return Param("bound", "str", default, "bitwise, abs:X or fa[:K[:FLOOR]]")
+    return Param("bound", "str", default, "bitwise, abs:X or fa[:K[:FLOOR[:ULPS]]]")
 
 
 def check_common(params: Params) -> None:

@@ -21,6 +21,7 @@ import torch
 from harness.contracts import collectives
 from harness.contracts.bounds import AllChecks, Bound, FlashAttentionRule
 from harness.contracts.judging import RankOutcome, verdict
+from harness.contracts.memory import Footprint
 from harness.contracts.params import Param, ParamError, Params, check_common, resolve
 from harness.results import CaseResult, Status
 from harness.targets.base import Attention, AttentionSpec, Capability, Target
@@ -93,6 +94,7 @@ class Contract:
     checks: tuple[Callable[[Params], None], ...] = ()
     min_world_size: int = 1
     timeout_s: float = 120.0
+    memory: Callable[[Params, str], Footprint | None] | None = None  # (params, device): what a case will hold
 
     def resolve(self, raw: Mapping[str, Any]) -> Params:
         """Validated parameters, or ParamError naming the key."""

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness.contracts import collectives
+from harness.contracts import collectives, memory
 from harness.contracts.case import Case
 from harness.contracts.judging import RankOutcome
 from harness.contracts.params import Params
@@ -33,7 +33,7 @@ class RunOptions:
     target: str = "reference"
     target_args: TargetArgs = ()
     device: str = "cpu"
-    timeout: float | None = None  # per case; None: the contract's own
+    timeout: float | None = None  # per case; None: the case file's, else the contract's own
     allow_new_skips: bool = False  # an unpinned skip stays a skip instead of failing its case (exploratory runs)
 
     def load(self) -> Target:
@@ -63,15 +63,25 @@ def run_case_in_rank(contract_id: str, raw: dict, target_spec: str, target_args:
     contract = get_contract(contract_id)
     params = Params(raw)  # validated in the parent
     ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device(), contract.bound(params))
+    memory.reset_peaks(ctx.device)
     try:
         outcome = contract.body(ctx, params)
     except Unsupported as exc:
         return RankOutcome(skip=exc.reason)
     finally:
         target.destroy_parallel()
+    outcome.peak_memory = memory.peaks(ctx.device)
     if ctx.collectives["calls"]:
         outcome.figures.setdefault("collectives", collectives.figures(ctx.collectives))
     return outcome
+
+
+def machine_reason(case: Case, device: str) -> str | None:
+    """Why this machine cannot run ``case`` (too few ranks in the job, too little memory), or None: a property of
+    the machine, not a claim about the target."""
+    contract = get_contract(case.contract_id)
+    fits = contract.memory(case.params, device) if contract.memory else None
+    return capacity_reason(case.world_size) or (fits.reason() if fits else None)
 
 
 def precheck(case: Case, target: Target, options: RunOptions) -> str | None:
@@ -79,7 +89,7 @@ def precheck(case: Case, target: Target, options: RunOptions) -> str | None:
     reason = target.unavailable_reason(options.device)
     if reason:
         return f"target {options.target}: {reason}"
-    reason = capacity_reason(case.world_size)
+    reason = machine_reason(case, options.device)
     if reason:
         return reason
     missing = sorted(get_contract(case.contract_id).requirements(case.params) - target.capabilities())
@@ -121,7 +131,7 @@ def run_cases(
         if reason:
             skipped = get_contract(case.contract_id).result(case.id, case.params, SKIPPED, reason, options.target)
             # A job with fewer ranks, or a check of reference_impl's own models, claims nothing about the target.
-            not_a_claim = capacity_reason(case.world_size) or _checks_reference_models(case, target)
+            not_a_claim = machine_reason(case, options.device) or _checks_reference_models(case, target)
             results[index] = (
                 skipped if not_a_claim else expectations_applied(case, skipped, overlay, options.allow_new_skips)
             )
@@ -204,7 +214,7 @@ def _run_one(case: Case, pools: PoolSet, options: RunOptions) -> CaseResult:
             dict(case.params),
             options.target,
             options.target_args,
-            timeout=options.timeout or contract.timeout_s,
+            timeout=options.timeout or case.timeout or contract.timeout_s,
         )
     except RankFailure as exc:
         return contract.result(

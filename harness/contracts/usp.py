@@ -20,6 +20,7 @@ from harness.contracts import layouts
 from harness.contracts.bounds import Bound, parse_bound
 from harness.contracts.judging import RankOutcome
 from harness.contracts.layouts import LayoutFn
+from harness.contracts.memory import footprint
 from harness.contracts.outputs import ORACLE, check_oracle, judge_output, measured_spread, oracle_rule
 from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
 from harness.contracts.registry import Body, Contract, RankContext, register
@@ -45,12 +46,14 @@ def attention_contract(
     checks: tuple[Callable[[Params], None], ...] = (),
     min_world_size: int = 1,
     timeout_s: float = 120.0,
+    gradient: bool = False,
 ) -> None:
     """Register a ``usp.*`` contract on the standard parameters (world size, [degrees,] shape, numerics, ``extra``).
 
     ``bound``: a default for the case's ``bound`` parameter (text, or a function of the parameters
     before it), a fixed Bound, or None (every check holds). A contract with a bound judges outputs,
-    so it also takes the ``oracle`` bound (:mod:`.outputs`).
+    so it also takes the ``oracle`` bound (:mod:`.outputs`). ``gradient``: its cases also hold the
+    gradients (the memory estimate, :mod:`.memory`).
     """
     params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + extra
     contract = Contract(
@@ -62,6 +65,7 @@ def attention_contract(
         checks=checks,
         min_world_size=min_world_size,
         timeout_s=timeout_s,
+        memory=partial(footprint, gradient=gradient),
     )
     if bound is None:
         register(contract)

@@ -135,7 +135,9 @@ def judge_gradients(
 
 def _gradient_contract(contract_id: str, description: str, layout: LayoutFn, **options: Any) -> None:
     requires = options.pop("requires", ()) + (Capability.BACKWARD,)
-    attention_contract(contract_id, description, partial(gradient_parity, layout), requires=requires, **options)
+    attention_contract(
+        contract_id, description, partial(gradient_parity, layout), requires=requires, gradient=True, **options
+    )
 
 
 _gradient_contract(

@@ -1,0 +1,75 @@
+"""A bitwise claim is measured, not assumed: a kernel that differs from itself run to run (last bits flipped at
+random, as atomic reductions do) passes by twice its own spread and says so; a defect of one rank well above
+that jitter (1e-4 relative in fp32, 2 to 4 ulps in bf16) still fails. Real 2-rank gloo groups."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.contracts.bounds import NON_DETERMINISTIC
+from harness.contracts.case import make_case
+from harness.contracts.runner import RunOptions, run_cases
+from harness.ranks import PoolSet
+from harness.results import FAILED, PASSED, CaseResult
+
+JITTERY = "tests.targets.jittery:factory"
+SHAPE = {"world_size": 2, "tokens_per_rank": 64, "heads": 4, "head_dim": 32}
+
+
+def _run(pools: PoolSet, contract: str, dtype: str, defect: str | None = None) -> CaseResult:
+    case = make_case(contract, {**SHAPE, "dtype": dtype}, case_id="jitter", source="test")
+    args = (("defect", defect),) if defect else ()
+    [result] = run_cases([case], RunOptions(JITTERY, args, allow_new_skips=True), pools)
+    return result
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("contract", ["usp.ulysses_parity", "usp.ulysses_grad"])
+def test_a_non_deterministic_kernel_passes_by_its_own_spread_and_says_so(
+    rank_pools: PoolSet, contract: str, dtype: str
+) -> None:
+    result = _run(rank_pools, contract, dtype)
+    jittery = "output" if contract == "usp.ulysses_parity" else "dq"
+    determinism = result.figures["determinism"][jittery]
+    assert (result.status, result.bound.startswith(NON_DETERMINISTIC), determinism["deterministic"]) == (
+        PASSED,
+        True,
+        False,
+    ), result.reason
+    assert determinism["differing"] > 0 and determinism["spread_ulps"] >= 1
+
+
+def test_only_the_gradient_that_jitters_loses_its_bitwise_claim(rank_pools: PoolSet) -> None:
+    result = _run(rank_pools, "usp.ulysses_grad", "bf16")
+    deterministic = {name: figures["deterministic"] for name, figures in result.figures["determinism"].items()}
+    assert deterministic == {"dq": False, "dk": True, "dv": True}
+    assert result.bound.endswith("for dq (the rest bitwise)")
+    assert (result.figures["dk"]["bitwise"], result.figures["dv"]["bitwise"]) == (True, True)
+
+
+@pytest.mark.parametrize(
+    ("contract", "dtype", "defect", "words"),
+    [
+        ("usp.ulysses_parity", "fp32", "output", "ulp (max abs"),
+        ("usp.ulysses_parity", "bf16", "output", "ulp (max abs"),
+        ("usp.ulysses_grad", "fp32", "dq", "dq: "),
+        ("usp.ulysses_grad", "bf16", "dq", "dq: "),
+    ],
+)
+def test_a_defect_above_the_jitter_still_fails(
+    rank_pools: PoolSet, contract: str, dtype: str, defect: str, words: str
+) -> None:
+    result = _run(rank_pools, contract, dtype, defect)
+    assert result.status == FAILED and words in result.reason and NON_DETERMINISTIC in result.reason, result.reason
+
+
+def test_a_deterministic_kernel_is_measured_and_stays_bitwise(assert_contract) -> None:
+    result = assert_contract("usp.ulysses_grad", **SHAPE)
+    assert {name: f["deterministic"] for name, f in result.figures["determinism"].items()} == dict.fromkeys(
+        ("dq", "dk", "dv"), True
+    )
+    assert result.bound.startswith("bitwise")
+
+
+def test_a_bound_that_claims_no_bitwise_measures_nothing(assert_contract) -> None:
+    assert "determinism" not in assert_contract("usp.ring_parity", **SHAPE).figures

@@ -1,0 +1,29 @@
+"""The long suite on every commit: 12,288 tokens at W = 2 (Ulysses, ring, Ulysses gradients) through the
+oracles' O(S) paths, passing with the whole check (every process together) below 4 GB. With whole S×S
+float64 oracles the same check held 13.3 GiB."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.process_memory import GIB, run_measured
+
+pytestmark = pytest.mark.timeout(900)
+LIMIT_BYTES = 4 * 10**9
+
+
+def test_the_long_suite_passes_in_bounded_memory(tmp_path: Path) -> None:
+    report = tmp_path / "long.json"
+    command = [sys.executable, "-m", "harness.cli", "check", "--suite", "long", "--json", str(report), "-q"]
+    code, peaks = run_measured(command, stdout=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
+    records = json.loads(report.read_text())["stages"]["contracts"]["records"]
+    assert (code, sorted((r["case_id"], r["status"]) for r in records)) == (
+        0,
+        [("long_ring", "passed"), ("long_ulysses", "passed"), ("long_ulysses_grad", "passed")],
+    ), (tmp_path / "out.txt").read_text()
+    assert {r["params"]["tokens"] for r in records} == {12288}
+    assert peaks.pss < LIMIT_BYTES, f"the check held {peaks.pss / GIB:.2f} GiB (PSS, every process together)"

@@ -1,0 +1,92 @@
+"""A target whose kernel is non-deterministic the way atomic reductions are: every call flips the last bit of a
+random few elements of its output (and, backward, of dq), different ones each call. With a planted sequence-
+parallel defect on one rank well above that jitter, it must still fail: the fallback bound is no silent pass."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.targets.base import AttentionSpec
+from harness.targets.reference import ReferenceAttention, ReferenceTarget
+
+FLIPS = 8  # elements whose last bit flips per call
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def flip_last_bits(t: torch.Tensor, count: int = FLIPS) -> torch.Tensor:
+    """``t`` with the lowest mantissa bit of ``count`` random elements flipped (one ulp each), new ones every call."""
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+    flat = t.detach().clone().reshape(-1)
+    where = torch.randint(flat.numel(), (count,), generator=gen).to(flat.device)
+    bits = flat.view(_BITS[t.dtype])
+    bits[where] ^= 1
+    return flat.view(t.shape)
+
+
+class _FlipGrad(torch.autograd.Function):
+    """Identity forward; backward hands on the gradient with a few last bits flipped (dq's atomics)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return flip_last_bits(grad)
+
+
+def _error(dtype: torch.dtype) -> float:
+    """The planted defect of rank 1 under SP: 1e-4 relative in fp32, 2^-6 (2 to 4 ulps) in bf16 and fp16."""
+    return 1e-4 if dtype == torch.float32 else 2.0**-6
+
+
+class _Jittery:
+    def __init__(self, inner: ReferenceAttention, spec: AttentionSpec, defect: str | None) -> None:
+        self.inner, self.spec, self.defect = inner, spec, defect
+        self.backend, self.kernel = inner.backend, inner.kernel
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        planted = self.defect is not None and not self.spec.skip_sequence_parallel and dist.get_rank() == 1
+        if q.requires_grad:
+            q = _FlipGrad.apply(q)
+            if planted and self.defect == "dq":
+                q = _Scale.apply(q, 1 + _error(q.dtype))
+        out = self.inner(q, k, v, **kwargs)
+        if planted and self.defect == "output":
+            out = out * (1 + _error(out.dtype))
+        return out + (flip_last_bits(out) - out).detach()
+
+
+class _Scale(torch.autograd.Function):
+    """Identity forward; backward scales the gradient (a defect of one rank's dq)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+class JitteryTarget(ReferenceTarget):
+    name = "jittery"
+
+    def __init__(self, defect: str | None = None) -> None:
+        self.defect = defect
+
+    def capabilities(self) -> frozenset[str]:
+        return super().capabilities() - {"reference_models"}
+
+    def make_attention(self, spec: AttentionSpec) -> _Jittery:  # type: ignore[override]
+        return _Jittery(super().make_attention(spec), spec, self.defect)
+
+
+def factory(defect: str | None = None, **_: str) -> JitteryTarget:
+    """``defect``: none, ``output`` (rank 1 scales its output under SP) or ``dq`` (rank 1 scales its dq)."""
+    return JitteryTarget(defect)
