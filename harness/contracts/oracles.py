@@ -1,14 +1,12 @@
 """Independent oracles of attention: exact float64 and the naive low precision computation, forward and backward,
 in blocks of query rows, so memory is O(S·block), never an S×S matrix.
 
-Written here, independent of any target, so they cannot share a target's bugs: every attention contract
-compares the target's output with :func:`attention_ref64` by the FlashAttention rule,
-``max|out − ref64| ≤ K·max|naive_lowprec − ref64| + floor``, and every gradient contract the target's
-dq, dk, dv with :func:`gradients_ref64` by the same rule. A block computes its rows as the textbook
-softmax(QKᵀ·scale)V computes them (the whole key row, no online merge): blocking changes a figure only
-by the order a GEMM of fewer rows accumulates in. The backward follows autograd's own ops, dK and dV
-summed over query blocks in the precision a GEMM accumulates in (float64 for the oracle, float32 for
-the naive low precision one), so at the default cases' shapes the figures are autograd's.
+Written here, independent of any target, so they cannot share a target's bugs (docs/judging.md: the rule
+they serve). A block computes its rows as the textbook softmax(QKᵀ·scale)V does (the whole key row, no
+online merge): blocking changes a figure only by the order a GEMM of fewer rows accumulates in. The
+backward follows autograd's own ops, dK and dV summed over query blocks in the precision a GEMM
+accumulates in (float64 for the oracle, float32 for the naive one): at the default cases' shapes the
+figures are autograd's.
 """
 
 from __future__ import annotations

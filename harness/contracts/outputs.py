@@ -1,17 +1,11 @@
 """How an attention contract judges what a target returned: shape and dtype first, then two comparisons.
 
-1. Against the target's own single-rank output, by the case's bound (``bitwise`` where the
-   reduction order is unchanged): the parity contract.
-2. Against an independent float64 oracle of the same attention (softmax scale, causal, mask,
-   GQA, the replicated/varlen layout), by the case's ``oracle`` bound (the FlashAttention rule):
-   the single-rank output and this rank's sharded output both. Self-comparison alone lets a
-   consistently wrong target pass: zeros, an ignored ``causal`` or mask, a wrong scale or an
-   upcast output are the same on one rank and on N. This comparison catches them, and when it
-   fails, :func:`harness.contracts.oracles.diagnose` says which of those the output looks like.
-
-A bitwise claim also needs a kernel that gives the same bits twice: :func:`measured_spread` runs the
-single-rank computation again, and where the runs differ the judging falls back on the kernel's own
-run-to-run spread (:class:`harness.contracts.bounds.JitterBound`), saying so.
+1. Against the target's own single-rank output, by the case's bound (``bitwise`` where the reduction order
+   is unchanged and the kernel gives the same bits twice: :func:`measured_spread`; else its run-to-run spread).
+2. Against an independent float64 oracle of the same attention (scale, causal, mask, GQA, the layout), by
+   the case's ``oracle`` bound, the single-rank and the sharded output both: zeros, an ignored ``causal``
+   or mask, a wrong scale or an upcast output agree with themselves on one rank and on N; this catches them
+   and :func:`harness.contracts.oracles.diagnose` says which one the output looks like.
 """
 
 from __future__ import annotations
