@@ -61,7 +61,7 @@ def default_baselines_dir() -> Path:
 #: The case sets parity ships besides its default cases (``--suite NAME``): each a cases root under ``cases/``.
 SUITES = {
     "production": "released models' shapes (Z-Image, FLUX.1, HunyuanVideo, Wan2.1) at W = 2, 4, 8: for a GPU",
-    "long": "12,288-token sequences sized for a CPU: the O(S) oracles on every commit",
+    "long": "8k to 12k-token sequences sized for a CPU: the O(S) paths on every commit",
     "sweeps": "kernel-sensitive shapes for hardware sweeps",
 }
 

@@ -16,6 +16,8 @@
 #              frames at W = 2, then that video case with planted defects (rank_order, scaled_rank: both must
 #              fail), and the Z-Image gradient with each SDPA kernel pinned (which ones are deterministic)
 #   scale      benchmarks/oracle_scale.py --device cuda: contract cost beside the kernel's, 4.6k to 119k tokens
+#   suite      the production suite's cases named in $SUITE_IDS (default: all of it)
+#   planted_grads  every gradient case with each backward bug of tests/targets/planted_grad_bugs.py (must fail)
 # Wheels in .whl/ (diffusers, sglang and what its import needs) are installed to a temp dir first;
 # sglang's top-level __init__ is replaced as scripts/sglang_cpu/README.md describes.
 # Everything lands in $OUT/cuda.tgz (re-packed after each step, so a cut-short run keeps what it did).
@@ -65,6 +67,13 @@ for phase in "$@"; do
       for kernel in flash efficient cudnn; do
         step "zimage_grad_$kernel" $P check --suite production --device cuda zimage_1024_grad_w2 --sdpa-kernel $kernel \
           --json "$W/zimage_grad_$kernel.json"
+      done ;;
+    suite)
+      step suite $P check --suite production --device cuda ${SUITE_IDS:-} --json "$W/suite.json" ;;
+    planted_grads)
+      for bug in ring_detached ring_same_direction ulysses_averaged; do
+        step "grad_$bug" $P check 'usp.*_grad' --device cuda --allow-new-skips --target tests.targets.planted_grad_bugs:factory \
+          --target-arg bug=$bug --json "$W/grad_$bug.json"
       done ;;
     scale)
       step scale python3 benchmarks/oracle_scale.py --device cuda --grad-max "${GRAD_MAX:-65536}" --json "$W/scale.json" ;;

@@ -22,6 +22,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from reference_impl.attention.blocked_math import BlockedAttention
 from reference_impl.platform import current_platform
 
 Tensor = torch.Tensor
@@ -152,8 +153,9 @@ def _with_causal(attn_mask: Tensor, sq: int, sk: int) -> Tensor:
 class MathBackend(AttentionBackend):
     """Explicit fp32 softmax(QKᵀ)V that returns the LSE: the oracle, and the CPU ring backend.
 
-    Rows whose keys are all masked give zeros and an LSE of -inf (not NaN), so a fully masked
-    ring block merges as "no contribution".
+    Computed in blocks of query rows with its own backward (:mod:`.blocked_math`), so memory is O(S)
+    at any length and the LSE carries its gradient. Rows whose keys are all masked give zeros and an
+    LSE of -inf (not NaN), so a fully masked ring block merges as "no contribution".
     """
 
     enum = AttentionBackendEnum.MATH
@@ -172,18 +174,10 @@ class MathBackend(AttentionBackend):
     def forward(self, q, k, v, causal=False, softmax_scale=None, return_lse=False, attn_mask=None):
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         k, v = expand_kv_heads(k, v, q.shape[2])
-        qf, kf, vf = (t.transpose(1, 2).to(compute) for t in (q, k, v))
-        scores = torch.matmul(qf, kf.transpose(-1, -2)) * _scale(q, softmax_scale)
-        if causal:
-            sq, sk = scores.shape[-2:]
-            keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
-            scores = scores.masked_fill(~keep, float("-inf"))
-        if attn_mask is not None:
-            scores = scores + _bool_mask_to_additive(attn_mask, compute)
-        lse = torch.logsumexp(scores, dim=-1)
-        finite_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-        probs = torch.exp(scores - finite_lse.unsqueeze(-1))
-        out = torch.matmul(probs, vf).transpose(1, 2).to(q.dtype)
+        qf, kf, vf = (t.transpose(1, 2).to(compute).contiguous() for t in (q, k, v))
+        additive = None if attn_mask is None else _bool_mask_to_additive(attn_mask, compute)
+        out, lse = BlockedAttention.apply(qf, kf, vf, _scale(q, softmax_scale), causal, additive)
+        out = out.transpose(1, 2).to(q.dtype)
         if return_lse:
             return out, lse.float()
         return out
