@@ -180,6 +180,15 @@ NUMERIC = (
 )
 
 
+DETERMINISTIC = Param(
+    "deterministic",
+    "bool",
+    False,
+    "run the case under torch.use_deterministic_algorithms(True, warn_only=True): a torch kernel with a "
+    "deterministic mode uses it (SDPA's flash backward does; cuDNN's is then not chosen)",
+)
+
+
 def bound_param(default: str) -> Param:
     return Param("bound", "str", default, "bitwise, abs:X or fa[:K[:FLOOR[:ULPS]]]")
 

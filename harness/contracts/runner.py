@@ -11,7 +11,9 @@ Then the target overlay's expectations apply (:func:`expectations_applied`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from harness.contracts import collectives, memory
@@ -65,7 +67,8 @@ def run_case_in_rank(contract_id: str, raw: dict, target_spec: str, target_args:
     ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device(), contract.bound(params))
     memory.reset_peaks(ctx.device)
     try:
-        outcome = contract.body(ctx, params)
+        with deterministic_algorithms(params.get("deterministic", False)):
+            outcome = contract.body(ctx, params)
     except Unsupported as exc:
         return RankOutcome(skip=exc.reason)
     finally:
@@ -83,6 +86,28 @@ def machine_reason(case: Case, device: str) -> str | None:
     contract = get_contract(case.contract_id)
     fits = contract.memory(case.params, device) if contract.memory else None
     return capacity_reason(case.world_size) or (fits.reason() if fits else None)
+
+
+@contextmanager
+def deterministic_algorithms(wanted: bool) -> Iterator[None]:
+    """torch's deterministic algorithms for the case (``warn_only``: an op without one runs as it is, and the
+    case's determinism run tells whether the kernel gave the same bits twice); restored afterwards."""
+    if not wanted:
+        yield
+        return
+    import torch
+
+    before, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deterministic.*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
 
 
 def precheck(case: Case, target: Target, options: RunOptions) -> str | None:

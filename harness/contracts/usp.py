@@ -22,7 +22,17 @@ from harness.contracts.judging import RankOutcome
 from harness.contracts.layouts import LayoutFn
 from harness.contracts.memory import footprint
 from harness.contracts.outputs import ORACLE, check_oracle, judge_output, measured_spread, oracle_rule
-from harness.contracts.params import NUMERIC, PARALLEL, SHAPE, Param, ParamError, Params, bound_param, degrees
+from harness.contracts.params import (
+    DETERMINISTIC,
+    NUMERIC,
+    PARALLEL,
+    SHAPE,
+    Param,
+    ParamError,
+    Params,
+    bound_param,
+    degrees,
+)
 from harness.contracts.registry import Body, Contract, RankContext, register
 from harness.contracts.stats import digest
 from harness.targets.base import Capability
@@ -55,7 +65,7 @@ def attention_contract(
     so it also takes the ``oracle`` bound (:mod:`.outputs`). ``gradient``: its cases also hold the
     gradients (the memory estimate, :mod:`.memory`).
     """
-    params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + extra
+    params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + (DETERMINISTIC,) + extra
     contract = Contract(
         contract_id,
         description,
