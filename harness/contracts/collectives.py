@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -132,16 +132,17 @@ def counting_calls() -> Iterator[None]:
 
 
 class Counted:
-    """An attention whose calls are counted (:func:`counting_calls`); everything else is the attention's own."""
+    """An attention whose calls are counted (:func:`counting_calls`), each inside ``mode()`` (the case's kernel
+    mode); everything else is the attention's own."""
 
-    def __init__(self, attention: Callable[..., Any]) -> None:
-        self._attention = attention
+    def __init__(self, attention: Callable[..., Any], mode: Callable[[], AbstractContextManager[None]]) -> None:
+        self._attention, self._mode = attention, mode
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._attention, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with counting_calls():
+        with counting_calls(), self._mode():
             return self._attention(*args, **kwargs)
 
 

@@ -184,8 +184,8 @@ DETERMINISTIC = Param(
     "deterministic",
     "bool",
     False,
-    "run the case under torch.use_deterministic_algorithms(True, warn_only=True): a torch kernel with a "
-    "deterministic mode uses it (SDPA's flash backward does; cuDNN's is then not chosen)",
+    "the target's calls and backward under torch.use_deterministic_algorithms(True): a torch kernel with a "
+    "deterministic mode uses it (SDPA's flash backward does); one without refuses and the case is skipped",
 )
 
 

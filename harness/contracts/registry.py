@@ -10,9 +10,10 @@ outcomes into one :class:`~harness.results.CaseResult` (:mod:`.judging`). Adding
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from harness.contracts.judging import RankOutcome, verdict
 from harness.contracts.memory import Footprint
 from harness.contracts.params import Param, ParamError, Params, check_common, resolve
 from harness.results import CaseResult, Status
-from harness.targets.base import Attention, AttentionSpec, Capability, Target
+from harness.targets.base import Attention, AttentionSpec, Capability, Target, Unsupported
 from harness.targets.interface import checked_attention
 
 
@@ -39,6 +40,14 @@ class RankContext:
     device: torch.device
     bound: Bound  # the contract's bound of this case: a body compares with float64 only where it needs it
     collectives: Counter[str] = field(default_factory=Counter)
+    deterministic: bool = False  # the case asked for torch's deterministic algorithms in the target's computation
+
+    @contextmanager
+    def kernels(self) -> Iterator[None]:
+        """The target's own computation (a call, a backward), under torch's deterministic algorithms where the
+        case asked (:func:`deterministic_algorithms`); the oracles run outside it, as they are."""
+        with deterministic_algorithms() if self.deterministic else nullcontext():
+            yield
 
     @contextmanager
     def parallel(self, ulysses_degree: int, ring_degree: int) -> Iterator[None]:
@@ -64,9 +73,8 @@ class RankContext:
         return spec.with_(**changes)
 
     def attention(self, params: Params, **changes: Any) -> Attention:
-        return collectives.Counted(
-            checked_attention(self.target.make_attention(self.spec(params, **changes)), self.target)
-        )  # type: ignore[return-value]
+        attention = checked_attention(self.target.make_attention(self.spec(params, **changes)), self.target)
+        return collectives.Counted(attention, self.kernels)  # type: ignore[return-value]
 
     def randn(self, params: Params, tokens: int, heads: int, seed: int) -> torch.Tensor:
         """Seeded on the CPU (identical on every rank and device), rounded to the dtype, then moved."""
@@ -76,6 +84,31 @@ class RankContext:
         )
 
 
+@contextmanager
+def deterministic_algorithms() -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` for the block, then the previous mode. Strict, not warn-only:
+    torch's flash backward takes its deterministic path only then. An op with no deterministic implementation
+    refuses (a RuntimeError naming determinism): the case is skipped with that reason (Refusal.UNSUPPORTED)."""
+    before, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    cublas = os.environ.get(_CUBLAS)
+    os.environ.setdefault(_CUBLAS, ":4096:8")  # cuBLAS's deterministic workspace, which the mode insists on
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    except RuntimeError as exc:
+        if "determinis" not in str(exc):
+            raise
+        raise Unsupported(f"asked for deterministic algorithms, which this computation has none of: {exc}") from exc
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+        if cublas is None:
+            os.environ.pop(_CUBLAS, None)
+
+
+_CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 Body = Callable[[RankContext, Params], RankOutcome]
 _REPLICATED_KINDS = frozenset(
     {Capability.REPLICATED_PREFIX, Capability.REPLICATED_SUFFIX, Capability.REPLICATED_KV_PREFIX}

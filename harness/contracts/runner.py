@@ -11,9 +11,7 @@ Then the target overlay's expectations apply (:func:`expectations_applied`).
 from __future__ import annotations
 
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from harness.contracts import collectives, memory
@@ -65,10 +63,10 @@ def run_case_in_rank(contract_id: str, raw: dict, target_spec: str, target_args:
     contract = get_contract(contract_id)
     params = Params(raw)  # validated in the parent
     ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device(), contract.bound(params))
+    ctx.deterministic = bool(params.get("deterministic", False))
     memory.reset_peaks(ctx.device)
     try:
-        with deterministic_algorithms(params.get("deterministic", False)):
-            outcome = contract.body(ctx, params)
+        outcome = contract.body(ctx, params)
     except Unsupported as exc:
         return RankOutcome(skip=exc.reason)
     finally:
@@ -86,28 +84,6 @@ def machine_reason(case: Case, device: str) -> str | None:
     contract = get_contract(case.contract_id)
     fits = contract.memory(case.params, device) if contract.memory else None
     return capacity_reason(case.world_size) or (fits.reason() if fits else None)
-
-
-@contextmanager
-def deterministic_algorithms(wanted: bool) -> Iterator[None]:
-    """torch's deterministic algorithms for the case (``warn_only``: an op without one runs as it is, and the
-    case's determinism run tells whether the kernel gave the same bits twice); restored afterwards."""
-    if not wanted:
-        yield
-        return
-    import torch
-
-    before, warn_only = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*deterministic.*")
-            yield
-    finally:
-        torch.use_deterministic_algorithms(before, warn_only=warn_only)
 
 
 def precheck(case: Case, target: Target, options: RunOptions) -> str | None:

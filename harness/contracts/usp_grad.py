@@ -45,18 +45,24 @@ NAMES = ("dq", "dk", "dv")
 _DOUT_SEED = 4099  # the upstream gradient's seed offset: dO is not q, k or v
 
 
-def _grads(out: Tensor, inputs: list[Tensor], dout: Tensor, what: str) -> tuple[list[Tensor | None], list[str]]:
-    """The inputs' gradients for ``dout``, or the problems that prevent them (no graph, an input not reached)."""
+def _grads(
+    ctx: RankContext, out: Tensor, inputs: list[Tensor], dout: Tensor, what: str
+) -> tuple[list[Tensor | None], list[str]]:
+    """The inputs' gradients for ``dout`` (the target's backward, in the case's kernel mode), or the problems that
+    prevent them (no graph, an input not reached)."""
     if not out.requires_grad:
         return [None] * 3, [f"the {what} output has no autograd graph: it cannot be differentiated"]
-    grads = list(torch.autograd.grad(out, inputs, dout, allow_unused=True))
+    with ctx.kernels():
+        grads = list(torch.autograd.grad(out, inputs, dout, allow_unused=True))
     return grads, [f"no gradient reached the {what} {n[1]}" for n, g in zip(NAMES, grads) if g is None]
 
 
-def _single_rank(attn: Callable[..., Tensor], case: Layout, dout: Tensor) -> tuple[list[Tensor | None], list[str]]:
+def _single_rank(
+    ctx: RankContext, attn: Callable[..., Tensor], case: Layout, dout: Tensor
+) -> tuple[list[Tensor | None], list[str]]:
     """dq, dk, dv of the single-rank layer on the whole sequence for ``dout``."""
     whole = [t.detach().clone().requires_grad_() for t in (case.asked.q, case.asked.k, case.asked.v)]
-    return _grads(attn(*whole, **case.single_kwargs), whole, dout, "single-rank")
+    return _grads(ctx, attn(*whole, **case.single_kwargs), whole, dout, "single-rank")
 
 
 def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
@@ -67,17 +73,17 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
     case = layout(ctx, p)
     dout = ctx.randn(p, case.asked.q.shape[1], p.heads, p.seed + _DOUT_SEED)
     single_attn = ctx.attention(p, skip_sequence_parallel=True)
-    single, problems = _single_rank(single_attn, case, dout)
+    single, problems = _single_rank(ctx, single_attn, case, dout)
     spread: dict[str, Stats] = {}
     if isinstance(ctx.bound, Bitwise) and not problems:
-        again, _ = _single_rank(single_attn, case, dout)
+        again, _ = _single_rank(ctx, single_attn, case, dout)
         spread = {n: compare(a, s, ulps_above=magnitude_floor(s)) for n, a, s in zip(NAMES, again, single)}  # type: ignore[arg-type]
         del again
     mine = [t.detach().clone().requires_grad_() for t in case.local]
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
         out = attn(*mine, **case.kwargs)
-        sharded, sharded_problems = _grads(out, mine, case.pick_q(dout), "sharded")
+        sharded, sharded_problems = _grads(ctx, out, mine, case.pick_q(dout), "sharded")
     problems += sharded_problems
     if problems:
         return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)

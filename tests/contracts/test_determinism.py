@@ -16,8 +16,8 @@ JITTERY = "tests.targets.jittery:factory"
 SHAPE = {"world_size": 2, "tokens_per_rank": 64, "heads": 4, "head_dim": 32}
 
 
-def _run(pools: PoolSet, contract: str, dtype: str, defect: str | None = None) -> CaseResult:
-    case = make_case(contract, {**SHAPE, "dtype": dtype}, case_id="jitter", source="test")
+def _run(pools: PoolSet, contract: str, dtype: str, defect: str | None = None, **params) -> CaseResult:
+    case = make_case(contract, {**SHAPE, "dtype": dtype, **params}, case_id="jitter", source="test")
     args = (("defect", defect),) if defect else ()
     [result] = run_cases([case], RunOptions(JITTERY, args, allow_new_skips=True), pools)
     return result
@@ -73,3 +73,26 @@ def test_a_deterministic_kernel_is_measured_and_stays_bitwise(assert_contract) -
 
 def test_a_bound_that_claims_no_bitwise_measures_nothing(assert_contract) -> None:
     assert "determinism" not in assert_contract("usp.ring_parity", **SHAPE).figures
+
+
+@pytest.mark.parametrize("contract", ["usp.ulysses_parity", "usp.ulysses_grad"])
+def test_deterministic_true_puts_the_targets_calls_and_backward_in_torchs_deterministic_mode(
+    rank_pools: PoolSet, contract: str
+) -> None:
+    """The jittery kernel stops flipping bits under torch's deterministic algorithms: bitwise again, forward and
+    backward (the backward runs in the mode too), while the oracles run outside it."""
+    result = _run(rank_pools, contract, "bf16", deterministic=True)
+    deterministic = {name: figures["deterministic"] for name, figures in result.figures["determinism"].items()}
+    assert (result.status, result.bound.startswith("bitwise"), set(deterministic.values())) == (PASSED, True, {True})
+
+
+def test_a_computation_without_a_deterministic_implementation_is_refused_not_failed() -> None:
+    import torch
+
+    from harness.contracts.registry import deterministic_algorithms
+    from harness.targets.base import Unsupported
+
+    before = torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(Unsupported, match="asked for deterministic algorithms"), deterministic_algorithms():
+        raise RuntimeError("scatter_add_cuda_kernel does not have a deterministic implementation")
+    assert torch.are_deterministic_algorithms_enabled() == before

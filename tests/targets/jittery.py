@@ -1,6 +1,7 @@
 """A target whose kernel is non-deterministic the way atomic reductions are: every call flips the last bit of a
-random few elements of its output (and, backward, of dq), different ones each call. With a planted sequence-
-parallel defect on one rank well above that jitter, it must still fail: the fallback bound is no silent pass."""
+random few elements of its output (and, backward, of dq), different ones each call, unless torch's deterministic
+algorithms are on (a kernel with a deterministic mode). With a planted sequence-parallel defect on one rank well
+above that jitter, it must still fail: the fallback bound is no silent pass."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16:
 
 
 def flip_last_bits(t: torch.Tensor, count: int = FLIPS) -> torch.Tensor:
-    """``t`` with the lowest mantissa bit of ``count`` random elements flipped (one ulp each), new ones every call."""
+    """``t`` with the lowest mantissa bit of ``count`` random elements flipped (one ulp each), new ones every call;
+    ``t`` itself under torch's deterministic algorithms."""
+    if torch.are_deterministic_algorithms_enabled():
+        return t
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
     flat = t.detach().clone().reshape(-1)
     where = torch.randint(flat.numel(), (count,), generator=gen).to(flat.device)
