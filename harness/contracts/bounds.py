@@ -101,12 +101,17 @@ def fp32_ulp(magnitude: float) -> float:
 
 
 NON_DETERMINISTIC = "kernel non-deterministic at this shape: bitwise not claimable"
+HEAD_VARIANT = (
+    "kernel not head-count invariant at this shape (a rank's head group differs from all heads at once): "
+    "bitwise not claimable"
+)
 
 
 @dataclass(frozen=True)
 class JitterBound(Bound):
-    """A bitwise claim on a kernel that differs from itself run to run: the output may differ from the
-    single-rank reference by ``factor`` times the kernel's own run-to-run spread, in ulps (at least one).
+    """A bitwise claim on a kernel that differs from itself (run to run, or a head group from all heads): the
+    output may differ from the single-rank reference by ``factor`` times that spread, in ulps (at least one).
+    ``why`` says which.
 
     A real defect of the sharded path still fails: a wrong rank order or a scaled rank is hundreds of ulps
     away, while atomics reordered by the scheduler move the last bit or two.
@@ -114,6 +119,7 @@ class JitterBound(Bound):
 
     spread_ulps: float
     factor: float = 2.0
+    why: str = NON_DETERMINISTIC
 
     @property
     def allowed_ulps(self) -> float:
@@ -121,8 +127,8 @@ class JitterBound(Bound):
 
     def describe(self) -> str:
         return (
-            f"{NON_DETERMINISTIC}; max|out − ref| ≤ {self.allowed_ulps:g} ulp ({self.factor:g}× the kernel's "
-            f"run-to-run spread of {self.spread_ulps:g} ulp)"
+            f"{self.why}; max|out − ref| ≤ {self.allowed_ulps:g} ulp ({self.factor:g}× the kernel's own "
+            f"spread of {self.spread_ulps:g} ulp)"
         )
 
     def violation(self, stats: Stats) -> str | None:
@@ -132,7 +138,7 @@ class JitterBound(Bound):
             return None
         return (
             f"{stats.max_ulps:.3g} ulp (max abs {stats.max_abs:.3e}) from the single-rank reference > "
-            f"{self.allowed_ulps:g} ulp, {self.factor:g}× the kernel's run-to-run spread ({NON_DETERMINISTIC})"
+            f"{self.allowed_ulps:g} ulp, {self.factor:g}× the kernel's own spread ({self.why})"
         )
 
 

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from harness.contracts.bounds import Bitwise, Bound, FlashAttentionRule, JitterBound, judge
+from harness.contracts.bounds import (
+    HEAD_VARIANT,
+    NON_DETERMINISTIC,
+    Bitwise,
+    Bound,
+    FlashAttentionRule,
+    JitterBound,
+    judge,
+)
 from harness.contracts.stats import Stats
 from harness.results import FAILED, PASSED, SKIPPED, Status
 
@@ -56,8 +64,10 @@ class RankOutcome:
     checks: int = 0  # how many checks the body made
     figures: dict[str, Any] = field(default_factory=dict)  # reported as they are (every rank computes the same)
     replicated: dict[str, str] = field(default_factory=dict)  # digests of what every rank must hold alike
-    # the single-rank computation run twice, by comparison name (OUTPUT or a part): measured under a bitwise bound
+    # under a bitwise bound, by comparison name (OUTPUT or a part): the single-rank computation run again, and
+    # run in the Ulysses head groups, each against the first run (:mod:`.determinism`)
     spread: dict[str, Stats] = field(default_factory=dict)
+    head_groups: dict[str, Stats] = field(default_factory=dict)
     peak_memory: dict[str, float] = field(default_factory=dict)  # GiB this rank held at most: device, host
     kernel: str | None = None
     skip: str | None = None
@@ -89,9 +99,9 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         return Verdict(FAILED, f"ranks disagree on whether this case can run: {sorted(skips)}", {}, kernel)
     figures: dict[str, Any] = {}
     reasons: list[str] = []
-    spreads = _merged([o.spread for o in outcomes])
+    spreads, groups = _merged([o.spread for o in outcomes]), _merged([o.head_groups for o in outcomes])
     parts = _merged([o.parts for o in outcomes])
-    applied = {name: _applied(bound, spreads.get(name)) for name in (OUTPUT, *parts)}
+    applied = {name: _applied(bound, spreads.get(name), groups.get(name)) for name in (OUTPUT, *parts)}
     stats = [o.stats for o in outcomes if o.stats is not None]
     if stats:
         merged = functools.reduce(Stats.merge, stats)
@@ -104,7 +114,7 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         worst = functools.reduce(Stats.merge, parts.values()).figures()
         figures.update({k: v for k, v in worst.items() if k in ("bitwise", "max_abs", "mean_abs", "elements")})
     if spreads:
-        figures["determinism"] = {name: _determinism(s, len(outcomes)) for name, s in spreads.items()}
+        figures["determinism"] = {name: _determinism(s, groups.get(name), len(outcomes)) for name, s in spreads.items()}
     peaks = _merged_max([o.peak_memory for o in outcomes])
     if peaks:
         figures["peak_memory_gib"] = peaks
@@ -121,11 +131,17 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
     return Verdict(FAILED if reason else PASSED, reason, figures, kernel, _applied_text(applied, stats, parts))
 
 
-def _applied(bound: Bound, spread: Stats | None) -> Bound:
-    """The case's bound, unless it claims bitwise for a kernel whose two single-rank runs differed."""
-    if not isinstance(bound, Bitwise) or spread is None or spread.bitwise or spread.nonfinite or spread.ref_nonfinite:
+def _applied(bound: Bound, spread: Stats | None, groups: Stats | None) -> Bound:
+    """The case's bound, unless it claims bitwise for a kernel that differed from itself: run to run, or a head
+    group from all heads (the fallback bound then takes the larger spread and says which)."""
+    differed = [(why, s) for why, s in ((NON_DETERMINISTIC, spread), (HEAD_VARIANT, groups)) if _differs(s)]
+    if not isinstance(bound, Bitwise) or not differed:
         return bound
-    return JitterBound(spread.max_ulps or 0.0)
+    return JitterBound(max(s.max_ulps or 0.0 for _, s in differed), why="; ".join(why for why, _ in differed))
+
+
+def _differs(spread: Stats | None) -> bool:
+    return spread is not None and not spread.bitwise and not (spread.nonfinite or spread.ref_nonfinite)
 
 
 def _applied_text(applied: Mapping[str, Bound], stats: Sequence[Stats], parts: Mapping[str, Stats]) -> str | None:
@@ -139,15 +155,23 @@ def _applied_text(applied: Mapping[str, Bound], stats: Sequence[Stats], parts: M
     return widest.describe() + which
 
 
-def _determinism(spread: Stats, ranks: int) -> dict[str, Any]:
-    """How the single-rank computation differed from itself: each rank ran it twice."""
-    return {
+def _determinism(spread: Stats, groups: Stats | None, ranks: int) -> dict[str, Any]:
+    """How the single-rank computation differed from itself (each rank ran it twice) and, under Ulysses, how its
+    run in head groups differed from it."""
+    figures: dict[str, Any] = {
         "deterministic": spread.bitwise,
         "differing": spread.mismatched,
         "elements": spread.count,
         "spread_ulps": spread.max_ulps,
         "pairs": ranks,
     }
+    if groups is not None:
+        figures["head_groups"] = {
+            "invariant": groups.bitwise,
+            "differing": groups.mismatched,
+            "spread_ulps": groups.max_ulps,
+        }
+    return figures
 
 
 def _judged_figures(bound: Bound, stats: Stats) -> dict[str, Any]:

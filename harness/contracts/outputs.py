@@ -1,7 +1,7 @@
 """How an attention contract judges what a target returned: shape and dtype first, then two comparisons.
 
 1. Against the target's own single-rank output, by the case's bound (``bitwise`` where the reduction order
-   is unchanged and the kernel gives the same bits twice: :func:`measured_spread`; else its run-to-run spread).
+   is unchanged and the kernel allows it: :mod:`.determinism`; else the kernel's own spread).
 2. Against an independent float64 oracle of the same attention (scale, causal, mask, GQA, the layout), by
    the case's ``oracle`` bound, the single-rank and the sharded output both: zeros, an ignored ``causal``
    or mask, a wrong scale or an upcast output agree with themselves on one rank and on N; this catches them
@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from harness.contracts.bounds import Bitwise, Bound, FlashAttentionRule, judge, parse_bound
-from harness.contracts.judging import OUTPUT, Output, RankOutcome, Role
+from harness.contracts.judging import Output, RankOutcome, Role
 from harness.contracts.oracles import attention_ref64, diagnose, naive_attention, take
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.stats import Stats, compare, magnitude_floor
@@ -71,14 +70,6 @@ def _unlike(out: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: Role)
     return dtypes, shapes
 
 
-def measured_spread(bound: Bound, again: Callable[[], Tensor], first: Tensor) -> Stats | None:
-    """Under a bitwise bound, the single-rank computation once more against ``first``: whether the kernel gives the
-    same bits twice at this shape (a bitwise claim holds only if it does). None under any other bound."""
-    if not isinstance(bound, Bitwise):
-        return None
-    return compare(again(), first, ulps_above=magnitude_floor(first))
-
-
 def judge_output(
     bound: Bound,
     p: Params,
@@ -87,15 +78,12 @@ def judge_output(
     single: Tensor,
     rows: Tensor | None,
     kernel: str,
-    *,
-    spread: Stats | None = None,
 ) -> RankOutcome:
     """This rank's sharded ``out`` against its rows of ``single`` (the case's ``bound``) and both against the oracle.
 
     ``single`` is the target's single-rank output of ``asked``; ``rows`` the rows of the whole sequence this
     rank holds, in its order (-1: a padding row of zeros; None: all of them). The oracle computes those rows
     only; each rank judges the single-rank output on its own rows, so the ranks together judge all of it.
-    ``spread``: :func:`measured_spread` of the single-rank computation.
     """
     rows = torch.arange(single.shape[1], device=single.device) if rows is None else rows
     expected = take(single, rows)
@@ -124,7 +112,4 @@ def judge_output(
             hint = diagnose(tensor, *asked.args, its_rows, rule)
             if hint:
                 hints[output] = hint
-    outcome = RankOutcome(stats=stats, oracle=oracle, hints=hints, problems=problems, kernel=kernel)
-    if spread is not None:
-        outcome.spread[OUTPUT] = spread
-    return outcome
+    return RankOutcome(stats=stats, oracle=oracle, hints=hints, problems=problems, kernel=kernel)

@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from harness.contracts import layouts
+from harness.contracts import determinism, layouts
 from harness.contracts.bounds import Bound, parse_bound
-from harness.contracts.judging import RankOutcome
+from harness.contracts.judging import OUTPUT, RankOutcome
 from harness.contracts.layouts import LayoutFn
 from harness.contracts.memory import footprint
-from harness.contracts.outputs import ORACLE, check_oracle, judge_output, measured_spread, oracle_rule
+from harness.contracts.outputs import ORACLE, check_oracle, judge_output, oracle_rule
 from harness.contracts.params import (
     DETERMINISTIC,
     NUMERIC,
@@ -103,17 +103,21 @@ def output_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
     A ring case whose backend has no LSE is refused by the target (Refusal.RING_NEEDS_LSE) and
     skipped with its reason; that refusal itself is usp.ring_admission's subject. Replicated
     outputs must be the same on every rank, bit for bit. Under a bitwise bound the single-rank
-    output is computed twice, to learn whether the kernel is deterministic at this shape.
+    output is computed again and in the Ulysses head groups (:mod:`.determinism`).
     """
     case = layout(ctx, p)
-    single = ctx.attention(p, skip_sequence_parallel=True)
-    run_single = partial(single, case.asked.q, case.asked.k, case.asked.v, **case.single_kwargs)
-    ref = run_single()
-    spread = measured_spread(ctx.bound, run_single, ref)
+    inputs = (case.asked.q, case.asked.k, case.asked.v)
+
+    def compute(attention: Callable[..., Tensor]) -> list[Tensor]:
+        return [attention(*inputs, **case.single_kwargs)]
+
+    [ref] = compute(ctx.attention(p, skip_sequence_parallel=True))
+    spreads = determinism.measured(ctx, p, [OUTPUT], compute, [ref], case.degrees[0])
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
         out = attn(*case.local, **case.kwargs)
-    outcome = judge_output(ctx.bound, p, case.asked, out, ref, case.q_rows, attn.kernel, spread=spread)
+    outcome = judge_output(ctx.bound, p, case.asked, out, ref, case.q_rows, attn.kernel)
+    outcome.spread, outcome.head_groups = spreads.again, spreads.head_groups
     if case.replicated_q is not None:
         outcome.replicated["output"] = digest(out[:, case.replicated_q])
     return outcome

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from harness.contracts import layouts
+from harness.contracts import determinism, layouts
 from harness.contracts.bounds import Bitwise, Bound, judge
 from harness.contracts.judging import Output, RankOutcome, Role
 from harness.contracts.layouts import Layout, LayoutFn
@@ -25,7 +25,7 @@ from harness.contracts.oracles import diagnose_gradient, gradients_ref64, naive_
 from harness.contracts.outputs import oracle_rule
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext
-from harness.contracts.stats import Stats, compare, digest, magnitude_floor
+from harness.contracts.stats import compare, digest, magnitude_floor
 from harness.contracts.usp import (
     HYBRID,
     KV_PREFIX,
@@ -68,17 +68,16 @@ def _single_rank(
 def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
     """This rank's dq, dk, dv of the case's layout against the single-rank ones and float64's.
 
-    Under a bitwise bound the single-rank backward runs twice, to learn whether the kernel is
-    deterministic at this shape (its spread, per gradient, is reported and used where it is not)."""
+    Under a bitwise bound the single-rank backward runs again and in the Ulysses head groups, to learn
+    whether the kernel allows a bitwise claim at this shape (:mod:`.determinism`)."""
     case = layout(ctx, p)
     dout = ctx.randn(p, case.asked.q.shape[1], p.heads, p.seed + _DOUT_SEED)
-    single_attn = ctx.attention(p, skip_sequence_parallel=True)
-    single, problems = _single_rank(ctx, single_attn, case, dout)
-    spread: dict[str, Stats] = {}
-    if isinstance(ctx.bound, Bitwise) and not problems:
-        again, _ = _single_rank(ctx, single_attn, case, dout)
-        spread = {n: compare(a, s, ulps_above=magnitude_floor(s)) for n, a, s in zip(NAMES, again, single)}  # type: ignore[arg-type]
-        del again
+    single, problems = _single_rank(ctx, ctx.attention(p, skip_sequence_parallel=True), case, dout)
+    spreads = determinism.Spreads({}, {})
+    if not problems:
+        spreads = determinism.measured(
+            ctx, p, NAMES, lambda attn: _single_rank(ctx, attn, case, dout)[0], single, case.degrees[0]
+        )
     mine = [t.detach().clone().requires_grad_() for t in case.local]
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
@@ -88,7 +87,7 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
     if problems:
         return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
     outcome = judge_gradients(ctx.bound, p, case, dout, sharded, single, attn.kernel)  # type: ignore[arg-type]
-    outcome.spread = spread
+    outcome.spread, outcome.head_groups = spreads.again, spreads.head_groups
     for name, grad, rows in zip(NAMES, sharded, (case.replicated_q, case.replicated_kv, case.replicated_kv)):
         if rows is not None:
             outcome.replicated[name] = digest(grad[:, rows])  # type: ignore[index]

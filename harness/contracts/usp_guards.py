@@ -9,17 +9,16 @@ make exactly its two all-to-alls (:mod:`.collectives` counts them).
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from harness.contracts import collectives, layouts
+from harness.contracts import collectives, determinism, layouts
 from harness.contracts.bounds import Bitwise
-from harness.contracts.judging import RankOutcome
+from harness.contracts.judging import OUTPUT, RankOutcome
 from harness.contracts.layouts import qkv
-from harness.contracts.outputs import Asked, judge_output, measured_spread
+from harness.contracts.outputs import Asked, judge_output
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import RankContext
 from harness.contracts.stats import compare, magnitude_floor
@@ -134,14 +133,12 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     """
     tokens = p.tokens_per_rank + 3 * ctx.rank
     q, k, v = qkv(ctx, p, tokens, seed=p.seed + 1000 * (ctx.rank + 1))
-    single = ctx.attention(p, skip_sequence_parallel=True)
-    ref = single(q, k, v)
-    spread = measured_spread(ctx.bound, partial(single, q, k, v), ref)
+    ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
+    spreads = determinism.measured(ctx, p, [OUTPUT], lambda attention: [attention(q, k, v)], [ref], 1)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p, skip_sequence_parallel=True)
-        outcome = judge_output(
-            ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, None, attn.kernel, spread=spread
-        )
+        outcome = judge_output(ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, None, attn.kernel)
+        outcome.spread = spreads.again
         for _ in range(ctx.rank):
             assert outcome.stats is not None
             outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref, ulps_above=magnitude_floor(ref)))

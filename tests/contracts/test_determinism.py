@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.contracts.bounds import NON_DETERMINISTIC
+from harness.contracts.bounds import HEAD_VARIANT, NON_DETERMINISTIC
 from harness.contracts.case import make_case
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
@@ -96,3 +96,12 @@ def test_a_computation_without_a_deterministic_implementation_is_refused_not_fai
     with pytest.raises(Unsupported, match="asked for deterministic algorithms"), deterministic_algorithms():
         raise RuntimeError("scatter_add_cuda_kernel does not have a deterministic implementation")
     assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_a_kernel_whose_bits_follow_the_head_count_is_said_so_and_judged_by_that_spread(rank_pools: PoolSet) -> None:
+    """Deterministic run to run, but a Ulysses rank's head group differs from all heads at once: the head-group
+    run shows it, and bitwise is not claimed for it (SDPA's deterministic flash backward on an H200)."""
+    result = _run(rank_pools, "usp.ulysses_parity", "bf16", "head_variant")
+    output = result.figures["determinism"]["output"]
+    assert (result.status, output["deterministic"], output["head_groups"]["invariant"]) == (PASSED, True, False)
+    assert result.bound.startswith(HEAD_VARIANT) and NON_DETERMINISTIC not in result.bound

@@ -1,7 +1,9 @@
 """A target whose kernel is non-deterministic the way atomic reductions are: every call flips the last bit of a
 random few elements of its output (and, backward, of dq), different ones each call, unless torch's deterministic
 algorithms are on (a kernel with a deterministic mode). With a planted sequence-parallel defect on one rank well
-above that jitter, it must still fail: the fallback bound is no silent pass."""
+above that jitter, it must still fail: the fallback bound is no silent pass. ``defect=head_variant`` is a
+deterministic kernel whose last bits depend on the head count it is called with (a Ulysses rank calls it with
+H/W heads), as SDPA's deterministic flash backward was measured to on an H200."""
 
 from __future__ import annotations
 
@@ -48,6 +50,15 @@ def _error(dtype: torch.dtype) -> float:
     return 1e-4 if dtype == torch.float32 else 2.0**-6
 
 
+def by_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """``t`` with the last bit flipped wherever its bits shifted right once are a multiple of ``heads``: the same
+    bits for the same value and head count, other bits for another head count."""
+    flat = t.detach().clone().reshape(-1)
+    bits = flat.view(_BITS[t.dtype])
+    bits[(bits >> 1) % heads == 0] ^= 1
+    return flat.view(t.shape)
+
+
 class _Jittery:
     def __init__(self, inner: ReferenceAttention, spec: AttentionSpec, defect: str | None) -> None:
         self.inner, self.spec, self.defect = inner, spec, defect
@@ -55,13 +66,16 @@ class _Jittery:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         planted = self.defect is not None and not self.spec.skip_sequence_parallel and dist.get_rank() == 1
-        if q.requires_grad:
+        if q.requires_grad and self.defect != "head_variant":
             q = _FlipGrad.apply(q)
             if planted and self.defect == "dq":
                 q = _Scale.apply(q, 1 + _error(q.dtype))
         out = self.inner(q, k, v, **kwargs)
         if planted and self.defect == "output":
             out = out * (1 + _error(out.dtype))
+        if self.defect == "head_variant":  # the heads its kernel sees: a Ulysses rank's share under SP
+            heads = q.shape[2] if self.spec.skip_sequence_parallel else q.shape[2] // dist.get_world_size()
+            return out + (by_heads(out, heads) - out).detach()
         return out + (flip_last_bits(out) - out).detach()
 
 
@@ -92,5 +106,6 @@ class JitteryTarget(ReferenceTarget):
 
 
 def factory(defect: str | None = None, **_: str) -> JitteryTarget:
-    """``defect``: none, ``output`` (rank 1 scales its output under SP) or ``dq`` (rank 1 scales its dq)."""
+    """``defect``: none, ``output`` (rank 1 scales its output under SP), ``dq`` (rank 1 scales its dq) or
+    ``head_variant`` (deterministic, its last bits set by the head count instead of at random)."""
     return JitteryTarget(defect)
