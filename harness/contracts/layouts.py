@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from harness.contracts.oracles import take
-from harness.contracts.outputs import Asked
+from harness.contracts.oracles import Asked, take
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext
 

@@ -11,8 +11,11 @@ figures are autograd's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -29,6 +32,30 @@ def block_rows(batch: int, heads: int, keys: int, device: torch.device | str) ->
     """How many query rows one block holds: :data:`BLOCK_ELEMENTS` score elements, at least one row."""
     budget = BLOCK_ELEMENTS["cuda" if torch.device(device).type == "cuda" else "cpu"]
     return max(1, budget // max(1, batch * heads * keys))
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the attention was asked to compute, on the whole sequence in single-rank order: the oracle's inputs."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    causal: bool = False
+    mask: Tensor | None = None
+    scale: float | None = None
+
+    @property
+    def args(self) -> tuple[Tensor, Tensor, Tensor, bool, float | None, Tensor | None]:
+        """The oracles' positional arguments."""
+        return self.q, self.k, self.v, self.causal, self.scale, self.mask
+
+    def with_(self, **changes: Any) -> Asked:
+        return dataclasses.replace(self, **changes)
+
+    def oracles(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(float64 attention, the naive low precision attention) of these inputs, for the query ``rows``."""
+        return attention_ref64(*self.args, rows=rows), naive_attention(*self.args, rows=rows)
 
 
 def take(t: Tensor, rows: Tensor) -> Tensor:
@@ -179,17 +206,7 @@ def diagnose_gradient(grad: Tensor, ref64: Tensor, naive: Tensor, rule: FlashAtt
     return _scaled(grad, ref64, rule.allowed(compare(naive, ref64, ref64, naive)), "float64 gradient")
 
 
-def diagnose(
-    out: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    causal: bool,
-    softmax_scale: float | None,
-    attn_mask: Tensor | None,
-    rows: Tensor | None,
-    rule: FlashAttentionRule,
-) -> str | None:
+def diagnose(out: Tensor, asked: Asked, rows: Tensor | None, rule: FlashAttentionRule) -> str | None:
     """What an output that missed the oracle looks like instead: all zeros, attention with ``causal``
     or the mask or the softmax scale ignored, or the attention times a constant. None: none of those.
 
@@ -200,27 +217,16 @@ def diagnose(
         return None  # reported as non-finite values already
     if not out.any():
         return "the output is all zeros"
-    base = (q, k, v, causal, softmax_scale, attn_mask)
-    ref = attention_ref64(*base, rows=rows)
-    allowed = rule.allowed(_oracle_stats(naive_attention(*base, rows=rows), ref))
-
-    def explains(candidate: Callable[[], Tensor]) -> bool:
-        return compare(out, candidate()).max_abs <= allowed
-
-    candidates: list[tuple[str, tuple]] = []
-    if causal:
-        candidates.append(
-            ("it ignores causal: it matches non-causal attention", (q, k, v, False, softmax_scale, attn_mask))
-        )
-    if attn_mask is not None:
-        candidates.append(
-            ("it ignores the attention mask: it matches unmasked attention", (q, k, v, causal, softmax_scale, None))
-        )
-    candidates.append(
-        ("it ignores the softmax scale: it matches attention with scale 1", (q, k, v, causal, 1.0, attn_mask))
-    )
-    for text, args in candidates:
-        if explains(lambda: attention_ref64(*args, rows=rows)):
+    ref, naive = asked.oracles(rows)
+    allowed = rule.allowed(_oracle_stats(naive, ref))
+    candidates: list[tuple[str, Asked]] = []
+    if asked.causal:
+        candidates.append(("it ignores causal: it matches non-causal attention", asked.with_(causal=False)))
+    if asked.mask is not None:
+        candidates.append(("it ignores the attention mask: it matches unmasked attention", asked.with_(mask=None)))
+    candidates.append(("it ignores the softmax scale: it matches attention with scale 1", asked.with_(scale=1.0)))
+    for text, candidate in candidates:
+        if compare(out, attention_ref64(*candidate.args, rows=rows)).max_abs <= allowed:
             return text
     return _scaled(out, ref, allowed, "attention")
 

@@ -10,13 +10,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from harness.contracts.bounds import Bitwise, Bound, FlashAttentionRule, judge, parse_bound
 from harness.contracts.judging import Output, RankOutcome, Role
-from harness.contracts.oracles import attention_ref64, diagnose, naive_attention, take
+from harness.contracts.oracles import Asked, diagnose, take
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.stats import Stats, compare, magnitude_floor
 
@@ -40,27 +38,6 @@ def check_oracle(p: Params) -> None:
         oracle_rule(p)
     except ValueError as exc:
         raise ParamError("oracle", str(exc)) from None
-
-
-@dataclass(frozen=True)
-class Asked:
-    """What the attention was asked to compute, on the whole sequence in single-rank order: the oracle's inputs."""
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    causal: bool = False
-    mask: Tensor | None = None
-    scale: float | None = None
-
-    @property
-    def args(self) -> tuple[Tensor, Tensor, Tensor, bool, float | None, Tensor | None]:
-        """The oracles' positional arguments."""
-        return self.q, self.k, self.v, self.causal, self.scale, self.mask
-
-    def oracles(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """(float64 attention, the naive low precision attention) of these inputs, for the query ``rows``."""
-        return attention_ref64(*self.args, rows=rows), naive_attention(*self.args, rows=rows)
 
 
 def _unlike(out: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: Role) -> tuple[list[str], list[str]]:
@@ -109,7 +86,7 @@ def judge_output(
     for output, (tensor, ref, low, its_rows) in judged.items():
         oracle[output] = compare(tensor, ref, ref, low)
         if judge(rule, oracle[output]):
-            hint = diagnose(tensor, *asked.args, its_rows, rule)
+            hint = diagnose(tensor, asked, its_rows, rule)
             if hint:
                 hints[output] = hint
     return RankOutcome(stats=stats, oracle=oracle, hints=hints, problems=problems, kernel=kernel)

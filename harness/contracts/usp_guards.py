@@ -18,7 +18,8 @@ from harness.contracts import collectives, determinism, layouts
 from harness.contracts.bounds import Bitwise
 from harness.contracts.judging import OUTPUT, RankOutcome
 from harness.contracts.layouts import qkv
-from harness.contracts.outputs import Asked, judge_output
+from harness.contracts.oracles import Asked
+from harness.contracts.outputs import judge_output
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.registry import RankContext
 from harness.contracts.stats import compare, magnitude_floor

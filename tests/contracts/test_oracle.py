@@ -8,7 +8,7 @@ import torch
 
 from harness.contracts.bounds import FlashAttentionRule
 from harness.contracts.case import make_case
-from harness.contracts.oracles import attention_ref64, diagnose, take
+from harness.contracts.oracles import Asked, attention_ref64, diagnose, take
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, PASSED, CaseResult
@@ -81,16 +81,16 @@ def test_diagnose_names_an_ignored_mask_and_nothing_for_noise() -> None:
     rule = FlashAttentionRule(2.0, 1e-6, "fp32")
     unmasked = attention_ref64(q, k, v).float()
     assert (
-        diagnose(unmasked, q, k, v, False, None, mask, None, rule)
+        diagnose(unmasked, Asked(q, k, v, mask=mask), None, rule)
         == "it ignores the attention mask: it matches unmasked attention"
     )
     rows = torch.tensor([7, 2, -1])  # a rank's rows in its order, one of them padding
     assert (
-        diagnose(take(unmasked, rows), q, k, v, False, None, mask, rows, rule)
+        diagnose(take(unmasked, rows), Asked(q, k, v, mask=mask), rows, rule)
         == "it ignores the attention mask: it matches unmasked attention"
     )
     noise = torch.randn(1, 12, 2, 8, generator=gen)
-    assert diagnose(noise, q, k, v, False, None, mask, None, rule) is None
+    assert diagnose(noise, Asked(q, k, v, mask=mask), None, rule) is None
 
 
 @pytest.mark.parametrize("oracle", ["garbage", "bitwise", "abs:1", "fa:-1"])
