@@ -22,7 +22,7 @@ from harness.cli import main
 from tests.ranks.procs import descendants, parity_files, wait_until_gone
 from tests.targets.broken import one_sided_message
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(900)  # hang guards: four job ranks beside a local gate on a loaded 2-core box
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_CASES = """
@@ -91,7 +91,7 @@ class Node:
                 start_new_session=True,
             )
 
-    def wait(self, timeout: float = 400) -> int:
+    def wait(self, timeout: float = 840) -> int:
         return self.agent.wait(timeout=timeout)
 
     @property

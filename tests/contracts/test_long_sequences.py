@@ -1,6 +1,6 @@
-"""The long suite on every commit: 12,288 tokens at W = 2 (Ulysses, ring, Ulysses gradients; ring gradients at
-8,192) through the oracles' and the MATH kernel's O(S) paths, passing with the whole check (every process
-together) below 4 GB. With whole S×S float64 oracles the first three held 13.3 GiB."""
+"""The long suite on every commit: 12,288 tokens at W = 2 (Ulysses, ring; Ulysses and ring gradients at 8,192)
+through the oracles' and the MATH kernel's O(S) paths, passing with the whole check (every process together)
+below 4 GB. With whole S×S float64 oracles Ulysses, ring and Ulysses gradients at 12,288 held 13.3 GiB."""
 
 from __future__ import annotations
 
