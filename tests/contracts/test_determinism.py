@@ -105,3 +105,9 @@ def test_a_kernel_whose_bits_follow_the_head_count_is_said_so_and_judged_by_that
     output = result.figures["determinism"]["output"]
     assert (result.status, output["deterministic"], output["head_groups"]["invariant"]) == (PASSED, True, False)
     assert result.bound.startswith(HEAD_VARIANT) and NON_DETERMINISTIC not in result.bound
+
+
+def test_a_target_that_cannot_build_a_head_groups_layer_still_runs_the_case(rank_pools: PoolSet) -> None:
+    """The head-group run is a measurement, not a requirement: refused, it is left out and the case runs."""
+    result = _run(rank_pools, "usp.ulysses_parity", "fp32", "whole_heads_only")
+    assert (result.status, "head_groups" in result.figures["determinism"]["output"]) == (PASSED, False)

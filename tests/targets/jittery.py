@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.targets.base import AttentionSpec
+from harness.targets.base import AttentionSpec, Unsupported
 from harness.targets.reference import ReferenceAttention, ReferenceTarget
 
 FLIPS = 8  # elements whose last bit flips per call
@@ -102,10 +102,13 @@ class JitteryTarget(ReferenceTarget):
         return super().capabilities() - {"reference_models"}
 
     def make_attention(self, spec: AttentionSpec) -> _Jittery:  # type: ignore[override]
+        if self.defect == "whole_heads_only" and spec.skip_sequence_parallel and spec.num_heads < 4:
+            raise Unsupported("this layer is built for all 4 heads only")
         return _Jittery(super().make_attention(spec), spec, self.defect)
 
 
 def factory(defect: str | None = None, **_: str) -> JitteryTarget:
     """``defect``: none, ``output`` (rank 1 scales its output under SP), ``dq`` (rank 1 scales its dq) or
-    ``head_variant`` (deterministic, its last bits set by the head count instead of at random)."""
+    ``head_variant`` (deterministic, its last bits set by the head count instead of at random) or
+    ``whole_heads_only`` (a rank-local layer of fewer than 4 heads refused)."""
     return JitteryTarget(defect)
