@@ -3,8 +3,8 @@
     python benchmarks/oracle_scale.py --device cuda     # 4k to 119k tokens, 24 heads, d128, bf16, W = 2 on one GPU
     python benchmarks/oracle_scale.py                   # CPU: 4k to 16k tokens, 2 heads, d64, fp32
 
-Per total sequence length: torch SDPA's forward + backward on the whole sequence (one process; the median of
-three after a warm-up), then ``usp.ulysses_parity`` and ``usp.ulysses_grad`` on the reference target at W = 2
+Per total sequence length: torch SDPA's forward + backward on the whole sequence (one process; three runs after a
+warm-up: the median, and the ratio's range over their min-max), then ``usp.ulysses_parity`` and ``usp.ulysses_grad`` on the reference target at W = 2
 (every rank computes the single-rank reference twice, its shard under SP and the float64 oracle of its rows;
 the gradient contract the whole float64 gradients), their wall time as a multiple of the kernel's, and the
 most memory one rank held (device: torch's allocator peak; host: resident set). All in one run.
@@ -28,8 +28,11 @@ GPU_LENGTHS = (4608, 16384, 32768, 65536, 118800)
 CPU_LENGTHS = (4096, 8192, 16384)
 
 
-def kernel_seconds(tokens: int, heads: int, dim: int, dtype: torch.dtype, device: str) -> tuple[float, float | None]:
-    """SDPA forward + backward on ``[1, heads, tokens, dim]``: median seconds of 3, and the device peak in GiB."""
+def kernel_seconds(
+    tokens: int, heads: int, dim: int, dtype: torch.dtype, device: str
+) -> tuple[list[float], float | None]:
+    """SDPA forward + backward on ``[1, heads, tokens, dim]``: the seconds of 3 runs after a warm-up, and the
+    device peak in GiB."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, tokens, dim, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
     dout = torch.randn(1, heads, tokens, dim, generator=gen).to(device, dtype)
@@ -48,9 +51,9 @@ def kernel_seconds(tokens: int, heads: int, dim: int, dtype: torch.dtype, device
     once()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    seconds = statistics.median(once() for _ in range(3))
+    runs = sorted(once() for _ in range(3))
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-    return seconds, peak
+    return runs, peak
 
 
 def contract_cost(pools: PoolSet, contract: str, tokens: int, shape: dict, device: str) -> dict:
@@ -76,20 +79,26 @@ def main() -> None:
     shape = {"heads": 24, "head_dim": 128, "dtype": "bf16"} if gpu else {"heads": 2, "head_dim": 64, "dtype": "fp32"}
     dtype = torch.bfloat16 if gpu else torch.float32
     rows = []
-    header = "tokens | kernel fwd+bwd s | contract | s | × kernel | device GiB/rank | host GiB/rank | status"
+    header = (
+        "tokens | kernel fwd+bwd s (min-max of 3) | contract | s | × kernel (× over the kernel's min-max) | "
+        "device GiB/rank | host GiB/rank | status"
+    )
     print(header, flush=True)
     with PoolSet(args.device) as pools:
         for tokens in lengths:
-            seconds, kernel_peak = kernel_seconds(tokens, shape["heads"], shape["head_dim"], dtype, args.device)
+            runs, kernel_peak = kernel_seconds(tokens, shape["heads"], shape["head_dim"], dtype, args.device)
+            seconds = statistics.median(runs)
             for contract in ("usp.ulysses_parity", "usp.ulysses_grad"):
                 if contract.endswith("grad") and args.grad_max and tokens > args.grad_max:
                     continue
                 cost = contract_cost(pools, contract, tokens, shape, args.device)
-                row = {"tokens": tokens, "kernel_s": seconds, "kernel_peak_gib": kernel_peak, "contract": contract}
+                row = {"tokens": tokens, "kernel_s": seconds, "kernel_runs_s": runs, "kernel_peak_gib": kernel_peak}
+                row["contract"] = contract
                 rows.append({**row, **cost, "ratio": cost["seconds"] / seconds})
                 peaks = cost["peak_gib_per_rank"]
                 print(
-                    f"{tokens} | {seconds:.4f} | {contract} | {cost['seconds']:.1f} | {cost['seconds'] / seconds:.0f} | "
+                    f"{tokens} | {seconds:.4f} ({runs[0]:.4f}-{runs[-1]:.4f}) | {contract} | {cost['seconds']:.1f} | "
+                    f"{cost['seconds'] / seconds:.0f} ({cost['seconds'] / runs[-1]:.0f}-{cost['seconds'] / runs[0]:.0f}) | "
                     f"{peaks.get('device', float('nan')):.1f} | {peaks.get('host', float('nan')):.2f} | "
                     f"{cost['status']}",
                     flush=True,

@@ -14,6 +14,8 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import torch
+
 from harness.contracts.stats import Stats
 
 BOUND_SYNTAX = "'bitwise', 'abs:X' or 'fa[:K[:FLOOR[:ULPS]]]'"
@@ -97,7 +99,7 @@ def fp32_ulp(magnitude: float) -> float:
     """The spacing of float32 numbers at ``magnitude`` (its binade's), 0 for 0."""
     if not magnitude > 0 or not math.isfinite(magnitude):
         return 0.0
-    return math.ldexp(1.0, math.frexp(magnitude)[1] - 24)
+    return math.ldexp(torch.finfo(torch.float32).eps, math.frexp(magnitude)[1] - 1)
 
 
 NON_DETERMINISTIC = "kernel non-deterministic at this shape: bitwise not claimable"

@@ -1,25 +1,27 @@
-"""Whether a bitwise claim can hold: the single-rank computation run twice, and run in the head groups a Ulysses
+"""Whether a bitwise claim can hold: the single-rank computation run again, and run in the head groups a Ulysses
 rank computes.
 
 Bitwise parity with one rank needs a kernel that gives the same bits twice at the shape (torch SDPA's flash and
 cuDNN backward do not, on an H200, from a few thousand tokens) and gives a head group's rows the same bits as
 the whole (a Ulysses rank calls the kernel with H/U heads; SDPA's deterministic flash backward does not, at
-Z-Image 1024² on an H200). Each is measured under a bitwise bound; where one differs, the judging falls back on
-that spread (:class:`harness.contracts.bounds.JitterBound`) and says which.
+Z-Image 1024² on an H200). Under a bitwise bound both runs are made here; the judges
+(:func:`harness.contracts.outputs.judge_runs`) hold each against the first run, whose spread may become the
+bound (:class:`harness.contracts.bounds.JitterBound`), and against float64 attention, so a run that is wrong
+rather than reordered fails instead of widening the bound.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from harness.contracts.bounds import Bitwise
+from harness.contracts.judging import Role
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext
-from harness.contracts.stats import Stats, compare, magnitude_floor
 from harness.targets.base import Unsupported
 
 Tensor = torch.Tensor
@@ -27,32 +29,29 @@ Computation = Callable[[Callable[..., Tensor]], Sequence[Tensor]]  # attention -
 
 
 @dataclass(frozen=True)
-class Spreads:
-    """Per comparison name: the second run against the first, and the head-group run against the first."""
+class Runs:
+    """The extra single-rank runs of a bitwise case (:data:`Role.REPEAT`, :data:`Role.HEAD_GROUPS`), each the
+    computation's results; ``unmeasured``: why a run was not made (the target refused a head group's layer)."""
 
-    again: dict[str, Stats]
-    head_groups: dict[str, Stats]
+    results: dict[Role, Sequence[Tensor]] = field(default_factory=dict)
+    unmeasured: str | None = None
 
 
-def measured(
-    ctx: RankContext, p: Params, names: Sequence[str], compute: Computation, first: Sequence[Tensor], groups: int
-) -> Spreads:
-    """Under a bitwise bound: ``compute`` once more with the single-rank attention, and (``groups`` > 1, a Ulysses
-    degree) once with it called per head group; each against ``first``. Empty under any other bound."""
+def extra_runs(ctx: RankContext, p: Params, compute: Computation, groups: int) -> Runs:
+    """Under a bitwise bound: ``compute`` once more with the single-rank attention and (``groups`` > 1, a Ulysses
+    degree) once with it called per head group. None of them under any other bound."""
     if not isinstance(ctx.bound, Bitwise):
-        return Spreads({}, {})
-    again = _against(names, compute(ctx.attention(p, skip_sequence_parallel=True)), first)
+        return Runs()
+    results: dict[Role, Sequence[Tensor]] = {Role.REPEAT: compute(ctx.attention(p, skip_sequence_parallel=True))}
     if groups == 1:
-        return Spreads(again, {})
+        return Runs(results)
     try:
-        split = compute(HeadGroups(ctx.attention(p, **_group_heads(p, groups)), groups))
-    except Unsupported:  # a target that cannot build a head group's layer: not measured, the case still runs
-        return Spreads(again, {})
-    return Spreads(again, _against(names, split, first))
-
-
-def _against(names: Sequence[str], results: Sequence[Tensor], first: Sequence[Tensor]) -> dict[str, Stats]:
-    return {n: compare(r, f, ulps_above=magnitude_floor(f)) for n, r, f in zip(names, results, first)}
+        results[Role.HEAD_GROUPS] = compute(HeadGroups(ctx.attention(p, **_group_heads(p, groups)), groups))
+    except Unsupported as exc:  # a measurement, not a requirement: the case still runs, saying so
+        return Runs(
+            results, f"head groups not measured: the target refused a {p.heads // groups}-head layer ({exc.reason})"
+        )
+    return Runs(results)
 
 
 def _group_heads(p: Params, groups: int) -> dict[str, Any]:

@@ -32,6 +32,8 @@ class Role(StrEnum):
 
     SHARDED = "sharded"  # this rank's share of the N-rank output
     SINGLE_RANK = "single-rank"  # the target's own one-rank output (every rank computes the same one)
+    REPEAT = "single-rank repeat"  # the same computed again (is the kernel deterministic?)
+    HEAD_GROUPS = "head-group"  # the same in a Ulysses rank's head groups (is the kernel head-count invariant?)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class RankOutcome:
     # run in the Ulysses head groups, each against the first run (:mod:`.determinism`)
     spread: dict[str, Stats] = field(default_factory=dict)
     head_groups: dict[str, Stats] = field(default_factory=dict)
+    unmeasured: str | None = None  # why a run of :mod:`.determinism` was not made
     peak_memory: dict[str, float] = field(default_factory=dict)  # GiB this rank held at most: device, host
     kernel: str | None = None
     skip: str | None = None
@@ -115,6 +118,8 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         figures.update({k: v for k, v in worst.items() if k in ("bitwise", "max_abs", "mean_abs", "elements")})
     if spreads:
         figures["determinism"] = {name: _determinism(s, groups.get(name), len(outcomes)) for name, s in spreads.items()}
+        if outcomes[0].unmeasured:
+            figures["determinism"]["unmeasured"] = outcomes[0].unmeasured
     peaks = _merged_max([o.peak_memory for o in outcomes])
     if peaks:
         figures["peak_memory_gib"] = peaks

@@ -3,7 +3,7 @@
 A case the device cannot hold is skipped with the estimate and the device's size as the reason (a
 property of the machine, like a job with too few ranks: not a claim about the target), never ended
 by an out-of-memory traceback. The estimate adds up the tensors a rank holds at its peak: the
-whole-sequence inputs and single-rank outputs (twice, for the determinism run), its shard and the
+whole-sequence inputs and single-rank outputs (three, with the determinism runs), its shard and the
 sequence-parallel exchange, the oracle's float64 keys and values and its rows (whole gradients for a
 gradient contract), and the oracle's block temporaries (:data:`~harness.contracts.oracles.BLOCK_ELEMENTS`).
 Ranks sharing one GPU (more ranks than GPUs) or one host share its memory.
@@ -56,18 +56,21 @@ class Footprint:
 def attention_bytes(p: Params, device: str, *, gradient: bool) -> int:
     """Bytes one rank holds at its peak in a ``usp.*`` case (see the module docstring for the terms)."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    world, size = p.world_size, torch.empty((), dtype=p.torch_dtype).element_size()
-    extra = p.get("replicated", 0) or 0
-    queries = p.batch * (p.tokens + extra) * p.heads * p.head_dim
-    kv = p.batch * (p.tokens + extra) * p.kv_heads * p.head_dim
-    expanded = queries  # K/V with every query head (GQA expanded), as the oracle holds them
+    size = torch.empty((), dtype=p.torch_dtype).element_size()
+    tokens = p.batch * (p.tokens + (p.get("replicated", 0) or 0))  # the whole sequence, replicated tokens included
+    queries, kv = tokens * p.heads * p.head_dim, tokens * p.kv_heads * p.head_dim  # elements of q and of k or v
+    mine = p.batch * (p.tokens_per_rank + (p.get("replicated", 0) or 0)) * p.heads * p.head_dim  # this rank's rows
     inputs = (queries + 2 * kv) * size
-    held = inputs * (1 + 4 / world) + 2 * queries * size  # whole, shard and exchange; two single-rank outputs
-    oracle = 2 * expanded * (8 + size) + (queries / world + p.get("tokens_per_rank", 0)) * (8 + size)
+    # the whole inputs, their shard and its exchange; the single-rank output, its repeat and its head-group run
+    held = inputs * (1 + 4 / p.world_size) + 3 * queries * size
+    # float64 K and V with every query head (GQA expanded) and the same in the dtype; the oracle's rows
+    oracle = 2 * queries * (8 + size) + mine * (8 + size)
     temporaries = BLOCK_ELEMENTS[kind] * 8 * 5
     if gradient:
-        held += 3 * inputs  # leaves, two single-rank backward runs' gradients
-        oracle += queries * (8 + size) + 2 * expanded * (8 + 4) + 2 * kv * (8 + size) + queries * size
+        held += 4 * inputs  # the leaves, and dq, dk, dv of the three single-rank backward runs
+        # the whole float64 dq (its dk, dv accumulators: float64), the naive ones (float32 accumulators), and both
+        # cast back to the input's shapes
+        oracle += queries * (8 + size) + 2 * queries * (8 + 4) + 2 * kv * (8 + size)
         temporaries = BLOCK_ELEMENTS[kind] * 8 * 7
     return int(SAFETY * (held + oracle + temporaries)) + PROCESS_BYTES[kind]
 

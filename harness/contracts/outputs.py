@@ -10,13 +10,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from harness.contracts.bounds import Bitwise, Bound, FlashAttentionRule, judge, parse_bound
-from harness.contracts.judging import Output, RankOutcome, Role
+from harness.contracts.determinism import Runs
+from harness.contracts.judging import OUTPUT, Output, RankOutcome, Role
 from harness.contracts.oracles import Asked, diagnose, take
 from harness.contracts.params import Param, ParamError, Params
-from harness.contracts.stats import Stats, compare, magnitude_floor
+from harness.contracts.stats import compare, magnitude_floor
 
 Tensor = torch.Tensor
 
@@ -55,12 +58,14 @@ def judge_output(
     single: Tensor,
     rows: Tensor | None,
     kernel: str,
+    runs: Runs | None = None,
 ) -> RankOutcome:
     """This rank's sharded ``out`` against its rows of ``single`` (the case's ``bound``) and both against the oracle.
 
     ``single`` is the target's single-rank output of ``asked``; ``rows`` the rows of the whole sequence this
     rank holds, in its order (-1: a padding row of zeros; None: all of them). The oracle computes those rows
     only; each rank judges the single-rank output on its own rows, so the ranks together judge all of it.
+    ``runs``: the extra single-rank runs of a bitwise case (:func:`judge_runs`).
     """
     rows = torch.arange(single.shape[1], device=single.device) if rows is None else rows
     expected = take(single, rows)
@@ -80,13 +85,36 @@ def judge_output(
         Output(Role.SHARDED): (out, ref64, naive, rows),
         Output(Role.SINGLE_RANK): (take(single, rows[valid]), ref64[:, valid], naive[:, valid], rows[valid]),
     }
-    oracle: dict[Output, Stats] = {}
-    hints: dict[Output, str] = {}
+    outcome = RankOutcome(stats=stats, problems=problems, kernel=kernel)
     rule = oracle_rule(p)
     for output, (tensor, ref, low, its_rows) in judged.items():
-        oracle[output] = compare(tensor, ref, ref, low)
-        if judge(rule, oracle[output]):
+        outcome.oracle[output] = compare(tensor, ref, ref, low)
+        if judge(rule, outcome.oracle[output]):
             hint = diagnose(tensor, asked, its_rows, rule)
             if hint:
-                hints[output] = hint
-    return RankOutcome(stats=stats, oracle=oracle, hints=hints, problems=problems, kernel=kernel)
+                outcome.hints[output] = hint
+    if runs is not None:
+        extra = {role: results[0] for role, results in runs.results.items()}
+        judge_runs(outcome, None, extra, single, floor, rows[valid], ref64[:, valid], naive[:, valid])
+        outcome.unmeasured = runs.unmeasured
+    return outcome
+
+
+def judge_runs(
+    outcome: RankOutcome,
+    part: str | None,
+    runs: Mapping[Role, Tensor],
+    first: Tensor,
+    floor: float | None,
+    rows: Tensor,
+    ref64: Tensor,
+    naive: Tensor,
+) -> None:
+    """The extra single-rank runs of a bitwise case (:mod:`.determinism`), each against the first run (its spread
+    in ulps: what a bitwise claim falls back on) and, on this rank's ``rows``, against float64 attention: a run
+    that is wrong, not reordered, fails there rather than widening the bound."""
+    name = part or OUTPUT
+    for role, result in runs.items():
+        spreads = outcome.spread if role is Role.REPEAT else outcome.head_groups
+        spreads[name] = compare(result, first, ulps_above=floor)
+        outcome.oracle[Output(role, part)] = compare(take(result, rows), ref64, ref64, naive)

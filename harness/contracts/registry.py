@@ -84,6 +84,9 @@ class RankContext:
         )
 
 
+_CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
+
+
 @contextmanager
 def deterministic_algorithms() -> Iterator[None]:
     """``torch.use_deterministic_algorithms(True)`` for the block, then the previous mode. Strict, not warn-only:
@@ -108,7 +111,6 @@ def deterministic_algorithms() -> Iterator[None]:
             os.environ.pop(_CUBLAS, None)
 
 
-_CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 Body = Callable[[RankContext, Params], RankOutcome]
 _REPLICATED_KINDS = frozenset(
     {Capability.REPLICATED_PREFIX, Capability.REPLICATED_SUFFIX, Capability.REPLICATED_KV_PREFIX}

@@ -62,8 +62,14 @@ def run_case_in_rank(contract_id: str, raw: dict, target_spec: str, target_args:
     target = load_target(target_spec, target_args)
     contract = get_contract(contract_id)
     params = Params(raw)  # validated in the parent
-    ctx = RankContext(target, dist.get_rank(), dist.get_world_size(), rank_device(), contract.bound(params))
-    ctx.deterministic = bool(params.get("deterministic", False))
+    ctx = RankContext(
+        target,
+        dist.get_rank(),
+        dist.get_world_size(),
+        rank_device(),
+        contract.bound(params),
+        deterministic=bool(params.get("deterministic", False)),
+    )
     memory.reset_peaks(ctx.device)
     try:
         outcome = contract.body(ctx, params)

@@ -22,7 +22,6 @@ CHUNK = 1 << 22  # elements per chunk of a comparison: 32 MiB of float64 per tem
 #: Below this fraction of a tensor's largest magnitude an element's ulp is taken at that fraction: a sum that
 #: cancels to almost nothing carries the rounding of its terms, not of its result (see :func:`ulps`).
 ULP_FLOOR_FRACTION = 2.0**-8
-_MANTISSA_BITS = {torch.float64: 52, torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
 _MAXIMA = ("max_abs", "max_ulps", "err_ref64", "naive_err_ref64", "ref64_max")
 _SUMS = ("count", "nonfinite", "ref_nonfinite", "sum_abs", "sum_sq_err", "sum_sq_ref")
 
@@ -99,16 +98,20 @@ def chunks(*tensors: Tensor | None) -> Iterator[tuple[Tensor | None, ...]]:
 
 def ulps(diff: Tensor, expected: Tensor, dtype: torch.dtype, magnitude_floor: float) -> Tensor:
     """``diff`` in units in the last place of ``dtype`` at ``max(|expected|, magnitude_floor)`` (float64 inputs)."""
-    scale = expected.abs().clamp(min=max(magnitude_floor, torch.finfo(dtype).tiny))
+    info = torch.finfo(dtype)
+    scale = expected.abs().clamp(min=max(magnitude_floor, info.tiny))
     _, exponent = torch.frexp(scale)  # scale = m·2^e with m in [0.5, 1): its binade starts at 2^(e-1)
-    spacing = torch.ldexp(torch.ones_like(scale), exponent - 1 - _MANTISSA_BITS.get(dtype, 52))
-    return diff / spacing
+    return diff / torch.ldexp(torch.full_like(scale, info.eps), exponent - 1)  # eps·2^(e-1): the binade's spacing
 
 
 def magnitude_floor(tensor: Tensor) -> float:
     """:data:`ULP_FLOOR_FRACTION` of ``tensor``'s largest finite magnitude (0 for an empty or all non-finite one)."""
-    finite = tensor.detach()[torch.isfinite(tensor.detach())]
-    return float(finite.abs().max().item()) * ULP_FLOOR_FRACTION if finite.numel() else 0.0
+    largest = 0.0
+    for (chunk,) in chunks(tensor):
+        assert chunk is not None
+        if chunk.numel():
+            largest = max(largest, float(torch.where(torch.isfinite(chunk), chunk.abs(), 0.0).max().item()))
+    return largest * ULP_FLOOR_FRACTION
 
 
 def compare(

@@ -18,7 +18,7 @@ import torch
 
 from harness.contracts import determinism, layouts
 from harness.contracts.bounds import Bound, parse_bound
-from harness.contracts.judging import OUTPUT, RankOutcome
+from harness.contracts.judging import RankOutcome
 from harness.contracts.layouts import LayoutFn
 from harness.contracts.memory import footprint
 from harness.contracts.outputs import ORACLE, check_oracle, judge_output, oracle_rule
@@ -112,12 +112,11 @@ def output_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
         return [attention(*inputs, **case.single_kwargs)]
 
     [ref] = compute(ctx.attention(p, skip_sequence_parallel=True))
-    spreads = determinism.measured(ctx, p, [OUTPUT], compute, [ref], case.degrees[0])
+    runs = determinism.extra_runs(ctx, p, compute, case.degrees[0])
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
         out = attn(*case.local, **case.kwargs)
-    outcome = judge_output(ctx.bound, p, case.asked, out, ref, case.q_rows, attn.kernel)
-    outcome.spread, outcome.head_groups = spreads.again, spreads.head_groups
+    outcome = judge_output(ctx.bound, p, case.asked, out, ref, case.q_rows, attn.kernel, runs)
     if case.replicated_q is not None:
         outcome.replicated["output"] = digest(out[:, case.replicated_q])
     return outcome

@@ -22,7 +22,7 @@ from harness.contracts.bounds import Bitwise, Bound, judge
 from harness.contracts.judging import Output, RankOutcome, Role
 from harness.contracts.layouts import Layout, LayoutFn
 from harness.contracts.oracles import diagnose_gradient, gradients_ref64, naive_gradients, take
-from harness.contracts.outputs import oracle_rule
+from harness.contracts.outputs import judge_runs, oracle_rule
 from harness.contracts.params import Params
 from harness.contracts.registry import RankContext
 from harness.contracts.stats import compare, digest, magnitude_floor
@@ -73,11 +73,9 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
     case = layout(ctx, p)
     dout = ctx.randn(p, case.asked.q.shape[1], p.heads, p.seed + _DOUT_SEED)
     single, problems = _single_rank(ctx, ctx.attention(p, skip_sequence_parallel=True), case, dout)
-    spreads = determinism.Spreads({}, {})
+    runs = determinism.Runs()
     if not problems:
-        spreads = determinism.measured(
-            ctx, p, NAMES, lambda attn: _single_rank(ctx, attn, case, dout)[0], single, case.degrees[0]
-        )
+        runs = determinism.extra_runs(ctx, p, lambda attn: _single_rank(ctx, attn, case, dout)[0], case.degrees[0])
     mine = [t.detach().clone().requires_grad_() for t in case.local]
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
@@ -86,8 +84,7 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
     problems += sharded_problems
     if problems:
         return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
-    outcome = judge_gradients(ctx.bound, p, case, dout, sharded, single, attn.kernel)  # type: ignore[arg-type]
-    outcome.spread, outcome.head_groups = spreads.again, spreads.head_groups
+    outcome = judge_gradients(ctx.bound, p, case, dout, sharded, single, attn.kernel, runs)  # type: ignore[arg-type]
     for name, grad, rows in zip(NAMES, sharded, (case.replicated_q, case.replicated_kv, case.replicated_kv)):
         if rows is not None:
             outcome.replicated[name] = digest(grad[:, rows])  # type: ignore[index]
@@ -102,10 +99,12 @@ def judge_gradients(
     sharded: list[Tensor],
     single: list[Tensor],
     kernel: str,
+    runs: determinism.Runs,
 ) -> RankOutcome:
     """Each gradient: dtype and shape, then against its share of the single-rank one (the case's bound, per name)
     and against float64 attention's (the ``oracle`` rule), with a diagnosis where the oracle is missed. Each rank
-    judges the single-rank gradients on the rows it holds, so the ranks together judge all of them."""
+    judges the single-rank gradients on the rows it holds, so the ranks together judge all of them; the extra
+    single-rank runs of a bitwise case likewise (:func:`~harness.contracts.outputs.judge_runs`)."""
     asked = case.asked
     problems = []
     for name, grad, whole, local, full in zip(NAMES, sharded, single, case.local, (asked.q, asked.k, asked.v)):
@@ -116,18 +115,19 @@ def judge_gradients(
         return RankOutcome(problems=problems, checks=1, kernel=kernel)
     ref64, naive = gradients_ref64(*asked.args, dout=dout), naive_gradients(*asked.args, dout=dout)
     rule = oracle_rule(p)
-    outcome = RankOutcome(kernel=kernel)
-    for name, grad, whole, g64, gnaive, rows in zip(
-        NAMES, sharded, single, ref64, naive, (case.q_rows, case.kv_rows, case.kv_rows)
+    outcome = RankOutcome(kernel=kernel, unmeasured=runs.unmeasured)
+    for i, (name, grad, whole, g64, gnaive, rows) in enumerate(
+        zip(NAMES, sharded, single, ref64, naive, (case.q_rows, case.kv_rows, case.kv_rows))
     ):
         mine64, mine_naive = take(g64, rows), take(gnaive, rows)
         floor = magnitude_floor(whole) if isinstance(bound, Bitwise) else None
         oracle_args = (mine64, mine_naive) if bound.needs_ref64 else ()
         outcome.parts[name] = compare(grad, take(whole, rows), *oracle_args, ulps_above=floor)
         valid = rows[rows >= 0]
+        valid64, valid_naive = take(g64, valid), take(gnaive, valid)
         judged = {
             Output(Role.SHARDED, name): (grad, mine64, mine_naive),
-            Output(Role.SINGLE_RANK, name): (take(whole, valid), take(g64, valid), take(gnaive, valid)),
+            Output(Role.SINGLE_RANK, name): (take(whole, valid), valid64, valid_naive),
         }
         for output, (g, ref, low) in judged.items():
             outcome.oracle[output] = compare(g, ref, ref, low)
@@ -135,6 +135,8 @@ def judge_gradients(
                 hint = diagnose_gradient(g, ref, low, rule)
                 if hint:
                     outcome.hints[output] = hint
+        extra = {role: results[i] for role, results in runs.results.items()}
+        judge_runs(outcome, name, extra, whole, floor, valid, valid64, valid_naive)
     return outcome
 
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from harness.contracts import collectives, determinism, layouts
 from harness.contracts.bounds import Bitwise
-from harness.contracts.judging import OUTPUT, RankOutcome
+from harness.contracts.judging import RankOutcome
 from harness.contracts.layouts import qkv
 from harness.contracts.oracles import Asked
 from harness.contracts.outputs import judge_output
@@ -135,11 +135,10 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     tokens = p.tokens_per_rank + 3 * ctx.rank
     q, k, v = qkv(ctx, p, tokens, seed=p.seed + 1000 * (ctx.rank + 1))
     ref = ctx.attention(p, skip_sequence_parallel=True)(q, k, v)
-    spreads = determinism.measured(ctx, p, [OUTPUT], lambda attention: [attention(q, k, v)], [ref], 1)
+    runs = determinism.extra_runs(ctx, p, lambda attention: [attention(q, k, v)], 1)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p, skip_sequence_parallel=True)
-        outcome = judge_output(ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, None, attn.kernel)
-        outcome.spread = spreads.again
+        outcome = judge_output(ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, None, attn.kernel, runs)
         for _ in range(ctx.rank):
             assert outcome.stats is not None
             outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref, ulps_above=magnitude_floor(ref)))

@@ -107,7 +107,27 @@ def test_a_kernel_whose_bits_follow_the_head_count_is_said_so_and_judged_by_that
     assert result.bound.startswith(HEAD_VARIANT) and NON_DETERMINISTIC not in result.bound
 
 
-def test_a_target_that_cannot_build_a_head_groups_layer_still_runs_the_case(rank_pools: PoolSet) -> None:
-    """The head-group run is a measurement, not a requirement: refused, it is left out and the case runs."""
+def test_a_target_that_cannot_build_a_head_groups_layer_still_runs_the_case_and_says_so(rank_pools: PoolSet) -> None:
+    """The head-group run is a measurement, not a requirement: refused, it is left out, the result says why."""
     result = _run(rank_pools, "usp.ulysses_parity", "fp32", "whole_heads_only")
-    assert (result.status, "head_groups" in result.figures["determinism"]["output"]) == (PASSED, False)
+    determinism = result.figures["determinism"]
+    assert (result.status, "head_groups" in determinism["output"]) == (PASSED, False)
+    assert determinism["unmeasured"].startswith("head groups not measured: the target refused a 2-head layer")
+
+
+@pytest.mark.parametrize("contract", ["usp.ulysses_parity", "usp.ulysses_grad"])
+def test_a_head_group_run_that_is_wrong_fails_instead_of_widening_the_bound(rank_pools: PoolSet, contract: str) -> None:
+    """The extra runs face float64 attention too: a layer wrong for fewer heads (1.5 times the attention) cannot
+    turn its distance into the fallback bound of the sharded comparison."""
+    result = _run(rank_pools, contract, "bf16", "wrong_few_heads")
+    assert result.status == FAILED and "head-group" in result.reason and "vs float64 attention" in result.reason, (
+        result.reason
+    )
+
+
+def test_the_extra_runs_are_judged_against_float64_and_reported(rank_pools: PoolSet) -> None:
+    result = _run(rank_pools, "usp.ulysses_grad", "bf16", "head_variant")
+    oracle = result.figures["oracle"]
+    judged = {key for key in oracle if key.startswith(("single-rank repeat", "head-group"))}
+    assert judged == {f"{role} {n}" for role in ("single-rank repeat", "head-group") for n in ("dq", "dk", "dv")}
+    assert all(oracle[key]["err_ref64"] <= oracle[key]["allowed"] for key in judged), oracle

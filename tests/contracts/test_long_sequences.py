@@ -19,7 +19,8 @@ LIMIT_BYTES = 4 * 10**9
 def test_the_long_suite_passes_in_bounded_memory(tmp_path: Path) -> None:
     report = tmp_path / "long.json"
     command = [sys.executable, "-m", "harness.cli", "check", "--suite", "long", "--json", str(report), "-q"]
-    code, peaks = run_measured(command, stdout=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
+    with open(tmp_path / "out.txt", "w") as out:
+        code, peaks = run_measured(command, stdout=out)
     records = json.loads(report.read_text())["stages"]["contracts"]["records"]
     assert (code, sorted((r["case_id"], r["status"]) for r in records)) == (
         0,

@@ -102,13 +102,27 @@ class JitteryTarget(ReferenceTarget):
         return super().capabilities() - {"reference_models"}
 
     def make_attention(self, spec: AttentionSpec) -> _Jittery:  # type: ignore[override]
-        if self.defect == "whole_heads_only" and spec.skip_sequence_parallel and spec.num_heads < 4:
+        few_heads = spec.skip_sequence_parallel and spec.num_heads < 4
+        if self.defect == "whole_heads_only" and few_heads:
             raise Unsupported("this layer is built for all 4 heads only")
+        if self.defect == "wrong_few_heads" and few_heads:
+            return _Jittery(_Scaled(super().make_attention(spec)), spec, None)
         return _Jittery(super().make_attention(spec), spec, self.defect)
+
+
+class _Scaled:
+    """A rank-local layer of fewer heads that computes 1.5 times the attention (wrong, not reordered)."""
+
+    def __init__(self, inner: ReferenceAttention) -> None:
+        self.inner, self.backend, self.kernel = inner, inner.backend, inner.kernel
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.inner(*args, **kwargs) * 1.5
 
 
 def factory(defect: str | None = None, **_: str) -> JitteryTarget:
     """``defect``: none, ``output`` (rank 1 scales its output under SP), ``dq`` (rank 1 scales its dq) or
     ``head_variant`` (deterministic, its last bits set by the head count instead of at random) or
-    ``whole_heads_only`` (a rank-local layer of fewer than 4 heads refused)."""
+    ``whole_heads_only`` (a rank-local layer of fewer than 4 heads refused) or ``wrong_few_heads`` (such a layer
+    computes 1.5 times the attention)."""
     return JitteryTarget(defect)
