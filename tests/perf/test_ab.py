@@ -2,8 +2,10 @@
 for a command whose time is sleep, for the built-in pipeline, and for the built-in pipeline at another commit
 (``rev:``); the verdict's exit codes on scripted timings; absolute mode fails a doubled step.
 
-Verdicts only: no test bounds a wall-clock time. The real-process cases may sample up to 200 pairs, so a
-busy CI box makes them slower, not flaky.
+Verdicts only: no test bounds a wall-clock time. The real-process cases sample up to 200 pairs and assert what
+the statistics guarantee there: never the wrong verdict (an unchanged side never fails, a planted slowdown never
+passes), and where a busy box leaves the verdict open at the cap, the planted slowdown is still seen (an interval
+above 1). The exact verdicts are asserted on scripted timings, where they are decidable on any machine.
 """
 
 from __future__ import annotations
@@ -63,13 +65,41 @@ def _record(doc: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+CAP = int(MANY[1])
+
+
+def _undecided_at_the_cap(record: dict[str, Any], code: int) -> bool:
+    """A loaded box may leave a real process's A/B open after every pair allowed: inconclusive, exit 3, at the cap."""
+    if record["status"] != "inconclusive":
+        return False
+    assert (code, record["figures"]["pairs"]) == (EXIT_CODES["inconclusive"], CAP), record["reason"]
+    assert record["reason"].startswith(f"undecided after {CAP} pairs (the cap): ")
+    return True
+
+
 def assert_slower(record: dict[str, Any], code: int) -> None:
     """A failed A/B: exit 1, and every figure it names failed with its interval's lower end past its limit (sampling
-    stops at the first failed figure, so which figures those are depends on the run)."""
+    stops at the first failed figure, so which figures those are depends on the run). Left open at the cap (a
+    loaded box): never passed, and some figure's whole interval is above 1, the slowdown seen short of its limit."""
+    judged = record["figures"]["figures_judged"]
+    if _undecided_at_the_cap(record, code):
+        assert any(f["ratio_low"] > 1 for f in judged.values()), record["reason"]
+        return
     assert (code, record["status"]) == (1, "failed"), record["reason"]
     assert record["reason"].startswith("HEAD is slower than BASE: ")
-    failed = {k: f for k, f in record["figures"]["figures_judged"].items() if f["status"] == "failed"}
+    failed = {k: f for k, f in judged.items() if f["status"] == "failed"}
     assert failed and all(f["ratio_low"] > f["limit"] for f in failed.values())
+
+
+def assert_not_slower(record: dict[str, Any], code: int) -> None:
+    """Both sides the same code: passed, every interval within its limit; or, on a loaded box, open at the cap.
+    Never failed: that would be a false red."""
+    if _undecided_at_the_cap(record, code):
+        return
+    assert (code, record["status"]) == (0, "passed"), record["reason"]
+    assert all(
+        f["status"] == "passed" and f["ratio_high"] <= f["limit"] for f in record["figures"]["figures_judged"].values()
+    )
 
 
 def test_a_command_against_itself_passes(sleepy: Path, tmp_path: Path) -> None:
@@ -85,17 +115,15 @@ def test_a_command_against_itself_passes(sleepy: Path, tmp_path: Path) -> None:
         *MANY,
     )
     record = _record(doc)
-    assert (code, doc["verdict"], record["status"]) == (0, "passed", "passed"), record["reason"]
+    assert_not_slower(record, code)
+    assert doc["verdict"] == record["status"]
     figures = record["figures"]
     assert figures["mode"] == "ab" and figures["order"] == "ABBA" and figures["pairs"] >= 10
     assert figures["base"] == {"target": "command", "args": {"template": TEMPLATE}}
     judged = figures["figures_judged"]
     # the command's own timings and parity's clock of its process, each paired and judged
     assert {"wall_ms", "expected_e2e_ms", "stages_ms.DenoisingStage", "denoise_step_ms.3"} <= set(judged)
-    assert all(
-        f["status"] == "passed" and f["ratio_low"] <= f["ratio"] <= f["ratio_high"] <= f["limit"]
-        for f in judged.values()
-    )
+    assert all(f["ratio_low"] <= f["ratio"] <= f["ratio_high"] for f in judged.values())
     assert len(figures["samples"]["wall_ms"]["base"]) == figures["pairs"]
 
 
@@ -111,15 +139,16 @@ def test_a_command_whose_steps_sleep_10_percent_longer_fails(sleepy: Path, tmp_p
         f"template={TEMPLATE} --slow 0.1",
         *MANY,
     )
-    assert_slower(_record(doc), code)
+    record = _record(doc)
+    assert_slower(record, code)
     failure = ET.parse(tmp_path / "ab.xml").find(".//testcase[@name='sleepy']/failure")
-    assert failure is not None and failure.get("type") == "failed"
+    assert failure is not None and failure.get("type") == record["status"]  # failed, or inconclusive at the cap
 
 
 def test_the_builtin_pipeline_against_itself_passes(tiny: Path, tmp_path: Path) -> None:
     code, doc = _perf(tiny, tmp_path, "reference", "reference", *MANY)
     record = _record(doc)
-    assert (code, record["status"]) == (0, "passed"), record["reason"]
+    assert_not_slower(record, code)
     assert doc["stages"]["perf"]["pool_startup_s"].keys() == {"perf-base:1", "perf-head:1"}  # a pool per side
 
 
@@ -177,7 +206,7 @@ def test_a_commit_with_a_planted_delay_fails_against_its_parent(tiny: Path, hist
 def test_a_commit_against_the_working_tree_it_was_made_from_passes(tiny: Path, history: Path, tmp_path: Path) -> None:
     code, doc = _perf(tiny, tmp_path, "rev:HEAD~1", "reference", "--base-arg", f"repo={history}", *MANY)
     record = _record(doc)
-    assert (code, record["status"]) == (0, "passed"), record["reason"]
+    assert_not_slower(record, code)
 
 
 @pytest.mark.parametrize(
