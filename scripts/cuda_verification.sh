@@ -18,6 +18,10 @@
 #   scale      benchmarks/oracle_scale.py --device cuda: contract cost beside the kernel's, 4.6k to 119k tokens
 #   suite      the production suite's cases named in $SUITE_IDS (default: all of it)
 #   planted_grads  every gradient case with each backward bug of tests/targets/planted_grad_bugs.py (must fail)
+#   fa         with flash-attn installed (../shared/tools/flash-attn-wheels, then `source /tmp/fa4.env`): doctor,
+#              every default contract case with --backend fa, the gradient cases again with --deterministic
+#   fa_scale   the production suite's $FA_IDS with --backend fa, with and without --deterministic, and
+#              benchmarks/fa_kernels.py (FA against SDPA flash and cuDNN at production shapes)
 # Wheels in .whl/ (diffusers, sglang and what its import needs) are installed to a temp dir first;
 # sglang's top-level __init__ is replaced as scripts/sglang_cpu/README.md describes.
 # Everything lands in $OUT/cuda.tgz (re-packed after each step, so a cut-short run keeps what it did).
@@ -75,6 +79,17 @@ for phase in "$@"; do
         step "grad_$bug" $P check 'usp.*_grad' --device cuda --allow-new-skips --target tests.targets.planted_grad_bugs:factory \
           --target-arg bug=$bug --json "$W/grad_$bug.json"
       done ;;
+    fa)
+      step fa_doctor $P doctor --json "$W/fa_doctor.json"
+      step fa_check $P check --device cuda --backend fa --json "$W/fa_check.json"
+      step fa_grad_deterministic $P check 'usp.*_grad' --device cuda --backend fa --deterministic \
+        --json "$W/fa_grad_deterministic.json" ;;
+    fa_scale)
+      ids=${FA_IDS:-zimage_1024_w2 zimage_1024_grad_w2 wan14b_480p_ring_w2 hunyuan_720p_w2}
+      step fa_production $P check --suite production --device cuda --backend fa $ids --json "$W/fa_production.json"
+      step fa_production_deterministic $P check --suite production --device cuda --backend fa --deterministic \
+        zimage_1024_grad_w2 --json "$W/fa_production_deterministic.json"
+      step fa_bench python3 benchmarks/fa_kernels.py --json "$W/fa_bench.json" ;;
     scale)
       step scale python3 benchmarks/oracle_scale.py --device cuda --grad-max "${GRAD_MAX:-65536}" --json "$W/scale.json" ;;
     *) echo "unknown phase $phase" ;;

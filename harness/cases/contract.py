@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cases.files import case_glob, load_case_directory, read_case_tables
-from harness.cases.overlays import apply_platform_overlay, apply_target_overlay
+from harness.cases.overlays import apply_backend_overlays, apply_platform_overlay, apply_target_overlay
 from harness.contracts.case import Case, contract_of, make_case, with_overrides
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_id
@@ -155,7 +155,7 @@ def load_cases(root: str | Path, platform: str | None = None, target: str | None
     overlay = directory / "targets" / f"{target}.toml"
     if target and is_present(overlay):
         cases = apply_target_overlay(cases, overlay, platform=platform)
-    return cases
+    return apply_backend_overlays(cases, directory / "backends")
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,7 @@ class CaseSelection:
     backend: str | None = None
     dtype: str | None = None
     sdpa_kernel: str | None = None
+    deterministic: bool = False
 
 
 def _matches(case: Case, pattern: str) -> bool:
@@ -182,8 +183,9 @@ def _matches(case: Case, pattern: str) -> bool:
     )
 
 
-def select_cases(cases: Sequence[Case], selection: CaseSelection) -> list[Case]:
-    """The cases ``selection`` asks for, overrides applied (re-validated); ConfigError when a selector matches nothing."""
+def select_cases(cases: Sequence[Case], selection: CaseSelection, root: str | Path | None = None) -> list[Case]:
+    """The cases ``selection`` asks for, overrides applied (re-validated), with the skips the backend overlay of
+    ``root`` pins for the backend each case then runs; ConfigError when a selector matches nothing."""
     for pattern in selection.ids:
         if not any(_matches(c, pattern) for c in cases):
             known = sorted({c.contract_id for c in cases})
@@ -193,4 +195,11 @@ def select_cases(cases: Sequence[Case], selection: CaseSelection) -> list[Case]:
         chosen = [c for c in chosen if c.world_size == selection.world_size]
         if not chosen:
             raise ConfigError(f"no selected case runs at world size {selection.world_size}", key="--world-size")
-    return with_overrides(chosen, backend=selection.backend, dtype=selection.dtype, sdpa_kernel=selection.sdpa_kernel)
+    chosen = with_overrides(
+        chosen,
+        backend=selection.backend,
+        dtype=selection.dtype,
+        sdpa_kernel=selection.sdpa_kernel,
+        deterministic=selection.deterministic or None,
+    )
+    return chosen if root is None else apply_backend_overlays(chosen, contract_case_dir(root) / "backends")

@@ -1,11 +1,14 @@
-"""Overlays on the contract cases: per platform (what its hardware can promise) and per target (what
-an upstream stack's released versions do), each entry carrying the fact that justifies it.
+"""Overlays on the contract cases: per platform (what its hardware can promise), per target (what
+an upstream stack's released versions do) and per backend (what a kernel cannot express), each entry
+carrying the fact that justifies it.
 
 ``contracts/platforms/<platform>.toml`` replaces parameters of the cases a glob matches, on that
 platform only. ``contracts/targets/<target>.toml`` applies when that target runs, to the installed
 versions its entries name (PEP 440 against ``[target] distribution``): ``overrides``,
 ``expected_failures`` and ``expected_skips``, all strict, so the day upstream fixes a divergence the
 run says so while a new one still fails; a skip no entry pins fails its case (a skip is a claim).
+``contracts/backends/<backend>.toml`` pins skips by their reason on every case that runs that backend
+(``[[expected_skips]]`` with ``reason`` and ``because``): a kernel's limits hold whatever the case.
 Globs are ``*`` and ``?`` with brackets literal, each must match a case; every problem is a
 ConfigError naming file and key. The keys, with an example: docs/formats.md.
 """
@@ -209,3 +212,44 @@ def _module_missing(entry: Mapping[str, Any], path: Path, key: str) -> bool:
         return importlib.util.find_spec(module) is None
     except (ImportError, ValueError):
         return True
+
+
+def apply_backend_overlays(cases: list[Case], directory: Path) -> list[Case]:
+    """Each case with the skips its backend's overlay (``directory/<backend>.toml``, when present) pins."""
+    pins: dict[str, tuple[ExpectedSkip, ...]] = {}
+    out = []
+    for case in cases:
+        backend = case.params.get("backend")
+        if not isinstance(backend, str):
+            out.append(case)
+            continue
+        if backend not in pins:
+            path = directory / f"{backend}.toml"
+            pins[backend] = _backend_pins(path) if path.is_file() else ()
+        out.append(dataclasses.replace(case, backend_skips=pins[backend]))
+    return out
+
+
+def _backend_pins(path: Path) -> tuple[ExpectedSkip, ...]:
+    data = read_toml(path)
+    unknown = set(data) - {"expected_skips"}
+    entries = data.get("expected_skips")
+    if unknown or not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError(
+            "a backend overlay holds only [[expected_skips]] entries (reason, because)",
+            path=path,
+            key=sorted(unknown)[0] if unknown else "expected_skips",
+        )
+    pins = []
+    for i, entry in enumerate(entries):
+        key = f"expected_skips[{i}]"
+        extra = sorted(set(entry) - {"reason", "because"})
+        if extra:
+            raise ConfigError(
+                "unknown key; a backend's expected skip has only reason and because", path=path, key=f"{key}.{extra[0]}"
+            )
+        for name in ("reason", "because"):
+            if not isinstance(entry.get(name), str) or not entry[name].strip():
+                raise ConfigError("must be a non-empty string", path=path, key=f"{key}.{name}")
+        pins.append(ExpectedSkip(entry["because"], f"{path}: {key}", entry["reason"]))
+    return tuple(pins)

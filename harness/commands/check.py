@@ -22,7 +22,9 @@ EPILOG = """\
 IDs select cases by contract id (usp.ring_parity), case id (sglang_suffix_w2), the id of a
 matrix case without its [axes] (ulysses), or a glob (usp.replicated_*). --world-size keeps the
 cases of that world size; --backend, --dtype and --sdpa-kernel override the cases' values
-(re-validated).
+(re-validated); --deterministic runs every case under torch.use_deterministic_algorithms(True).
+A backend's own limits (flash-attn: fp16/bf16 only, no mask) are pinned in
+contracts/backends/<backend>.toml of the case directory.
 Each world size runs in one persistent rank pool."""
 
 
@@ -54,6 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--sdpa-kernel", default=None, choices=SDPA_KERNELS, help="pin torch SDPA to one kernel in every case"
     )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="set every case's `deterministic` (the target's calls and backward under torch's deterministic "
+        "algorithms; flash-attn then runs its deterministic backward)",
+    )
     add_outputs(parser)
     add_tables(parser)
     parser.set_defaults(run=run)
@@ -74,8 +82,11 @@ def run(args: argparse.Namespace) -> int:
         options, [(args.backend, args.sdpa_kernel)], {"backend": "--backend", "sdpa_kernel": "--sdpa-kernel"}
     )
     check_outputs((args.json, "--json"), (args.junit, "--junit"))
-    selection = CaseSelection(tuple(args.ids), args.world_size, args.backend, args.dtype, args.sdpa_kernel)
-    cases = select_cases(load_contract_cases(cases_root(args), options), selection)
+    selection = CaseSelection(
+        tuple(args.ids), args.world_size, args.backend, args.dtype, args.sdpa_kernel, args.deterministic
+    )
+    root = cases_root(args)
+    cases = select_cases(load_contract_cases(root, options), selection, root)
     out, err = human_console(args.json), make_console(stderr=True)
     with PoolSet(options.device) as pools:
         stage = run_contract_cases(cases, options, pools, err, release_pools=True)

@@ -20,7 +20,17 @@ from harness.report.output import emit_json
 HELP = (
     "show Python/torch versions, the platform, devices, every attention backend and target, and why one is unavailable"
 )
-_PACKAGES = ("torch", "flash-attn", "sageattention", "yunchang", "transformers", "scikit-image", "rich")
+_PACKAGES = (
+    "torch",
+    "flash-attn",
+    "flash-attn-4",
+    "flash_attn_3",
+    "sageattention",
+    "yunchang",
+    "transformers",
+    "scikit-image",
+    "rich",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -125,13 +135,14 @@ def run(args: argparse.Namespace) -> int:
     for d in data["devices"]:
         console.print(escape(f"device {d['type']}{':' + str(d['index']) if 'index' in d else ''} {d['name']}"))
     table = Table(title="attention backends")
-    for column in ("backend", "available", "returns LSE (ring)", "reason"):
+    for column in ("backend", "available", "returns LSE (ring)", "implementation", "reason"):
         table.add_column(column, overflow="fold")
     for b in data["backends"]:
         table.add_row(
             b["name"],
             "[green]yes[/]" if b["available"] else "[red]no[/]",
             "yes" if b["returns_lse"] else "no",
+            escape(b["implementation"] or ""),
             escape(b["reason"] or ""),
         )
     console.print(table)

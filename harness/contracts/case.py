@@ -48,6 +48,8 @@ class Case(CaseOrigin):
     expected_failure: str | None = field(default=None, kw_only=True)
     # What the target cannot express (from a target overlay): the skip this case is expected to end in.
     expected_skip: ExpectedSkip | None = field(default=None, kw_only=True)
+    # What the case's backend cannot express (a backend overlay): a skip whose reason holds one of these is pinned.
+    backend_skips: tuple[ExpectedSkip, ...] = field(default=(), kw_only=True)
     # Seconds the case may take (a production shape's oracle takes minutes); None: the contract's own.
     timeout: float | None = field(default=None, kw_only=True)
 

@@ -172,9 +172,12 @@ def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new
     A known divergence (``case.expected_failure``) that failed is ``xfailed``; one that passed fails
     (strict). A skip must be pinned (``case.expected_skip``, with its reason): an unpinned one fails
     the case (it stays a skip with ``allow_new_skips``), one for another reason than the pin's fails,
-    and a pinned case that ran fails: the overlay no longer says what the target can express.
+    and a pinned case that ran fails: the overlay no longer says what the target can express. A skip
+    whose reason is one the case's backend overlay pins (``case.backend_skips``) is pinned by that fact.
     """
     pin = case.expected_skip
+    if result.status == SKIPPED and pin is None:
+        pin = next((p for p in case.backend_skips if p.reason and p.reason in (result.reason or "")), None)
     if result.status == SKIPPED:
         reason = result.reason or ""
         if pin is None and allow_new_skips:

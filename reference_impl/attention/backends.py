@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from reference_impl.attention.blocked_math import BlockedAttention
+from reference_impl.attention.flash_attn_api import FlashAttnApi, installed_api
 from reference_impl.platform import current_platform
 
 Tensor = torch.Tensor
@@ -81,6 +82,11 @@ class AttentionBackend(ABC):
     def preferred_dtype(cls, dtype: torch.dtype) -> torch.dtype:
         """The dtype to cast to when the caller's dtype is not supported (fused kernels: bf16)."""
         return dtype if cls.supports_dtype(dtype) else torch.bfloat16
+
+    @classmethod
+    def implementation(cls) -> str | None:
+        """What this backend calls, where a package decides it (flash-attn's API and version)."""
+        return None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -187,11 +193,13 @@ SDPA_KERNELS = ("math", "flash", "efficient", "cudnn")
 _NO_KERNEL = ("No available kernel", "No viable backend")  # torch's words on CUDA and on the CPU
 
 
-class PinnedKernelRefused(RuntimeError):
-    """torch refused the pinned SDPA kernel for these inputs (flash with fp32, cudnn with a mask...).
+class KernelRefused(RuntimeError):
+    """A kernel refuses these inputs before computing anything, so callers may treat it as "this case
+    cannot run here" (flash-attn with a mask)."""
 
-    torch refuses before computing anything, so callers may treat it as "this case cannot run here".
-    """
+
+class PinnedKernelRefused(KernelRefused):
+    """torch refused the pinned SDPA kernel for these inputs (flash with fp32, cudnn with a mask...)."""
 
 
 def _sdpa_backend_enum(kernel: str):
@@ -310,47 +318,64 @@ class TorchSDPABackend(AttentionBackend):
 
 
 class FlashAttnBackend(AttentionBackend):
-    """The flash-attn package (FA3's ``flash_attn_interface`` when installed, else FA2)."""
+    """The flash-attn package, through whichever of its APIs is installed (:mod:`.flash_attn_api`).
+
+    GQA, the softmax scale and causal go to the kernel as they are; the LSE is the kernel's own. The
+    backward's dQ is deterministic when the backend was built so or torch's deterministic algorithms
+    are on (``torch.use_deterministic_algorithms``), as torch's own flash backward behaves.
+    """
 
     enum = AttentionBackendEnum.FA
     supported_dtypes = frozenset({torch.float16, torch.bfloat16})
     platforms = frozenset({"cuda", "rocm"})
     max_head_size = 256
 
+    def __init__(self, deterministic: bool = False) -> None:
+        self.deterministic = deterministic
+
     @classmethod
-    def _module_name(cls) -> str | None:
-        for name in ("flash_attn_interface", "flash_attn"):
-            if importlib.util.find_spec(name) is not None:
-                return name
-        return None
+    def supports_head_size(cls, head_size: int) -> bool:
+        return 8 <= head_size <= cls.max_head_size and head_size % 8 == 0  # the kernels' 16-byte alignment
+
+    @classmethod
+    def api(cls) -> FlashAttnApi:
+        found = installed_api()
+        if isinstance(found, str):
+            raise RuntimeError(found)
+        return found
+
+    @classmethod
+    def implementation(cls) -> str | None:
+        found = installed_api()
+        return None if isinstance(found, str) else found.describe()
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        if cls._module_name() is None:
-            return "the flash-attn package is not installed (pip install flash-attn; from a parity checkout: pip install -e '.[fa]')"
+        found = installed_api()
+        if isinstance(found, str):
+            return f"{found}; from a parity checkout: pip install -e '.[fa]' (FA2) or '.[fa4]' (FA4)"
         return super().unavailable_reason()
 
     @classmethod
     def supports_ring_rotation(cls) -> bool:
         return True
 
+    def lse_has_gradient(self) -> bool:
+        """FA4's backward takes the LSE's gradient; FA2's and FA3's drop it."""
+        found = installed_api()
+        return not isinstance(found, str) and found.spec.lse_has_gradient
+
     def forward(self, q, k, v, causal=False, softmax_scale=None, return_lse=False, attn_mask=None):
-        self._check_mask(attn_mask)
-        reason = self.unavailable_reason()
-        if reason:
-            raise RuntimeError(reason)
-        module = importlib.import_module(self._module_name())  # type: ignore[arg-type]
-        if module.__name__ == "flash_attn_interface":
-            result = module.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_attn_probs=True)
-        else:
-            result = module.flash_attn_func(
-                q, k, v, softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_lse
+        if attn_mask is not None:
+            raise KernelRefused("flash-attn takes no attention mask (only causal); a masked case cannot run on fa")
+        if causal and q.shape[1] != k.shape[1]:
+            raise KernelRefused(
+                f"flash-attn aligns a causal mask bottom-right, USPAttention top-left: {q.shape[1]} queries "
+                f"and {k.shape[1]} keys would differ"
             )
-        if isinstance(result, tuple):
-            out, lse = result[0], result[1]
-        else:
-            out, lse = result, None
-        return (out, lse.float()) if return_lse else out
+        deterministic = self.deterministic or torch.are_deterministic_algorithms_enabled()
+        out, lse = self.api().attention(q, k, v, causal, softmax_scale, return_lse, deterministic)
+        return (out, lse) if return_lse else out
 
 
 class SageAttnBackend(AttentionBackend):

@@ -299,3 +299,54 @@ def test_a_case_glob_means_the_same_in_an_overlay_and_on_the_command_line(tmp_pa
     marked = [c.id for c in apply_target_overlay(cases, path, Version("1.0")) if c.expected_failure]
     selected = [c.id for c in select_cases(cases, CaseSelection(("m[*]",)))]
     assert marked == selected == ["m[dtype=fp32]", "m[dtype=bf16]"]
+
+
+# --------------------------------------------------------------------------- backend overlays
+
+FA_PINS = '[[expected_skips]]\nreason = "does not compute in torch.float32"\nbecause = "fp16/bf16 only"\n'
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [
+        ("backend fa cannot run this case here: it does not compute in torch.float32", SKIPPED),
+        ("backend fa cannot run this case here: head size 12 is not supported", FAILED),
+    ],
+    ids=["its-limit", "another-reason"],
+)
+def test_a_backend_overlay_pins_a_skip_by_its_reason_only(tmp_path: Path, reason: str, status: str) -> None:
+    from harness.cases.overlays import apply_backend_overlays
+
+    (tmp_path / "fa.toml").write_text(FA_PINS)
+    cases = [
+        make_case("usp.ulysses_parity", {"world_size": 2, "backend": backend}, case_id=backend, source="t")
+        for backend in ("fa", "math")
+    ]
+    fa, other = apply_backend_overlays(cases, tmp_path)
+    assert other.backend_skips == () and [p.because for p in fa.backend_skips] == ["fp16/bf16 only"]
+    judged = expectations_applied(fa, CaseResult(fa.id, "usp.ulysses_parity", SKIPPED, reason), "reference")
+    assert judged.status == status
+    if status == SKIPPED:
+        assert judged.reason.endswith("(pinned: fp16/bf16 only)")
+    passed = expectations_applied(fa, CaseResult(fa.id, "usp.ulysses_parity", PASSED), "reference")
+    assert passed.status == PASSED  # a backend's limit pins no case to skip: one that runs is fine
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[expected_skips.x]\nreason = 'r'\n", "expected_skips"),
+        ("[[expected_skips]]\nreason = 'r'\n", "expected_skips[0].because"),
+        ("[[expected_skips]]\nreason = 'r'\nbecause = 'b'\nversions = '>1'\n", "expected_skips[0].versions"),
+        ("[overrides.x]\nbound = 'bitwise'\n", "overrides"),
+    ],
+    ids=["not-an-array", "no-because", "unknown-key", "unknown-section"],
+)
+def test_backend_overlay_mistakes_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    from harness.cases.overlays import apply_backend_overlays
+
+    (tmp_path / "fa.toml").write_text(text)
+    case = make_case("usp.ulysses_parity", {"world_size": 2, "backend": "fa"}, case_id="u", source="t")
+    with pytest.raises(ConfigError) as err:
+        apply_backend_overlays([case], tmp_path)
+    assert err.value.key == key and "fa.toml" in str(err.value)

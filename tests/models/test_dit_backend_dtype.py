@@ -2,11 +2,14 @@
 
 The DiTs are built in the default dtype and cast after, so each attention layer must be told the
 dtype it will compute in: before, every DiT layer selected for fp32 and a bf16 DiT on CUDA never
-got FlashAttention. The platform is forced to CUDA (``PARITY_PLATFORM``) and flash-attn reported
-installed: selection only, nothing is run.
+got FlashAttention. The platform is forced to CUDA (``PARITY_PLATFORM``) and a flash-attn (FA4's entry
+points, :mod:`tests.planted_flash_attn`) planted: selection only, nothing is run.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,12 +17,15 @@ import torch
 from reference_impl.attention.backends import AttentionBackendEnum, FlashAttnBackend
 from reference_impl.attention.layer import USPAttention
 from reference_impl.pipeline import PipelineConfig, build_models
+from tests.planted_flash_attn import planted
 
 
 @pytest.fixture
-def cuda_with_flash_attn(monkeypatch: pytest.MonkeyPatch) -> None:
+def cuda_with_flash_attn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setenv("PARITY_PLATFORM", "cuda")
-    monkeypatch.setattr(FlashAttnBackend, "_module_name", classmethod(lambda cls: "flash_attn"))
+    with planted(tmp_path, "fa4"):
+        assert FlashAttnBackend.is_available()
+        yield
 
 
 def _dit_backends(num_frames: int | None, dtype: str) -> set[AttentionBackendEnum]:

@@ -20,7 +20,7 @@ from reference_impl.attention.backends import (
     SDPA_KERNELS,
     AttentionBackend,
     AttentionBackendEnum,
-    PinnedKernelRefused,
+    KernelRefused,
     backend_class,
 )
 from reference_impl.attention.layer import (
@@ -78,7 +78,7 @@ def refusals_as_unsupported(forced_backend_refused: bool = False) -> Iterator[No
         raise Unsupported(str(exc), kind=Refusal.NO_BACKWARD) from exc
     except RingUnsupportedError as exc:
         raise Unsupported(str(exc)) from exc
-    except PinnedKernelRefused as exc:
+    except KernelRefused as exc:
         raise Unsupported(str(exc), kind=Refusal.BACKEND_UNAVAILABLE) from exc
     except BackendRefused as exc:
         if not forced_backend_refused:
@@ -225,6 +225,7 @@ def backend_report() -> list[dict[str, Any]]:
             "available": cls.unavailable_reason() is None,
             "reason": cls.unavailable_reason(),
             "returns_lse": cls.supports_ring_rotation(),
+            "implementation": cls.implementation(),
             "dtypes": sorted(str(d).replace("torch.", "") for d in cls.supported_dtypes),
         }
         for enum, cls in BACKENDS.items()

@@ -1,0 +1,85 @@
+"""``parity check --backend fa`` end to end on the CPU, with flash-attn's APIs planted (:mod:`tests.planted_flash_attn`)
+and the platform forced to CUDA: the contracts run every bf16 case through the kernel's own entry point and
+LSE in real 2- and 4-rank gloo groups, pin exactly what flash-attn cannot express (backends/fa.toml), and
+fail a kernel whose LSE is in the wrong unit. ``doctor`` names the API in use."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.planted_flash_attn import write
+
+pytestmark = pytest.mark.timeout(600)
+CONTRACTS = (
+    "usp.ulysses_parity",
+    "usp.ring_parity",
+    "usp.ring_grad",
+    "usp.replicated_suffix_bitwise",
+    "usp.varlen_parity",
+)
+
+
+def _parity(tmp_path: Path, kind: str, *argv: str) -> tuple[int, dict[str, Any], str]:
+    env = {**os.environ, "PYTHONPATH": str(write(tmp_path, kind)), "PARITY_PLATFORM": "cuda"}
+    report = tmp_path / "out.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", *argv, "--json", str(report)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    return done.returncode, json.loads(report.read_text()), done.stdout + done.stderr
+
+
+def _records(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["case_id"]: r for r in doc["stages"]["contracts"]["records"]}
+
+
+def test_fa4_runs_every_bf16_case_and_pins_fp32(tmp_path: Path) -> None:
+    code, doc, out = _parity(tmp_path, "fa4", "check", *CONTRACTS, "--backend", "fa")
+    records = _records(doc)
+    assert code == 0, out
+    ran = [r for r in records.values() if r["status"] == "passed"]
+    assert ran and all(r["params"]["dtype"] == "bf16" and r["kernel"].startswith("fa ") for r in ran)
+    assert any(r["params"]["world_size"] == 4 for r in ran) and any(r["check"] == "usp.ring_grad" for r in ran)
+    skipped = [r for r in records.values() if r["status"] == "skipped"]
+    assert skipped and all(
+        r["params"]["dtype"] == "fp32" and "(pinned: flash-attn computes in fp16/bf16" in r["reason"] for r in skipped
+    )
+
+
+def test_fa2s_ring_gradient_is_pinned_as_not_differentiable(tmp_path: Path) -> None:
+    code, doc, out = _parity(
+        tmp_path, "fa2", "check", "usp.ring_grad", "usp.ulysses_grad", "--backend", "fa", "--dtype", "bf16"
+    )
+    assert code == 0, out
+    records = _records(doc).values()
+    assert {r["status"] for r in records if r["check"] == "usp.ulysses_grad"} == {"passed"}
+    ring = [r for r in records if r["check"] == "usp.ring_grad"]
+    assert ring and all(r["status"] == "skipped" for r in ring)
+    assert all("(pinned: FA2's and FA3's backward drop the LSE's gradient" in r["reason"] for r in ring)
+
+
+def test_an_lse_in_base_2_fails_the_ring_against_float64(tmp_path: Path) -> None:
+    code, doc, out = _parity(tmp_path, "fa4_lse_log2", "check", "usp.ring_parity", "--backend", "fa", "--dtype", "bf16")
+    records = _records(doc)
+    assert code == 1, out
+    assert all(r["status"] == "failed" for r in records.values()), out
+
+
+def test_doctor_names_the_api_in_use(tmp_path: Path) -> None:
+    code, doc, out = _parity(tmp_path, "fa4", "doctor")
+    fa = next(b for b in doc["backends"] if b["name"] == "fa")
+    assert code == 0 and fa["available"], out
+    assert fa["implementation"].startswith("FA4: flash_attn.cute.flash_attn_func")
+    code, doc, out = _parity(tmp_path, "empty", "doctor")
+    fa = next(b for b in doc["backends"] if b["name"] == "fa")
+    assert not fa["available"] and "FA4: flash_attn.cute imports but has no flash_attn_func" in fa["reason"]
