@@ -1,14 +1,12 @@
-"""flash-attn (whichever API is installed) against torch SDPA's flash and cuDNN kernels at production shapes,
-forward and forward+backward, side by side in one run; and each backend's per-rank SP cost at W = 2.
+"""flash-attn (whichever API is installed) against SDPA's flash and cuDNN kernels at production shapes, forward
+and forward+backward, and each backend's per-rank SP cost at W = 2, side by side in one run.
 
     python benchmarks/fa_kernels.py [--shapes zimage_1024 hunyuan_720p] [--rounds 3] [--json FILE]
 
-Every kernel is timed in each of ``--rounds`` rounds, the kernels interleaved within a round, so clock and
-thermal drift hit them alike; a figure is the best round's median (CUDA events around each call).
-TFLOP/s count the forward as 4·B·H·S²·D and forward+backward as 3.5× that (flash-attn's convention).
-The SP rows time what one rank of two computes, without the collectives (one GPU holds no second rank):
-Ulysses, the kernel on S tokens and H/2 heads; ring, two LSE-returning calls on S/2 queries × S/2 keys
-merged through the LSE (reference_impl's ring merge); each as a ratio to half the single-rank time.
+Kernels interleave within each of ``--rounds`` rounds (drift hits all alike); a figure is the best round's
+median of CUDA-event timings. TFLOP/s: forward 4·B·H·S²·D, forward+backward 3.5× that (flash-attn's
+convention). SP rows time one rank of two without collectives: Ulysses, S tokens × H/2 heads; ring, two
+LSE calls of S/2 × S/2 merged by reference_impl's ring merge; each over half the single-rank time.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""Overlays on the contract cases: per platform (what its hardware can promise), per target (what
-an upstream stack's released versions do) and per backend (what a kernel cannot express), each entry
-carrying the fact that justifies it.
+"""Overlays on the contract cases, each entry carrying the fact that justifies it (keys: docs/formats.md).
 
-``contracts/platforms/<platform>.toml`` replaces parameters of the cases a glob matches, on that
-platform only. ``contracts/targets/<target>.toml`` applies when that target runs, to the installed
-versions its entries name (PEP 440 against ``[target] distribution``): ``overrides``,
-``expected_failures`` and ``expected_skips``, all strict, so the day upstream fixes a divergence the
-run says so while a new one still fails; a skip no entry pins fails its case (a skip is a claim).
-``contracts/backends/<backend>.toml`` pins skips by their reason on every case that runs that backend
-(``[[expected_skips]]`` with ``reason`` and ``because``): a kernel's limits hold whatever the case.
-Globs are ``*`` and ``?`` with brackets literal, each must match a case; every problem is a
-ConfigError naming file and key. The keys, with an example: docs/formats.md.
+``platforms/<platform>.toml`` replaces parameters of the cases a glob matches, on that platform only.
+``targets/<target>.toml`` applies to the target's installed versions its entries name (PEP 440 against
+``[target] distribution``): ``overrides``, ``expected_failures`` and ``expected_skips``, all strict, so the
+day upstream fixes a divergence the run says so; a skip no entry pins fails its case (a skip is a claim).
+``backends/<backend>.toml`` pins skips by their reason on every case running that backend (a kernel's
+limits hold whatever the case). Globs are ``*`` and ``?``, brackets literal, each must match a case;
+every problem is a ConfigError naming file and key.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """The flash-attn entry points installed here, found by what the package exposes, not by an import succeeding.
 
-Three APIs ship under two module names, and a user may hold any of them:
-
-- FA4 (``flash-attn-4``, the CuTe DSL build for Hopper and Blackwell): ``flash_attn.cute.flash_attn_func``
-  returns ``(out, lse)``, the LSE only with ``return_lse=True``; its backward takes the LSE's gradient.
-  It installs ``flash_attn`` as a namespace package: ``import flash_attn`` succeeds and has no attributes.
-- FA3 (the ``hopper/`` build, ``flash_attn_3``, sm90): ``flash_attn_interface.flash_attn_func``; the LSE
-  with ``return_attn_probs=True`` (older builds return it always); its backward ignores the LSE's gradient.
-- FA2 (``flash-attn`` 2.x, sm80 and later): ``flash_attn.flash_attn_func``; with ``return_attn_probs=True``
-  it returns ``(out, lse, S_dmask)``; its backward ignores the LSE's gradient.
-
-All take ``[B, S, H, D]`` fp16/bf16 tensors with fewer KV heads than query heads (GQA), ``softmax_scale``,
-``causal`` (aligned bottom-right when Sq != Sk) and ``deterministic`` (the backward's dQ accumulation);
-the LSE is fp32 ``[B, H, Sq]``, natural log. The newest API the device can run is used;
-``PARITY_FA_API=fa2|fa3|fa4`` chooses one.
+Three APIs ship under two module names: FA4 (``flash_attn.cute.flash_attn_func``, Hopper and Blackwell; its
+backward takes the LSE's gradient; it leaves ``flash_attn`` a namespace package without attributes), FA3
+(``flash_attn_interface``, sm90) and FA2 (``flash_attn.flash_attn_func``); FA2's and FA3's backward drop the
+LSE's gradient. All take ``[B, S, H, D]`` fp16/bf16 with fewer KV heads (GQA), ``softmax_scale``, ``causal``
+(bottom-right aligned) and ``deterministic``, and return an fp32 ``[B, H, Sq]`` natural-log LSE on request,
+each with its own flag. The newest API the GPU runs is used; ``PARITY_FA_API=fa2|fa3|fa4`` chooses one.
+docs/flash-attn.md has the table.
 """
 
 from __future__ import annotations
