@@ -244,7 +244,7 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
 
 def ab_sampling(args: argparse.Namespace, prefix: str):
     """The :class:`~harness.perf.ab.Sampling` of :func:`add_ab_sampling`'s options, checked together."""
-    from harness.perf.ab import Sampling
+    from harness.perf.ab import Sampling, SamplingError
 
     dest = prefix.replace("-", "_")
     try:
@@ -254,8 +254,9 @@ def ab_sampling(args: argparse.Namespace, prefix: str):
             getattr(args, f"{dest}max_pairs"),
             getattr(args, f"{dest}confidence"),
         )
-    except ValueError as exc:
-        raise ConfigError(str(exc), key=f"--{prefix}min-pairs") from None
+    except SamplingError as exc:
+        option = f"--{prefix}{exc.field.replace('_', '-')}"
+        raise ConfigError(str(exc).replace(exc.field, option, 1), key=option) from None
 
 
 def project(args: argparse.Namespace) -> Project | None:

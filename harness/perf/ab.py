@@ -37,14 +37,26 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
-            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+            raise SamplingError("confidence", f"must be in [0.5, 1), got {self.confidence}")
         fewest = min_pairs(self.confidence)
-        if self.warmup < 0 or not fewest <= self.min_pairs <= self.max_pairs <= MAX_PAIRS:
-            raise ValueError(
-                f"need warmup >= 0 and {fewest} <= min_pairs <= max_pairs <= {MAX_PAIRS} at confidence "
-                f"{self.confidence:g}; got warmup={self.warmup}, min_pairs={self.min_pairs}, "
-                f"max_pairs={self.max_pairs}"
+        if self.warmup < 0:
+            raise SamplingError("warmup", f"must be >= 0, got {self.warmup}")
+        if not fewest <= self.min_pairs <= self.max_pairs:
+            raise SamplingError(
+                "min_pairs",
+                f"must be between {fewest} (at confidence {self.confidence:g}) and max_pairs ({self.max_pairs}), "
+                f"got {self.min_pairs}",
             )
+        if self.max_pairs > MAX_PAIRS:
+            raise SamplingError("max_pairs", f"must be at most {MAX_PAIRS}, got {self.max_pairs}")
+
+
+class SamplingError(ValueError):
+    """A sampling setting out of range; ``field`` names it (the CLI names its option)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
 
 
 class FigureStatus(StrEnum):

@@ -93,6 +93,22 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     return value
 
 
+def _port(env: Mapping[str, str], name: str = "MASTER_PORT") -> int:
+    """A TCP port: 1..65535 (TCPStore takes a uint16 and fails with a TypeError past it)."""
+    port = _int(env, name)
+    if not 0 < port < 65536:
+        raise ConfigError(f"must be a TCP port in 1..65535, got {port}", key=name)
+    return port
+
+
+def _world(env: Mapping[str, str], name: str) -> int:
+    """A job's size: >= 1 (a world of 0 holds no rank, this process included)."""
+    world = _int(env, name)
+    if world < 1:
+        raise ConfigError(f"must be >= 1 (the number of processes in the job), got {world}", key=name)
+    return world
+
+
 def _checked(job: Job, rank_key: str) -> Job:
     if job.rank >= job.world_size:
         raise ConfigError(f"{job.rank} is not a rank of a job of {job.world_size}", key=rank_key)
@@ -100,8 +116,10 @@ def _checked(job: Job, rank_key: str) -> Job:
 
 
 def _torchrun_job(env: Mapping[str, str]) -> Job | None:
-    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-    if world <= 1:
+    rank, world = _int(env, "RANK"), _world(env, "WORLD_SIZE")
+    if world == 1:
+        if rank:
+            raise ConfigError(f"{rank} is not a rank of a job of 1", key="RANK")
         return None
     addr = env.get("MASTER_ADDR") or ""
     if not addr:
@@ -114,7 +132,7 @@ def _torchrun_job(env: Mapping[str, str]) -> Job | None:
         _int(env, "LOCAL_RANK", 0),
         _int(env, "LOCAL_WORLD_SIZE", 1),
         addr,
-        _int(env, "MASTER_PORT"),
+        _port(env),
         rank == 0 and not agent_store,
         f"parity/torchrun-{env.get('TORCHELASTIC_RUN_ID', '')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
     )
@@ -123,8 +141,8 @@ def _torchrun_job(env: Mapping[str, str]) -> Job | None:
 
 def _srun_job(env: Mapping[str, str]) -> Job | None:
     world_key = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
-    rank, world = _int(env, "SLURM_PROCID"), _int(env, world_key)
-    if world <= 1:
+    rank, world = _int(env, "SLURM_PROCID"), _world(env, world_key)
+    if world == 1:
         return None
     nodelist_key = next(
         (k for k in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(k)), None
@@ -133,7 +151,7 @@ def _srun_job(env: Mapping[str, str]) -> Job | None:
     if not addr:
         raise ConfigError("is not set and no SLURM node list names the first host", key="MASTER_ADDR")
     if "MASTER_PORT" in env:
-        port = _int(env, "MASTER_PORT")
+        port = _port(env)
     else:
         port = _SLURM_PORT_BASE + _int(env, "SLURM_JOB_ID", 0) % _SLURM_PORT_SPAN
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""

@@ -130,17 +130,40 @@ def test_a_failure_is_claimed_over_every_figure_judged() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"min_pairs": 5}, "6 <= min_pairs"),
-        ({"min_pairs": 20, "max_pairs": 10}, "min_pairs <= max_pairs"),
-        ({"max_pairs": 201}, "max_pairs <= 200"),
-        ({"warmup": -1}, "warmup >= 0"),
-        ({"confidence": 1.0}, "confidence"),
+        ({"min_pairs": 5}, "min_pairs must be between 6"),
+        (
+            {"min_pairs": 20, "max_pairs": 10},
+            r"min_pairs must be between 6 \(at confidence 0.95\) and max_pairs \(10\)",
+        ),
+        ({"max_pairs": 201}, "max_pairs must be at most 200"),
+        ({"warmup": -1}, "warmup must be >= 0"),
+        ({"confidence": 1.0}, "confidence must be in"),
     ],
     ids=["min-below-an-interval", "min-above-max", "max-above-the-exact-table", "negative-warmup", "confidence-one"],
 )
 def test_sampling_refuses_what_cannot_give_a_verdict(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Sampling(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["--max-pairs", "201"], "--max-pairs"),
+        (["--min-pairs", "5"], "--min-pairs"),
+        (["--min-pairs", "30", "--max-pairs", "20"], "--min-pairs"),
+        (["--confidence", "0.4"], "--confidence"),
+    ],
+    ids=["max-above-200", "min-below-6", "min-above-max", "confidence-low"],
+)
+def test_a_sampling_option_out_of_range_is_named(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+
+    assert main(["perf", "reference", "reference", *argv]) == 2
+    err = capsys.readouterr().err
+    assert option in err and (option == "--min-pairs" or "--min-pairs" not in err), err
 
 
 class ScriptedSession:

@@ -79,8 +79,26 @@ def test_no_job_where_the_local_launcher_runs_every_case(env: dict[str, str]) ->
         ({k: v for k, v in TORCHRUN.items() if k != "MASTER_ADDR"}, "MASTER_ADDR"),
         ({k: v for k, v in TORCHRUN.items() if k != "MASTER_PORT"}, "MASTER_PORT"),
         ({**SRUN, "SLURM_STEP_TASKS_PER_NODE": "4(y2)"}, "SLURM_STEP_TASKS_PER_NODE"),
+        ({**TORCHRUN, "MASTER_PORT": "99999"}, "MASTER_PORT"),
+        ({**TORCHRUN, "MASTER_PORT": "0"}, "MASTER_PORT"),
+        ({**SRUN, "MASTER_PORT": "70000"}, "MASTER_PORT"),
+        ({**TORCHRUN, "RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE"),
+        ({**TORCHRUN, "RANK": "1", "WORLD_SIZE": "1"}, "RANK"),
+        ({**SRUN, "SLURM_STEP_NUM_TASKS": "0"}, "SLURM_STEP_NUM_TASKS"),
     ],
-    ids=["rank not a number", "rank outside the world", "no master address", "no master port", "bad task counts"],
+    ids=[
+        "rank not a number",
+        "rank outside the world",
+        "no master address",
+        "no master port",
+        "bad task counts",
+        "port past 65535",
+        "port 0",
+        "srun port past 65535",
+        "a world of 0",
+        "rank 1 of a world of 1",
+        "srun world of 0",
+    ],
 )
 def test_a_broken_job_description_names_the_variable(env: dict[str, str], key: str) -> None:
     with pytest.raises(ConfigError) as info:
