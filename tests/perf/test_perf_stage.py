@@ -231,3 +231,16 @@ def test_a_planted_slowdown_fails_against_this_machines_own_baseline(setup: tupl
     assert {r["status"] for r in records} <= {FAILED}
     assert all("expected_median_denoise_ms" in r["reason"] for r in records), [r["reason"] for r in records]
     assert {r["status"] for r in doc["stages"]["images"]["records"]} == {PASSED}  # the sleep changes no pixel
+
+
+def test_a_command_timed_by_its_wall_clock_alone_gives_absolute_figures() -> None:
+    """Issue 39 leftover 8: a command that writes no timings.json (its wall time is e2e) has no stages; the
+    absolute figures had `KeyError: 'stages_ms'`."""
+    from harness.gate.perf import _absolute_figures
+    from harness.perf.absolute import measurement
+    from harness.pipelines.sessions import TimedRun
+    from harness.targets.base import Timings
+
+    runs = [TimedRun(Timings(ms, {}, [], "command wall time"), ms, (), "none") for ms in (120.0, 110.0, 130.0)]
+    figures = _absolute_figures(measurement(runs, warmup=0))
+    assert (figures["e2e_ms"], figures["wall_ms"], figures["denoise_ms"]) == (120.0, 120.0, None)
