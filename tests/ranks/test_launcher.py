@@ -100,11 +100,10 @@ def test_pool_lifecycle_many_calls_raise_restart_close(tmp_path: Path, monkeypat
         pool.run(lambda: 0)  # refused in the caller; the group is untouched
     assert pool.pids == first_pids
 
-    # A rank raises while its peer is blocked in a collective: both end, well before the timeout.
-    start = time.monotonic()
+    # A rank raises while its peer is blocked in a collective: both end on the raise, not at the 60 s timeout.
     with pytest.raises(RankFailure) as info:
         pool.run(raise_on_rank_1_while_rank_0_waits)
-    assert time.monotonic() - start < 10  # the call timeout is 60 s
+    assert "timeout" not in str(info.value)
     assert info.value.rank == 1 and "raise_on_rank_1_while_rank_0_waits" in info.value.traceback
     assert str(info.value).startswith("rank 1 raised: ValueError: rank 1 refuses\n")
     assert pool.pids == [] and parity_files(tmp_path) == []
@@ -125,7 +124,6 @@ def test_sigkilled_rank_names_rank_and_signal(who: str) -> None:
     before = live_children()
     with RankPool(2, timeout=60) as pool:
         pids = pool.pids
-        start = time.monotonic()
         with pytest.raises(RankFailure) as info:
             if who == "self":
                 pool.run(sigkill_rank_1_while_rank_0_waits)
@@ -133,7 +131,7 @@ def test_sigkilled_rank_names_rank_and_signal(who: str) -> None:
                 killer = threading.Timer(0.5, os.kill, (pids[1], signal.SIGKILL))
                 killer.start()
                 pool.run(time.sleep, 30)
-        assert time.monotonic() - start < 10  # the call timeout is 60 s
+    assert "timeout" not in str(info.value)  # noticed as the kill, not at the call's 60 s timeout
     assert info.value.rank == 1
     assert "SIGKILL" in str(info.value) and "SIGKILL" in info.value.traceback
     assert_all_ended(pids, before)
@@ -143,10 +141,8 @@ def test_timeout_ends_every_rank_and_shows_where_each_silent_one_waits() -> None
     before = live_children()
     with RankPool(3, timeout=60) as pool:
         pids = pool.pids
-        start = time.monotonic()
-        with pytest.raises(RankFailure, match="timeout") as info:
+        with pytest.raises(RankFailure, match="timeout after 3s") as info:
             pool.run(rank_1_sleeps_rank_2_waits_for_it, 60, timeout=3)
-        assert time.monotonic() - start < 3 + 10  # the stacks take at most a few seconds more
     assert info.value.rank is None
     message = str(info.value)
     assert message.splitlines()[0].endswith("rank(s) [1, 2] had not answered")  # rank 0 had answered

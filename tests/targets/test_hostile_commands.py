@@ -4,9 +4,9 @@
 Each row is a small shell script run as the case's command (``sh -c SCRIPT sh {out_dir}``): it
 writes one 8x8 PNG the honest way or not (a link to the blessed reference, an animated PNG, a
 FIFO), floods its output, leaves processes behind in its own session or holding its stdout, or
-outlives its timeout (ignoring SIGTERM too). The run must pass (honest output), well within its
-timeout (never waiting on a pipe or a process its command left), or fail with a PipelineFailed naming what
-was wrong; in every case no process the command started is left (found by an environment tag
+outlives its timeout (ignoring SIGTERM too). The run must pass (honest output) or fail with a PipelineFailed
+naming what was wrong. A pass proves it never waited on a pipe or a process its command left: those sleep
+300 s, ten times the case's timeout, so waiting would have ended in "timed out" (no wall clock asserted); in every case no process the command started is left (found by an environment tag
 each inherits), and memory stays bounded while gigabytes go through its pipes.
 """
 
@@ -16,7 +16,6 @@ import io
 import shlex
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -128,7 +127,6 @@ def test_a_hostile_command_fails_or_passes_and_leaves_nothing(
     fields = {"height": 8, "width": 8}
     assert target.check_case(fields, 1) == "image"
     prepared = target.prepare(fields, "cpu", 1)
-    started = time.monotonic()
     try:
         with bounded_memory():  # 3 GiB through a pipe must not be kept
             output = prepared.run()
@@ -139,5 +137,4 @@ def test_a_hostile_command_fails_or_passes_and_leaves_nothing(
     else:
         assert expect is PASS, f"wrongly accepted (expected a failure saying {expect!r})"
         assert output.output.shape == (8, 8, 3)
-        assert time.monotonic() - started < timeout / 2, "the run waited on a pipe or a process its command left"
     assert wait_until_gone(tagged(TAG, hostile_env), 5) == [], "a process the command started outlived the case"
