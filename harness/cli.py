@@ -96,6 +96,23 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         raise Interrupted(signum)
 
 
+def _redeliver_unraisable(previous: Callable[[object], None]) -> Callable[[object], None]:
+    """An ``sys.unraisablehook`` for the run: an :class:`Interrupted` raised where Python cannot propagate it
+    (a ``__del__``, a weakref callback) would be printed as "Exception ignored in ..." and lost, so the run
+    went on after Ctrl-C; instead the signal is delivered again from another thread once the hook returned,
+    to be raised in the code that follows (again, should that be another ``__del__``)."""
+
+    def hook(unraisable: object) -> None:
+        exc = getattr(unraisable, "exc_value", None)
+        if not isinstance(exc, Interrupted):
+            previous(unraisable)
+            return
+        signal.signal(exc.signum, _on_signal)
+        threading.Timer(0.01, os.kill, (os.getpid(), exc.signum)).start()
+
+    return hook
+
+
 @contextmanager
 def _signals_unwind(exiting: bool) -> Iterator[None]:
     """SIGINT and SIGTERM raise :class:`Interrupted` in the block (signals reach the main thread only).
@@ -106,10 +123,13 @@ def _signals_unwind(exiting: bool) -> Iterator[None]:
         return
     _Unwinding.signum, _Unwinding.reported, _Unwinding.armed = None, False, False
     previous = {sig: signal.signal(sig, _on_signal) for sig in _UNWINDING_SIGNALS}
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _redeliver_unraisable(previous_hook)
     try:
         yield
     finally:
         _Unwinding.armed = False
+        sys.unraisablehook = previous_hook
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_IGN if exiting else handler)
 
