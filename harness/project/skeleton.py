@@ -134,14 +134,54 @@ def write_skeleton(root: Path, images_only: bool = False) -> Skeleton:
     }
     if not images_only:
         texts[root / CASES / "contracts" / "example.toml"] = CONTRACT_TEXT
-    present = sorted(str(p) for p in texts if p.exists())
+    _folders(root, list(texts))
+    present = sorted(str(p) for p in texts if _exists(p))
     if present:
         raise ConfigError(f"already exist(s), nothing was written: {', '.join(present)}", path=root, key="DIR")
-    for path, text in texts.items():
-        write_bytes_atomic(path, text.encode("utf-8"))
+    _write_all(root, texts)
     first = [] if root == Path.cwd().resolve() else [f"cd {shlex.quote(str(root))}"]
     steps = [*(["parity check"] if not images_only else []), "parity bless --all", f"parity gate --report {REPORT}"]
     return Skeleton(root, tuple(sorted(texts)), tuple(first + steps))
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything (a dangling link too) is at ``path``; a path the system refuses (too long) is an error."""
+    try:
+        return path.exists() or path.is_symlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot be used: {exc.strerror or exc}", path=path, key="DIR") from None
+
+
+def _folders(root: Path, files: Sequence[Path]) -> list[Path]:
+    """The folders the files need, parents first; a path on the way that exists but is no folder refuses."""
+    needed = sorted({root / f for file in files for f in file.relative_to(root).parents}, key=lambda p: len(p.parts))
+    for path in needed:
+        if _exists(path) and not path.is_dir():
+            raise ConfigError("exists and is not a folder: nothing was written", path=path, key="DIR")
+    return needed
+
+
+def _write_all(root: Path, texts: dict[Path, str]) -> None:
+    """Every file or none: on an error the files and folders made so far are removed again."""
+    folders = [f for f in _folders(root, list(texts)) if not _exists(f)]
+    made: list[Path] = []
+    try:
+        for folder in folders:
+            folder.mkdir()
+            made.append(folder)
+        for path, text in texts.items():
+            write_bytes_atomic(path, text.encode("utf-8"))
+            made.append(path)
+    except OSError as exc:
+        for path in reversed(made):
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink(missing_ok=True)
+        where = Path(exc.filename) if isinstance(exc.filename, str) else root
+        raise ConfigError(
+            f"cannot be written ({exc.strerror or exc}): nothing was written", path=where, key="DIR"
+        ) from None
 
 
 def describe(skeleton: Skeleton) -> Sequence[str]:

@@ -5,6 +5,7 @@ what the bare command would not find by itself."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -107,6 +108,46 @@ def test_init_refuses_a_directory_inside_parity(capsys: pytest.CaptureFixture[st
     inside = parity_home() / "some-project"
     assert main(["init", str(inside)]) == 2
     assert "inside parity itself" in capsys.readouterr().err and not inside.exists()
+
+
+def _plant_init_dir(tmp_path: Path, kind: str) -> Path:
+    """A DIR for ``parity init`` that cannot hold a project (issue 39, leftovers 1 and 2)."""
+    if kind == "file":
+        (tmp_path / "f").write_text("x")
+        return tmp_path / "f"
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "p")
+        return tmp_path / "p"
+    if kind == "parity_is_a_file":
+        (tmp_path / "new").mkdir()
+        (tmp_path / "new" / "parity").write_text("x")
+        return tmp_path / "new"
+    if kind == "too_long":
+        return tmp_path / ("x" * 4096)
+    return Path({"dev_null": "/dev/null", "proc": "/proc/self/parity-project"}[kind])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FIFOs, /proc")
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("file", "exists and is not a folder"),
+        ("fifo", "exists and is not a folder"),
+        ("dev_null", "exists and is not a folder"),
+        ("proc", "cannot be written"),
+        ("too_long", "cannot be used: File name too long"),
+        ("parity_is_a_file", "exists and is not a folder"),
+    ],
+)
+def test_init_into_what_cannot_hold_a_project_is_refused_writing_nothing(
+    tmp_path: Path, kind: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = _plant_init_dir(tmp_path, kind)
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["init", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert sorted(tmp_path.rglob("*")) == before  # parity.toml included: nothing written
 
 
 def test_every_verb_reads_the_project_and_the_command_line_overrides_it(
