@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.baselines.perf import PROFILES
+from harness.baselines.thresholds import THRESHOLDS_FILE
 from harness.errors import ConfigError
 from harness.files.reading import is_present
 from harness.files.tomlio import read_toml
@@ -76,6 +77,16 @@ def _tool(document: Mapping[str, Any], path: Path) -> Mapping[str, Any]:
     return tool
 
 
+def _not_a(name: str, folder: Path) -> str | None:
+    """Why ``folder`` is not a project's ``cases`` or ``baselines`` folder (``cases = "/etc"`` would otherwise
+    fail later, naming neither the project file nor the key), or None."""
+    if name == "cases" and not any((folder / kind).is_dir() for kind in ("contracts", "images", "perf")):
+        return "holds no contracts/, images/ or perf/ folder of cases (parity init writes a project's)"
+    if name == "baselines" and not (folder / THRESHOLDS_FILE).is_file():
+        return f"holds no {THRESHOLDS_FILE} (the image gate's thresholds; parity init writes a project's)"
+    return None
+
+
 def load_project(path: Path) -> Project:
     """The project file at ``path``, every key checked (a directory must exist; a value must have its type)."""
     path = path.resolve()
@@ -110,6 +121,9 @@ def load_project(path: Path) -> Project:
         resolved = (path.parent / value).resolve()
         if not resolved.is_dir():
             raise ConfigError(f"no such directory: {resolved}", path=path, key=project.key(name))
+        missing = _not_a(name, resolved)
+        if missing:
+            raise ConfigError(f"{resolved} {missing}", path=path, key=project.key(name))
         return resolved
 
     def pairs(name: str) -> TargetArgs:

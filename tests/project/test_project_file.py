@@ -53,8 +53,21 @@ def test_the_nearest_project_file_upwards_governs_and_a_pyproject_without_the_ta
         ("target_args = { n = 3 }", "target_args.n", "must be a string"),
         ('target_args = { "not-a-name" = "x" }', "target_args", "KEY a Python identifier"),
         ('pipeline_target_args = "template=x"', "pipeline_target_args", "must be a table"),
+        ('cases = "/etc"', "cases", "/etc holds no contracts/, images/ or perf/ folder of cases"),
+        ('baselines = "/dev"', "baselines", "/dev holds no consistency_threshold.json"),
     ],
-    ids=["unknown", "missing-dir", "not-a-string", "device", "profile", "arg-type", "arg-name", "args-not-a-table"],
+    ids=[
+        "unknown",
+        "missing-dir",
+        "not-a-string",
+        "device",
+        "profile",
+        "arg-type",
+        "arg-name",
+        "args-not-a-table",
+        "cases-not-cases",
+        "baselines-not-baselines",
+    ],
 )
 @pytest.mark.parametrize("where", ["parity.toml", "pyproject.toml"])
 def test_a_bad_project_file_names_its_file_and_key(
