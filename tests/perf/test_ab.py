@@ -312,9 +312,12 @@ def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(
     """The doubled-step generator of the issue, on a stored baseline recorded here from 3 gates of the plain one.
 
     Tolerances of 75 %: recalibration refuses a tolerance inside the runs' spread, and a shared test
-    machine's spread of a process's times can pass 30 %; a doubled step (×2) is still past them."""
-    for family in ("E2E", "DENOISE_STAGE", "NON_DENOISE_STAGE", "DENOISE_STEP", "DENOISE_AGG", "WALL"):
+    machine's spread of a process's times can pass 30 %; a doubled step (×2) is still past them. The
+    command's stages other than denoising take ~2 ms of CPU work, whose spread on a loaded box reached 77 %
+    (CI): their family gets 1000 %, as no figure of theirs is what this test fails."""
+    for family in ("E2E", "DENOISE_STAGE", "DENOISE_STEP", "DENOISE_AGG", "WALL"):
         monkeypatch.setenv(f"PARITY_PERF_TOL_{family}", "0.75")
+    monkeypatch.setenv("PARITY_PERF_TOL_NON_DENOISE_STAGE", "10")
     cases, baselines = gate_project(tmp_path, sleepy=SLEEPY)
     shutil.copy(REPO / "baselines" / "perf_baselines.json", baselines)
     where = ["--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", "command"]
