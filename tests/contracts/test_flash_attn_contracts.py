@@ -1,7 +1,7 @@
 """``parity check --backend fa`` end to end on the CPU, with flash-attn's APIs planted (:mod:`tests.planted_flash_attn`)
 and the platform forced to CUDA: the contracts run every bf16 case through the kernel's own entry point and
 LSE in real 2- and 4-rank gloo groups, pin exactly what flash-attn cannot express (backends/fa.toml), and
-fail a kernel whose LSE is in the wrong unit. ``doctor`` names the API in use."""
+fail a kernel whose LSE is in the wrong unit. ``doctor``'s backend report names the API in use."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.planted_flash_attn import write
+from tests.planted_flash_attn import planted, write
 
 pytestmark = pytest.mark.timeout(600)
 CONTRACTS = (
@@ -58,7 +58,17 @@ def test_fa4_runs_every_bf16_case_and_pins_fp32(tmp_path: Path) -> None:
 
 def test_fa2s_ring_gradient_is_pinned_as_not_differentiable(tmp_path: Path) -> None:
     code, doc, out = _parity(
-        tmp_path, "fa2", "check", "usp.ring_grad", "usp.ulysses_grad", "--backend", "fa", "--dtype", "bf16"
+        tmp_path,
+        "fa2",
+        "check",
+        "usp.ring_grad",
+        "usp.ulysses_grad",
+        "--backend",
+        "fa",
+        "--dtype",
+        "bf16",
+        "--world-size",
+        "2",
     )
     assert code == 0, out
     records = _records(doc).values()
@@ -75,11 +85,14 @@ def test_an_lse_in_base_2_fails_the_ring_against_float64(tmp_path: Path) -> None
     assert all(r["status"] == "failed" for r in records.values()), out
 
 
-def test_doctor_names_the_api_in_use(tmp_path: Path) -> None:
-    code, doc, out = _parity(tmp_path, "fa4", "doctor")
-    fa = next(b for b in doc["backends"] if b["name"] == "fa")
-    assert code == 0 and fa["available"], out
-    assert fa["implementation"].startswith("FA4: flash_attn.cute.flash_attn_func")
-    code, doc, out = _parity(tmp_path, "empty", "doctor")
-    fa = next(b for b in doc["backends"] if b["name"] == "fa")
-    assert not fa["available"] and "FA4: flash_attn.cute imports but has no flash_attn_func" in fa["reason"]
+def test_doctor_names_the_api_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.targets.reference.attention import backend_report
+
+    monkeypatch.setenv("PARITY_PLATFORM", "cuda")
+    with planted(tmp_path, "fa4"):
+        fa = next(b for b in backend_report() if b["name"] == "fa")
+    assert fa["available"] and fa["implementation"].startswith("FA4: flash_attn.cute.flash_attn_func")
+    with planted(tmp_path, "empty"):
+        fa = next(b for b in backend_report() if b["name"] == "fa")
+    assert not fa["available"] and fa["implementation"] is None
+    assert "FA4: flash_attn.cute imports but has no flash_attn_func" in fa["reason"]
