@@ -111,8 +111,9 @@ def test_sigkill_loop_over_bless_always_leaves_a_loadable_set(tmp_path: Path) ->
     assert worker.stdin is not None and worker.stdout is not None
     pid = None
     try:
-        # repeats: one warm worker killed KILLS times, and on until a kill landed mid-bless; each check guards the next
-        while len(states) < KILLS or (states.count("clean") == len(states) and len(states) < MAX_KILLS):
+        for _ in range(MAX_KILLS):  # repeats: one warm worker killed; each check guards the next kill
+            if len(states) >= KILLS and states.count("clean") < len(states):
+                break  # KILLS kills, one of them mid-bless at least
             marker.unlink(missing_ok=True)
             worker.stdin.write("bless\n")
             worker.stdin.flush()
