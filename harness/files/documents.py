@@ -84,6 +84,16 @@ JSON_HOOKS: dict[str, Any] = {
 toml_float = _float
 
 
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is UTF-8 text: JSON's ``"\\ud800"`` escape decodes to a lone surrogate, which no
+    output (a terminal, a report, a file) can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_document(value: Any, path: str | Path, key: str = "", depth: int = 0, nul_free: bool = False) -> None:
     """Raise a ConfigError at the first marker, non-finite float, out-of-range int or nesting beyond MAX_DEPTH;
     with ``nul_free`` also at a NUL character in a key or a string (configuration: its strings become paths,
@@ -96,6 +106,8 @@ def check_document(value: Any, path: str | Path, key: str = "", depth: int = 0, 
             path=path,
             key=key or None,
         )
+    if isinstance(value, str) and not _encodable(value):
+        raise ConfigError("a lone surrogate in a string (not text: \\ud800-\\udfff alone)", path=path, key=key or None)
     if isinstance(value, Refused):
         raise ConfigError(str(value), path=path, key=key or None)
     if isinstance(value, float) and not math.isfinite(value):
@@ -106,6 +118,8 @@ def check_document(value: Any, path: str | Path, key: str = "", depth: int = 0, 
         for k, v in value.items():
             if nul_free and "\x00" in k:
                 raise ConfigError("a NUL character in a key", path=path, key=join_key(key, repr(k)))
+            if not _encodable(k):
+                raise ConfigError("a lone surrogate in a key (not text)", path=path, key=join_key(key, ascii(k)[1:-1]))
             check_document(v, path, join_key(key, k), depth + 1, nul_free)
     elif isinstance(value, list):
         for i, v in enumerate(value):

@@ -264,6 +264,24 @@ def _number(value: Any, where: str) -> float:
     return float(value)
 
 
+def _sglang_entries(doc: dict[str, Any], key: str, named: bool) -> list[tuple[str, float]]:
+    """``(name, ms)`` of an sglang perf dump list (``steps``: ``{"name", "duration_ms"}`` with a stage name,
+    ``denoise_steps_ms``: ``{"step", "duration_ms"}``); anything else fails the run, naming the entry."""
+    entries = doc.get(key, [])
+    if not isinstance(entries, list):
+        raise PipelineFailed(f"{TIMINGS_FILE}: {key} must be a list, got {type(entries).__name__}")
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"{key}[{i}]"
+        if not isinstance(entry, dict) or "duration_ms" not in entry:
+            raise PipelineFailed(f"{TIMINGS_FILE}: {where} must be an object with duration_ms")
+        name = entry.get("name", "")
+        if named and (not isinstance(name, str) or not name.strip()):
+            raise PipelineFailed(f"{TIMINGS_FILE}: {where}.name must be a stage's name (a string), got {name!r}")
+        out.append((name, _number(entry["duration_ms"], f"{where}.duration_ms")))
+    return out
+
+
 def read_timings(out_dir: Path, wall_ms: float) -> tuple[Timings, str]:
     """The run's timings and where they came from: ``{out_dir}/timings.json`` (parity's or sglang's schema)
     or, when nothing is there, the wall clock. Anything else there (a FIFO, a folder, a symlink) fails the run."""
@@ -293,14 +311,10 @@ def read_timings(out_dir: Path, wall_ms: float) -> tuple[Timings, str]:
             "command timings.json",
         ), TIMINGS_FILE
     if "total_duration_ms" in doc:
-        try:
-            stages = {str(s["name"]): _number(s["duration_ms"], f"steps.{s['name']}") for s in doc.get("steps", [])}
-            steps = [
-                _number(s["duration_ms"], f"denoise_steps_ms[{i}]")
-                for i, s in enumerate(doc.get("denoise_steps_ms", []))
-            ]
-        except (KeyError, TypeError) as exc:
-            raise PipelineFailed(f"{TIMINGS_FILE}: sglang perf dump entries need name/duration_ms: {exc!r}") from None
+        stages = {name: ms for name, ms in _sglang_entries(doc, "steps", named=True)}
+        if len(stages) < len(doc.get("steps", [])):
+            raise PipelineFailed(f"{TIMINGS_FILE}: steps names a stage twice")
+        steps = [ms for _, ms in _sglang_entries(doc, "denoise_steps_ms", named=False)]
         return (
             Timings(_number(doc["total_duration_ms"], "total_duration_ms"), stages, steps, "sglang perf dump"),
             f"{TIMINGS_FILE} (sglang perf dump)",

@@ -195,9 +195,29 @@ def test_timings_in_parity_and_sglang_schemas(tmp_path: Path) -> None:
         (["x"], "must be a JSON object"),
         ({"e2e_ms": -1}, "non-negative"),
         ({"steps": []}, "neither e2e_ms"),
-        ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, "need name/duration_ms"),
+        ({"total_duration_ms": 1, "steps": [{"name": "A"}]}, r"steps\[0\] must be an object with duration_ms"),
+        ({"total_duration_ms": 1, "steps": [{"name": 7, "duration_ms": 1}]}, r"steps\[0\].name must be a stage's name"),
+        ({"total_duration_ms": 1, "steps": [{"name": "", "duration_ms": 1}]}, r"steps\[0\].name must be"),
+        ({"total_duration_ms": 1, "steps": [{"duration_ms": 1}]}, r"steps\[0\].name must be"),
+        (
+            {"total_duration_ms": 1, "steps": [{"name": "A", "duration_ms": 1}, {"name": "A", "duration_ms": 2}]},
+            "names a stage twice",
+        ),
+        ({"total_duration_ms": 1, "steps": {"A": 1}}, "steps must be a list"),
+        ({"total_duration_ms": 1, "denoise_steps_ms": [3]}, r"denoise_steps_ms\[0\] must be an object"),
     ],
-    ids=["not-an-object", "negative", "no-total", "step-without-duration"],
+    ids=[
+        "not-an-object",
+        "negative",
+        "no-total",
+        "step-without-duration",
+        "step-name-a-number",
+        "step-name-empty",
+        "step-without-name",
+        "stage-twice",
+        "steps-not-a-list",
+        "denoise-step-not-an-object",
+    ],
 )
 def test_timings_of_another_shape_are_refused(tmp_path: Path, bad: object, message: str) -> None:
     (tmp_path / "timings.json").write_text(json.dumps(bad))
