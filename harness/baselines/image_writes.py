@@ -27,6 +27,7 @@ from harness.baselines.images import (
     MANIFEST,
     PENDING,
     Entry,
+    ManifestFormatError,
     case_of_file,
     fingerprint,
     manifest_json,
@@ -40,7 +41,7 @@ from harness.files.jsonio import expect_id, read_json
 from harness.files.png import encode_png
 from harness.files.reading import lstat_kind
 
-__all__ = ["Blessing", "bless", "blessing", "recover", "write_set"]
+__all__ = ["Blessing", "bless", "blessing", "read_entries", "recover", "write_set"]
 
 _DROPPED = "dropped.json"  # in a staged set: the files of the old set that the new one no longer has
 _STAGING_GLOB = ".bless-*.tmp"
@@ -157,12 +158,23 @@ def _holds(path: Path, digest: str) -> bool:
         return False
 
 
-def write_set(directory: str | Path, blessings: Sequence[Blessing]) -> None:
-    """Replace the references of ``blessings``' cases (others are kept) as one set: see the module docstring."""
+def read_entries(directory: Path, whole_set: bool) -> dict[str, Entry]:
+    """The set's entries; none where ``whole_set`` replaces a manifest of another format."""
+    try:
+        return read_manifest(directory)
+    except ManifestFormatError:
+        if whole_set:
+            return {}
+        raise
+
+
+def write_set(directory: str | Path, blessings: Sequence[Blessing], whole_set: bool = False) -> None:
+    """Replace the references of ``blessings``' cases (others are kept) as one set: see the module docstring.
+    ``whole_set``: ``blessings`` are every case's, so a manifest of an older format is replaced, not read."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     recover(directory)
-    entries = read_manifest(directory)
+    entries = read_entries(directory, whole_set)
     new = {**entries, **{b.entry.case_id: b.entry for b in blessings}}
     kept = {name for e in new.values() for name in e.files}
     dropped = sorted(

@@ -39,6 +39,7 @@ __all__ = [
     "fingerprint",
     "load_reference",
     "read_manifest",
+    "ManifestFormatError",
     "reference_files",
 ]
 
@@ -208,6 +209,10 @@ def _entry(case_id: str, raw: Any, path: Path) -> Entry:
     )
 
 
+class ManifestFormatError(ConfigError):
+    """A manifest of another format than this parity's: only a bless of the whole set can replace it."""
+
+
 def read_manifest(directory: str | Path) -> dict[str, Entry]:
     """``{case id: Entry}`` of the set in force (empty when the directory has none yet)."""
     path = manifest_path(Path(directory))
@@ -215,8 +220,9 @@ def read_manifest(directory: str | Path) -> dict[str, Entry]:
         return {}
     doc = expect_object(read_json(path, within=directory), path, "")
     if doc.get("format") != FORMAT:
-        raise ConfigError(
-            f"unknown manifest format {doc.get('format')!r} (this parity reads {FORMAT}; bless the references again)",
+        raise ManifestFormatError(
+            f"unknown manifest format {doc.get('format')!r} (this parity reads {FORMAT}): "
+            "`parity bless --all` replaces the whole set",
             path=path,
             key="format",
         )

@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
                     f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False
                 )
                 return 1
-    rows = changes(directory, blessings)
+    whole_set = bool(args.all)  # every case blessed: a manifest of an older format is replaced
+    rows = changes(directory, blessings, whole_set)
     out.print(
         text_table(
             f"bless -> {directory}",
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         out.print(f"dry run: nothing written ({len(rows)} case(s) would be blessed)")
         return 0
-    write_set(directory, blessings)
+    write_set(directory, blessings, whole_set)
     counts = {k: sum(c.kind == k for c in rows) for k in ("new", "changed", "unchanged", "repaired")}
     out.print(
         f"{len(rows)} reference(s) written as one set with {directory / MANIFEST} ({counts['new']} new, "

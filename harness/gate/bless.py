@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from harness.baselines.image_writes import Blessing, blessing
-from harness.baselines.images import MANIFEST, changed_fields, find_reference, fingerprint, read_manifest
+from harness.baselines.images import (
+    MANIFEST,
+    ManifestFormatError,
+    changed_fields,
+    find_reference,
+    fingerprint,
+    read_manifest,
+)
 from harness.cases.image import ImageCase
 from harness.errors import ConfigError
 from harness.files.jsonio import read_json
@@ -205,15 +212,28 @@ def _digest(files: dict[str, str]) -> str:
     return hashlib.sha256("".join(files.values()).encode()).hexdigest()
 
 
-def changes(directory: Path, blessings: Sequence[Blessing]) -> list[Change]:
+def _replaced(b: Blessing, why: str) -> Change:
+    """A blessing over a set whose old entries cannot be read: each is shown as repaired, with the reason."""
+    shape = "x".join(map(str, b.entry.shape or ()))
+    return Change(b.entry.case_id, "repaired", None, _digest(b.entry.files), None, [why], shape)
+
+
+def changes(directory: Path, blessings: Sequence[Blessing], whole_set: bool = False) -> list[Change]:
     """Old → new for every blessing, against the references now in ``directory``.
 
     An old reference that fails its check (a hash mismatch after a merge, a missing frame) is what
     blessing is for, so it is reported as ``repaired`` with the reason instead of stopping the bless.
-    A manifest that cannot be read stops it here: no blessing can be written into that set."""
+    A manifest that cannot be read stops it here: no blessing can be written into that set, unless the
+    blessing is of the whole set (``whole_set``) and the manifest is only of another format: then every
+    case is shown as repaired, with that reason."""
     from harness.metrics import psnr
 
-    manifest = read_manifest(directory)
+    try:
+        manifest = read_manifest(directory)
+    except ManifestFormatError as exc:
+        if not whole_set:
+            raise
+        return [_replaced(b, str(exc)) for b in blessings]
     out = []
     for b in blessings:
         new_digest = _digest(b.entry.files)

@@ -13,6 +13,8 @@ from harness.baselines.image_writes import bless
 from harness.baselines.images import MANIFEST, changed_fields, fingerprint, load_reference, read_manifest
 from harness.errors import ConfigError
 
+TINY_IMAGE_CASE = '[defaults]\nprompt = "a cameraman"\nheight = 16\nwidth = 16\nsteps = 2\n\n[cases.tiny_1rank]\n'
+
 
 def _image(seed: int, shape: tuple[int, ...] = (12, 16, 3)) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
@@ -120,3 +122,23 @@ def test_fields_are_recorded_and_their_changes_named(tmp_path: Path) -> None:
         "steps 4 removed",
     ]
     assert changed_fields(None, fields) == ["blessed before fields were recorded"]
+
+
+def test_bless_all_replaces_a_set_of_an_older_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39, leftover 14: an old manifest format was a dead end (every verb and `bless --all` refused)."""
+    from harness.cli import main
+    from tests.gate_project import gate_project
+
+    cases, baselines = gate_project(tmp_path, tiny=TINY_IMAGE_CASE)
+    refs = baselines / "images"
+    refs.mkdir()
+    (refs / MANIFEST).write_text('{"tiny_1rank.png": "0000"}')  # format 1: a bare file -> hash map
+    (refs / "tiny_1rank.png").write_bytes(b"old")
+    where = ["--cases", str(cases), "--baselines", str(baselines)]
+    assert main(["gate", *where, "--no-perf"]) == 2
+    assert "`parity bless --all` replaces the whole set" in capsys.readouterr().err
+    assert main(["bless", "tiny_1rank", *where]) == 2  # one case cannot rewrite a set it cannot read
+    assert main(["bless", "--all", *where, "--json", str(tmp_path / "bless.json")]) == 0
+    (change,) = json.loads((tmp_path / "bless.json").read_text())["changes"]
+    assert change["change"] == "repaired" and "unknown manifest format None" in " ".join(change["fields_changed"])
+    assert main(["gate", *where, "--no-perf"]) == 0
