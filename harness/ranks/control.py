@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,7 +30,10 @@ from harness.ranks.job import Job
 LOST_ENV = "PARITY_JOB_LOST_S"
 DEFAULT_LOST_S = 30.0
 BEAT_S = 1.0
-_CONNECT_TIMEOUT_S = 300.0  # the job's processes start within this of each other (a node may pull an image first)
+START_ENV = "PARITY_JOB_START_S"
+DEFAULT_START_S = 300.0  # the job's processes start within this of each other (a node may pull an image first)
+_CONNECT_TIMEOUT_S = 60.0  # a later connection to a store that answered already
+_ATTEMPT_S = 5.0  # one connection attempt (torch's client takes up to about twice its timeout)
 
 
 class JobLost(RuntimeError):
@@ -135,6 +139,18 @@ def store_gone(job: Job, exc: BaseException) -> str:
     )
 
 
+def start_patience_s() -> float:
+    """``PARITY_JOB_START_S``: how long a process waits for the job's store at its start (default 300)."""
+    text = os.environ.get(START_ENV, "").strip()
+    try:
+        value = float(text) if text else DEFAULT_START_S
+    except ValueError:
+        raise ConfigError(f"not a number of seconds: {text!r}", key=START_ENV) from None
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"must be a finite number of seconds > 0, got {text!r}", key=START_ENV)
+    return value
+
+
 def lost_after_s() -> float:
     """``PARITY_JOB_LOST_S``: how long a rank may stay silent before it counts as lost (checked before any work)."""
     text = os.environ.get(LOST_ENV, "").strip()
@@ -152,11 +168,28 @@ def lost_after_s() -> float:
 class Channel:
     """One connection to the job's store, every key under the job's prefix."""
 
-    def __init__(self, job: Job) -> None:
-        raw = dist.TCPStore(
-            job.master_addr, job.master_port, is_master=False, timeout=timedelta(seconds=_CONNECT_TIMEOUT_S)
-        )
+    def __init__(self, job: Job, timeout: float = _CONNECT_TIMEOUT_S) -> None:
+        raw = dist.TCPStore(job.master_addr, job.master_port, is_master=False, timeout=timedelta(seconds=timeout))
         self._store = dist.PrefixStore(job.prefix, raw)
+
+    @classmethod
+    def first(cls, job: Job, say: Callable[[str], None]) -> Channel:
+        """A process's first connection: attempts for ``PARITY_JOB_START_S`` seconds, saying once that it
+        waits (a rank started before rank 0, or without it, was silent for ten minutes)."""
+        patience = start_patience_s()
+        deadline, told = time.monotonic() + patience, False
+        while True:  # poll: a connection attempt, until the deadline
+            try:
+                return cls(job, _ATTEMPT_S)
+            except dist.DistError:
+                if time.monotonic() >= deadline:
+                    raise
+                if not told:
+                    say(
+                        f"job rank {job.rank}: waiting for the job's store at {job.master_addr}:{job.master_port} "
+                        f"(up to {patience:g} s; rank 0 or the launcher serves it)"
+                    )
+                    told = True
 
     def post(self, index: int, command: Command) -> None:
         self._store.set(f"cmd/{index}", _dumps(command))

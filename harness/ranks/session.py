@@ -11,16 +11,19 @@ job it is just ``main()``.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import torch.distributed as dist
 
 from harness.errors import ConfigError
 from harness.ranks.control import (
     LOST_ENV,
+    START_ENV,
     Alive,
     Answer,
     Answered,
@@ -34,6 +37,7 @@ from harness.ranks.control import (
     JobLost,
     first_line,
     lost_after_s,
+    start_patience_s,
     store_gone,
 )
 from harness.ranks.hosting import Host
@@ -46,6 +50,13 @@ _WAKE_S = 0.5  # how often a waiting caller on rank 0 looks at the clock (livene
 # (c10d logs a warning each time) means a rank died between numbering an event and writing it.
 _HOLE_S_PER_LOST_S = 1 / 3
 _UNHEARD_GRACE_S = 60.0  # a rank not heard from yet may still be importing torch on a loaded node
+
+
+def join_limit(lost_after: float) -> float:
+    """Seconds rank 0 waits to hear from every rank at the start: twice the silence limit, at most a minute more
+    than it (a rank may still be importing torch on a loaded node)."""
+    return lost_after + min(_UNHEARD_GRACE_S, lost_after)
+
 
 _active: JobSession | None = None
 
@@ -74,7 +85,12 @@ def run_as_job(main: Callable[[], int]) -> int:
     if job is None:
         return main()
     global _active
-    with JobSession(job, lost_after_s()) as session:
+    with ExitStack() as stack:
+        try:
+            session = stack.enter_context(JobSession(job, lost_after_s()))
+        except JobLost as exc:  # a rank never joined, or the store never answered: the job cannot start
+            _say(f"error: {exc}")
+            exit_without_teardown(1)  # a store served here must not be destroyed by the interpreter's exit
         if job.rank == 0:
             _active = session
             code = 1  # main() raised: the others must not wait for a code
@@ -92,6 +108,10 @@ def run_as_job(main: Callable[[], int]) -> int:
             except dist.DistError:
                 pass  # rank 0 is gone already: it waits for nobody
     exit_without_teardown(code)
+
+
+def _say(line: str) -> None:
+    print(f"parity: {line}", file=sys.stderr, flush=True)
 
 
 def _ignore_signals() -> None:
@@ -133,17 +153,19 @@ class JobSession:
                     key="MASTER_PORT",
                 ) from None
         try:
-            self.channel = Channel(self.job)
+            self.channel = Channel.first(self.job, _say)
         except dist.DistError as exc:
             raise JobLost(
                 f"job rank {self.job.rank}: the job's store at {self.job.master_addr}:{self.job.master_port} "
-                f"cannot be reached ({first_line(exc)})"
+                f"did not answer within {START_ENV} {start_patience_s():g} s ({first_line(exc)}); is rank 0 running, "
+                "with the same MASTER_ADDR:MASTER_PORT?"
             ) from None
         if self.job.rank == 0:
             self._heartbeat = Heartbeat(lambda: self.post(Beat()))
             threading.Thread(target=self.inbox.read, daemon=True, name="parity-job-inbox").start()
             self._host_thread = threading.Thread(target=self._serve_here, daemon=True, name="parity-job-host")
             self._host_thread.start()
+            self.inbox.wait_for_joined()
         else:
             beats = Channel(self.job)
             self._heartbeat = Heartbeat(lambda: beats.emit(Alive(self.job.rank)))
@@ -193,7 +215,10 @@ class Inbox:
         self.job, self.lost_after = job, lost_after
         self.changed = threading.Condition()
         self._answers: dict[tuple[str, str], dict[int, tuple[int, Answer]]] = {}
-        self._heard = {rank: time.monotonic() + _UNHEARD_GRACE_S for rank in range(1, job.world_size)}
+        self._heard = {
+            rank: time.monotonic() + join_limit(lost_after) - lost_after for rank in range(1, job.world_size)
+        }
+        self._joined: set[int] = set()
         self._exited: set[int] = set()
         self._gone: str | None = None
         self._done = False
@@ -225,6 +250,7 @@ class Inbox:
                 self._answers.setdefault((event.group, event.step), {})[event.rank] = (number, event.answer)
             elif isinstance(event, Alive):
                 self._heard[event.rank] = time.monotonic()
+                self._joined.add(event.rank)
             else:
                 self._exited.add(event.rank)
                 self._done = len(self._exited) == self.job.world_size - 1
@@ -256,6 +282,23 @@ class Inbox:
     def wait(self) -> None:
         """Until something changes, or a little while (hold ``changed``)."""
         self.changed.wait(_WAKE_S)
+
+    def wait_for_joined(self) -> None:
+        """Until every other rank was heard from; :class:`JobLost` naming those never heard within the join limit."""
+        limit = join_limit(self.lost_after)
+        deadline = time.monotonic() + limit
+        with self.changed:
+            while len(self._joined) < self.job.world_size - 1 and time.monotonic() < deadline:  # poll: the join
+                if self._gone:
+                    raise JobLost(self._gone)
+                self.wait()
+            missing = sorted(set(range(1, self.job.world_size)) - self._joined)
+        if missing:
+            raise JobLost(
+                f"job rank(s) {', '.join(map(str, missing))} never joined: nothing heard from them in {limit:g} s "
+                f"({LOST_ENV} {self.lost_after:g} s plus start-up); start every process of the job with the same "
+                f"MASTER_ADDR:MASTER_PORT ({self.job.master_addr}:{self.job.master_port})"
+            )
 
     def wait_for_exits(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

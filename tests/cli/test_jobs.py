@@ -214,9 +214,9 @@ def test_a_lost_node_ends_the_other_with_a_message_within_the_silence_limit(tmp_
         PARITY_JOB_LOST_S=LOST_S,
     ) as (node0, node1):
         deadline = time.monotonic() + 300
-        while len(list(marker.iterdir())) < 4 and time.monotonic() < deadline and node0.agent.poll() is None:
+        while len(list(marker.glob("rank-*"))) < 4 and time.monotonic() < deadline and node0.agent.poll() is None:
             time.sleep(0.1)
-        assert len(list(marker.iterdir())) == 4, node0.err
+        assert len(list(marker.glob("rank-*"))) == 4, node0.err
         survivors = descendants(node0.agent.pid)
         _kill_tree(node1.agent.pid)
         assert node0.wait(timeout=120) != 0  # not the case's 300 s timeout: the silence limit ends it
@@ -268,3 +268,31 @@ def test_srun_without_torchrun_skips_what_the_job_cannot_hold_and_rank_0_serves_
         ("contracts", "ulysses_w2"): ("passed", None),
     }
     assert results[1][0] == ("", "")  # rank 1 prints nothing
+
+
+@pytest.mark.parametrize(
+    ("rank", "extra", "says"),
+    [
+        ("0", {"PARITY_JOB_LOST_S": "3"}, "job rank(s) 1 never joined: nothing heard from them in 6 s"),
+        ("1", {"PARITY_JOB_START_S": "4"}, "job rank 1: the job's store at 127.0.0.1:{port} did not answer within"),
+    ],
+    ids=["rank-0-alone", "rank-1-without-a-store"],
+)
+def test_a_job_whose_other_ranks_never_come_fails_naming_them(
+    tmp_path: Path, rank: str, extra: dict[str, str], says: str
+) -> None:
+    """Issue 39, leftovers 5 and 6: rank 0 alone passed after 50 s of warnings, rank 1 alone was silent 600 s."""
+    port = str(_free_port())
+    env = _env(tmp_path, RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "check", "usp.ulysses_parity"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert says.format(port=port) in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "contract results" not in done.stdout and "terminate called" not in done.stderr
+    assert parity_files(tmp_path) == []

@@ -148,3 +148,18 @@ def test_a_bad_silence_limit_is_a_configuration_error(monkeypatch: pytest.Monkey
     monkeypatch.setenv(LOST_ENV, text)
     with pytest.raises(ConfigError, match=LOST_ENV):
         lost_after_s()
+
+
+@pytest.mark.parametrize(("text", "ok"), [("", True), ("12.5", True), ("0", False), ("inf", False), ("x", False)])
+def test_the_start_patience_is_a_positive_number_of_seconds(
+    monkeypatch: pytest.MonkeyPatch, text: str, ok: bool
+) -> None:
+    from harness.ranks.control import START_ENV, start_patience_s
+
+    monkeypatch.setenv(START_ENV, text)
+    if ok:
+        assert start_patience_s() == (float(text) if text else 300.0)
+        return
+    with pytest.raises(ConfigError) as info:
+        start_patience_s()
+    assert info.value.key == START_ENV
