@@ -53,6 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``argv`` parsed, the ids a verb takes (``parity check A --world-size 2 B``) allowed after its options too,
+    as pytest and git take them; anything else unrecognized is the verb's usage error, not the top level's."""
+    args, extra = parser.parse_known_args(argv)
+    verb = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.verb]
+    ids = getattr(args, "ids", None)
+    stray = [e for e in extra if e.startswith("-")]
+    if extra and isinstance(ids, list) and not stray:
+        ids.extend(extra)
+    elif extra:
+        verb.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def check_platform_env() -> None:
     """A PARITY_PLATFORM that names no platform is a configuration error before any verb runs (every
     platform branch reads it, in this process and in every rank)."""
@@ -167,7 +181,7 @@ def _run_verb(argv: Sequence[str] | None) -> int:
     """Parse and run one verb (on rank 0 of a job); its exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse(parser, argv)
     except SystemExit as exc:  # argparse: --help exits 0, a usage error exits 2
         return int(exc.code or 0)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.contracts import collectives, memory
 from harness.contracts.case import Case
@@ -166,6 +167,17 @@ def _checks_reference_models(case: Case, target: Target) -> bool:
     return bool(missing & REFERENCE_ONLY)
 
 
+def _overlay_file(case: Case, overlay: str) -> str:
+    """Where the target overlay of the case's case directory is (``parity/cases/contracts/targets/X.toml`` in a
+    project), relative to the working directory where it is below it."""
+    source = Path(case.source.split(" + ", 1)[0])
+    path = (source.parent if source.suffix == ".toml" else Path("cases/contracts")) / "targets" / f"{overlay}.toml"
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new_skips: bool = False) -> CaseResult:
     """The target overlay's word on a result (``overlay``: the target's overlay name, for the message).
 
@@ -186,7 +198,7 @@ def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new
             result.status = FAILED
             result.reason = (
                 f"skipped, and this target was expected to run it: {reason}. If the target cannot express it, "
-                f"pin it in cases/contracts/targets/{overlay}.toml [expected_skips] with the fact that "
+                f"pin it in {_overlay_file(case, overlay)} [expected_skips] with the fact that "
                 "justifies it (--allow-new-skips for an exploratory run)"
             )
         elif pin.reason is not None and pin.reason not in reason:

@@ -275,13 +275,10 @@ def _name_reference_pipeline(result: CaseResult, ref: Reference, case: ImageCase
 
 
 def _regression_step(case: ImageCase, report: Path | None, carried: Sequence[str]) -> str:
-    """Where to look, and how to bless if the change is intended (a saved candidate only serves a one-rank case)."""
-    bless = command(
-        ["bless", "--from-results", str(report), case.id]
-        if report is not None and case.world_size == 1
-        else ["bless", case.id],
-        carried,
-    )
+    """Where to look, and how to bless if the change is intended: ``parity bless CASE``, the one form every hint of
+    a run uses (it serves every case; ``--from-results`` serves only one-rank candidates, so a run's hints mixed
+    both forms)."""
+    bless = command(["bless", case.id], carried)
     if report is None:
         return (
             f"{command(['gate', '--report', 'parity-report'], carried)}  (writes the triptych of {case.id}); "

@@ -89,7 +89,9 @@ class CommandPipelineTarget(PipelineTarget):
         template = fields.get("template", self.template)
         if not isinstance(template, str) or not template.strip():
             raise ParamError(
-                "template", "no command: give --pipeline-target-arg template='...' or a case field template"
+                "template",
+                "no command: the command target needs its argument template='...' (--pipeline-target-arg; in "
+                "parity perf --head-arg or --base-arg; pipeline_target_args in parity.toml) or a case field template",
             )
         try:
             return shlex.split(template)

@@ -212,3 +212,23 @@ def test_gate_writes_results_and_junit_into_the_report_dir(tmp_path, capsys):
     assert stage["summary"] == {"passed": 1, "failed": 0, "skipped": 1, "xfailed": 0, "inconclusive": 0}
     assert ET.parse(report / "junit.xml").getroot().find("testsuite").get("name") == "contracts"
     assert main(["gate", "--cases", str(cases), "--baselines", str(tmp_path / "missing")]) == 2
+
+
+def test_ids_after_options_are_ids_and_a_stray_option_is_the_verbs_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39: `parity perf BASE HEAD --max-pairs 12 CASE` gave the top-level usage error."""
+    from harness.cli import build_parser, parse
+
+    parser = build_parser()
+    args = parse(parser, ["perf", "reference", "reference", "--max-pairs", "12", "zimage_t2i_1rank", "other"])
+    assert (args.base, args.head, args.ids, args.max_pairs) == (
+        "reference",
+        "reference",
+        ["zimage_t2i_1rank", "other"],
+        12,
+    )
+    assert parse(parser, ["check", "a", "--world-size", "2", "b"]).ids == ["a", "b"]
+    assert main(["check", "usp.ring_parity", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "parity check: error: unrecognized arguments: --bogus" in err and "usage: parity check" in err
+    assert main(["doctor", "extra"]) == 2
+    assert "parity doctor: error: unrecognized arguments: extra" in capsys.readouterr().err

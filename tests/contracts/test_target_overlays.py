@@ -350,3 +350,15 @@ def test_backend_overlay_mistakes_name_file_and_key(tmp_path: Path, text: str, k
     with pytest.raises(ConfigError) as err:
         apply_backend_overlays([case], tmp_path)
     assert err.value.key == key and "fa.toml" in str(err.value)
+
+
+def test_the_pin_hint_names_the_overlay_of_the_cases_own_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project's cases live in parity/cases/contracts: its hint names parity/cases/contracts/targets/X.toml."""
+    project = tmp_path / "repo"
+    source = project / "parity" / "cases" / "contracts" / "mine.toml"
+    case = make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source=str(source))
+    monkeypatch.chdir(tmp_path)
+    got = expectations_applied(case, CaseResult("u1", "usp.ulysses_parity", SKIPPED, "cannot"), "stack")
+    assert "pin it in repo/parity/cases/contracts/targets/stack.toml [expected_skips]" in got.reason

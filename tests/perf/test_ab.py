@@ -337,3 +337,21 @@ def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(
     record = next(r for r in json.loads((report / "results.json").read_text())["stages"]["perf"]["records"])
     assert record["status"] == "failed" and "stages_ms.DenoisingStage" in record["reason"]
     assert record["reason"].endswith("[raw times against the stored baseline]")
+
+
+def test_a_side_without_its_args_takes_the_project_files_for_the_target_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39: HEAD `command` without --head-arg ignored the project's pipeline_target_args."""
+    project = tmp_path / "project"
+    _cases(project / "cases", FLAT)
+    shutil.copytree(REPO / "baselines", project / "baselines", ignore=shutil.ignore_patterns("images"))
+    (project / "parity.toml").write_text(
+        f'cases = "cases"\nbaselines = "baselines"\npipeline_target = "{SCRIPTED}"\n'
+        'pipeline_target_args = { e2e = "11" }\n'
+    )
+    monkeypatch.chdir(project)
+    code = main(["perf", SCRIPTED, SCRIPTED, "--base-arg", "e2e=10", "--json", str(tmp_path / "ab.json")])
+    record = _record(json.loads((tmp_path / "ab.json").read_text()))
+    assert (code, record["status"]) == (1, "failed"), record["reason"]  # HEAD ran with the project's e2e=11
+    assert record["figures"]["head"]["args"] == {"e2e": "11"}
