@@ -5,7 +5,7 @@ one name in :data:`VERBS`. Exit codes: 0 passed, 1 a failure or regression, 2 a 
 configuration error, 3 an inconclusive timing with nothing failed, 130 on SIGINT and 143 on
 SIGTERM: the signal unwinds the run like an exception, so every rank group is ended on the way out,
 with one line instead of a traceback. The handlers are set first (nothing heavy is imported before
-them), so a signal during torch's import is handled like one during a case. Under torchrun or srun
+them); a signal during torch's import is raised as soon as the import is done. Under torchrun or srun
 rank 0 alone parses and runs the verb (:func:`harness.ranks.run_as_job`) and every rank exits with
 its code.
 """
@@ -172,9 +172,24 @@ def _leave_after_signal(code: int) -> None:
 
 
 def _in_job(argv: Sequence[str] | None) -> int:
-    from harness.ranks import run_as_job  # torch: a signal during this import already unwinds
+    with _signals_deferred():  # torch's import: C++ beneath it aborts on an exception raised in its Python calls
+        from harness.ranks import run_as_job
 
     return run_as_job(lambda: _run_verb(argv))
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """A signal in the block is raised when it ends: SIGTERM during torch's import under load raised
+    :class:`Interrupted` inside a Python call of torch's C++ initialisation, which then aborted (SIGABRT, a
+    Python stack on stderr, 1 run in 32 of the signal sweep on a loaded box)."""
+    armed, _Unwinding.armed = _Unwinding.armed, False
+    try:
+        yield
+    finally:
+        _Unwinding.armed = armed
+    if armed and _Unwinding.signum is not None:
+        raise Interrupted(_Unwinding.signum)
 
 
 def _run_verb(argv: Sequence[str] | None) -> int:

@@ -109,8 +109,9 @@ def test_a_failing_command_fails_with_its_stderr_and_keeps_its_outputs() -> None
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_timeout_ends_the_command_and_everything_it_started() -> None:
-    with pytest.raises(PipelineFailed, match="timed out after 3 s") as info:  # not the 120 s the command sleeps
-        run_once(" --sleep 120", timeout=3.0)
+    # 15 s: the command starts its sleeping child first; on a loaded box Python's start alone took over 3 s
+    with pytest.raises(PipelineFailed, match="timed out after 15 s") as info:  # not the 120 s the command sleeps
+        run_once(" --sleep 120", timeout=15.0)
     kept = Path(info.value.reason.split("outputs kept in ", 1)[1].split(")", 1)[0])
     sleeper = int((kept / "sleeper.pid").read_text())
     assert wait_until_gone([sleeper], 10) == []  # the command's own child, not only the command
