@@ -306,17 +306,17 @@ def test_perf_base_arg_without_perf_base_is_a_usage_error(capsys: pytest.Capture
 # --------------------------------------------------------------------------- absolute mode
 
 
-def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(
+def test_absolute_mode_fails_a_command_whose_steps_take_twenty_times_as_long(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The doubled-step generator of the issue, on a stored baseline recorded here from 3 gates of the plain one.
 
-    Tolerances of 75 %: recalibration refuses a tolerance inside the runs' spread, and a shared test
-    machine's spread of a process's times can pass 30 %; a doubled step (×2) is still past them. The
-    command's stages other than denoising take ~2 ms of CPU work, whose spread on a loaded box reached 77 %
-    (CI): their family gets 1000 %, as no figure of theirs is what this test fails."""
+    Tolerances of 500 %: recalibration refuses a tolerance inside the runs' spread, and beside two busy
+    processes the spread of a 45 ms command's e2e reached ±104 % (its ~2 ms non-denoising stages 77 % on
+    CI); a step twenty times as long (10 → 200 ms) is past them on any box. Those small stages get 1000 %,
+    as no figure of theirs is what this test fails."""
     for family in ("E2E", "DENOISE_STAGE", "DENOISE_STEP", "DENOISE_AGG", "WALL"):
-        monkeypatch.setenv(f"PARITY_PERF_TOL_{family}", "0.75")
+        monkeypatch.setenv(f"PARITY_PERF_TOL_{family}", "5")
     monkeypatch.setenv("PARITY_PERF_TOL_NON_DENOISE_STAGE", "10")
     cases, baselines = gate_project(tmp_path, sleepy=SLEEPY)
     shutil.copy(REPO / "baselines" / "perf_baselines.json", baselines)
@@ -332,7 +332,7 @@ def test_absolute_mode_fails_a_command_whose_steps_take_twice_as_long(
     assert main(["gate", *plain, "--report", str(tmp_path / "again")]) == 0  # the stored baseline turns the stage on
     report = tmp_path / "doubled"
     assert (
-        main(["gate", *where, "--pipeline-target-arg", f"template={TEMPLATE} --slow 1.0", "--report", str(report)]) == 1
+        main(["gate", *where, "--pipeline-target-arg", f"template={TEMPLATE} --slow 19", "--report", str(report)]) == 1
     )
     record = next(r for r in json.loads((report / "results.json").read_text())["stages"]["perf"]["records"])
     assert record["status"] == "failed" and "stages_ms.DenoisingStage" in record["reason"]

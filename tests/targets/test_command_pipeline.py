@@ -263,7 +263,7 @@ def test_perf_timing_runs_here_with_the_commands_own_timings() -> None:
     assert measured["stages_ms"] == {"TextEncodingStage": 1.0, "DenoisingStage": 1.5, "DecodingStage": 0.5}
     assert measured["denoise_step_ms"] == {"0": 0.75, "1": 0.75}
     assert len(measured["samples"]["wall_ms"]) == 2 and measured["clock"] == "command timings.json"
-    assert min(measured["samples"]["wall_ms"]) > max(
-        measured["samples"]["expected_e2e_ms"]
-    )  # the process's start counts
+    samples = measured["samples"]
+    # run by run (across runs a loaded box moves both by seconds): the process's start counts in parity's clock
+    assert all(wall > e2e for wall, e2e in zip(samples["wall_ms"], samples["expected_e2e_ms"], strict=True))
     assert measured["peak_memory_mb"] is None and measured["peak_memory_kind"] == "not_measured"
