@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cuda_timing import cuda_median_ms  # noqa: E402
 from reference_impl.attention.backends import AttentionBackend, FlashAttnBackend, TorchSDPABackend  # noqa: E402
 from reference_impl.attention.ring import merge  # noqa: E402
 
@@ -72,21 +72,6 @@ def _inputs(shape: Shape, tokens: int | None = None, heads: int | None = None, g
     ]
 
 
-def median_ms(call: Callable[[], object], reps: int) -> float:
-    """The median of ``reps`` CUDA-event timings of ``call``, after two warm-up calls (FA4 compiles on the first)."""
-    for _ in range(2):
-        call()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def calls(backend: AttentionBackend, shape: Shape) -> dict[str, Callable[[], object]]:
     """The timed calls of one kernel on one shape: forward, forward+backward, a Ulysses and a ring rank's forward."""
     q, k, v = _inputs(shape)
@@ -119,7 +104,7 @@ def measure(shape: Shape, chosen: dict[str, AttentionBackend], rounds: int, reps
         for name, timed in prepared.items():
             for what, call in timed.items():
                 try:
-                    ms = median_ms(call, reps)
+                    ms = cuda_median_ms(call, reps)
                 except RuntimeError as exc:
                     print(f"{name} {what}: {str(exc).splitlines()[0][:160]}", file=sys.stderr)
                     continue

@@ -13,12 +13,12 @@ median times of both and of plain bf16 ``F.linear``. Exits 1 if a ``scaled_mm`` 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.cuda_timing import cuda_median_ms
 from reference_impl.quantization import Fp8Config, LinearBase, QKVLinear, ReplicatedLinear, dequantize_fp8, quantize_fp8
 
 # Dynamic FP8 activations (e4m3: 3 mantissa bits) against exact math on the same FP8 weights:
@@ -43,20 +43,6 @@ def _build(kind: str, block: tuple[int, int] | None) -> tuple[LinearBase, torch.
         dense.append(dequantize_fp8(q, s, block))
     layer.quant_method.process_weights_after_loading(layer)
     return layer.cuda(), torch.cat(dense)
-
-
-def _median_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -95,12 +81,12 @@ def main() -> int:
             method.kernel = mode
             try:
                 outputs[mode] = layer(x)
-                times[mode] = _median_ms(lambda: layer(x), args.reps)
+                times[mode] = cuda_median_ms(lambda: layer(x), args.reps)
             except RuntimeError as exc:
                 outputs[mode], times[mode] = None, float("nan")
                 print(f"  {mode} could not run: {exc}")
         w_bf16 = dense.bfloat16().cuda()
-        times["bf16 F.linear"] = _median_ms(lambda: F.linear(x, w_bf16), args.reps)
+        times["bf16 F.linear"] = cuda_median_ms(lambda: F.linear(x, w_bf16), args.reps)
         layout = "per-tensor" if block is None else f"block {block[0]}x{block[1]}"
         print(
             f"{name} {layout} [{args.tokens}x{layer.input_size}] x [{layer.output_size}x{layer.input_size}]: auto -> {kernel}"
