@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.cuda_timing import cuda_median_ms
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the checkout's root
+
+from benchmarks.cuda_timing import cuda_median_ms  # noqa: E402
 from reference_impl.quantization import Fp8Config, LinearBase, QKVLinear, ReplicatedLinear, dequantize_fp8, quantize_fp8
 
 # Dynamic FP8 activations (e4m3: 3 mantissa bits) against exact math on the same FP8 weights:
