@@ -19,7 +19,8 @@
 #   suite      the production suite's cases named in $SUITE_IDS (default: all of it)
 #   planted_grads  every gradient case with each backward bug of tests/targets/planted_grad_bugs.py (must fail)
 #   fa         with flash-attn installed (../shared/tools/flash-attn-wheels, then `source /tmp/fa4.env`): doctor,
-#              every default contract case with --backend fa, the gradient cases again with --deterministic
+#              tests/gpu/test_flash_attn_cuda.py (the kernel against float64), every default contract case with
+#              --backend fa, the gradient cases again with --deterministic
 #   fa_scale   the production suite's $FA_IDS with --backend fa, with and without --deterministic, and
 #              benchmarks/fa_kernels.py (FA against SDPA flash and cuDNN at production shapes)
 # Wheels in .whl/ (diffusers, sglang and what its import needs) are installed to a temp dir first;
@@ -81,6 +82,7 @@ for phase in "$@"; do
       done ;;
     fa)
       step fa_doctor $P doctor --json "$W/fa_doctor.json"
+      step fa_kernel_tests python3 -m pytest tests/gpu/test_flash_attn_cuda.py -q -s -p no:cacheprovider -rs
       step fa_check $P check --device cuda --backend fa --json "$W/fa_check.json"
       step fa_grad_deterministic $P check 'usp.*_grad' --device cuda --backend fa --deterministic \
         --json "$W/fa_grad_deterministic.json" ;;

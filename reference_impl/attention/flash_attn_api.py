@@ -17,6 +17,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import torch
 Tensor = torch.Tensor
 FA_API_ENV = "PARITY_FA_API"
 _LSE_FLAGS = ("return_lse", "return_attn_probs")
+_CUTE_AUX_DATA_WARNING = r"Argument aux_data \(position \d+\) cannot be converted to a JitArgument"
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,9 @@ class FlashAttnApi:
         flag = next((f for f in _LSE_FLAGS if f in self.parameters), None)
         if return_lse and flag:
             kwargs[flag] = True
-        result = self.func(*(_last_dim_contiguous(t) for t in (q, k, v)), **kwargs)
+        with warnings.catch_warnings():  # FA4's CuTe DSL warns about an argument on every compile: noise to a user
+            warnings.filterwarnings("ignore", message=_CUTE_AUX_DATA_WARNING, category=UserWarning)
+            result = self.func(*(_last_dim_contiguous(t) for t in (q, k, v)), **kwargs)
         out, lse = (result[0], result[1]) if isinstance(result, (tuple, list)) else (result, None)
         if return_lse and lse is None:
             raise NotImplementedError(f"{self.describe()} returned no log-sum-exp")

@@ -18,7 +18,6 @@ from harness.targets.base import AttentionSpec, Capability, Refusal, Target, Uns
 from reference_impl.attention.backends import (
     BACKENDS,
     SDPA_KERNELS,
-    AttentionBackend,
     AttentionBackendEnum,
     KernelRefused,
     backend_class,
@@ -143,11 +142,7 @@ class ReferenceTarget(Target):
         if spec.backend is not None:
             # An unknown name raises ValueError listing the valid ones; a backend that cannot serve
             # this case here (missing package, head size, dtype) skips it.
-            reason = _cannot_serve(backend_class(spec.backend), spec)
-            if reason:
-                raise Unsupported(
-                    f"backend {spec.backend} cannot run this case here: {reason}", kind=Refusal.BACKEND_UNAVAILABLE
-                )
+            refuse_unservable(spec.backend, spec.dtype, spec.head_dim)
         with refusals_as_unsupported(), attention_backend_config(spec.backend_config):
             with attention_component(spec.component) if spec.component else nullcontext():
                 layer = USPAttention(
@@ -198,19 +193,27 @@ class ReferenceTarget(Target):
         check = checks[name]
 
         def run(**kwargs: Any) -> Any:
+            if kwargs.get("backend") and "dtype_name" in kwargs:  # a model in fp32 cannot run a fp16/bf16 kernel
+                from harness.targets.reference.models import torch_dtype
+
+                refuse_unservable(kwargs["backend"], torch_dtype(kwargs["dtype_name"]))
             with refusals_as_unsupported(forced_backend_refused=True):
                 return check(**kwargs)
 
         return run
 
 
-def _cannot_serve(cls: type[AttentionBackend], spec: AttentionSpec) -> str | None:
+def refuse_unservable(backend: str, dtype: torch.dtype, head_dim: int | None = None) -> None:
+    """Skip a case whose named backend cannot serve it here: package missing, head size, or dtype (fp32 on a
+    fp16/bf16 kernel); ``head_dim`` None: not known before the model is built."""
+    cls = backend_class(backend)
     reason = cls.unavailable_reason()
-    if reason is None and not cls.supports_head_size(spec.head_dim):
-        reason = f"head size {spec.head_dim} is not supported"
-    if reason is None and not cls.supports_dtype(spec.dtype):
-        reason = f"it does not compute in {spec.dtype}"
-    return reason
+    if reason is None and head_dim is not None and not cls.supports_head_size(head_dim):
+        reason = f"head size {head_dim} is not supported"
+    if reason is None and not cls.supports_dtype(dtype):
+        reason = f"it does not compute in {dtype}"
+    if reason:
+        raise Unsupported(f"backend {backend} cannot run this case here: {reason}", kind=Refusal.BACKEND_UNAVAILABLE)
 
 
 def factory() -> ReferenceTarget:

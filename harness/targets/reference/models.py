@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 from harness.ranks import rank_device
 from harness.targets.figures import ModelParity, PathFigures
-from reference_impl.attention.backends import pinned_sdpa_kernel
-from reference_impl.attention.layer import USPAttention
+from reference_impl.attention.backends import MathBackend, pinned_sdpa_kernel
+from reference_impl.attention.layer import LocalAttention, USPAttention
 from reference_impl.attention.selector import attention_backend_config
 from reference_impl.forward_context import set_forward_context
 from reference_impl.models.layers import even_shard_bounds, grid_positions
@@ -111,13 +111,22 @@ def gather_output(t: Tensor) -> Tensor:
 def reference_outputs(
     fn: Callable[..., Any], model: torch.nn.Module, args: tuple[Tensor, ...], sdpa_kernel: str | None
 ) -> tuple[Any, Any]:
-    """Single-rank outputs in the model's dtype (kernel pinned like the SP run) and in fp64 (a
-    float64 copy of the same weights, same inputs, any kernel: the fused ones have no fp64).
+    """Single-rank outputs in the model's dtype (kernel pinned like the SP run) and in fp64 (:func:`float64_copy`).
     Masks (bool or integer tensors) are passed unchanged."""
     with pinned_sdpa_kernel(sdpa_kernel):
         low = fn(model, *args)
-    high = fn(copy.deepcopy(model).double(), *(a.double() if a.is_floating_point() else a for a in args))
+    high = fn(float64_copy(model), *(a.double() if a.is_floating_point() else a for a in args))
     return low, high
+
+
+def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The same weights in float64, every attention layer computing through the MATH backend: fused kernels
+    (flash-attn) have no fp64, and an oracle must not share the kernel under test."""
+    exact = copy.deepcopy(model).double()
+    for layer in exact.modules():
+        if isinstance(layer, (USPAttention, LocalAttention)):
+            layer.attn_impl = MathBackend()
+    return exact
 
 
 def run_worker(
