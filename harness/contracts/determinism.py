@@ -37,13 +37,16 @@ class Runs:
     unmeasured: str | None = None
 
 
-def extra_runs(ctx: RankContext, p: Params, compute: Computation, groups: int) -> Runs:
+def extra_runs(ctx: RankContext, p: Params, compute: Computation, groups: int, replicated: bool = False) -> Runs:
     """Under a bitwise bound: ``compute`` once more with the single-rank attention and (``groups`` > 1, a Ulysses
-    degree) once with it called per head group. None of them under any other bound."""
-    if not isinstance(ctx.bound, Bitwise):
+    degree) once with it called per head group. Under any other bound only the repeat, and only for a case with
+    ``replicated`` tokens: every rank holding the same copy is a bitwise claim (ranks of a hybrid's ring
+    positions compute their own), which a kernel that differs from itself cannot keep."""
+    bitwise = isinstance(ctx.bound, Bitwise)
+    if not bitwise and not replicated:
         return Runs()
     results: dict[Role, Sequence[Tensor]] = {Role.REPEAT: compute(ctx.attention(p, skip_sequence_parallel=True))}
-    if groups == 1:
+    if groups == 1 or not bitwise:
         return Runs(results)
     try:
         results[Role.HEAD_GROUPS] = compute(HeadGroups(ctx.attention(p, **_group_heads(p, groups)), groups))

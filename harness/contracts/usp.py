@@ -112,7 +112,7 @@ def output_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
         return [attention(*inputs, **case.single_kwargs)]
 
     [ref] = compute(ctx.attention(p, skip_sequence_parallel=True))
-    runs = determinism.extra_runs(ctx, p, compute, case.degrees[0])
+    runs = determinism.extra_runs(ctx, p, compute, case.degrees[0], replicated=case.replicated_q is not None)
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)
         out = attn(*case.local, **case.kwargs)

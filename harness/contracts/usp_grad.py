@@ -75,7 +75,10 @@ def gradient_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcom
     single, problems = _single_rank(ctx, ctx.attention(p, skip_sequence_parallel=True), case, dout)
     runs = determinism.Runs()
     if not problems:
-        runs = determinism.extra_runs(ctx, p, lambda attn: _single_rank(ctx, attn, case, dout)[0], case.degrees[0])
+        replicated = case.replicated_q is not None or case.replicated_kv is not None
+        runs = determinism.extra_runs(
+            ctx, p, lambda attn: _single_rank(ctx, attn, case, dout)[0], case.degrees[0], replicated
+        )
     mine = [t.detach().clone().requires_grad_() for t in case.local]
     with ctx.parallel(*case.degrees):
         attn = ctx.attention(p)

@@ -45,8 +45,15 @@ def load_stack_run(path: str | Path) -> StackRun:
     expect_object(data["stages"].get("contracts"), path, "stages.contracts")
     records = {case_id: r.record for (stage, case_id), r in stage_records(data, path).items() if stage == "contracts"}
     version = data.get("target_version")
-    label = f"{data.get('target', '?')}{f' {version}' if version else ''} ({data.get('device', '?')})"
+    label = f"{data.get('target', '?')}{f' {version}' if version else ''}{_forced_backend(records)} ({data.get('device', '?')})"
     return StackRun(str(path), label, records)
+
+
+def _forced_backend(records: dict[str, dict[str, Any]]) -> str:
+    """`` backend fa`` where every case ran one backend (``check --backend``): a column of its own, said so."""
+    params = [r.get("params") or {} for r in records.values()]
+    backends = {str(p["backend"]) for p in params if "backend" in p}  # cases that take no backend say nothing
+    return f" backend {backends.pop()}" if len(backends) == 1 and "None" not in backends else ""
 
 
 def _cell(record: dict[str, Any] | None, notes: dict[str, int]) -> str:

@@ -131,3 +131,23 @@ def test_the_extra_runs_are_judged_against_float64_and_reported(rank_pools: Pool
     judged = {key for key in oracle if key.startswith(("single-rank repeat", "head-group"))}
     assert judged == {f"{role} {n}" for role in ("single-rank repeat", "head-group") for n in ("dq", "dk", "dv")}
     assert all(oracle[key]["err_ref64"] <= oracle[key]["allowed"] for key in judged), oracle
+
+
+def test_replicated_copies_of_a_non_deterministic_kernel_are_not_claimed_alike_under_any_bound(
+    rank_pools: PoolSet,
+) -> None:
+    """A hybrid's ring positions compute their own copy of the replicated tokens' dq: under the FA rule (a ring)
+    too, a kernel that differs from itself cannot keep them bit-identical (FA4's default backward on an H200)."""
+    hybrid = {"world_size": 4, "ring_degree": 2, "heads": 8, "kv_heads": 4, "replicated": 3}
+    result = _run(rank_pools, "usp.replicated_suffix_grad", "bf16", **hybrid)
+    assert result.status == PASSED, result.reason
+    assert result.figures["determinism"]["dq"]["deterministic"] is False
+    assert result.figures["replicated_alike_not_claimed"] == {"dq": NON_DETERMINISTIC}
+
+
+def test_replicated_copies_of_a_deterministic_kernel_stay_claimed_alike(assert_contract) -> None:
+    result = assert_contract(
+        "usp.replicated_suffix_grad", **{**SHAPE, "world_size": 4, "ring_degree": 2, "replicated": 3}
+    )
+    assert result.figures["determinism"]["dq"]["deterministic"] is True
+    assert "replicated_alike_not_claimed" not in result.figures

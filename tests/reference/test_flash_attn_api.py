@@ -137,7 +137,8 @@ def test_an_api_names_the_gpus_it_runs_on(spec, capability, reason) -> None:
 
 
 def test_fa4s_compile_warning_is_silenced_and_other_warnings_pass(tmp_path: Path) -> None:
-    """FA4's CuTe DSL warns about one argument on every kernel compile: dozens of lines above a check's table."""
+    """FA4's CuTe DSL warns about one argument on every kernel compile, forward and backward (the backward in
+    autograd's device thread on CUDA): dozens of lines above a check's table. Filtered once, when FA4 is found."""
     import warnings
 
     with planted(tmp_path, "fa4"), warnings.catch_warnings(record=True) as seen:

@@ -65,3 +65,14 @@ def test_sweeps_and_results_do_not_mix_and_bad_records_name_the_key(tmp_path: Pa
     with pytest.raises(ConfigError) as info:
         load_stack_run(ref)
     assert info.value.key == "stages.contracts.records[0].status"
+
+
+def test_a_run_with_one_backend_for_every_case_says_so_in_its_column(tmp_path: Path) -> None:
+    forced, mixed = tmp_path / "fa.json", tmp_path / "mixed.json"
+    records = [{**_rec(c, "passed"), "params": {"backend": "fa"}} for c in ("u", "m")]
+    records.append({**_rec("encoder", "passed"), "params": {"seed": 0}})  # a case that takes no backend
+    forced.write_text(json.dumps({**_doc("reference", None, records), "device": "cuda"}))
+    assert load_stack_run(forced).label == "reference backend fa (cuda)"
+    records[1]["params"]["backend"] = None
+    mixed.write_text(json.dumps(_doc("reference", None, records)))
+    assert load_stack_run(mixed).label == "reference (cpu)"
