@@ -40,6 +40,18 @@ def _attention(q, k, v, softmax_scale, causal):
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v.double())
     return out.to(q.dtype), lse.float()
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal):
+    # packed [total, H, D] sequences; the LSE [H, total_q], as the real varlen entries return it
+    outs, lses = [], []
+    for i in range(len(cu_seqlens_q) - 1):
+        qs, qe, ks, ke = (int(x) for x in (cu_seqlens_q[i], cu_seqlens_q[i + 1], cu_seqlens_k[i], cu_seqlens_k[i + 1]))
+        out, lse = _attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], softmax_scale, causal)
+        outs.append(out[0])
+        lses.append(lse[0])
+    CALLS[-1]["varlen"] = True
+    return torch.cat(outs), torch.cat(lses, dim=-1)
 """
 
 _SOURCES = {
@@ -54,6 +66,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     out, lse = _attention(q, k, v, softmax_scale, causal)
     CALLS[-1].update(deterministic=deterministic, lse_flag=return_attn_probs)
     return (out, lse.detach(), None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
+    return (out, lse.detach(), None) if return_attn_probs else out
 """,
     },
     "fa3": {
@@ -66,10 +85,18 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     out, lse = _attention(q, k, v, softmax_scale, causal)
     CALLS[-1].update(deterministic=deterministic, lse_flag=return_attn_probs)
     return (out, lse.detach()) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                           seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                           v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+    out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
+    return (out, lse.detach()) if return_attn_probs else out
 """,
     },
     "fa4": {
-        "flash_attn/cute/__init__.py": "from .interface import flash_attn_func, CALLS\n",
+        "flash_attn/cute/__init__.py": "from .interface import flash_attn_func, flash_attn_varlen_func, CALLS\n",
         "flash_attn/cute/interface.py": _MATH
         + """
 
@@ -80,6 +107,16 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
 
     warnings.warn("Argument aux_data (position 17) cannot be converted to a JitArgument for function 'f'.", UserWarning)
     out, lse = _attention(q, k, v, softmax_scale, causal)
+    CALLS[-1].update(deterministic=deterministic, lse_flag=return_lse)
+    return out, (lse if return_lse else None)
+
+
+def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                           max_seqlen_k=None, min_seqlen_k=None, seqused_q=None, seqused_k=None,
+                           gather_kv_indices=None, page_table=None, softmax_scale=None, causal=False,
+                           window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
+                           deterministic=False, return_lse=False):
+    out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
     CALLS[-1].update(deterministic=deterministic, lse_flag=return_lse)
     return out, (lse if return_lse else None)
 """,

@@ -366,16 +366,37 @@ class FlashAttnBackend(AttentionBackend):
         return not isinstance(found, str) and found.spec.lse_has_gradient
 
     def forward(self, q, k, v, causal=False, softmax_scale=None, return_lse=False, attn_mask=None):
-        if attn_mask is not None:
-            raise KernelRefused("flash-attn takes no attention mask (only causal); a masked case cannot run on fa")
+        keep = None if attn_mask is None else _key_padding(attn_mask, causal)
         if causal and q.shape[1] != k.shape[1]:
             raise KernelRefused(
                 f"flash-attn aligns a causal mask bottom-right, USPAttention top-left: {q.shape[1]} queries "
                 f"and {k.shape[1]} keys would differ"
             )
         deterministic = self.deterministic or torch.are_deterministic_algorithms_enabled()
-        out, lse = self.api().attention(q, k, v, causal, softmax_scale, return_lse, deterministic)
+        api = self.api()
+        if keep is not None:
+            if api.varlen is None:
+                raise KernelRefused(f"{api.describe()} has no flash_attn_varlen_func: a key mask cannot run on fa")
+            out, lse = api.key_masked_attention(q, k, v, keep, softmax_scale, return_lse, deterministic)
+        else:
+            out, lse = api.attention(q, k, v, causal, softmax_scale, return_lse, deterministic)
         return (out, lse) if return_lse else out
+
+
+def _key_padding(attn_mask: Tensor, causal: bool) -> Tensor:
+    """The ``[B, S_k]`` keys a boolean key-padding mask (``[B, 1, 1, S_k]``) keeps: what flash-attn's varlen entry
+    expresses. A dense mask, an additive one, or one with causal (varlen aligns causal to each item's kept
+    keys) is refused before computing."""
+    if attn_mask.dtype != torch.bool or attn_mask.dim() != 4 or attn_mask.shape[1] != 1 or attn_mask.shape[2] != 1:
+        raise KernelRefused(
+            "flash-attn takes no dense attention mask (a boolean key-padding mask only, through its varlen entry); "
+            "a dense-masked case cannot run on fa"
+        )
+    if causal:
+        raise KernelRefused(
+            "flash-attn takes no key mask together with causal (its varlen entry would align causal to the kept keys)"
+        )
+    return attn_mask[:, 0, 0]
 
 
 class SageAttnBackend(AttentionBackend):

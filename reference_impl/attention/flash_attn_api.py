@@ -65,6 +65,7 @@ class FlashAttnApi:
     version: str | None
     func: Callable[..., object]
     parameters: frozenset[str]
+    varlen: Callable[..., object] | None = None  # flash_attn_varlen_func, where the module has one
 
     def describe(self) -> str:
         """``FA4: flash_attn.cute.flash_attn_func (flash-attn-4 4.0.0b36)`` for doctor and results."""
@@ -81,6 +82,48 @@ class FlashAttnApi:
         deterministic: bool,
     ) -> tuple[Tensor, Tensor | None]:
         """``(out, lse)`` on ``[B, S, H, D]``; ``lse`` is None unless asked for."""
+        kwargs = self._flags(causal, softmax_scale, return_lse, deterministic)
+        result = self.func(*(_last_dim_contiguous(t) for t in (q, k, v)), **kwargs)
+        return self._split(result, return_lse)
+
+    def key_masked_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        keep: Tensor,
+        softmax_scale: float | None,
+        return_lse: bool,
+        deterministic: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Non-causal attention of every query to the keys ``keep [B, S_k]`` (bool) marks, through the varlen entry:
+        each item's kept keys packed (``cu_seqlens_k``), its queries whole. An item without a kept key gets zeros
+        and an LSE of -inf, as the MATH backend gives (a ring merges it as no contribution)."""
+        if self.varlen is None:
+            raise NotImplementedError(f"{self.describe()}: the module has no flash_attn_varlen_func")
+        b, sq, h, _ = q.shape
+        lens = keep.sum(dim=1)
+        items = lens.nonzero().flatten()
+        out = q.new_zeros(b, sq, h, v.shape[-1])
+        lse = torch.full((b, h, sq), float("-inf"), device=q.device)
+        if len(items):
+            flat = keep[items].reshape(-1).nonzero().flatten()
+            packed_k, packed_v = (t[items].reshape(-1, *t.shape[2:]).index_select(0, flat) for t in (k, v))
+            cu_k = torch.nn.functional.pad(lens[items].cumsum(0), (1, 0)).to(torch.int32)
+            cu_q = torch.arange(len(items) + 1, device=q.device, dtype=torch.int32) * sq
+            kwargs = self._flags(False, softmax_scale, return_lse, deterministic)
+            kwargs.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq, max_seqlen_k=int(lens.max()))
+            packed_q = q[items].reshape(-1, *q.shape[2:])
+            result = self.varlen(*(_last_dim_contiguous(t) for t in (packed_q, packed_k, packed_v)), **kwargs)
+            got, got_lse = self._split(result, return_lse)
+            out = out.index_copy(0, items, got.reshape(len(items), sq, h, -1))
+            if got_lse is not None:  # [H, items · S_q]
+                lse = lse.index_copy(0, items, got_lse.reshape(h, len(items), sq).transpose(0, 1))
+        return out, (lse if return_lse else None)
+
+    def _flags(
+        self, causal: bool, softmax_scale: float | None, return_lse: bool, deterministic: bool
+    ) -> dict[str, object]:
         kwargs: dict[str, object] = {"softmax_scale": softmax_scale, "causal": causal}
         if "deterministic" in self.parameters:
             kwargs["deterministic"] = deterministic
@@ -89,11 +132,13 @@ class FlashAttnApi:
         flag = next((f for f in _LSE_FLAGS if f in self.parameters), None)
         if return_lse and flag:
             kwargs[flag] = True
-        result = self.func(*(_last_dim_contiguous(t) for t in (q, k, v)), **kwargs)
+        return kwargs
+
+    def _split(self, result: object, return_lse: bool) -> tuple[Tensor, Tensor | None]:
         out, lse = (result[0], result[1]) if isinstance(result, (tuple, list)) else (result, None)
         if return_lse and lse is None:
             raise NotImplementedError(f"{self.describe()} returned no log-sum-exp")
-        return out, (lse.float() if return_lse and lse is not None else None)
+        return out, (lse.float() if return_lse and lse is not None else None)  # type: ignore[union-attr]
 
 
 def _last_dim_contiguous(t: Tensor) -> Tensor:
@@ -138,7 +183,8 @@ def probe(spec: ApiSpec, capability: tuple[int, int] | None = None) -> FlashAttn
     reason = spec.cannot_run_on(capability)
     if reason:
         return reason
-    return FlashAttnApi(spec, _distribution_version(spec), func, parameters)
+    varlen = getattr(module, "flash_attn_varlen_func", None)
+    return FlashAttnApi(spec, _distribution_version(spec), func, parameters, varlen if callable(varlen) else None)
 
 
 def _capability() -> tuple[int, int] | None:

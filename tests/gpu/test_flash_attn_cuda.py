@@ -73,3 +73,20 @@ def test_deterministic_backward_is_bitwise_and_right(shape) -> None:
         print(f"FIGURE fa d{name} {shape} err={err:.3e} math_bf16_err={low_err:.3e}")
         assert torch.equal(a, b), f"d{name} differs between two deterministic runs"
         assert err <= 2 * low_err + 1e-4 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "x".join(map(str, s)))
+def test_a_key_padding_mask_through_the_varlen_entry(shape) -> None:
+    """Z-Image's text padding as flash-attn runs it: each item's kept keys packed, against float64 with the mask."""
+    q, k, v = _inputs(shape, torch.bfloat16, seed=3)
+    keep = torch.rand(shape[0], shape[1], generator=torch.Generator().manual_seed(4)) > 0.3
+    mask = keep[:, None, None, :].cuda()
+    out, lse = FlashAttnBackend().forward(q, k, v, softmax_scale=0.1, return_lse=True, attn_mask=mask)
+    ref64, lse64 = MathBackend().forward(
+        q.double(), k.double(), v.double(), softmax_scale=0.1, return_lse=True, attn_mask=mask
+    )
+    naive = MathBackend().forward(q, k, v, softmax_scale=0.1, attn_mask=mask)  # fp32 softmax, bf16 in and out
+    err, naive_err = ((t.double() - ref64).abs().max().item() for t in (out, naive))
+    lse_err = (lse.double() - lse64.double()).abs().max().item()
+    print(f"FIGURE fa key mask {shape} err={err:.3e} math_bf16_err={naive_err:.3e} lse_err={lse_err:.3e}")
+    assert err <= 2 * naive_err + 1e-4 and lse_err <= 1e-3 * max(1.0, lse64.abs().max().item())

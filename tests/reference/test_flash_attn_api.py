@@ -101,8 +101,12 @@ def test_deterministic_follows_the_backend_option_and_torchs_mode(tmp_path: Path
 def test_what_flash_attn_cannot_express_is_refused_before_computing(tmp_path: Path) -> None:
     with planted(tmp_path, "fa4"):
         q, k, v = _inputs()
-        with pytest.raises(KernelRefused, match="takes no attention mask"):
-            FlashAttnBackend().forward(q, k, v, attn_mask=torch.ones(12, 12, dtype=torch.bool))
+        with pytest.raises(KernelRefused, match="takes no dense attention mask"):
+            FlashAttnBackend().forward(q, k, v, attn_mask=torch.ones(2, 1, 12, 12, dtype=torch.bool))
+        with pytest.raises(KernelRefused, match="takes no dense attention mask"):  # additive, not which keys
+            FlashAttnBackend().forward(q, k, v, attn_mask=torch.zeros(2, 1, 1, 12))
+        with pytest.raises(KernelRefused, match="no key mask together with causal"):
+            FlashAttnBackend().forward(q, k, v, causal=True, attn_mask=torch.ones(2, 1, 1, 12, dtype=torch.bool))
         with pytest.raises(KernelRefused, match="bottom-right"):
             FlashAttnBackend().forward(q[:, :5], k, v, causal=True)
         assert importlib.import_module("flash_attn.cute").CALLS == []
@@ -144,5 +148,38 @@ def test_fa4s_compile_warning_is_silenced_and_other_warnings_pass(tmp_path: Path
     with planted(tmp_path, "fa4"), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         FlashAttnBackend().forward(*_inputs())
-        warnings.warn("Argument other cannot be converted to a JitArgument", UserWarning)
+        warnings.warn("Argument other cannot be converted to a JitArgument", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["Argument other cannot be converted to a JitArgument"]
+
+
+def _key_mask() -> torch.Tensor:
+    keep = torch.rand(2, 12, generator=torch.Generator().manual_seed(3)) > 0.4
+    keep[0, 0] = True
+    keep[1] = False  # an item with no key left: zeros and an LSE of -inf, as MATH gives
+    return keep[:, None, None, :]
+
+
+@pytest.mark.parametrize("kind", ["fa2", "fa3", "fa4"])
+def test_a_key_padding_mask_runs_through_the_varlen_entry_like_math(tmp_path: Path, kind: str) -> None:
+    """Each API's varlen entry called by keyword (FA4's takes ``qv`` fourth), with the LSE re-laid as ``[B, H, S]``;
+    the gradients flow through the packing."""
+    mask = _key_mask()
+    with planted(tmp_path, kind):
+        leaves = [t.requires_grad_() for t in _inputs()]
+        out, lse = FlashAttnBackend().forward(*leaves, softmax_scale=0.3, return_lse=True, attn_mask=mask)
+        assert importlib.import_module(APIS[kind][1]).CALLS[-1].get("varlen")
+        out.float().square().sum().backward()
+    exact = [t.detach().clone().requires_grad_() for t in leaves]
+    ref, ref_lse = MathBackend().forward(*exact, softmax_scale=0.3, return_lse=True, attn_mask=mask)
+    ref.float().square().sum().backward()
+    assert (out[1] == 0).all() and torch.isneginf(lse[1]).all()
+    torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse[0], ref_lse[0], atol=1e-3, rtol=1e-3)
+    for mine, theirs in zip(leaves, exact):
+        torch.testing.assert_close(mine.grad.float(), theirs.grad.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_an_api_without_a_varlen_entry_refuses_a_key_mask(tmp_path: Path) -> None:
+    with planted(tmp_path, "fa4_lse_log2"):  # a flash_attn_func alone
+        with pytest.raises(KernelRefused, match="has no flash_attn_varlen_func"):
+            FlashAttnBackend().forward(*_inputs(), attn_mask=_key_mask())
