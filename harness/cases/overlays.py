@@ -22,13 +22,15 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.cases.files import case_glob
-from harness.contracts.case import Case, ExpectedSkip, rebuilt
+from harness.contracts.case import Case, ExpectedFailure, ExpectedSkip, rebuilt
+from harness.contracts.judging import FAILING_NAMES
 from harness.errors import ConfigError
 from harness.files.tomlio import read_toml
 from reference_impl.platform import PLATFORM_KINDS
 
 _META = ("because", "versions", "platforms")
 _SKIP_KEYS = (*_META, "reason", "when_missing")
+_FAILURE_KEYS = (*_META, "fails", "raises")
 
 
 def _tables(data: Mapping[str, Any], section: str, path: Path) -> dict[str, dict[str, Any]]:
@@ -161,15 +163,10 @@ def apply_target_overlay(
             _override(cases, hits, values, path)
     for pattern, key, entry in _entries(data, "expected_failures", path):
         hits = _hits(cases, pattern, path, key)
-        extra = sorted(set(entry) - set(_META))
-        if extra:
-            raise ConfigError(
-                f"unknown key; an expected failure has only {', '.join(_META)}", path=path, key=f"{key}.{extra[0]}"
-            )
+        expected = _expected_failure(entry, path, key, f"{distribution} {version}; {path.name}: {key}")
         if _applies(entry, version, platform, path, key):
             for i in hits:
-                because = f"{entry['because']} ({distribution} {version}; {path.name}: {key})"
-                cases[i] = dataclasses.replace(cases[i], expected_failure=because)
+                cases[i] = dataclasses.replace(cases[i], expected_failure=expected)
     for pattern, key, entry in _entries(data, "expected_skips", path):
         hits = _hits(cases, pattern, path, key)
         pin = _expected_skip(entry, path, key)
@@ -185,6 +182,33 @@ def _uses_versions(data: Mapping[str, Any], path: Path) -> bool:
         for section in ("overrides", "expected_failures", "expected_skips")
         for _, _, entry in _entries(data, section, path)
     )
+
+
+def _expected_failure(entry: Mapping[str, Any], path: Path, key: str, where: str) -> ExpectedFailure:
+    """An expected failure pinned to what fails: ``fails`` (a list of comparisons) or ``raises`` (an error's text)."""
+    extra = sorted(set(entry) - set(_FAILURE_KEYS))
+    if extra:
+        raise ConfigError(
+            f"unknown key; an expected failure has only {', '.join(_FAILURE_KEYS)}", path=path, key=f"{key}.{extra[0]}"
+        )
+    fails, raises = entry.get("fails"), entry.get("raises")
+    if (fails is None) == (raises is None):
+        raise ConfigError(
+            "an expected failure names what fails: `fails = [...]` (of " + ", ".join(FAILING_NAMES) + ") or "
+            '`raises = "<text of the error>"`, one of them',
+            path=path,
+            key=key,
+        )
+    raises = [raises] if isinstance(raises, str) else raises
+    if raises is not None and (not isinstance(raises, list) or not raises or not all(_text(r) for r in raises)):
+        raise ConfigError("must be a non-empty string or a list of them", path=path, key=f"{key}.raises")
+    if fails is not None and (not isinstance(fails, list) or not fails or any(f not in FAILING_NAMES for f in fails)):
+        raise ConfigError(f"must be a non-empty list of {', '.join(FAILING_NAMES)}", path=path, key=f"{key}.fails")
+    return ExpectedFailure(str(entry["because"]), where, tuple(fails or ()), tuple(raises or ()))
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
 
 
 def _expected_skip(entry: Mapping[str, Any], path: Path, key: str) -> ExpectedSkip:

@@ -38,14 +38,43 @@ class ExpectedSkip:
 
 
 @dataclass(frozen=True)
+class ExpectedFailure:
+    """A known upstream divergence (from a target overlay), pinned to what fails: the comparisons named in
+    ``fails`` (``output``, ``dq``, ``dk``, ``dv``, ``checks``) or an error whose text holds one of ``raises`` (the
+    words differ by torch release and device). Anything else failing in the case is a regression, not covered
+    by it; ``where`` names the file and key."""
+
+    because: str
+    where: str
+    fails: tuple[str, ...] = ()
+    raises: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        what = f"raises {' or '.join(map(repr, self.raises))}" if self.raises else f"{', '.join(self.fails)} fail"
+        return f"{self.because} ({what}; {self.where})"
+
+    def uncovered(self, reason: str, failing: list[str] | None) -> tuple[str | None, str]:
+        """What a failure with ``reason`` and ``failing`` comparisons shows beyond this one (None: nothing), and
+        which of the named comparisons pass now (said, not failed: the divergence narrowed)."""
+        if self.raises:
+            return (None, "") if any(r in reason for r in self.raises) else ("it did not raise as pinned", "")
+        if not failing:
+            return "it failed before its comparisons were judged", ""
+        extra = sorted(set(failing) - set(self.fails))
+        passing = [name for name in self.fails if name not in failing]
+        fixed = f" ({', '.join(passing)} now pass{'es' if len(passing) == 1 else ''})" if passing else ""
+        return (f"{', '.join(extra)} fail{'s' if len(extra) == 1 else ''} too" if extra else None), fixed
+
+
+@dataclass(frozen=True)
 class Case(CaseOrigin):
     """One contract instantiated with parameters; ``raw`` keeps what was written (for overrides)."""
 
     contract_id: str
     params: Params
     raw: Mapping[str, Any]
-    # A known upstream divergence (from a target overlay): why this case is expected to fail.
-    expected_failure: str | None = field(default=None, kw_only=True)
+    # A known upstream divergence (from a target overlay): why this case is expected to fail, and what fails.
+    expected_failure: ExpectedFailure | None = field(default=None, kw_only=True)
     # What the target cannot express (from a target overlay): the skip this case is expected to end in.
     expected_skip: ExpectedSkip | None = field(default=None, kw_only=True)
     # What the case's backend cannot express (a backend overlay): a skip whose reason holds one of these is pinned.

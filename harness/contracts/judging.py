@@ -77,6 +77,8 @@ class RankOutcome:
 
 
 OUTPUT = "output"  # the name of the output's comparison (``RankOutcome.stats``) among the spreads
+CHECKS = "checks"  # what failed when a contract's own checks did (dtype restored, refusals, collectives, ...)
+FAILING_NAMES = (OUTPUT, "dq", "dk", "dv", CHECKS)  # what a verdict names in figures["failing"]
 
 
 @dataclass(frozen=True)
@@ -105,14 +107,15 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
     spreads, groups = _merged([o.spread for o in outcomes]), _merged([o.head_groups for o in outcomes])
     parts = _merged([o.parts for o in outcomes])
     applied = {name: _applied(bound, spreads.get(name), groups.get(name)) for name in (OUTPUT, *parts)}
+    failing: set[str] = set()  # what failed, by name (output, dq, dk, dv, checks): an expected failure's scope
     stats = [o.stats for o in outcomes if o.stats is not None]
     if stats:
         merged = functools.reduce(Stats.merge, stats)
         figures.update(_judged_figures(applied[OUTPUT], merged))
-        reasons += _reasons(applied[OUTPUT], merged, None)
+        reasons += _named(failing, OUTPUT, _reasons(applied[OUTPUT], merged, None))
     for name, part in parts.items():
         figures[name] = _judged_figures(applied[name], part)
-        reasons += _reasons(applied[name], part, name)
+        reasons += _named(failing, name, _reasons(applied[name], part, name))
     if parts:  # the worst of them as the headline (bitwise: all of them; max_abs: the largest)
         worst = functools.reduce(Stats.merge, parts.values()).figures()
         figures.update({k: v for k, v in worst.items() if k in ("bitwise", "max_abs", "mean_abs", "elements")})
@@ -124,7 +127,9 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
     if peaks:
         figures["peak_memory_gib"] = peaks
     unclaimable = {name: NON_DETERMINISTIC for name, spread in spreads.items() if _differs(spread)}
-    problems = _merge_problems([o.problems for o in outcomes]) + _not_alike(outcomes, unclaimable)
+    problems = _named(failing, CHECKS, _merge_problems([o.problems for o in outcomes]))
+    for name, problem in _not_alike(outcomes, unclaimable).items():
+        problems += _named(failing, name, [problem])
     if unclaimable and any(name in o.replicated for o in outcomes for name in unclaimable):
         figures["replicated_alike_not_claimed"] = {
             n: why for n, why in unclaimable.items() if n in outcomes[0].replicated
@@ -136,8 +141,11 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         figures.update(outcomes[0].figures)
     if oracle is not None and any(o.oracle for o in outcomes):
         oracle_problems, figures["oracle"] = _judge_oracle(bound, oracle, outcomes)
-        problems += oracle_problems
+        for output, problem in oracle_problems:
+            problems += _named(failing, output.part or OUTPUT, [problem])
     reason = "; ".join(reasons + problems) or None
+    if failing:
+        figures["failing"] = sorted(failing)
     return Verdict(FAILED if reason else PASSED, reason, figures, kernel, _applied_text(applied, stats, parts))
 
 
@@ -198,12 +206,12 @@ def _reasons(bound: Bound, stats: Stats, name: str | None) -> list[str]:
 
 def _judge_oracle(
     bound: Bound, rule: FlashAttentionRule, outcomes: Sequence[RankOutcome]
-) -> tuple[list[str], dict[str, Any]]:
+) -> tuple[list[tuple[Output, str]], dict[str, Any]]:
     """Each output's distance to float64 attention, merged over ranks, judged by ``rule``.
 
     Where the case's own bound is that same rule it has judged the sharded output against float64
     already: that failure is not said twice (only the oracle's hint about it is added)."""
-    problems: list[str] = []
+    problems: list[tuple[Output, str]] = []
     figures: dict[str, Any] = {"bound": rule.describe()}
     for output, merged in _merged([o.oracle for o in outcomes]).items():
         figures[output.key] = {
@@ -215,9 +223,11 @@ def _judge_oracle(
         if reason:
             hints = "; ".join(sorted({o.hints[output] for o in outcomes if output in o.hints}))
             if output.role is Role.SHARDED and bound == rule:
-                problems += [f"{output.label}: {hints}"] if hints else []
+                problems += [(output, f"{output.label}: {hints}")] if hints else []
             else:
-                problems.append(f"{output.label} vs float64 attention: {reason}" + (f" ({hints})" if hints else ""))
+                problems.append(
+                    (output, f"{output.label} vs float64 attention: {reason}" + (f" ({hints})" if hints else ""))
+                )
     return problems, figures
 
 
@@ -242,16 +252,23 @@ def _merged_max(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return merged
 
 
-def _not_alike(outcomes: Sequence[RankOutcome], unclaimable: Mapping[str, str]) -> list[str]:
+def _named(failing: set[str], name: str, problems: list[str]) -> list[str]:
+    """``problems`` as they are, ``name`` noted among what failed if there is one."""
+    if problems:
+        failing.add(name)
+    return problems
+
+
+def _not_alike(outcomes: Sequence[RankOutcome], unclaimable: Mapping[str, str]) -> dict[str, str]:
     """What every rank must hold alike (replicated outputs and gradients), compared by digest; not those a kernel
     measured non-deterministic at this shape computes (``unclaimable``): ranks that compute their own copy may
     differ by its jitter, and each copy is judged by the case's bound (a jitter bound for a bitwise one) and
     against float64 instead."""
-    problems = []
+    problems = {}
     for name in dict.fromkeys(n for o in outcomes for n in o.replicated if n not in unclaimable):
         differ = [rank for rank, o in enumerate(outcomes) if o.replicated.get(name) != outcomes[0].replicated.get(name)]
         if differ:
-            problems.append(
+            problems[name] = (
                 f"the replicated {name} is not the same on every rank: rank{'s' if len(differ) > 1 else ''} "
                 f"{', '.join(map(str, differ))} differ{'' if len(differ) > 1 else 's'} from rank 0"
             )

@@ -212,14 +212,22 @@ def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new
         result.status = FAILED
         result.reason = f"pinned to skip ({pin.where}: {pin.because}), but it ran ({ran}): remove it from the overlay"
         return result
-    if case.expected_failure is None:
+    expected = case.expected_failure
+    if expected is None:
         return result
     if result.status == FAILED:
-        result.status, result.reason = XFAILED, f"expected failure: {case.expected_failure}. It failed: {result.reason}"
+        beyond, fixed = expected.uncovered(result.reason or "", (result.figures or {}).get("failing"))
+        if beyond:
+            result.reason = (
+                f"fails beyond its expected failure ({expected.describe()}): {beyond}. It failed: {result.reason}"
+            )
+        else:
+            result.status = XFAILED
+            result.reason = f"expected failure: {expected.describe()}{fixed}. It failed: {result.reason}"
     elif result.status == PASSED:
         result.status = FAILED
         result.reason = (
-            f"expected to fail, but passed: {case.expected_failure}. If upstream fixed it, narrow or drop "
+            f"expected to fail, but passed: {expected.describe()}. If upstream fixed it, narrow or drop "
             "that entry's `versions`"
         )
     return result

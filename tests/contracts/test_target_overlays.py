@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from harness.cases.overlays import apply_target_overlay
 from harness.cli import main
-from harness.contracts.case import ExpectedSkip, make_case
+from harness.contracts.case import Case, ExpectedFailure, ExpectedSkip, make_case
 from harness.contracts.runner import expectations_applied
 from harness.errors import ConfigError
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
@@ -34,10 +34,12 @@ def test_entries_apply_only_to_the_versions_they_name(tmp_path: Path) -> None:
     path = _overlay(
         tmp_path,
         '[overrides."u1"]\nbecause = "PR 1 in 1.2"\nversions = ">=1.2"\ndtype = "bf16"\n'
-        '[expected_failures."u*"]\nbecause = "bug 7"\nversions = "<1.3"\n',
+        '[expected_failures."u*"]\nbecause = "bug 7"\nfails = ["output"]\nversions = "<1.3"\n',
     )
     old = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.1"))}
-    assert old["u1"].params["dtype"] == "fp32" and old["u1"].expected_failure.startswith("bug 7 (stack 1.1; stack.toml")
+    assert old["u1"].params["dtype"] == "fp32" and old["u1"].expected_failure.describe().startswith(
+        "bug 7 (output fail; stack 1.1; stack.toml"
+    )
     new = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.3"))}
     assert new["u1"].params["dtype"] == "bf16" and new["u1"].source == f"base.toml + {path}"
     assert new["u1"].expected_failure is None and new["u2"].expected_failure is None
@@ -54,6 +56,10 @@ def test_entries_apply_only_to_the_versions_they_name(tmp_path: Path) -> None:
         ('[overrides."nope*"]\nbecause = "x"\ndtype = "bf16"\n', "overrides.nope*"),
         ('[overrides."u1"]\nbecause = "x"\ndtype = "int3"\n', "cases.u1.dtype"),
         ('[expected_failures."u1"]\nbecause = "x"\nbound = "abs:1"\n', "expected_failures.u1.bound"),
+        ('[expected_failures."u1"]\nbecause = "x"\n', "expected_failures.u1"),  # what fails, unsaid
+        ('[expected_failures."u1"]\nbecause = "x"\nfails = ["dz"]\n', "expected_failures.u1.fails"),
+        ('[expected_failures."u1"]\nbecause = "x"\nraises = ""\n', "expected_failures.u1.raises"),
+        ('[expected_failures."u1"]\nbecause = "x"\nfails = ["dq"]\nraises = "boom"\n', "expected_failures.u1"),
         ("[expected_failures]\nu1 = 3\n", "expected_failures"),
     ],
 )
@@ -65,7 +71,7 @@ def test_mistakes_name_the_key(tmp_path: Path, text: str, key: str) -> None:
 
 def test_versions_need_a_distribution_and_nothing_else_does(tmp_path: Path) -> None:
     path = tmp_path / "x.toml"
-    path.write_text('[expected_failures."u1"]\nbecause = "x"\nversions = ">=1"\n')
+    path.write_text('[expected_failures."u1"]\nbecause = "x"\nfails = ["output"]\nversions = ">=1"\n')
     with pytest.raises(ConfigError, match="distribution") as info:
         apply_target_overlay(_cases(), path)
     assert info.value.key == "target.distribution"
@@ -75,23 +81,53 @@ def test_versions_need_a_distribution_and_nothing_else_does(tmp_path: Path) -> N
     ].because == "the stack has no such mode"
 
 
-def _result(status) -> CaseResult:
-    return CaseResult(
-        "u1", "usp.ulysses_parity", status, "not bitwise: 3 of 8 elements differ" if status == FAILED else None
+def _result(
+    status, failing: list[str] | None = None, reason: str = "not bitwise: 3 of 8 elements differ"
+) -> CaseResult:
+    figures = {"failing": failing} if failing else {}
+    return CaseResult("u1", "usp.ulysses_parity", status, reason if status == FAILED else None, figures=figures)
+
+
+def _known(**pin) -> Case:
+    expected = ExpectedFailure("bug 7", "stack.toml: expected_failures.u1", **pin)
+    return dataclasses.replace(
+        make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t"), expected_failure=expected
     )
 
 
 def test_expected_failures_are_strict() -> None:
-    known = dataclasses.replace(
-        make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u1", source="t"), expected_failure="bug 7"
-    )
-    failed = expectations_applied(known, _result(FAILED), "stack")
-    assert (
-        failed.status == XFAILED
-        and failed.reason == "expected failure: bug 7. It failed: not bitwise: 3 of 8 elements differ"
+    known = _known(fails=("output",))
+    failed = expectations_applied(known, _result(FAILED, ["output"]), "stack")
+    assert failed.status == XFAILED and failed.reason == (
+        "expected failure: bug 7 (output fail; stack.toml: expected_failures.u1). "
+        "It failed: not bitwise: 3 of 8 elements differ"
     )
     passed = expectations_applied(known, _result(PASSED), "stack")
-    assert passed.status == FAILED and passed.reason.startswith("expected to fail, but passed: bug 7.")
+    assert passed.status == FAILED and passed.reason.startswith("expected to fail, but passed: bug 7")
+
+
+def test_an_expected_failure_covers_only_what_it_names() -> None:
+    """diffusers' ring_grad_w4 fails dk and dv (upstream); a second defect that breaks dq must not hide in it."""
+    known = _known(fails=("dk", "dv"))
+    assert expectations_applied(known, _result(FAILED, ["dk", "dv"]), "stack").status == XFAILED
+    worse = expectations_applied(known, _result(FAILED, ["dk", "dq", "dv"]), "stack")
+    assert worse.status == FAILED and worse.reason.startswith(
+        "fails beyond its expected failure (bug 7 (dk, dv fail; stack.toml: expected_failures.u1)): dq fails too."
+    )
+    narrowed = expectations_applied(known, _result(FAILED, ["dk"]), "stack")
+    assert narrowed.status == XFAILED and "(dv now passes)" in narrowed.reason
+    crashed = expectations_applied(known, _result(FAILED, None, "rank 0 raised: KeyError: 3"), "stack")
+    assert crashed.status == FAILED and "it failed before its comparisons were judged" in crashed.reason
+
+
+def test_an_expected_raise_covers_only_that_error() -> None:
+    known = _known(raises=("must match the size", "is invalid for input"))
+    same = expectations_applied(
+        known, _result(FAILED, None, "rank 0 raised: RuntimeError: shape is invalid for input of size 4"), "stack"
+    )
+    assert same.status == XFAILED
+    other = expectations_applied(known, _result(FAILED, ["output"]), "stack")
+    assert other.status == FAILED and "it did not raise as pinned" in other.reason
 
 
 def _skipped(reason: str = "target stack does not support ring (ring: ...)") -> CaseResult:
@@ -242,15 +278,20 @@ def test_check_with_a_target_overlay(tmp_path: Path, capsys) -> None:
     )
     overlay = root / "targets" / "rotating_suffix.toml"
     overlay.write_text(
-        '[target]\ndistribution = "torch"\n[expected_failures."suffix"]\nbecause = "rotates the suffix"\n'
+        '[target]\ndistribution = "torch"\n[expected_failures."suffix"]\nbecause = "rotates the suffix"\nfails = ["output"]\n'
     )
     args = ["check", "--cases", str(tmp_path / "cases"), "--target", "tests.targets.rotating_suffix:factory"]
     assert main([*args, "--json", str(tmp_path / "a.json")]) == 0
     records = {r["case_id"]: r for r in json.loads((tmp_path / "a.json").read_text())["stages"]["contracts"]["records"]}
-    assert records["suffix"]["status"] == "xfailed" and "rotates the suffix (torch " in records["suffix"]["reason"]
+    assert (
+        records["suffix"]["status"] == "xfailed"
+        and "rotates the suffix (output fail; torch " in records["suffix"]["reason"]
+    )
     assert records["prefix"]["status"] == "passed"
     assert "1 xfailed" in capsys.readouterr().out
-    overlay.write_text(overlay.read_text() + '[expected_failures."prefix"]\nbecause = "a stale entry"\n')
+    overlay.write_text(
+        overlay.read_text() + '[expected_failures."prefix"]\nbecause = "a stale entry"\nfails = ["output"]\n'
+    )
     assert main([*args, "--json", str(tmp_path / "b.json")]) == 1
     records = {r["case_id"]: r for r in json.loads((tmp_path / "b.json").read_text())["stages"]["contracts"]["records"]}
     assert records["prefix"]["status"] == "failed" and records["prefix"]["reason"].startswith(
@@ -259,16 +300,22 @@ def test_check_with_a_target_overlay(tmp_path: Path, capsys) -> None:
 
 
 def test_an_entry_can_name_the_platforms_it_holds_on(tmp_path: Path) -> None:
-    path = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "a CUDA kernel refuses it"\nplatforms = ["cuda"]\n')
+    path = _overlay(
+        tmp_path,
+        '[expected_failures."u1"]\nbecause = "a CUDA kernel refuses it"\nraises = "refuses"\nplatforms = ["cuda"]\n',
+    )
     on_cuda = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.0"), platform="cuda")}
     on_cpu = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.0"), platform="cpu")}
     assert on_cuda["u1"].expected_failure is not None and on_cpu["u1"].expected_failure is None
-    bad = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "x"\nplatforms = ["tpu"]\n')
+    bad = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "x"\nfails = ["output"]\nplatforms = ["tpu"]\n')
     with pytest.raises(ConfigError) as info:
         apply_target_overlay(_cases(), bad, Version("1.0"), platform="cpu")
     assert info.value.key == "expected_failures.u1.platforms"
     # an entry for another platform is still validated here: a broken specifier must not wait for a CUDA run
-    broken = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "x"\nplatforms = ["cuda"]\nversions = "~~1"\n')
+    broken = _overlay(
+        tmp_path,
+        '[expected_failures."u1"]\nbecause = "x"\nfails = ["output"]\nplatforms = ["cuda"]\nversions = "~~1"\n',
+    )
     with pytest.raises(ConfigError) as info:
         apply_target_overlay(_cases(), broken, Version("1.0"), platform="cpu")
     assert info.value.key == "expected_failures.u1.versions"
@@ -278,7 +325,7 @@ def test_a_command_line_override_keeps_the_expected_failure(tmp_path: Path) -> N
     """`parity check --target X --dtype bf16` must still report X's known divergences as expected failures."""
     from harness.contracts.case import with_overrides
 
-    path = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "bug 7"\n')
+    path = _overlay(tmp_path, '[expected_failures."u1"]\nbecause = "bug 7"\nfails = ["output"]\n')
     marked = {c.id: c for c in apply_target_overlay(_cases(), path, Version("1.0"))}
     overridden = {c.id: c for c in with_overrides(marked.values(), dtype="bf16")}
     assert overridden["u1"].params["dtype"] == "bf16"
@@ -295,7 +342,7 @@ def test_a_case_glob_means_the_same_in_an_overlay_and_on_the_command_line(tmp_pa
         for d in ("fp32", "bf16")
     ]
     cases.append(make_case("usp.ulysses_parity", {"world_size": 2}, case_id="md", source="base.toml"))
-    path = _overlay(tmp_path, '[expected_failures."m[*]"]\nbecause = "bug 7"\n')
+    path = _overlay(tmp_path, '[expected_failures."m[*]"]\nbecause = "bug 7"\nfails = ["output"]\n')
     marked = [c.id for c in apply_target_overlay(cases, path, Version("1.0")) if c.expected_failure]
     selected = [c.id for c in select_cases(cases, CaseSelection(("m[*]",)))]
     assert marked == selected == ["m[dtype=fp32]", "m[dtype=bf16]"]

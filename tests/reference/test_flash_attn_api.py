@@ -175,8 +175,8 @@ def test_a_key_padding_mask_runs_through_the_varlen_entry_like_math(tmp_path: Pa
     assert (out[1] == 0).all() and torch.isneginf(lse[1]).all()
     torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse[0], ref_lse[0], atol=1e-3, rtol=1e-3)
-    for mine, theirs in zip(leaves, exact):
-        torch.testing.assert_close(mine.grad.float(), theirs.grad.float(), atol=3e-2, rtol=3e-2)
+    close = [torch.allclose(a.grad.float(), b.grad.float(), atol=3e-2, rtol=3e-2) for a, b in zip(leaves, exact)]
+    assert close == [True, True, True]  # dq, dk, dv
 
 
 def test_an_api_without_a_varlen_entry_refuses_a_key_mask(tmp_path: Path) -> None:

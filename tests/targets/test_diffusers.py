@@ -368,7 +368,7 @@ def test_overlay_ranges_follow_each_releases_masks(
         case = cases[case_id]
         if case.expected_skip is not None:
             return f"skip:{case.expected_skip.reason}"
-        return f"xfail:{case.expected_failure}" if case.expected_failure else None
+        return f"xfail:{case.expected_failure.describe()}" if case.expected_failure else None
 
     def agrees(got: str | None, expected: str | None) -> bool:
         if expected is None:
@@ -382,3 +382,23 @@ def test_overlay_ranges_follow_each_releases_masks(
     ), got
     assert gqa_words in cases["masked_gqa"].expected_skip.reason
     assert cases["masked[world_size=1,mask=key_padding]"].expected_skip is None  # one rank takes masks on every release
+
+
+@needs_diffusers
+def test_a_new_dq_defect_does_not_hide_in_the_ring_backwards_expected_failure(tmp_path) -> None:
+    """diffusers' overlay expects ``ring_grad_w4[causal=false]`` to fail for dk and dv; as shipped it is xfailed,
+    and with rank 1's dq scaled on top (tests/targets/diffusers_dq_defect.py) it fails, naming dq."""
+    import json
+
+    from harness.cli import main
+
+    case = "ring_grad_w4[causal=false]"
+    outcomes = {}
+    for target in ("diffusers", "tests.targets.diffusers_dq_defect:factory"):  # the stock, then the broken
+        report = tmp_path / f"{target.split('.')[-1]}.json"
+        code = main(["check", case, "--target", target, "--json", str(report)])
+        [record] = json.loads(report.read_text())["stages"]["contracts"]["records"]
+        outcomes[target] = (code, record["status"], record["figures"].get("failing"), record["reason"])
+    stock, broken = outcomes.values()
+    assert stock[:3] == (0, "xfailed", ["dk", "dv"]), stock
+    assert broken[:3] == (1, "failed", ["dk", "dq", "dv"]) and "): dq fails too." in broken[3], broken

@@ -127,7 +127,7 @@ def test_overlay_carries_the_version_facts(cases):
     divergences = ("masked_gqa", "masked_causal", "masked_causal_gqa[mask=dense,dtype=bf16]")
     now = _overlaid(cases, "0.5.23")
     assert now[guard].params["refused"] == ["suffix", "kv_prefix"]  # PR #36735
-    assert all("sglang 0.5.23" in now[i].expected_failure for i in divergences)
+    assert all("sglang 0.5.23" in now[i].expected_failure.describe() for i in divergences)
     assert (
         now["sglang_suffix_w2"].expected_failure is None
         and now["masked_rejects_replicated_legal_prefix"].expected_failure is None
@@ -135,8 +135,8 @@ def test_overlay_carries_the_version_facts(cases):
     old = _overlaid(cases, "0.5.17")
     assert old[guard].params["refused"] == ["prefix", "suffix", "kv_prefix"]
     assert (
-        "PR #33923" in old["sglang_suffix_w2"].expected_failure
-        and "PR #33923" in old["suffix[world_size=4,causal=true]"].expected_failure
+        "PR #33923" in old["sglang_suffix_w2"].expected_failure.describe()
+        and "PR #33923" in old["suffix[world_size=4,causal=true]"].expected_failure.describe()
     )
     assert old["suffix[world_size=1,causal=false]"].expected_failure is None  # one rank: nothing to rotate
     # before PR #36735 the legal prefix cannot be expressed: pinned skips there, never an expected failure that cannot fire
@@ -149,9 +149,9 @@ def test_overlay_carries_the_version_facts(cases):
     # 0.5.17's own divergences, fixed in 0.5.18 (measured: docs/targets/versions.md)
     fixed = (guard, "skip_sequence_parallel_local[world_size=2]")
     then = _overlaid(cases, "0.5.18")
-    assert {c: ("before 0.5.18" in old[c].expected_failure, then[c].expected_failure) for c in fixed} == dict.fromkeys(
-        fixed, (True, None)
-    )
+    assert {
+        c: ("before 0.5.18" in old[c].expected_failure.describe(), then[c].expected_failure) for c in fixed
+    } == dict.fromkeys(fixed, (True, None))
     assert _overlaid(cases, "0.5.18")["varlen[world_size=2,causal=false]"].expected_skip is None
     later = _overlaid(cases, "0.5.24")  # unknown yet: judged as any case, so a fix or a regression shows
     assert all(later[i].expected_failure is None for i in divergences)
