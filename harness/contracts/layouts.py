@@ -92,7 +92,7 @@ def _layout(ctx: RankContext, p: Params, asked: Asked, rows: Tensor, **options: 
 
 def sharded(ctx: RankContext, p: Params) -> Layout:
     """Plain sharded attention at (ulysses_degree, ring_degree)."""
-    return _layout(ctx, p, Asked(*qkv(ctx, p, p.tokens), p.causal), _rows(ctx, shard(ctx, p)))
+    return _layout(ctx, p, Asked(*qkv(ctx, p, p.tokens), p.causal, scale=p.softmax_scale), _rows(ctx, shard(ctx, p)))
 
 
 def replicated_suffix(ctx: RankContext, p: Params) -> Layout:
@@ -100,7 +100,7 @@ def replicated_suffix(ctx: RankContext, p: Params) -> Layout:
     total, rep = p.tokens, p.replicated
     tail = slice(p.tokens_per_rank, p.tokens_per_rank + rep)
     rows = _rows(ctx, shard(ctx, p), slice(total, total + rep))
-    asked = Asked(*qkv(ctx, p, total + rep), p.causal)
+    asked = Asked(*qkv(ctx, p, total + rep), p.causal, scale=p.softmax_scale)
     return _layout(ctx, p, asked, rows, kwargs={"num_replicated_suffix": rep}, replicated_q=tail, replicated_kv=tail)
 
 
@@ -109,7 +109,7 @@ def replicated_prefix(ctx: RankContext, p: Params) -> Layout:
     total, rep = p.tokens, p.replicated
     head = slice(0, rep)
     rows = _rows(ctx, slice(total, total + rep), shard(ctx, p))
-    asked = Asked(*qkv(ctx, p, total + rep), p.causal)
+    asked = Asked(*qkv(ctx, p, total + rep), p.causal, scale=p.softmax_scale)
     return _layout(ctx, p, asked, rows, kwargs={"num_replicated_prefix": rep}, replicated_q=head, replicated_kv=head)
 
 
@@ -120,7 +120,7 @@ def replicated_kv_prefix(ctx: RankContext, p: Params) -> Layout:
     sl = shard(ctx, p)
     q_rows, kv_rows = _rows(ctx, sl), _rows(ctx, slice(0, rep), slice(rep + sl.start, rep + sl.stop))
     return Layout(
-        Asked(q, k, v),
+        Asked(q, k, v, scale=p.softmax_scale),
         (take(q, q_rows), take(k, kv_rows), take(v, kv_rows)),
         q_rows,
         kv_rows,
@@ -139,7 +139,9 @@ def varlen(ctx: RankContext, p: Params) -> Layout:
     garbage = qkv(ctx, p, padded - mine, seed=p.seed + GARBAGE_SEED)
     inputs = tuple(torch.cat([t[:, start : start + mine], g * 10], dim=1) for t, g in zip((q, k, v), garbage))
     rows = _rows(ctx, slice(start, start + mine), torch.full((padded - mine,), -1))
-    return Layout(Asked(q, k, v, p.causal), inputs, rows, rows, (p.world_size, 1), {"seq_lens": lens})  # type: ignore[arg-type]
+    return Layout(
+        Asked(q, k, v, p.causal, scale=p.softmax_scale), inputs, rows, rows, (p.world_size, 1), {"seq_lens": lens}
+    )  # type: ignore[arg-type]
 
 
 def masked(ctx: RankContext, p: Params) -> Layout:
@@ -156,7 +158,7 @@ def masked(ctx: RankContext, p: Params) -> Layout:
     full = full.to(ctx.device)
     sl = shard(ctx, p)
     mine = full[:, sl] if p.mask == "key_padding" else full
-    return _layout(ctx, p, Asked(q, k, v, p.causal, full), _rows(ctx, sl), kwargs={"attn_mask": mine})
+    return _layout(ctx, p, Asked(q, k, v, p.causal, full, p.softmax_scale), _rows(ctx, sl), kwargs={"attn_mask": mine})
 
 
 def masked_replicated_prefix(ctx: RankContext, p: Params) -> Layout:
@@ -170,7 +172,7 @@ def masked_replicated_prefix(ctx: RankContext, p: Params) -> Layout:
     sl = shard(ctx, p)
     rows = _rows(ctx, slice(0, rep), slice(rep + sl.start, rep + sl.stop))
     head = slice(0, rep)
-    asked = Asked(q, k, v, False, full)
+    asked = Asked(q, k, v, False, full, p.softmax_scale)
     return Layout(
         asked,
         _same(rows, q, k, v),

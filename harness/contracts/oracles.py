@@ -224,6 +224,11 @@ def diagnose(out: Tensor, asked: Asked, rows: Tensor | None, rule: FlashAttentio
         candidates.append(("it ignores causal: it matches non-causal attention", asked.with_(causal=False)))
     if asked.mask is not None:
         candidates.append(("it ignores the attention mask: it matches unmasked attention", asked.with_(mask=None)))
+    if asked.scale is not None:
+        default = 1.0 / math.sqrt(asked.q.shape[-1])
+        candidates.append(
+            (f"it ignores the softmax scale {asked.scale:g}: it matches the default 1/√d", asked.with_(scale=default))
+        )
     candidates.append(("it ignores the softmax scale: it matches attention with scale 1", asked.with_(scale=1.0)))
     for text, candidate in candidates:
         if compare(out, attention_ref64(*candidate.args, rows=rows)).max_abs <= allowed:

@@ -55,6 +55,7 @@ MAX_WORLD_SIZE = 1024
 #: typo that would allocate until the rank is killed, not a shape.
 MAX_DIM = 65536
 MAX_TOKENS = 2**24
+MAX_SOFTMAX_SCALE = 64.0  # beyond it every row is one-hot in any dtype: nothing left to compare
 
 
 class Params(dict):
@@ -174,6 +175,13 @@ SHAPE = (
 NUMERIC = (
     Param("dtype", "dtype", "fp32", "fp32, bf16, fp16 or fp64"),
     Param("causal", "bool", False, "causal attention"),
+    Param(
+        "softmax_scale",
+        "float",
+        None,
+        "the scale of QKᵀ passed to the layer (default 1/√head_dim, the layer's own); large values make logits "
+        "large (block LSEs past 100: an unshifted LSE merge overflows fp32)",
+    ),
     Param("seed", "int", 0, "seed of the inputs (every rank generates the same ones)"),
     Param("backend", "str", None, "kernel family (reference: torch_sdpa, fa, sage_attn, math); default: the target's"),
     Param("sdpa_kernel", "str", None, "pin torch SDPA to math, flash, efficient or cudnn"),
@@ -198,6 +206,9 @@ def check_common(params: Params) -> None:
     world = params.get("world_size")
     if world is not None and not 1 <= world <= MAX_WORLD_SIZE:
         raise ParamError("world_size", f"must be in [1, {MAX_WORLD_SIZE}], got {world}")
+    scale = params.get("softmax_scale")
+    if scale is not None and not 0 < scale <= MAX_SOFTMAX_SCALE:
+        raise ParamError("softmax_scale", f"must be in (0, {MAX_SOFTMAX_SCALE:g}], got {scale}")
     kernel = params.get("sdpa_kernel")
     if kernel is not None and kernel not in SDPA_KERNELS:
         raise ParamError("sdpa_kernel", f"unknown SDPA kernel {kernel!r}; valid: {', '.join(SDPA_KERNELS)}")

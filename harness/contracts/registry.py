@@ -66,6 +66,7 @@ class RankContext:
             head_dim=params.head_dim,
             num_kv_heads=params.kv_heads,
             causal=params.get("causal", False),
+            softmax_scale=params.get("softmax_scale"),
             dtype=params.torch_dtype,
             backend=params.get("backend"),
             sdpa_kernel=params.get("sdpa_kernel"),

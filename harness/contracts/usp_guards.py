@@ -138,7 +138,9 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
     runs = determinism.extra_runs(ctx, p, lambda attention: [attention(q, k, v)], 1)
     with ctx.parallel(p.ulysses_degree, p.ring_degree):
         attn = ctx.attention(p, skip_sequence_parallel=True)
-        outcome = judge_output(ctx.bound, p, Asked(q, k, v, p.causal), attn(q, k, v), ref, None, attn.kernel, runs)
+        outcome = judge_output(
+            ctx.bound, p, Asked(q, k, v, p.causal, scale=p.softmax_scale), attn(q, k, v), ref, None, attn.kernel, runs
+        )
         for _ in range(ctx.rank):
             assert outcome.stats is not None
             outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref, ulps_above=magnitude_floor(ref)))

@@ -18,7 +18,9 @@ def test_default_set_covers_sglang_world_sizes_dtypes_causal_and_gqa():
     cases = load_cases(default_cases_dir())
     by_id = {c.id: c for c in cases}
     assert by_id["sglang_suffix_w4"].world_size == 4 and by_id["sglang_suffix_w4"].params["heads"] == 32
-    assert {c.world_size for c in cases} == {1, 2, 4}
+    assert {c.world_size for c in cases} == {1, 2, 3, 4}  # 3: a ring direction bug shows from ring degree 3
+    assert {c.params.get("ring_degree") for c in cases} >= {2, 3, 4}
+    assert any(c.params.get("softmax_scale") for c in cases)  # scale.toml: a non-default scale on every path
     numeric = [c for c in cases if "dtype" in c.params]
     assert {c.params["dtype"] for c in numeric} >= {"fp32", "bf16"}
     assert {c.params["causal"] for c in numeric if "causal" in c.params} == {False, True}
