@@ -140,7 +140,12 @@ def varlen(ctx: RankContext, p: Params) -> Layout:
     inputs = tuple(torch.cat([t[:, start : start + mine], g * 10], dim=1) for t, g in zip((q, k, v), garbage))
     rows = _rows(ctx, slice(start, start + mine), torch.full((padded - mine,), -1))
     return Layout(
-        Asked(q, k, v, p.causal, scale=p.softmax_scale), inputs, rows, rows, (p.world_size, 1), {"seq_lens": lens}
+        Asked(q, k, v, p.causal, scale=p.softmax_scale),
+        inputs,
+        rows,
+        rows,
+        (p.ulysses_degree, p.ring_degree),
+        {"seq_lens": lens},
     )  # type: ignore[arg-type]
 
 

@@ -260,6 +260,7 @@ def _check_mask_kind(p: Params) -> None:
 
 
 VARLEN = dict(
+    ring=1,  # a ring degree > 1 asks for varlen under ring: a target refuses it or runs it correctly
     extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
     requires=(Capability.VARLEN,),
     checks=(_check_seq_lens,),

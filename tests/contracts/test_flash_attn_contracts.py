@@ -51,9 +51,9 @@ def test_fa4_runs_every_bf16_case_and_pins_fp32(tmp_path: Path) -> None:
     assert ran and all(r["params"]["dtype"] == "bf16" and r["kernel"].startswith("fa ") for r in ran)
     assert any(r["params"]["world_size"] == 4 for r in ran) and any(r["check"] == "usp.ring_grad" for r in ran)
     skipped = [r for r in records.values() if r["status"] == "skipped"]
-    assert skipped and all(
-        r["params"]["dtype"] == "fp32" and "(pinned: flash-attn computes in fp16/bf16" in r["reason"] for r in skipped
-    )
+    fp32 = [r for r in skipped if r["params"]["dtype"] == "fp32"]
+    assert fp32 and all("(pinned: flash-attn computes in fp16/bf16" in r["reason"] for r in fp32)
+    assert all("(pinned: " in r["reason"] for r in skipped)  # bf16 ones: a dense mask, varlen under ring
 
 
 def test_fa2s_ring_gradient_is_pinned_as_not_differentiable(tmp_path: Path) -> None:
@@ -82,7 +82,9 @@ def test_an_lse_in_base_2_fails_the_ring_against_float64(tmp_path: Path) -> None
     code, doc, out = _parity(tmp_path, "fa4_lse_log2", "check", "usp.ring_parity", "--backend", "fa", "--dtype", "bf16")
     records = _records(doc)
     assert code == 1, out
-    assert all(r["status"] == "failed" for r in records.values()), out
+    # large logits: one block dominates each row, so a base-2 LSE still weighs it ~1 and the rest ~0
+    judged = [r["status"] for r in records.values() if not r["case_id"].startswith("large_logits")]
+    assert judged and all(status == "failed" for status in judged), out
 
 
 def test_doctor_names_the_api_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
