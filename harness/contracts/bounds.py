@@ -161,7 +161,10 @@ def judge(bound: Bound, stats: Stats) -> str | None:
         return f"non-finite values: {stats.nonfinite} in the output, {stats.ref_nonfinite} in the reference"
     if not math.isfinite(stats.max_abs):
         return f"max abs is {stats.max_abs}"
-    return bound.violation(stats)
+    violation = bound.violation(stats)
+    if violation is None or stats.where is None:
+        return violation
+    return f"{violation} [{stats.where.describe()}]"
 
 
 def parse_bound(text: str, dtype: str) -> Bound:

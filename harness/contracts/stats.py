@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 Tensor = torch.Tensor
 CHUNK = 1 << 22  # elements per chunk of a comparison: 32 MiB of float64 per temporary
@@ -24,6 +25,47 @@ CHUNK = 1 << 22  # elements per chunk of a comparison: 32 MiB of float64 per tem
 ULP_FLOOR_FRACTION = 2.0**-8
 _MAXIMA = ("max_abs", "max_ulps", "err_ref64", "naive_err_ref64", "ref64_max")
 _SUMS = ("count", "nonfinite", "ref_nonfinite", "sum_abs", "sum_sq_err", "sum_sq_ref")
+
+
+@dataclass
+class Where:
+    """Where a ``[B, S, H, D]`` comparison's largest difference is, and how its large ones spread: the worst
+    element's rank, batch, token (the rank's own row) and head, each head's largest difference, and per rank its
+    largest and how many of its tokens hold a difference above half of that (a head-order bug shows in one head
+    on every rank, a wrong rank on one rank's every token)."""
+
+    worst: tuple[int, int, int, int]  # rank, batch, token, head
+    value: float
+    head_max: list[float]
+    ranks: dict[int, tuple[float, int, int]]  # rank -> (its largest difference, tokens above half of it, tokens)
+
+    def merge(self, other: Where) -> Where:
+        first, second = (self, other) if self.value >= other.value else (other, self)
+        heads = first.head_max
+        if len(first.head_max) == len(second.head_max):
+            heads = [max(a, b) for a, b in zip(first.head_max, second.head_max)]
+        return Where(first.worst, first.value, heads, {**second.ranks, **first.ranks})
+
+    def describe(self) -> str:
+        rank, batch, token, head = self.worst
+        half = self.value / 2
+        heads = [str(h) for h, m in enumerate(self.head_max) if m >= half]
+        ranks = [f"{r} ({hit} of {n} tokens)" for r, (m, hit, n) in sorted(self.ranks.items()) if m >= half]
+        return (
+            f"worst at rank {rank}, batch {batch}, its token {token}, head {head}; above half the worst: "
+            f"head{'s' if len(heads) > 1 else ''} {', '.join(heads)} of {len(self.head_max)}, "
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}"
+        )
+
+    def figures(self) -> dict[str, Any]:
+        rank, batch, token, head = self.worst
+        return {
+            "worst": {"rank": rank, "batch": batch, "token": token, "head": head, "abs": self.value},
+            "head_max": self.head_max,
+            "ranks": {
+                str(r): {"max_abs": m, "tokens_above_half": hit, "tokens": n} for r, (m, hit, n) in self.ranks.items()
+            },
+        }
 
 
 @dataclass
@@ -49,6 +91,7 @@ class Stats:
     err_ref64: float | None = None
     naive_err_ref64: float | None = None
     ref64_max: float | None = None
+    where: Where | None = None  # where the differences are (4-D tensors with one)
 
     def merge(self, other: Stats) -> Stats:
         def opt_max(a: float | None, b: float | None) -> float | None:
@@ -57,7 +100,8 @@ class Stats:
         maxima = {n: opt_max(getattr(self, n), getattr(other, n)) for n in _MAXIMA}
         sums = {n: getattr(self, n) + getattr(other, n) for n in _SUMS}
         mismatched = None if self.mismatched is None or other.mismatched is None else self.mismatched + other.mismatched
-        return Stats(mismatched=mismatched, **sums, **maxima)
+        where = self.where.merge(other.where) if self.where and other.where else self.where or other.where
+        return Stats(mismatched=mismatched, **sums, **maxima, where=where)
 
     @property
     def bitwise(self) -> bool:
@@ -82,6 +126,8 @@ class Stats:
             figures["err_ref64"] = self.err_ref64
             figures["naive_err_ref64"] = self.naive_err_ref64
             figures["ref64_max"] = self.ref64_max
+        if self.where is not None:
+            figures["where"] = self.where.figures()
         return figures
 
 
@@ -136,9 +182,37 @@ def compare(
         stats.err_ref64 = stats.naive_err_ref64 = stats.ref64_max = 0.0
     if ulps_above is not None:
         stats.max_ulps = 0.0
+    located = _Locator(out) if out.dim() == 4 and out.numel() else None
     for o, e, r, n in chunks(out, expected, ref64 if oracle else None, naive if oracle else None):
-        _add_chunk(stats, o, e, r, n, expected.dtype, ulps_above, bitwise=out.dtype == expected.dtype)
+        diff = _add_chunk(stats, o, e, r, n, expected.dtype, ulps_above, bitwise=out.dtype == expected.dtype)
+        if located is not None:
+            located.add(diff)
+    stats.where = located.where() if located is not None and stats.max_abs > 0 else None
     return stats
+
+
+class _Locator:
+    """Per head and per token, the largest difference of a ``[B, S, H, D]`` comparison, chunk by chunk."""
+
+    def __init__(self, t: Tensor) -> None:
+        self.batch, self.tokens, self.heads, self.dim = t.shape
+        self.head_max = torch.zeros(self.heads, dtype=torch.float64, device=t.device)
+        self.token_max = torch.zeros(self.batch * self.tokens, dtype=torch.float64, device=t.device)
+        self.start = 0
+
+    def add(self, diff: Tensor) -> None:
+        index = torch.arange(self.start, self.start + diff.numel(), device=diff.device)
+        self.head_max.scatter_reduce_(0, (index // self.dim) % self.heads, diff, "amax")
+        self.token_max.scatter_reduce_(0, index // (self.dim * self.heads), diff, "amax")
+        self.start += diff.numel()
+
+    def where(self) -> Where:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        row, head = int(self.token_max.argmax().item()), int(self.head_max.argmax().item())
+        value = float(self.token_max.max().item())
+        above = int((self.token_max >= value / 2).sum().item())
+        worst = (rank, row // self.tokens, row % self.tokens, head)
+        return Where(worst, value, self.head_max.tolist(), {rank: (value, above, self.token_max.numel())})
 
 
 def _add_chunk(
@@ -150,8 +224,9 @@ def _add_chunk(
     dtype: torch.dtype,
     ulps_above: float | None,
     bitwise: bool,
-) -> None:
-    """One chunk's sums and maxima into ``stats``. Non-finite values are counted (and always fail), never summed."""
+) -> Tensor:
+    """One chunk's sums and maxima into ``stats``; its differences. Non-finite values are counted (and always
+    fail), never summed."""
     assert o is not None and e is not None
     out_finite, ref_finite = torch.isfinite(o), torch.isfinite(e)
     finite = out_finite & ref_finite
@@ -172,6 +247,7 @@ def _add_chunk(
         stats.naive_err_ref64 = max(stats.naive_err_ref64 or 0.0, float((n - r).abs().max().item()))
         finite_ref = torch.where(torch.isfinite(r), r.abs(), 0.0)
         stats.ref64_max = max(stats.ref64_max or 0.0, float(finite_ref.max().item()))
+    return diff
 
 
 def digest(tensor: Tensor) -> str:

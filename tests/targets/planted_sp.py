@@ -1,6 +1,7 @@
 """Sequence-parallel defects planted in the reference layer, for checks at any length (the GPU's 119k tokens too):
 ``rank_order`` hands every rank its neighbour's output (shards gathered in the wrong rank order), ``scaled_rank``
-scales rank 1's output by 1 + 2^-4 (6 %, beyond the FlashAttention rule's bf16 allowance at any length).
+scales rank 1's output by 1 + 2^-4 (6 %, beyond the FlashAttention rule's bf16 allowance at any length),
+``one_head`` scales head 1 of every rank's output by as much (a head-order or GQA-mapping bug reads like that).
 Single-rank calls are untouched."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from harness.targets.base import AttentionSpec
 from harness.targets.reference import ReferenceAttention, ReferenceTarget
 
-DEFECTS = ("rank_order", "scaled_rank")
+DEFECTS = ("rank_order", "scaled_rank", "one_head")
 
 
 class _Planted:
@@ -28,6 +29,9 @@ class _Planted:
         rank, world = dist.get_rank(), dist.get_world_size()
         if self.defect == "scaled_rank":
             return out * (1 + 2.0**-4) if rank == 1 else out
+        if self.defect == "one_head":
+            scale = torch.ones(out.shape[2], dtype=out.dtype, device=out.device)
+            return out * scale.index_fill(0, torch.tensor([1], device=out.device), 1 + 2.0**-4)[:, None]
         shards = [torch.empty_like(out) for _ in range(world)]
         dist.all_gather(shards, out.detach().contiguous())
         return out + (shards[(rank + 1) % world] - out).detach()
