@@ -1,5 +1,6 @@
-"""A reference target whose attention sleeps four times as long as it computes: a planted 5x slowdown (so a
-busy machine, which can slow one side of the side-by-side timing more than the other, cannot hide it)."""
+"""A reference target whose attention sleeps four times as long as it computes, and at least 20 ms a call: a
+planted slowdown of 5x or more (a busy machine, which can slow one side of the timing more than the other, hid
+the 5x alone once, at load ~4 on 2 cores; load stretches compute, never the floor)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class SlowAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         start = time.perf_counter()
         out = self.inner(q, k, v, **kwargs)
-        time.sleep(4 * (time.perf_counter() - start))
+        time.sleep(max(4 * (time.perf_counter() - start), 0.02))
         return out
 
 
