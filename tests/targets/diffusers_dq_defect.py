@@ -11,18 +11,7 @@ import torch.distributed as dist
 
 from harness.targets.base import AttentionSpec
 from harness.targets.diffusers import DiffusersTarget
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; backward scales the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad * 1.25
+from tests.targets.planting import ScaleGrad
 
 
 class _DqDefect:
@@ -32,7 +21,7 @@ class _DqDefect:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         if q.requires_grad and not self.spec.skip_sequence_parallel and dist.get_rank() == 1:
-            q = _ScaleGrad.apply(q)
+            q = ScaleGrad.apply(q, 1.25)
         return self.inner(q, k, v, **kwargs)
 
 

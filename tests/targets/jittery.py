@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from harness.targets.base import AttentionSpec, Unsupported
 from harness.targets.reference import ReferenceAttention, ReferenceTarget
+from tests.targets.planting import ScaleGrad
 
 FLIPS = 8  # elements whose last bit flips per call
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -69,7 +70,7 @@ class _Jittery:
         if q.requires_grad and self.defect != "head_variant":
             q = _FlipGrad.apply(q)
             if planted and self.defect == "dq":
-                q = _Scale.apply(q, 1 + _error(q.dtype))
+                q = ScaleGrad.apply(q, 1 + _error(q.dtype))
         out = self.inner(q, k, v, **kwargs)
         if planted and self.defect == "output":
             out = out * (1 + _error(out.dtype))
@@ -77,19 +78,6 @@ class _Jittery:
             heads = q.shape[2] if self.spec.skip_sequence_parallel else q.shape[2] // dist.get_world_size()
             return out + (by_heads(out, heads) - out).detach()
         return out + (flip_last_bits(out) - out).detach()
-
-
-class _Scale(torch.autograd.Function):
-    """Identity forward; backward scales the gradient (a defect of one rank's dq)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad * ctx.factor, None
 
 
 class JitteryTarget(ReferenceTarget):

@@ -25,9 +25,8 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from harness.targets.base import AttentionSpec
-from harness.targets.reference.attention import ReferenceAttention, ReferenceTarget
 from reference_impl.parallel import comm
+from tests.targets.planting import PlantedTarget, ScaleGrad, planted_target
 
 Tensor = torch.Tensor
 _ring_shift, _head_to_seq = comm.ring_shift, comm.head_to_seq_all_to_all
@@ -52,19 +51,8 @@ def _same_direction_shift(tensors: Sequence[Tensor], group: dist.ProcessGroup) -
     return list(_ShiftOnwards.apply(group, *tensors))
 
 
-class _Scaled(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, factor):  # type: ignore[override]
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return grad * ctx.factor, None
-
-
 def _averaged_head_to_seq(x: Tensor, group: dist.ProcessGroup) -> Tensor:
-    return _Scaled.apply(_head_to_seq(x, group), 1.0 / dist.get_world_size(group))
+    return ScaleGrad.apply(_head_to_seq(x, group), 1.0 / dist.get_world_size(group))
 
 
 BUGS: dict[str, tuple[str, Callable[..., Any]]] = {
@@ -74,19 +62,6 @@ BUGS: dict[str, tuple[str, Callable[..., Any]]] = {
 }
 
 
-class PlantedAttention:
-    """The reference attention, each call made with the bug in place."""
-
-    def __init__(self, inner: ReferenceAttention, bug: str) -> None:
-        self.inner, self.bug = inner, bug
-        self.backend = inner.backend
-        self.kernel = f"{inner.kernel} [planted backward bug: {bug}]"
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
-        with planted(self.bug):
-            return self.inner(q, k, v, **kwargs)
-
-
 @contextmanager
 def planted(bug: str) -> Iterator[None]:
     name, replacement = BUGS[bug]
@@ -94,16 +69,5 @@ def planted(bug: str) -> Iterator[None]:
         yield
 
 
-class PlantedTarget(ReferenceTarget):
-    def __init__(self, bug: str) -> None:
-        self.bug = bug
-        self.name = f"planted_{bug}"
-
-    def make_attention(self, spec: AttentionSpec) -> PlantedAttention:  # type: ignore[override]
-        return PlantedAttention(super().make_attention(spec), self.bug)
-
-
 def factory(bug: str) -> PlantedTarget:
-    if bug not in BUGS:
-        raise ValueError(f"unknown planted bug {bug!r}; valid: {', '.join(BUGS)}")
-    return PlantedTarget(bug)
+    return planted_target(bug, BUGS, planted, "backward")

@@ -20,9 +20,8 @@ from unittest import mock
 
 import torch
 
-from harness.targets.base import AttentionSpec
-from harness.targets.reference.attention import ReferenceAttention, ReferenceTarget
 from reference_impl.attention import backends, ring
+from tests.targets.planting import PlantedTarget, planted_target
 
 Tensor = torch.Tensor
 _attend, _math_forward, _sdpa_forward = (
@@ -81,29 +80,5 @@ def planted(bug: str) -> Iterator[None]:
             patch.stop()
 
 
-class PlantedAttention:
-    """The reference attention, each call made with the bug in place."""
-
-    def __init__(self, inner: ReferenceAttention, bug: str) -> None:
-        self.inner, self.bug = inner, bug
-        self.backend = inner.backend
-        self.kernel = f"{inner.kernel} [planted ring bug: {bug}]"
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
-        with planted(self.bug):
-            return self.inner(q, k, v, **kwargs)
-
-
-class PlantedTarget(ReferenceTarget):
-    def __init__(self, bug: str) -> None:
-        self.bug = bug
-        self.name = f"planted_{bug}"
-
-    def make_attention(self, spec: AttentionSpec) -> PlantedAttention:  # type: ignore[override]
-        return PlantedAttention(super().make_attention(spec), self.bug)
-
-
 def factory(bug: str) -> PlantedTarget:
-    if bug not in BUGS:
-        raise ValueError(f"unknown planted bug {bug!r}; valid: {', '.join(BUGS)}")
-    return PlantedTarget(bug)
+    return planted_target(bug, BUGS, planted, "ring")

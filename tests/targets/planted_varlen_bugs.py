@@ -12,14 +12,14 @@ Each is planted by patching ``reference_impl``'s USPAttention for the duration o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 from unittest import mock
 
 import torch
 
-from harness.targets.base import AttentionSpec
-from harness.targets.reference.attention import ReferenceAttention, ReferenceTarget
 from reference_impl.attention.layer import USPAttention
+from tests.targets.planting import PlantedTarget, planted_target
 
 Tensor = torch.Tensor
 _check_ring = USPAttention._check_ring
@@ -38,30 +38,10 @@ BUGS = {"single_rank_attends_padding": ("_forward_single_rank", _attends_padding
         "ring_varlen_unrefused": ("_check_ring", _no_varlen_refusal)}  # fmt: skip
 
 
-class PlantedAttention:
-    """The reference attention, each call made with the bug in place."""
-
-    def __init__(self, inner: ReferenceAttention, bug: str) -> None:
-        self.inner, self.bug = inner, bug
-        self.backend = inner.backend
-        self.kernel = f"{inner.kernel} [planted varlen bug: {bug}]"
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
-        name, replacement = BUGS[self.bug]
-        with mock.patch.object(USPAttention, name, replacement):
-            return self.inner(q, k, v, **kwargs)
-
-
-class PlantedTarget(ReferenceTarget):
-    def __init__(self, bug: str) -> None:
-        self.bug = bug
-        self.name = f"planted_{bug}"
-
-    def make_attention(self, spec: AttentionSpec) -> PlantedAttention:  # type: ignore[override]
-        return PlantedAttention(super().make_attention(spec), self.bug)
+def planted(bug: str) -> AbstractContextManager[Any]:
+    name, replacement = BUGS[bug]
+    return mock.patch.object(USPAttention, name, replacement)
 
 
 def factory(bug: str) -> PlantedTarget:
-    if bug not in BUGS:
-        raise ValueError(f"unknown planted bug {bug!r}; valid: {', '.join(BUGS)}")
-    return PlantedTarget(bug)
+    return planted_target(bug, BUGS, planted, "varlen")
