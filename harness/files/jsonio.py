@@ -21,6 +21,7 @@ from harness.files.reading import MAX_BYTES, read_text
 
 __all__ = [
     "read_json",
+    "parse_json",
     "join_key",
     "expect_object",
     "expect_known_keys",
@@ -43,14 +44,18 @@ def read_json(path: str | Path, max_bytes: int = MAX_BYTES, within: str | Path |
     an integer outside 64 bits (with its key path). ``within``: a file another program handed over,
     read only as a regular file inside that directory (:func:`harness.files.reading.read_regular_bytes`)."""
     p = Path(path)
-    text = read_text(p, max_bytes, within)
+    return parse_json(read_text(p, max_bytes, within), p)
+
+
+def parse_json(text: str, where: str | Path) -> Any:
+    """JSON ``text`` read from ``where`` (a file, a server's answer), checked as :func:`read_json` checks a file."""
     try:
         data = json.loads(text, **JSON_HOOKS)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", path=p) from None
+        raise ConfigError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", path=where) from None
     except RecursionError:
-        raise ConfigError("malformed JSON: nested too deeply to parse", path=p) from None
-    check_document(data, p)
+        raise ConfigError("malformed JSON: nested too deeply to parse", path=where) from None
+    check_document(data, where)
     return data
 
 

@@ -7,7 +7,9 @@ later stage does not wait for the earlier stages' cases.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from harness.gate.contracts import ContractStage, check_device
@@ -17,12 +19,22 @@ from harness.gate.stage import GateContext, GateOptions, Stage
 from harness.ranks import PoolSet
 from harness.report.console import make_console, print_verdict
 from harness.report.output import check_outputs, emit_json, human_console
+from harness.targets.loader import stop_pipeline_targets
 from harness.results import StageResult, environment, results_document, write_results
 
 
 def stages() -> list[Stage]:
     """The gate's stages, in the order they run."""
     return [ContractStage(), ImageStage(), PerfStage()]
+
+
+@contextlib.contextmanager
+def _stopping_pipelines() -> Iterator[None]:
+    """Servers the pipeline targets launched end with the run, whatever ends it."""
+    try:
+        yield
+    finally:
+        stop_pipeline_targets()
 
 
 def run_gate(options: GateOptions) -> dict[str, Any]:
@@ -49,7 +61,7 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
             highlight=False,
             soft_wrap=True,
         )
-    with PoolSet(options.run.device) as pools:
+    with PoolSet(options.run.device) as pools, _stopping_pipelines():
         ctx = GateContext(options, out, make_console(stderr=True), pools)
         plan = [
             (stage, stage.skip_reason(ctx)) for stage in stages() if not options.stages or stage.name in options.stages

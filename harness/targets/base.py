@@ -298,6 +298,10 @@ class PipelineTarget(ABC):
         target cannot say before running: ``parity bless --from-results`` refuses a saved candidate of another shape."""
         return None
 
+    def stop(self) -> None:
+        """End what this target keeps running between cases (a server it launched); the next :meth:`prepare` starts
+        afresh. An A/B calls it between launch blocks, the gate at its end."""
+
     @abstractmethod
     def prepare(self, fields: Mapping[str, Any], device: str, world_size: int | None = None) -> PreparedPipeline:
         """Build what a run needs. In a rank (``world_size`` None): sequence parallelism over the whole

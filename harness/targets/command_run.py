@@ -55,7 +55,7 @@ class _Tail:
         return self.data.decode(errors="replace")
 
 
-def _end_keeper(keeper: subprocess.Popen[bytes]) -> None:
+def end_keeper(keeper: subprocess.Popen[bytes]) -> None:
     """Ask the keeper to end the command's processes, wait for it (bounded), kill it if it does not end."""
     if keeper.poll() is None:
         try:
@@ -123,7 +123,7 @@ def run_command(argv: list[str], timeout: float, out_dir: Path) -> Finished:
                     else:
                         selector.unregister(key.fd)
     finally:
-        _end_keeper(keeper)
+        end_keeper(keeper)
         os.close(status_r)
         keeper.stdout.close()
         keeper.stderr.close()

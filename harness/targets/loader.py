@@ -54,6 +54,11 @@ BUILTIN_PIPELINES: dict[str, tuple[str, str, str]] = {
         "factory",
         "an external command writing PNGs and timings (template='...')",
     ),
+    "openai": (
+        "harness.targets.openai_pipeline",
+        "factory",
+        "a model behind an OpenAI Images API server (url=http://HOST:PORT, or launch='CMD ... {port}')",
+    ),
 }
 #: ``rev:GITREV``: the reference pipeline as a commit of parity's checkout has it (a perf A/B side).
 REVISION_PREFIX = "rev:"
@@ -91,6 +96,13 @@ def load_target(spec: str, args: TargetArgs = ()) -> Target:
 def load_pipeline_target(spec: str, args: TargetArgs = ()) -> PipelineTarget:
     """The pipeline target named by ``spec`` built with ``args``; cached per process."""
     return _load(spec, args, BUILTIN_PIPELINES, PipelineTarget, "pipeline target")
+
+
+def stop_pipeline_targets() -> None:
+    """Stop what every pipeline target built in this process keeps running between cases (a launched server)."""
+    for target in list(_cache.values()):
+        if isinstance(target, PipelineTarget):
+            target.stop()
 
 
 def _load(spec: str, args: TargetArgs, builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str) -> T:
