@@ -26,7 +26,20 @@ from types import FrameType
 
 from harness.paths import parity_version
 
-VERBS = ("init", "list", "check", "gate", "perf", "sweep", "matrix", "compare", "recalibrate", "bless", "doctor", "serve")
+VERBS = (
+    "init",
+    "list",
+    "check",
+    "gate",
+    "perf",
+    "sweep",
+    "matrix",
+    "compare",
+    "recalibrate",
+    "bless",
+    "doctor",
+    "serve",
+)
 
 DESCRIPTION = """\
 Numerical-parity and regression harness for sequence-parallel diffusion attention.

@@ -228,6 +228,14 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
         help=f"A/B: the most pairs per case; a figure still undecided then is inconclusive (default {d.max_pairs})",
     )
     group.add_argument(
+        f"--{prefix}launches",
+        type=count(1),
+        default=d.launches,
+        metavar="N",
+        help=f"A/B: start each side afresh (rank processes, a launched server) at least N times, pairs spread over "
+        f"the launches, so that one process's bias is not read as a difference (default {d.launches}; 1: one each)",
+    )
+    group.add_argument(
         f"--{prefix}confidence",
         type=fraction,
         default=d.confidence,
@@ -253,6 +261,7 @@ def ab_sampling(args: argparse.Namespace, prefix: str):
             getattr(args, f"{dest}min_pairs"),
             getattr(args, f"{dest}max_pairs"),
             getattr(args, f"{dest}confidence"),
+            getattr(args, f"{dest}launches"),
         )
     except SamplingError as exc:
         option = f"--{prefix}{exc.field.replace('_', '-')}"

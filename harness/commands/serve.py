@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.commands._options import add_device, device
+from harness.commands._options import add_device, add_json, device
 
 HELP = "serve the reference pipeline over HTTP with the OpenAI Images API (POST /v1/images/generations)"
 DESCRIPTION = """\
@@ -34,12 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--slowdown", type=float, default=0.0, metavar="F", help="sleep F x the denoising stage per request (default 0)"
     )
     add_device(parser)
+    add_json(parser, "where it listens ({url, host, port, pid}, once ready: a script's way to learn --port 0's pick)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.errors import ConfigError
-    from harness.pipelines.server import ImagesServer, ServedPipeline, base_config
+    from harness.targets.reference.server import ImagesServer, ServedPipeline, base_config
 
     if not 0.0 <= args.slowdown <= 100.0:
         raise ConfigError(f"must be in [0, 100], got {args.slowdown}", key="--slowdown")
@@ -52,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", key="--port") from None
     with server:
         host, port = server.server_address[:2]
-        print(f"parity serve: ready on http://{host}:{port} (models: {args.weights}, {args.dtype}, {base.device})", flush=True)
+        print(
+            f"parity serve: ready on http://{host}:{port} (models: {args.weights}, {args.dtype}, {base.device})",
+            flush=True,
+        )
         server.serve_forever(poll_interval=0.2)
     return 0

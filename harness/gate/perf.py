@@ -12,8 +12,11 @@ cases of ``<cases>/perf`` unless the caller times pipelines only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+import functools
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from harness.baselines.perf import AB_PROFILE, E2E, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
@@ -26,16 +29,17 @@ from harness.files.reading import is_directory_present, is_present
 from harness.gate.contracts import run_contract_cases
 from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_case
 from harness.perf import absolute
-from harness.perf.ab import ORDER, Comparison, compare
+from harness.perf.ab import ORDER, Comparison, FigureVerdict, compare
 from harness.perf.figures import WALL
 from harness.perf.sides import BASE, HEAD, Revisions, Side
-from harness.perf.stats import METHOD
+from harness.perf.stats import BLOCK_METHOD, MAX_PAIRS, METHOD
 from harness.pipelines.sessions import PipelineRun, Session
-from harness.project.hints import command
+from harness.project.hints import carried_options, command
 from harness.report.console import Column, figure_column, print_results
 from harness.results import FAILED, INCONCLUSIVE, PASSED, SKIPPED, CaseResult, StageResult, summary_line
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
+PROGRESS_EVERY_S = 5.0  # a line at most this often, so one comes at least every 10 s while pairs take under 5 s
 RATIO_CASES_DIR = "perf"
 ABSOLUTE_PROFILE = "pr_test"
 POOL_TAGS = {BASE: "perf-base", HEAD: "perf-head"}
@@ -191,22 +195,28 @@ class PerfStage:
             heads = {c.id: revisions.resolve(Side(c.target, c.target_args)) for c in cases}
 
             def runs_of(case: ImageCase) -> list[tuple[PipelineRun, str]]:
-                return [(base_run(base, case), POOL_TAGS[BASE]), (base_run(heads[case.id], case), POOL_TAGS[HEAD])]
+                return [
+                    (base_run(base, case, BASE), POOL_TAGS[BASE]),
+                    (base_run(heads[case.id], case, HEAD), POOL_TAGS[HEAD]),
+                ]
 
             def judge(case: ImageCase) -> CaseResult:
-                (base_spec, base_tag), (head_spec, head_tag) = runs_of(case)
-                with (
-                    Session(base_spec, ctx.pools, tag=base_tag, timeout=timeout) as b,
-                    Session(head_spec, ctx.pools, tag=head_tag, timeout=timeout) as h,
-                ):
-                    comparison = compare(b, h, perf.sampling, tolerances)
-                return ab_result(case, comparison, base, heads[case.id], perf.sampling.confidence, tolerances)
+                (base_spec, _), (head_spec, _) = runs_of(case)
+                launcher = functools.partial(_launched, ctx, {BASE: base_spec, HEAD: head_spec}, timeout)
+                progress = _Progress(ctx, case.id)
+                comparison = compare(launcher, perf.sampling, tolerances, progress)
+                result = ab_result(case, comparison, base, heads[case.id], perf.sampling.confidence, tolerances)
+                if result.status == INCONCLUSIVE:
+                    result.reason = (
+                        f"{result.reason}; to decide it: {_deciding_command(ctx, case, base, heads[case.id])}"
+                    )
+                return result
 
             results, wall = run_each_case(ctx, self.name, cases, "perf", judge, runs_of)
         extra = {
             "mode": "ab",
             "base": base.describe(),
-            "method": METHOD,
+            "method": METHOD if perf.sampling.launches == 1 else BLOCK_METHOD,
             "order": ORDER,
             "sampling": dataclasses.asdict(perf.sampling),
             "tolerances": dataclasses.asdict(tolerances),
@@ -251,9 +261,59 @@ class PerfStage:
         return results, wall, extra, {"perf": measured_all}
 
 
-def base_run(side: Side, case: ImageCase) -> PipelineRun:
-    """The case's fields on ``side``'s pipeline target."""
-    return PipelineRun(side.target, side.args, case.fields, case.world_size)
+@contextlib.contextmanager
+def _launched(
+    ctx: GateContext, specs: dict[str, PipelineRun], timeout: float, block: int
+) -> Iterator[tuple[Session, Session]]:
+    """Both sides started afresh for launch block ``block`` (BASE first in even blocks, HEAD first in odd ones): rank
+    pools of their own (block 0's are the ones the stage prestarted), a server launched anew; all ended on exit."""
+    order = (BASE, HEAD) if block % 2 == 0 else (HEAD, BASE)
+    tags = {side: POOL_TAGS[side] + (f"-{block}" if block else "") for side in order}
+    try:
+        with contextlib.ExitStack() as stack:
+            sessions = {
+                side: stack.enter_context(Session(specs[side], ctx.pools, tag=tags[side], timeout=timeout))
+                for side in order
+            }
+            yield sessions[BASE], sessions[HEAD]
+    finally:
+        for side in order:
+            if specs[side].in_ranks:
+                ctx.pools.release(specs[side].world_size, tags[side])
+            else:
+                specs[side].pipeline.stop()
+
+
+class _Progress:
+    """A line on stderr every :data:`PROGRESS_EVERY_S` of an A/B: pairs, launches, e2e so far."""
+
+    def __init__(self, ctx: GateContext, case_id: str) -> None:
+        self.ctx, self.case_id, self.last = ctx, case_id, time.monotonic()
+
+    def __call__(self, pairs: int, launches: int, e2e: FigureVerdict | None) -> None:
+        if time.monotonic() - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = time.monotonic()
+        shown = e2e.describe() if e2e is not None else "no verdict yet"
+        self.ctx.err.print(
+            f"perf {self.case_id}: {pairs} pairs, launch {launches}: {shown}", markup=False, highlight=False
+        )
+
+
+def _deciding_command(ctx: GateContext, case: ImageCase, base: Side, head: Side) -> str:
+    """``parity perf`` of this one case with the most pairs parity allows: what would decide an inconclusive case."""
+    sampling = ctx.options.perf.sampling
+    argv = ["perf", base.target, head.target, case.id]
+    for option, side in (("--base-arg", base), ("--head-arg", head)):
+        argv += [f"{option}={k}={v}" for k, v in side.args if k not in ("tree", "commit")]
+    argv += ["--max-pairs", str(MAX_PAIRS), "--launches", str(max(sampling.launches, MAX_PAIRS // 10))]
+    o = ctx.options
+    return command(argv, carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device))
+
+
+def base_run(side: Side, case: ImageCase, instance: str = "") -> PipelineRun:
+    """The case's fields on ``side``'s pipeline target (``instance``: which A/B side, for a target run here)."""
+    return PipelineRun(side.target, side.args, case.fields, case.world_size, instance)
 
 
 def _image_cases(ctx: GateContext) -> list[ImageCase]:
@@ -304,6 +364,10 @@ def _judge_absolute(
     return result
 
 
+def _launches(n: int) -> str:
+    return f"{n} launch{'es' if n > 1 else ''}"
+
+
 def ab_result(
     case: ImageCase, comparison: Comparison, base: Side, head: Side, confidence: float, tolerances: Tolerances
 ) -> CaseResult:
@@ -311,8 +375,9 @@ def ab_result(
     figures: dict[str, Any] = {
         "mode": "ab",
         "pairs": comparison.pairs,
+        "launches": comparison.launches,
         "confidence": confidence,
-        "method": METHOD,
+        "method": METHOD if comparison.launches == 1 else BLOCK_METHOD,
         "order": ORDER,
         "base": base.describe(),
         "head": head.describe(),
@@ -341,7 +406,7 @@ def ab_result(
     )
     result.bound = (
         f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "
-        f"({comparison.pairs} {ORDER} pairs)"
+        f"({comparison.pairs} {ORDER} pairs over {_launches(comparison.launches)} of each side)"
     )
     if comparison.failed:
         result.status = FAILED
@@ -351,6 +416,8 @@ def ab_result(
         shown = comparison.undecided[:3]
         more = f"; and {len(comparison.undecided) - 3} more" if len(comparison.undecided) > 3 else ""
         result.reason = (
-            f"undecided after {comparison.pairs} pairs (the cap): " + "; ".join(v.describe() for v in shown) + more
+            f"undecided after {comparison.pairs} pairs (the cap) over {_launches(comparison.launches)}: "
+            + "; ".join(v.describe() for v in shown)
+            + more
         )
     return result

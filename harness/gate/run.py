@@ -19,8 +19,8 @@ from harness.gate.stage import GateContext, GateOptions, Stage
 from harness.ranks import PoolSet
 from harness.report.console import make_console, print_verdict
 from harness.report.output import check_outputs, emit_json, human_console
-from harness.targets.loader import stop_pipeline_targets
 from harness.results import StageResult, environment, results_document, write_results
+from harness.targets.loader import stop_pipeline_targets
 
 
 def stages() -> list[Stage]:

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
+from harness.baselines.perf import E2E
 from harness.baselines.tolerances import Tolerances
 from harness.perf.figures import family, run_figures
-from harness.perf.stats import MAX_PAIRS, RatioInterval, min_pairs, paired_ratio
-from harness.pipelines.sessions import Session, TimedRun
+from harness.perf.stats import MAX_PAIRS, RatioInterval, blocked_ratio, min_pairs
+from harness.pipelines.sessions import TimedRun
 
 ORDER = "ABBA"  # pair i runs BASE first when i is even, HEAD first when it is odd
 
@@ -34,6 +36,15 @@ class Sampling:
     min_pairs: int = 10
     max_pairs: int = 60
     confidence: float = 0.95
+    launches: int = 3  # each side started afresh this many times at least (1: one process or server per side)
+
+    @property
+    def block_pairs(self) -> int:
+        """Pairs per launch block: ``min_pairs`` spread over ``launches``, rounded up to even (whole ABBA quartets)."""
+        if self.launches == 1:
+            return self.max_pairs
+        pairs = -(-self.min_pairs // self.launches)
+        return max(2, pairs + pairs % 2)
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
@@ -46,6 +57,10 @@ class Sampling:
                 "min_pairs",
                 f"must be between {fewest} (at confidence {self.confidence:g}) and max_pairs ({self.max_pairs}), "
                 f"got {self.min_pairs}",
+            )
+        if not 1 <= self.launches <= self.max_pairs // 2:
+            raise SamplingError(
+                "launches", f"must be between 1 and max_pairs / 2 ({self.max_pairs // 2}), got {self.launches}"
             )
         if self.max_pairs > MAX_PAIRS:
             raise SamplingError("max_pairs", f"must be at most {MAX_PAIRS}, got {self.max_pairs}")
@@ -105,17 +120,18 @@ class FigureVerdict:
 
 def judge_figure(
     label: str,
-    base: Sequence[float],
-    head: Sequence[float],
+    base: Sequence[Sequence[float]],
+    head: Sequence[Sequence[float]],
     tolerances: Tolerances,
     confidence: float,
     figures: int = 1,
 ) -> FigureVerdict:
-    """The verdict on one figure of ``figures`` judged together, from its paired values (rules in the module docstring)."""
-    base_ms, head_ms = statistics.median(base), statistics.median(head)
+    """The verdict on one figure of ``figures`` judged together, from its paired values per launch block (rules in
+    the module docstring; the interval: :func:`harness.perf.stats.blocked_ratio`)."""
+    base_ms, head_ms = statistics.median(v for b in base for v in b), statistics.median(v for h in head for v in h)
     limit = 1.0 + max(tolerances.get(family(label)), tolerances.abs_floor_ms / base_ms)
-    interval = paired_ratio(base, head, confidence)
-    claim = paired_ratio(base, head, 1.0 - (1.0 - confidence) / figures)
+    interval = blocked_ratio(base, head, confidence)
+    claim = blocked_ratio(base, head, 1.0 - (1.0 - confidence) / figures)
     if claim is not None and claim.low > limit:
         status = FigureStatus.FAILED
     elif interval is not None and interval.high <= limit:
@@ -135,6 +151,7 @@ class Comparison:
     samples: dict[str, dict[str, list[float]]]  # label -> {"base": [...], "head": [...]}, in pair order
     peak_memory_mb: dict[str, float | None] = field(default_factory=dict)
     capped: bool = False  # sampling reached max_pairs
+    launches: int = 1  # launch blocks: each side started afresh this many times
 
     @property
     def failed(self) -> list[FigureVerdict]:
@@ -173,55 +190,98 @@ def _paired(base: list[dict[str, float]], head: list[dict[str, float]]) -> tuple
     return paired, unpaired
 
 
-def _judge(
-    base: list[dict[str, float]], head: list[dict[str, float]], tolerances: Tolerances, confidence: float
-) -> tuple[list[FigureVerdict], dict[str, str]]:
-    labels, unpaired = _paired(base, head)
-    verdicts = [
-        judge_figure(label, [r[label] for r in base], [r[label] for r in head], tolerances, confidence, len(labels))
-        for label in labels
-    ]
-    return verdicts, unpaired
+class Runner(Protocol):
+    """One side of an A/B in one launch: a prepared pipeline that runs when asked (:class:`Session`)."""
+
+    def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun: ...
+
+
+#: ``launch(i)``: both sides started afresh for launch block ``i`` (BASE first when ``i`` is even), ended on exit.
+Launcher = Callable[[int], AbstractContextManager[tuple[Runner, Runner]]]
+
+
+@dataclass
+class _Runs:
+    """Every timed run so far, per side, with the launch block each came from."""
+
+    base: list[TimedRun] = field(default_factory=list)
+    head: list[TimedRun] = field(default_factory=list)
+    block: list[int] = field(default_factory=list)
+
+    def judge(self, tolerances: Tolerances, confidence: float) -> tuple[list[FigureVerdict], dict[str, str]]:
+        base, head = [run_figures(r) for r in self.base], [run_figures(r) for r in self.head]
+        labels, unpaired = _paired(base, head)
+        blocks = sorted(set(self.block))
+        verdicts = [
+            judge_figure(
+                label,
+                [[r[label] for r, b in zip(base, self.block) if b == k] for k in blocks],
+                [[r[label] for r, b in zip(head, self.block) if b == k] for k in blocks],
+                tolerances,
+                confidence,
+                len(labels),
+            )
+            for label in labels
+        ]
+        return verdicts, unpaired
+
+    def samples(self, labels: Sequence[str]) -> dict[str, dict[str, list[float]]]:
+        base, head = [run_figures(r) for r in self.base], [run_figures(r) for r in self.head]
+        return {
+            label: {"base": [r[label] for r in base], "head": [r[label] for r in head], "launch": list(self.block)}
+            for label in labels
+        }
+
+
+def _decided(verdicts: Sequence[FigureVerdict]) -> bool:
+    statuses = {v.status for v in verdicts}
+    return FigureStatus.FAILED in statuses or FigureStatus.UNDECIDED not in statuses
 
 
 def compare(
-    base: Session,
-    head: Session,
+    launch: Launcher,
     sampling: Sampling,
     tolerances: Tolerances,
-    on_pair: Callable[[int], None] | None = None,
+    on_pair: Callable[[int, int, FigureVerdict | None], None] | None = None,
 ) -> Comparison:
-    """Run both sides interleaved until the verdict is decided or capped (module docstring)."""
-    for i in range(sampling.warmup):
-        base.run(placement=i)
-        head.run(placement=i)
-    base_runs: list[TimedRun] = []
-    head_runs: list[TimedRun] = []
-    verdicts: list[FigureVerdict] = []
-    unpaired: dict[str, str] = {}
-    for i in range(sampling.max_pairs):
-        first, second = ((base, base_runs), (head, head_runs)) if i % 2 == 0 else ((head, head_runs), (base, base_runs))
-        first[1].append(first[0].run(placement=i))  # both runs of a pair on the same cores
-        second[1].append(second[0].run(placement=i))
-        if on_pair is not None:
-            on_pair(i + 1)
-        if i + 1 < sampling.min_pairs:
-            continue
-        base_figures, head_figures = [run_figures(r) for r in base_runs], [run_figures(r) for r in head_runs]
-        verdicts, unpaired = _judge(base_figures, head_figures, tolerances, sampling.confidence)
-        statuses = {v.status for v in verdicts}
-        if FigureStatus.FAILED in statuses or FigureStatus.UNDECIDED not in statuses:
-            break
-    base_figures, head_figures = [run_figures(r) for r in base_runs], [run_figures(r) for r in head_runs]
-    samples = {
-        label: {"base": [r[label] for r in base_figures], "head": [r[label] for r in head_figures]}
-        for label in (v.label for v in verdicts)
-    }
+    """Run both sides interleaved, launch block by launch block, until the verdict is decided or capped (module
+    docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair."""
+    runs, verdicts, unpaired = _Runs(), list[FigureVerdict](), dict[str, str]()
+    block = 0
+    while len(runs.base) < sampling.max_pairs and not (verdicts and _decided(verdicts)):  # poll: blocks until decided
+        with launch(block) as (base, head):
+            for i in range(sampling.warmup):
+                base.run(placement=i)
+                head.run(placement=i)
+            for i in range(min(sampling.block_pairs, sampling.max_pairs - len(runs.base))):
+                _run_pair(base, head, runs, i, block)
+                if on_pair is not None:
+                    on_pair(len(runs.base), block + 1, _e2e(verdicts))
+                if sampling.launches == 1 and len(runs.base) >= sampling.min_pairs:
+                    verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
+                    if _decided(verdicts):
+                        break
+        block += 1
+        if block >= sampling.launches and len(runs.base) >= sampling.min_pairs:
+            verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
     return Comparison(
-        len(base_runs),
+        len(runs.base),
         verdicts,
         unpaired,
-        samples,
-        {"base": _peak_mb(base_runs), "head": _peak_mb(head_runs)},
-        capped=len(base_runs) == sampling.max_pairs,
+        runs.samples([v.label for v in verdicts]),
+        {"base": _peak_mb(runs.base), "head": _peak_mb(runs.head)},
+        capped=len(runs.base) == sampling.max_pairs,
+        launches=block,
     )
+
+
+def _run_pair(base: Runner, head: Runner, runs: _Runs, i: int, block: int) -> None:
+    """Pair ``i`` of a block: BASE first when ``i`` is even, both runs on the same cores."""
+    first, second = ((base, runs.base), (head, runs.head)) if i % 2 == 0 else ((head, runs.head), (base, runs.base))
+    first[1].append(first[0].run(placement=i))
+    second[1].append(second[0].run(placement=i))
+    runs.block.append(block)
+
+
+def _e2e(verdicts: Sequence[FigureVerdict]) -> FigureVerdict | None:
+    return next((v for v in verdicts if v.label == E2E), None)

@@ -40,11 +40,12 @@ class PipelineRun:
     args: TargetArgs
     fields: Mapping[str, Any]
     world_size: int
+    instance: str = ""  # an A/B side: its own copy of a target run here (its own server)
 
     @property
     def pipeline(self) -> PipelineTarget:
-        """The target as this process builds it (cached)."""
-        return load_pipeline_target(self.target, self.args)
+        """The target as this process builds it (cached per instance)."""
+        return load_pipeline_target(self.target, self.args, self.instance)
 
     def unavailable(self, device: str) -> str | None:
         """Why it cannot run on this machine (the case is then skipped with this), or None."""

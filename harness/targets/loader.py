@@ -93,9 +93,10 @@ def load_target(spec: str, args: TargetArgs = ()) -> Target:
     return _load(spec, args, BUILTIN_TARGETS, Target, "target")
 
 
-def load_pipeline_target(spec: str, args: TargetArgs = ()) -> PipelineTarget:
-    """The pipeline target named by ``spec`` built with ``args``; cached per process."""
-    return _load(spec, args, BUILTIN_PIPELINES, PipelineTarget, "pipeline target")
+def load_pipeline_target(spec: str, args: TargetArgs = (), instance: str = "") -> PipelineTarget:
+    """The pipeline target named by ``spec`` built with ``args``; cached per process and ``instance`` (the two sides
+    of an A/B run in one process as two instances: each its own launched server, even with the same spec)."""
+    return _load(spec, args, BUILTIN_PIPELINES, PipelineTarget, "pipeline target", instance)
 
 
 def stop_pipeline_targets() -> None:
@@ -105,8 +106,10 @@ def stop_pipeline_targets() -> None:
             target.stop()
 
 
-def _load(spec: str, args: TargetArgs, builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str) -> T:
-    key = (what, spec, tuple(args))
+def _load(
+    spec: str, args: TargetArgs, builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str, instance: str = ""
+) -> T:
+    key = (what + instance, spec, tuple(args))
     if key not in _cache:
         if key in _building:
             raise ConfigError(

@@ -15,7 +15,6 @@ import base64
 import binascii
 import http.client
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -71,7 +70,7 @@ def post(url: str, body: Mapping[str, Any], timeout: float) -> tuple[bytes, floa
     except urllib.error.HTTPError as exc:
         detail = _tail(exc.read(MAX_ANSWER_BYTES))
         raise PipelineFailed(f"POST {url}: HTTP {exc.code} {exc.reason}: {detail[-200:].strip()}", detail) from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise PipelineFailed(f"POST {url}: no answer within {timeout:g} s") from None
     except urllib.error.URLError as exc:
         raise PipelineFailed(f"POST {url}: {exc.reason}") from None

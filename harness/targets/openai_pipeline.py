@@ -29,7 +29,12 @@ from harness.targets.served import READY_PATHS, LaunchedServer, answers
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_READY_TIMEOUT_S = 600.0
+SERVER_END_WAIT_S = 2.0  # a request that broke: how long the server may take to be seen ended (its exit status)
 _JSON_SCALARS = (str, int, float, bool)
+_ONE_OF = (
+    "the openai target needs exactly one of url=http://HOST:PORT (a running server) or launch='CMD ... {port}' "
+    "(parity starts it): --pipeline-target-arg, in parity perf --base-arg or --head-arg"
+)
 _LIVE: list[OpenAIPipelineTarget] = []  # targets holding launched servers: stopped at exit whatever happened
 
 
@@ -56,6 +61,8 @@ class OpenAIPipelineTarget(PipelineTarget):
         self.launches = 0
 
     def check_case(self, fields: Mapping[str, Any], world_size: int) -> str:
+        if self.url is None and self.launch is None:
+            raise ConfigError(_ONE_OF, key="--pipeline-target-arg")
         if "num_frames" in fields:
             raise ParamError(
                 "num_frames",
@@ -141,9 +148,10 @@ class _PreparedRequest:
 
     def _explained(self, exc: PipelineFailed) -> PipelineFailed:
         """A failed request, and, where parity launched the server and it has ended, how it ended and its log."""
-        if self.server is None or self.server.exited() is None:
+        ended = self.server.exited(wait=SERVER_END_WAIT_S) if self.server is not None else None
+        if self.server is None or ended is None:
             return exc
-        return self.server.failure(f"{exc.reason}; the server ended ({self.server.exited()})")
+        return self.server.failure(f"{exc.reason}; the server ended ({ended})")
 
     def close(self) -> None:
         """The server stays up for the next case (it is the target's to stop)."""
@@ -167,14 +175,10 @@ def factory(
     ready_timeout: str | float = DEFAULT_READY_TIMEOUT_S,
     perf_dump: str = "false",
 ) -> OpenAIPipelineTarget:
-    """``url=`` or ``launch=`` (exactly one), ``model=`` for the body, request ``timeout=`` and ``ready_timeout=`` in
+    """``url=`` or ``launch=`` (exactly one, checked with the first case: ``parity list`` builds it bare), ``model=`` for the body, request ``timeout=`` and ``ready_timeout=`` in
     seconds, ``perf_dump=true`` to ask the server (on this machine) for sglang's perf dump of every request."""
-    if (url is None) == (launch is None):
-        raise ConfigError(
-            "the openai target needs exactly one of url=http://HOST:PORT (a running server) or "
-            "launch='CMD ... {port}' (parity starts it)",
-            key="--pipeline-target-arg",
-        )
+    if url is not None and launch is not None:
+        raise ConfigError(_ONE_OF, key="--pipeline-target-arg")
     if url is not None and not url.startswith(("http://", "https://")):
         raise ConfigError(f"url must start with http:// or https://, got {url!r}", key="--pipeline-target-arg")
     if launch is not None:

@@ -59,6 +59,7 @@ class LaunchedServer:
         self.log = self._folder / "server.log"
         self._keeper: subprocess.Popen[bytes] | None = None
         self._status_r: int | None = None
+        self._ended: str | None = None
         try:
             self._start()
             self._wait_ready(ready_timeout)
@@ -72,7 +73,16 @@ class LaunchedServer:
         try:
             with open(self.log, "wb") as log:
                 self._keeper = subprocess.Popen(
-                    [sys.executable, "-I", "-S", KEEPER, str(status_w), str(os.getpid()), str(self._folder), *self.argv],
+                    [
+                        sys.executable,
+                        "-I",
+                        "-S",
+                        KEEPER,
+                        str(status_w),
+                        str(os.getpid()),
+                        str(self._folder),
+                        *self.argv,
+                    ],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -97,9 +107,13 @@ class LaunchedServer:
             f"the server was not ready after {timeout:g} s (no 200 from {' or '.join(READY_PATHS)} at {self.url})"
         )
 
-    def exited(self) -> str | None:
-        """How the server ended (``"exit status 1"``), or None while it runs."""
-        if self._keeper is None or self._keeper.poll() is None:
+    def exited(self, wait: float = 0.0) -> str | None:
+        """How the server ended (``"exit status 1"``), or None while it runs (waiting up to ``wait`` s for an end)."""
+        if self._ended is not None or self._keeper is None:
+            return self._ended
+        try:
+            self._keeper.wait(wait)
+        except subprocess.TimeoutExpired:
             return None
         status = b""
         if self._status_r is not None:
@@ -108,11 +122,14 @@ class LaunchedServer:
                 status = os.read(self._status_r, 4096)
             except BlockingIOError:
                 pass
-        head = status.decode(errors="replace").strip().partition(" ")[0]
+        text = status.decode(errors="replace").strip()
+        head = text.partition(" ")[0]
         if head.lstrip("-").isdigit():
             code = int(head)
-            return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        return "its keeper ended" if not status else status.decode(errors="replace").strip()
+            self._ended = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        else:
+            self._ended = text or "its keeper ended"
+        return self._ended
 
     def log_tail(self) -> str:
         """The last :data:`LOG_TAIL_LINES` lines of the server's output."""
@@ -133,10 +150,9 @@ class LaunchedServer:
     def stop(self) -> None:
         """End the server and everything it started (bounded: :func:`end_keeper`), remove its folder."""
         if self._keeper is not None:
-            keeper, self._keeper = self._keeper, None
-            end_keeper(keeper)
+            end_keeper(self._keeper)
+            self._keeper = None
         if self._status_r is not None:
             os.close(self._status_r)
             self._status_r = None
         shutil.rmtree(self._folder, ignore_errors=True)
-

@@ -73,7 +73,8 @@ def _undecided_at_the_cap(record: dict[str, Any], code: int) -> bool:
     if record["status"] != "inconclusive":
         return False
     assert (code, record["figures"]["pairs"]) == (EXIT_CODES["inconclusive"], CAP), record["reason"]
-    assert record["reason"].startswith(f"undecided after {CAP} pairs (the cap): ")
+    assert record["reason"].startswith(f"undecided after {CAP} pairs (the cap) over ")
+    assert "to decide it: parity perf " in record["reason"]
     return True
 
 
@@ -149,7 +150,12 @@ def test_the_builtin_pipeline_against_itself_passes(tiny: Path, tmp_path: Path) 
     code, doc = _perf(tiny, tmp_path, "reference", "reference", *MANY)
     record = _record(doc)
     assert_not_slower(record, code)
-    assert doc["stages"]["perf"]["pool_startup_s"].keys() == {"perf-base:1", "perf-head:1"}  # a pool per side
+    pools = doc["stages"]["perf"]["pool_startup_s"].keys()
+    launches = record["figures"]["launches"]
+    assert launches >= 3 and record["figures"]["method"].startswith("Hodges-Lehmann ratio of each launch block")
+    assert set(pools) == {  # a pool per side and launch: process-level bias spread over launches
+        f"{side}{f'-{i}' if i else ''}:1" for side in ("perf-base", "perf-head") for i in range(launches)
+    }
 
 
 def test_the_builtin_pipeline_with_a_planted_10_percent_delay_fails(tiny: Path, tmp_path: Path) -> None:
@@ -228,6 +234,7 @@ def test_a_revision_that_names_no_commit_is_a_configuration_error(
 
 
 SCRIPTED = "tests.targets.scripted_pipeline:factory"
+ONE = ("--launches", "1")  # one launch per side: the pairs' own interval, exact on scripted timings
 
 
 @pytest.fixture(scope="module")
@@ -238,12 +245,14 @@ def flat(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("head", "extra", "verdict", "pairs"),
     [
-        ("10", (), "passed", 10),  # every pair 1.0 exactly: decided at the first look
-        ("11", (), "failed", 10),  # every pair 1.1: beyond 5 %
-        ("9:11.6", ("--max-pairs", "12"), "inconclusive", 12),  # the interval straddles 1.05 up to the cap
-        ("9:11.6", ("--max-pairs", "12", "--inconclusive", "pass"), "passed", 12),
+        ("10", ONE, "passed", 10),  # every pair 1.0 exactly: decided at the first look
+        ("11", ONE, "failed", 10),  # every pair 1.1: beyond 5 %
+        ("9:11.6", (*ONE, "--max-pairs", "12"), "inconclusive", 12),  # the interval straddles 1.05 up to the cap
+        ("9:11.6", (*ONE, "--max-pairs", "12", "--inconclusive", "pass"), "passed", 12),
+        ("10", (), "passed", 12),  # 3 launches of 4 pairs, every block 1.0: decided at the end of the third
+        ("11", (), "failed", 12),
     ],
-    ids=["equal", "slower", "undecided", "undecided-counted-as-passed"],
+    ids=["equal", "slower", "undecided", "undecided-counted-as-passed", "equal-3-launches", "slower-3-launches"],
 )
 def test_the_verdict_and_its_exit_code_on_scripted_timings(
     flat: Path,
@@ -261,7 +270,7 @@ def test_the_verdict_and_its_exit_code_on_scripted_timings(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     if verdict == "inconclusive":
         assert record["status"] == "inconclusive" and last == "perf: INCONCLUSIVE (1 undecided case: flat; exit 3)"
-        assert record["reason"].startswith("undecided after 12 pairs (the cap): ")
+        assert record["reason"].startswith("undecided after 12 pairs (the cap) over 1 launch: ")
         failure = ET.parse(tmp_path / "ab.xml").find(".//testcase/failure")
         assert failure is not None and failure.get("type") == "inconclusive"
     elif "pass" in extra:

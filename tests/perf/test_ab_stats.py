@@ -4,16 +4,18 @@ loop (ABBA order, stopping, unpaired figures) with scripted sessions."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from harness.baselines.perf import DEFAULT_AB_TOLERANCES
-from harness.perf.ab import FigureStatus, Sampling, compare, judge_figure
-from harness.perf.stats import _signed_rank_counts, min_pairs, paired_ratio, trimmed_per_side
+from harness.perf.ab import FigureStatus, Runner, Sampling, compare, judge_figure
+from harness.perf.stats import _signed_rank_counts, blocked_ratio, min_pairs, paired_ratio, trimmed_per_side
 from harness.pipelines.sessions import TimedRun
 from harness.targets import Timings
 
@@ -111,7 +113,7 @@ def test_the_interval_covers_the_true_ratio_at_least_as_often_as_promised(noise:
 def test_a_figure_is_judged_by_its_interval_against_its_limit(
     base: list[float], head: list[float], status: FigureStatus
 ) -> None:
-    verdict = judge_figure("expected_e2e_ms", base, head, DEFAULT_AB_TOLERANCES, 0.95)
+    verdict = judge_figure("expected_e2e_ms", [base], [head], DEFAULT_AB_TOLERANCES, 0.95)
     assert verdict.status == status
     assert verdict.limit == pytest.approx(1 + max(0.05, 0.5 / verdict.base_ms))
 
@@ -119,8 +121,8 @@ def test_a_figure_is_judged_by_its_interval_against_its_limit(
 def test_a_failure_is_claimed_over_every_figure_judged() -> None:
     """Beyond the limit at 95 % for one figure, but not at 1 - 0.05/10 for one of ten: undecided, not failed."""
     base, head = [10.0] * 12, [10.4, 11.5, 10.3, 11.8, 10.9, 11.2, 10.5, 11.6, 10.8, 11.1, 10.4, 11.4]
-    alone = judge_figure("expected_e2e_ms", base, head, DEFAULT_AB_TOLERANCES, 0.95)
-    among_ten = judge_figure("expected_e2e_ms", base, head, DEFAULT_AB_TOLERANCES, 0.95, figures=10)
+    alone = judge_figure("expected_e2e_ms", [base], [head], DEFAULT_AB_TOLERANCES, 0.95)
+    among_ten = judge_figure("expected_e2e_ms", [base], [head], DEFAULT_AB_TOLERANCES, 0.95, figures=10)
     assert alone.status == FigureStatus.FAILED and among_ten.status == FigureStatus.UNDECIDED
     assert among_ten.interval == alone.interval and among_ten.interval is not None and among_ten.interval.low > 1.05
     assert among_ten.claim is not None and among_ten.claim.low < 1.05 and among_ten.claim.coverage >= 0.995
@@ -183,12 +185,21 @@ class ScriptedSession:
         )
 
 
+def same(base: Runner, head: Runner) -> object:
+    """A launcher that hands out the same two sessions at every launch (``launches=1``: one launch)."""
+
+    @contextlib.contextmanager
+    def launch(block: int) -> Iterator[tuple[Runner, Runner]]:
+        yield base, head
+
+    return launch
+
+
 def test_runs_alternate_in_abba_order_after_the_warm_up_and_stop_once_decided() -> None:
     log: list[str] = []
     comparison = compare(
-        ScriptedSession("B", [10.0], log),
-        ScriptedSession("H", [10.0], log),
-        Sampling(warmup=2, min_pairs=6, max_pairs=50),
+        same(ScriptedSession("B", [10.0], log), ScriptedSession("H", [10.0], log)),
+        Sampling(warmup=2, min_pairs=6, max_pairs=50, launches=1),
         DEFAULT_AB_TOLERANCES,
     )
     assert log[:4] == ["B", "H", "B", "H"]  # warm-up
@@ -200,16 +211,14 @@ def test_runs_alternate_in_abba_order_after_the_warm_up_and_stop_once_decided() 
 def test_an_undecided_figure_runs_to_the_cap_and_a_failed_one_stops_at_once() -> None:
     log: list[str] = []
     undecided = compare(
-        ScriptedSession("B", [10.0], log),
-        ScriptedSession("H", [9.0, 11.6], log),
-        Sampling(warmup=0, min_pairs=6, max_pairs=9),
+        same(ScriptedSession("B", [10.0], log), ScriptedSession("H", [9.0, 11.6], log)),
+        Sampling(warmup=0, min_pairs=6, max_pairs=9, launches=1),
         DEFAULT_AB_TOLERANCES,
     )
     assert undecided.pairs == 9 and undecided.capped and undecided.undecided and not undecided.failed
     slower = compare(
-        ScriptedSession("B", [10.0], log),
-        ScriptedSession("H", [12.0], log),
-        Sampling(warmup=0, min_pairs=6, max_pairs=50),
+        same(ScriptedSession("B", [10.0], log), ScriptedSession("H", [12.0], log)),
+        Sampling(warmup=0, min_pairs=6, max_pairs=50, launches=1),
         DEFAULT_AB_TOLERANCES,
     )
     # 7 figures (wall, e2e, the stage, 2 steps, their average and median): a failure is claimed at 1 - 0.05/7,
@@ -221,9 +230,11 @@ def test_an_undecided_figure_runs_to_the_cap_and_a_failed_one_stops_at_once() ->
 def test_figures_only_one_side_records_are_listed_not_judged() -> None:
     log: list[str] = []
     comparison = compare(
-        ScriptedSession("B", [10.0], log, ("DenoisingStage", "TextEncodingStage")),
-        ScriptedSession("H", [10.0], log, ("DenoisingStage", "PreparationStage")),
-        Sampling(warmup=0, min_pairs=6, max_pairs=6),
+        same(
+            ScriptedSession("B", [10.0], log, ("DenoisingStage", "TextEncodingStage")),
+            ScriptedSession("H", [10.0], log, ("DenoisingStage", "PreparationStage")),
+        ),
+        Sampling(warmup=0, min_pairs=6, max_pairs=6, launches=1),
         DEFAULT_AB_TOLERANCES,
     )
     assert comparison.unpaired == {
@@ -232,3 +243,69 @@ def test_figures_only_one_side_records_are_listed_not_judged() -> None:
     }
     assert comparison.verdict("stages_ms.DenoisingStage") is not None
     assert comparison.verdict("stages_ms.TextEncodingStage") is None
+
+
+class BiasedLaunches:
+    """A launcher whose HEAD process of launch ``i`` runs ``biases[i]`` times as long as BASE (every pair alike):
+    the process-level bias two launches of identical code show (memory layout, allocator, clocks)."""
+
+    def __init__(self, biases: list[float], log: list[str]) -> None:
+        self.biases, self.log = biases, log
+
+    @contextlib.contextmanager
+    def __call__(self, block: int) -> Iterator[tuple[Runner, Runner]]:
+        self.log.append(f"launch {block}")
+        bias = self.biases[block % len(self.biases)]
+        yield ScriptedSession("B", [10.0, 10.1], self.log), ScriptedSession("H", [10.0 * bias, 10.1 * bias], self.log)
+
+
+def test_one_launch_reads_its_process_bias_as_a_difference_and_launch_blocks_do_not() -> None:
+    """BASE = HEAD code, each HEAD launch biased by up to 6 % either way: one launch per side claims a 6 % slowdown
+    with its pairs' interval; launch blocks give an interval over the launches, which covers 1.0."""
+    log: list[str] = []
+    one = compare(BiasedLaunches([1.06], log), Sampling(min_pairs=10, max_pairs=20, launches=1), DEFAULT_AB_TOLERANCES)
+    assert one.launches == 1 and one.failed, "a single launch's bias is claimed as a regression"
+    blocks = compare(
+        BiasedLaunches([1.06, 0.95, 1.02, 0.97, 1.01, 0.99], log),
+        Sampling(warmup=0, min_pairs=12, max_pairs=60, launches=6),
+        DEFAULT_AB_TOLERANCES,
+    )
+    e2e = blocks.verdict("expected_e2e_ms")
+    assert not blocks.failed and e2e is not None and e2e.interval is not None
+    assert e2e.interval.low < 1.0 < e2e.interval.high and blocks.launches >= 6
+    assert log.count("launch 0") == 2 and "launch 5" in log
+    assert blocks.samples["expected_e2e_ms"]["launch"][:4] == [0, 0, 1, 1]  # block_pairs = 12 / 6 = 2
+
+
+def test_a_slowdown_every_launch_shares_fails_through_launch_blocks() -> None:
+    log: list[str] = []
+    comparison = compare(
+        BiasedLaunches([1.20, 1.22, 1.19, 1.21], log),
+        Sampling(warmup=0, min_pairs=12, max_pairs=60, launches=3),
+        DEFAULT_AB_TOLERANCES,
+    )
+    assert {v.label for v in comparison.failed} >= {"expected_e2e_ms"}
+    assert not comparison.capped
+
+
+def test_the_launch_block_interval_is_student_t_over_the_blocks_estimates() -> None:
+    """Against scipy's one-sample t interval of the blocks' mean log ratios (each block's pairs agree, so its
+    Hodges-Lehmann estimate is their common log ratio)."""
+    from scipy import stats
+
+    ratios = [1.03, 0.98, 1.01, 1.00, 0.97]
+    base = [[10.0, 12.0, 11.0] for _ in ratios]
+    head = [[v * r for v in b] for b, r in zip(base, ratios)]
+    got = blocked_ratio(base, head, 0.9)
+    assert got is not None
+    low, high = stats.ttest_1samp(np.log(ratios), 0.0).confidence_interval(0.9)
+    assert (math.log(got.low), math.log(got.high)) == pytest.approx((low, high), rel=1e-9)
+    assert math.log(got.ratio) == pytest.approx(np.mean(np.log(ratios)))
+    assert got.pairs == 15 and blocked_ratio(base[:1], head[:1], 0.9) == paired_ratio(base[0], head[0], 0.9)
+
+
+@pytest.mark.parametrize(
+    ("launches", "min_pairs", "block"), [(1, 10, 60), (3, 10, 4), (5, 10, 2), (6, 12, 2), (2, 7, 4)]
+)
+def test_pairs_are_spread_over_the_launches_in_whole_abba_quartets(launches: int, min_pairs: int, block: int) -> None:
+    assert Sampling(min_pairs=min_pairs, max_pairs=60, launches=launches).block_pairs == block

@@ -24,7 +24,14 @@ from typing import Any
 
 from harness.files.atomic import write_json_atomic
 from harness.files.png import encode_png
-from reference_impl.pipeline import MODEL_KEYS, PipelineConfig, PipelineModels, PipelineResult, build_models, run_pipeline
+from reference_impl.pipeline import (
+    MODEL_KEYS,
+    PipelineConfig,
+    PipelineModels,
+    PipelineResult,
+    build_models,
+    run_pipeline,
+)
 
 ENDPOINT = "/v1/images/generations"
 MAX_BODY_BYTES = 2**20
