@@ -83,13 +83,34 @@ def main() -> None:
         help="built-in image cases of cases/images/pipelines.toml to copy",
     )
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--pipelines", nargs="+", default=["builtin", "command"], choices=["builtin", "command", "served"]
+    )
+    parser.add_argument(
+        "--served",
+        default="height=32,width=32,steps=4",
+        help="the served case's fields (K=V,...): parity serve's pipeline sized to the request time wanted",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shipped = tomllib.loads((REPO / "cases" / "images" / "pipelines.toml").read_text())
     chosen = {c: {k: v for k, v in shipped["cases"][c].items() if k != "description"} for c in args.cases}
-    builtin = write_copies(args.out / "builtin", shipped["defaults"], chosen, args.copies)
-    command = write_copies(args.out / "command", sleep_generator.FIELDS, {"sleepy": {}}, args.copies)
     rows = [
+        row
+        for name in args.pipelines
+        for row in PIPELINES[name](args, shipped["defaults"], {k: v for k, v in chosen.items()})
+    ]
+    (args.out / "summary.json").write_text(json.dumps(rows, indent=2))
+    for row in rows:
+        print(
+            f"{row['label']:14} exit {row['exit']}  median pairs {row['median_pairs']}  {row['wall_s']:.0f} s  "
+            + "  ".join(f"{case}: {dict(sorted(v.items()))}" for case, v in row["verdicts"].items())
+        )
+
+
+def builtin_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> list[dict[str, object]]:
+    builtin = write_copies(args.out / "builtin", defaults, chosen, args.copies)
+    return [
         perf("builtin_same", args.out, builtin, args.device, "reference", "reference"),
         perf(
             "builtin_slow",
@@ -101,6 +122,12 @@ def main() -> None:
             "--head-arg",
             "fraction=0.1",
         ),
+    ]
+
+
+def command_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> list[dict[str, object]]:
+    command = write_copies(args.out / "command", sleep_generator.FIELDS, {"sleepy": {}}, args.copies)
+    return [
         perf(
             "command_same",
             args.out,
@@ -126,12 +153,22 @@ def main() -> None:
             f"template={TEMPLATE} --slow 0.1",
         ),
     ]
-    (args.out / "summary.json").write_text(json.dumps(rows, indent=2))
-    for row in rows:
-        print(
-            f"{row['label']:14} exit {row['exit']}  median pairs {row['median_pairs']}  {row['wall_s']:.0f} s  "
-            + "  ".join(f"{case}: {dict(sorted(v.items()))}" for case, v in row["verdicts"].items())
-        )
+
+
+def served_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> list[dict[str, object]]:
+    """`parity serve` launched by the openai target, per side and launch: the same server, and one 10 % slower."""
+    fields = {**defaults, **{k: int(v) for k, v in (kv.split("=") for kv in args.served.split(","))}}
+    served = write_copies(args.out / "served", fields, {"served": {}}, args.copies)
+    serve = f"{sys.executable} -m harness.cli serve --port {{port}} --device {args.device}"
+    same = ("--base-arg", f"launch={serve}", "--head-arg", f"launch={serve}")
+    slow = ("--base-arg", f"launch={serve}", "--head-arg", f"launch={serve} --slowdown 0.1")
+    return [
+        perf("served_same", args.out, served, args.device, "openai", "openai", *same),
+        perf("served_slow", args.out, served, args.device, "openai", "openai", *slow),
+    ]
+
+
+PIPELINES = {"builtin": builtin_rows, "command": command_rows, "served": served_rows}
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ Serve parity's reference pipeline (models built once at start-up) on HOST:PORT w
 Images API, as `sglang serve` serves a model: POST /v1/images/generations with prompt, size
 (WxH), seed, num_inference_steps (or steps) and any other pipeline field; the answer holds one PNG
 as b64_json and inference_time_s, and sglang's perf dump is written where perf_dump_path asks.
-GET /health and GET /v1/models answer once it is ready. --slowdown F sleeps F x the denoising
-stage after each generation (reported as denoising time, the image unchanged): a server that an
-A/B must find slower. Runs until interrupted (Ctrl-C, SIGTERM).
+GET /health and GET /v1/models answer once it is ready. --slowdown F sleeps F x each generation's
+time after it (reported as denoising time, the image unchanged): a server F slower end to end,
+for an A/B to find. Runs until interrupted (Ctrl-C, SIGTERM).
 
   parity serve --port 8000 &
   parity gate --pipeline-target openai --pipeline-target-arg url=http://127.0.0.1:8000
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--weights", default="tiny-v1", help="checkpoint the models load (default tiny-v1)")
     parser.add_argument("--dtype", default="float32", help="the models' dtype (default float32)")
     parser.add_argument(
-        "--slowdown", type=float, default=0.0, metavar="F", help="sleep F x the denoising stage per request (default 0)"
+        "--slowdown", type=float, default=0.0, metavar="F", help="sleep F x each generation's time after it: F slower end to end (default 0)"
     )
     add_device(parser)
     add_json(parser, "where it listens ({url, host, port, pid}, once ready: a script's way to learn --port 0's pick)")

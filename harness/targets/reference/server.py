@@ -7,7 +7,8 @@ once at start-up, then ``POST /v1/images/generations`` draws one PNG per request
 ``inference_time_s``, and sglang's perf dump written where ``perf_dump_path`` asks. ``GET /health``
 and ``GET /v1/models`` say it is ready. Requests run one at a time, as one GPU serves them.
 ``slowdown`` makes it measurably slower for an A/B to catch: after each generation it sleeps that
-fraction of the denoising stage and reports the sleep as denoising time (image unchanged).
+fraction of the generation's time and reports the sleep as denoising time, spread over the steps
+(the image unchanged): ``0.1`` is a server 10 % slower end to end.
 """
 
 from __future__ import annotations
@@ -71,14 +72,14 @@ class ServedPipeline:
         return config
 
     def generate(self, config: PipelineConfig) -> tuple[PipelineResult, dict[str, Any]]:
-        """One image, and its timings in sglang's perf dump schema (the slowdown's sleep inside the denoising stage)."""
+        """One image, and its timings in sglang's perf dump schema (the slowdown's sleep inside the denoising steps)."""
         with self.lock:
             result = run_pipeline(config, self.models)
-            extra_ms = self.slowdown * result.timings.denoising_ms
+            extra_ms = self.slowdown * result.timings.e2e_ms
             if extra_ms:
                 time.sleep(extra_ms / 1e3)
         t = result.timings
-        scale = 1.0 + self.slowdown
+        per_step = extra_ms / max(1, len(t.denoise_step_ms))
         dump = {
             "total_duration_ms": t.e2e_ms + extra_ms,
             "steps": [
@@ -86,7 +87,9 @@ class ServedPipeline:
                 {"name": "DenoisingStage", "duration_ms": t.denoising_ms + extra_ms},
                 {"name": "DecodingStage", "duration_ms": t.decoding_ms},
             ],
-            "denoise_steps_ms": [{"step": i, "duration_ms": ms * scale} for i, ms in enumerate(t.denoise_step_ms)],
+            "denoise_steps_ms": [
+                {"step": i, "duration_ms": ms + per_step} for i, ms in enumerate(t.denoise_step_ms)
+            ],
         }
         return result, dump
 
