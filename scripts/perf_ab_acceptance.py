@@ -69,7 +69,18 @@ def perf(label: str, out: Path, cases: Path, device: str, *argv: str) -> dict[st
         "verdicts": {c: dict(v) for c, v in by_case.items()},
         "median_pairs": pairs[len(pairs) // 2] if pairs else None,
         "wall_s": json.loads(path.read_text())["wall_s"],
+        "records": [_line(r) for r in records],
     }
+
+
+def _line(record: dict) -> str:
+    """One A/B: status, BASE's e2e, HEAD/BASE with its interval, pairs, launches, how long it took."""
+    f = record["figures"]
+    ratio = f"x{f['e2e_ratio']:.3f} [{f['e2e_ratio_low']:.3f}, {f['e2e_ratio_high']:.3f}]" if "e2e_ratio" in f else "-"
+    return (
+        f"{record['case_id']} {record['status']} base e2e {f.get('e2e_base_ms', 0):.1f} ms {ratio} "
+        f"{f.get('pairs')} pairs {f.get('launches')} launches {record['duration_s']:.0f} s"
+    )
 
 
 def main() -> None:
@@ -106,6 +117,8 @@ def main() -> None:
             f"{row['label']:14} exit {row['exit']}  median pairs {row['median_pairs']}  {row['wall_s']:.0f} s  "
             + "  ".join(f"{case}: {dict(sorted(v.items()))}" for case, v in row["verdicts"].items())
         )
+        for line in row["records"]:
+            print(f"    {line}")
 
 
 def builtin_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> list[dict[str, object]]:
