@@ -27,6 +27,8 @@ TEMPLATE = sleep_generator.template()  # the interpreter's whole start, as a rea
 
 
 def toml_value(value: object) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     return (
         json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
     )
