@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from tests.targets import sleep_generator  # noqa: E402 - the checkout's own test targets
 
+EXTRA: list[str] = []  # --perf-args
 TEMPLATE = sleep_generator.template()  # the interpreter's whole start, as a real command has one
 
 
@@ -58,6 +59,7 @@ def perf(label: str, out: Path, cases: Path, device: str, *argv: str) -> dict[st
         device,
         "--json",
         str(path),
+        *EXTRA,
     ]
     code = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL).returncode
     records = json.loads(path.read_text())["stages"]["perf"]["records"]
@@ -104,7 +106,9 @@ def main() -> None:
         default="height=32,width=32,steps=4",
         help="the served case's fields (K=V,...): parity serve's pipeline sized to the request time wanted",
     )
+    parser.add_argument("--perf-args", default="", help="more options for every `parity perf` (one string)")
     args = parser.parse_args()
+    EXTRA.extend(args.perf_args.split())
     args.out.mkdir(parents=True, exist_ok=True)
     shipped = tomllib.loads((REPO / "cases" / "images" / "pipelines.toml").read_text())
     chosen = {c: {k: v for k, v in shipped["cases"][c].items() if k != "description"} for c in args.cases}
