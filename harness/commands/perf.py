@@ -26,17 +26,20 @@ if TYPE_CHECKING:
 HELP = "time HEAD against BASE side by side (interleaved, paired): HEAD/BASE with an interval per figure, a verdict per case"
 DESCRIPTION = """\
 Time every image case (or the CASEs named) on two pipeline targets in one run: BASE and HEAD are
-prepared once on the same devices, warmed up, then run in pairs in ABBA order until each figure
-(e2e, parity's wall clock, each stage, each step, the step average and median) has a verdict:
-HEAD/BASE with its confidence interval (Hodges-Lehmann on the paired log ratios, Wilcoxon
-signed-rank interval) within 1 + tolerance (passed), beyond it (failed), or still straddling it
-at --max-pairs (inconclusive). Tolerances: the `ab` profile of the baselines' perf_baselines.json,
+prepared on the same devices, warmed up, then run in pairs in ABBA order, each side started
+afresh (new rank processes, a new server) at least --launches times with the pairs spread over
+the launches, until each figure (e2e, parity's wall clock, each stage, each step, the step
+average and median) has a verdict: HEAD/BASE with its confidence interval (per launch the
+Hodges-Lehmann ratio of its pairs, Student t over the launches; with --launches 1 the Wilcoxon
+signed-rank interval of the pairs) within 1 + tolerance (passed), beyond it (failed), or still
+straddling it at --max-pairs (inconclusive: the reason names the command that would decide it). Tolerances: the `ab` profile of the baselines' perf_baselines.json,
 else 5 % for e2e, the denoising stage and the step average/median, 15 % per step, 25 % for other
 stages, 10 % for parity's wall clock of the run (a command's start-up included), and at least
 0.5 ms (PARITY_PERF_TOL_* override them).
 
 BASE and HEAD are pipeline targets as --pipeline-target takes them (HEAD runs the cases that name
-no target; a case naming one runs it as HEAD), or rev:GITREV: the reference pipeline as that
+no target; a case naming one runs it as HEAD; `openai` with launch='CMD {port}' times two
+servers), or rev:GITREV: the reference pipeline as that
 commit of parity's checkout has it (e.g. `parity perf rev:main reference`).
 exit codes: 0 passed, 1 HEAD slower (a regression), 2 usage or configuration error, 3 inconclusive."""
 
