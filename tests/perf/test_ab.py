@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = sleep_generator.template("-S", "-E")  # a fast start: parity's wall clock of it moves less
-MANY = ("--max-pairs", "200")
+MANY = ("--max-pairs", "200", "--min-pairs", "24")  # blocks of 8 pairs: fewer rank-group starts per pair
 SLEEPY = "[defaults]\n" + "".join(f"{k} = {v}\n" for k, v in sleep_generator.FIELDS.items()) + "\n[cases.sleepy]\n"
 FLAT = "[cases.flat]\nheight = 8\nwidth = 8\n"
 

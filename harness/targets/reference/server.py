@@ -1,14 +1,12 @@
 """parity's reference pipeline behind the OpenAI Images API (``parity serve``), on the standard library's HTTP server.
 
-What sglang's ``sglang serve`` offers a client, on parity's tiny pipeline: the models are built
-once at start-up, then ``POST /v1/images/generations`` draws one PNG per request (``prompt``,
-``size`` "WxH", ``seed``, ``num_inference_steps`` or ``steps``, any other
-:class:`~reference_impl.pipeline.PipelineConfig` field), answered as ``b64_json`` with sglang's
-``inference_time_s``, and sglang's perf dump written where ``perf_dump_path`` asks. ``GET /health``
-and ``GET /v1/models`` say it is ready. Requests run one at a time, as one GPU serves them.
-``slowdown`` makes it measurably slower for an A/B to catch: after each generation it sleeps that
-fraction of the generation's time and reports the sleep as denoising time, spread over the steps
-(the image unchanged): ``0.1`` is a server 10 % slower end to end.
+What ``sglang serve`` offers a client, on parity's tiny pipeline: models built once, then ``POST
+/v1/images/generations`` draws one PNG per request (``prompt``, ``size`` "WxH", ``seed``,
+``num_inference_steps`` or ``steps``, any other :class:`~reference_impl.pipeline.PipelineConfig`
+field) as ``b64_json`` with ``inference_time_s``, and sglang's perf dump where ``perf_dump_path``
+asks; ``GET /health`` and ``GET /v1/models`` say it is ready. One request at a time, as one GPU
+serves them. ``slowdown`` F sleeps F x each generation's time after it, reported as denoising time
+(the image unchanged): a server F slower end to end, for an A/B to find.
 """
 
 from __future__ import annotations
