@@ -31,7 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--weights", default="tiny-v1", help="checkpoint the models load (default tiny-v1)")
     parser.add_argument("--dtype", default="float32", help="the models' dtype (default float32)")
     parser.add_argument(
-        "--slowdown", type=float, default=0.0, metavar="F", help="sleep F x each generation's time after it: F slower end to end (default 0)"
+        "--slowdown",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="sleep F x each generation's time after it: F slower end to end (default 0)",
     )
     add_device(parser)
     add_json(parser, "where it listens ({url, host, port, pid}, once ready: a script's way to learn --port 0's pick)")

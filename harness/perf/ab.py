@@ -1,7 +1,9 @@
 """BASE and HEAD side by side: interleaved runs on the same devices, a ratio with an interval per figure, a verdict.
 
-Both sides are prepared once (in pools of their own), warmed up, then run in ABBA pairs, both runs
-of a pair on the same cores, so drift and a slow core hit both alike and cancel in their ratio.
+Both sides are launched (pools or servers of their own) and warmed up, HEAD then BASE, then run in
+ABBA pairs, both runs of a pair on the same cores, so drift and a slow core hit both alike and cancel
+in their ratio; pair 0 starts with the side that ran last, so each side follows itself and the
+other equally often (a run after the other side's is slower on shared cores: a carry-over).
 From ``min_pairs`` on, after each pair every figure is judged (:func:`judge_figure`): it passes when
 its interval ends within ``1 + tolerance`` (widened by ``abs_floor_ms`` for very short figures), and
 fails when its Bonferroni-corrected interval starts beyond it, so a case with F figures claims a
@@ -250,9 +252,9 @@ def compare(
     block = 0
     while len(runs.base) < sampling.max_pairs and not (verdicts and _decided(verdicts)):  # poll: blocks until decided
         with launch(block) as (base, head):
-            for i in range(sampling.warmup):
-                base.run(placement=i)
+            for i in range(sampling.warmup):  # HEAD, then BASE: pair 0 starts with the side that ran last
                 head.run(placement=i)
+                base.run(placement=i)
             for i in range(min(sampling.block_pairs, sampling.max_pairs - len(runs.base))):
                 _run_pair(base, head, runs, i, block)
                 if on_pair is not None:

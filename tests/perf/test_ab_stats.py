@@ -202,7 +202,7 @@ def test_runs_alternate_in_abba_order_after_the_warm_up_and_stop_once_decided() 
         Sampling(warmup=2, min_pairs=6, max_pairs=50, launches=1),
         DEFAULT_AB_TOLERANCES,
     )
-    assert log[:4] == ["B", "H", "B", "H"]  # warm-up
+    assert log[:4] == ["H", "B", "H", "B"]  # warm-up, ending with BASE: pair 0 starts with the side that ran last
     assert "".join(log[4:]) == "BH" + "HB" + "BH" + "HB" + "BH" + "HB"  # ABBA: drift lands on both sides alike
     assert comparison.pairs == 6 and not comparison.capped and not comparison.failed and not comparison.undecided
     assert len(comparison.samples["expected_e2e_ms"]["base"]) == 6
@@ -309,3 +309,36 @@ def test_the_launch_block_interval_is_student_t_over_the_blocks_estimates() -> N
 )
 def test_pairs_are_spread_over_the_launches_in_whole_abba_quartets(launches: int, min_pairs: int, block: int) -> None:
     assert Sampling(min_pairs=min_pairs, max_pairs=60, launches=launches).block_pairs == block
+
+
+class CarryOver:
+    """Two identical servers on shared cores: a run right after the same server's run is fast (its threads still
+    hot), one after the other server's is slow (the other's threads still spinning), as measured with two torch
+    servers on two cores (pair ratios 0.55 and 1.8 by position in the quartet)."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def session(self, name: str) -> Runner:
+        owner = self
+
+        class Session:
+            def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
+                ms = 8.0 if owner.last == name else 12.0
+                owner.last = name
+                return TimedRun(Timings(ms, {}, []), ms, (), "not_measured")
+
+        return Session()
+
+    @contextlib.contextmanager
+    def __call__(self, block: int) -> Iterator[tuple[Runner, Runner]]:
+        self.last = None  # fresh servers
+        yield self.session("B"), self.session("H")
+
+
+def test_the_carry_over_from_the_previous_run_cancels_in_every_block() -> None:
+    """Every pair's second run follows the other side; its first follows itself once the warm-up ends with BASE, so
+    each side is fast and slow equally often in every quartet and identical sides read exactly 1."""
+    comparison = compare(CarryOver(), Sampling(warmup=1, min_pairs=12, max_pairs=12, launches=3), DEFAULT_AB_TOLERANCES)
+    e2e = comparison.verdict("expected_e2e_ms")
+    assert e2e is not None and e2e.interval is not None and e2e.interval.ratio == pytest.approx(1.0)

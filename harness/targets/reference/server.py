@@ -85,9 +85,7 @@ class ServedPipeline:
                 {"name": "DenoisingStage", "duration_ms": t.denoising_ms + extra_ms},
                 {"name": "DecodingStage", "duration_ms": t.decoding_ms},
             ],
-            "denoise_steps_ms": [
-                {"step": i, "duration_ms": ms + per_step} for i, ms in enumerate(t.denoise_step_ms)
-            ],
+            "denoise_steps_ms": [{"step": i, "duration_ms": ms + per_step} for i, ms in enumerate(t.denoise_step_ms)],
         }
         return result, dump
 
