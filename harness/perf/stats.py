@@ -99,8 +99,11 @@ def paired_ratio(base: Sequence[float], head: Sequence[float], confidence: float
 
 
 def _log_estimate(base: Sequence[float], head: Sequence[float]) -> float:
-    """The Hodges-Lehmann estimate of the paired log ratios."""
-    return statistics.median(walsh_averages([math.log(h / b) for b, h in zip(base, head)]))
+    """The Hodges-Lehmann estimate of the log ratios of a block's ABBA quartets (pairs 2k and 2k + 1 summed per side:
+    in a quartet each side runs once after itself and once after the other, so a carry-over cancels; an odd last
+    pair counts alone)."""
+    units = [(sum(base[i : i + 2]), sum(head[i : i + 2])) for i in range(0, len(base), 2)]
+    return statistics.median(walsh_averages([math.log(h / b) for b, h in units]))
 
 
 def blocked_ratio(
@@ -109,9 +112,8 @@ def blocked_ratio(
     """HEAD / BASE over launch blocks (each block: both sides' processes or servers started afresh, then pairs).
 
     A process carries a bias of its own (memory layout, allocator, clocks: ~5 % between two processes
-    running identical code, measured on an H200) that every pair within its launch shares, so pairs
-    are not independent across launches. Each block gives one robust estimate (the Hodges-Lehmann
-    ratio of its pairs); the interval is Student's t over those estimates (K - 1 degrees of freedom),
+    running identical code, measured on an H200) that every pair within its launch shares. Each block
+    gives one robust estimate (the Hodges-Lehmann ratio of its ABBA quartets); the interval is Student's t over those estimates (K - 1 degrees of freedom),
     which covers the launch-to-launch spread as the pairs of one launch cannot. One block: the
     pairs' own interval (:func:`paired_ratio`), the bias not covered.
     """
