@@ -1,15 +1,12 @@
 """BASE and HEAD side by side: interleaved runs on the same devices, a ratio with an interval per figure, a verdict.
 
-Both sides are launched (pools or servers of their own) and warmed up, HEAD then BASE, then run in
-ABBA pairs, both runs of a pair on the same cores, so drift and a slow core hit both alike and cancel
-in their ratio; pair 0 starts with the side that ran last, so each side follows itself and the
-other equally often (a run after the other side's is slower on shared cores: a carry-over).
-From ``min_pairs`` on, after each pair every figure is judged (:func:`judge_figure`): it passes when
-its interval ends within ``1 + tolerance`` (widened by ``abs_floor_ms`` for very short figures), and
-fails when its Bonferroni-corrected interval starts beyond it, so a case with F figures claims a
-regression at the confidence asked, not F times as often. Sampling stops when every figure is
-decided or one failed, else at ``max_pairs``: inconclusive. The method and its measured error
-rates: docs/perf.md.
+Each launch block starts both sides afresh, warms them up (HEAD, then BASE), then runs ABBA pairs,
+both runs of a pair on the same cores: drift and a slow core cancel in a ratio, and in every quartet
+each side runs once after itself and once after the other (a carry-over cancels). Once enough
+pairs and launches are in, every figure is judged (:func:`judge_figure`): passed when its interval
+ends within ``1 + tolerance`` (widened by ``abs_floor_ms``), failed when its Bonferroni-corrected
+interval starts beyond it. Sampling stops when every figure is decided or one failed, else at
+``max_pairs``: inconclusive. The method and its measured error rates: docs/perf.md.
 """
 
 from __future__ import annotations
