@@ -113,9 +113,10 @@ def blocked_ratio(
 
     A process carries a bias of its own (memory layout, allocator, clocks: ~5 % between two processes
     running identical code, measured on an H200) that every pair within its launch shares. Each block
-    gives one robust estimate (the Hodges-Lehmann ratio of its ABBA quartets); the interval is Student's t over those estimates (K - 1 degrees of freedom),
-    which covers the launch-to-launch spread as the pairs of one launch cannot. One block: the
-    pairs' own interval (:func:`paired_ratio`), the bias not covered.
+    gives one robust estimate (the Hodges-Lehmann ratio of its ABBA quartets); the interval over them
+    covers the launch-to-launch spread as one launch's pairs cannot: the Wilcoxon signed-rank one
+    where there are blocks enough (an outlier block moves it little), else Student's t (K - 1 df).
+    One block: the pairs' own interval (:func:`paired_ratio`), the bias not covered.
     """
     if len(base) != len(head):
         raise ValueError(f"{len(base)} BASE blocks for {len(head)} HEAD blocks")
@@ -123,10 +124,15 @@ def blocked_ratio(
         return paired_ratio(base[0], head[0], confidence)
     for b, h in zip(base, head):
         paired_ratio(b, h, 0.5)  # the same checks: pairs, positive and finite
-    from scipy.stats import t as student_t
-
     estimates = [_log_estimate(b, h) for b, h in zip(base, head)]
     k = len(estimates)
+    if trimmed_per_side(k, confidence) > 0:  # enough blocks for the signed-rank interval: robust to an outlier block
+        pairs = sum(len(b) for b in base)
+        over_blocks = paired_ratio([1.0] * k, [math.exp(e) for e in estimates], confidence)
+        assert over_blocks is not None
+        return RatioInterval(over_blocks.ratio, over_blocks.low, over_blocks.high, over_blocks.coverage, pairs)
+    from scipy.stats import t as student_t
+
     mean = statistics.fmean(estimates)
     half = float(student_t.ppf(0.5 + confidence / 2.0, k - 1)) * statistics.stdev(estimates) / math.sqrt(k)
     pairs = sum(len(b) for b in base)

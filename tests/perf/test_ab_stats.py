@@ -288,20 +288,42 @@ def test_a_slowdown_every_launch_shares_fails_through_launch_blocks() -> None:
     assert not comparison.capped
 
 
-def test_the_launch_block_interval_is_student_t_over_the_blocks_estimates() -> None:
-    """Against scipy's one-sample t interval of the blocks' mean log ratios (each block's pairs agree, so its
-    Hodges-Lehmann estimate is their common log ratio)."""
+def _blocks(ratios: list[float]) -> tuple[list[list[float]], list[list[float]]]:
+    """Blocks of three pairs whose pairs agree: each block's Hodges-Lehmann estimate is its ratio."""
+    base = [[10.0, 12.0, 11.0] for _ in ratios]
+    return base, [[v * r for v in b] for b, r in zip(base, ratios)]
+
+
+def test_few_launch_blocks_get_student_t_over_their_estimates() -> None:
+    """Four blocks (too few for a 95 % signed-rank interval): scipy's one-sample t interval of their log ratios."""
     from scipy import stats
 
-    ratios = [1.03, 0.98, 1.01, 1.00, 0.97]
-    base = [[10.0, 12.0, 11.0] for _ in ratios]
-    head = [[v * r for v in b] for b, r in zip(base, ratios)]
-    got = blocked_ratio(base, head, 0.9)
+    ratios = [1.03, 0.98, 1.01, 0.97]
+    base, head = _blocks(ratios)
+    got = blocked_ratio(base, head, 0.95)
     assert got is not None
-    low, high = stats.ttest_1samp(np.log(ratios), 0.0).confidence_interval(0.9)
+    low, high = stats.ttest_1samp(np.log(ratios), 0.0).confidence_interval(0.95)
     assert (math.log(got.low), math.log(got.high)) == pytest.approx((low, high), rel=1e-9)
     assert math.log(got.ratio) == pytest.approx(np.mean(np.log(ratios)))
-    assert got.pairs == 15 and blocked_ratio(base[:1], head[:1], 0.9) == paired_ratio(base[0], head[0], 0.9)
+    assert got.pairs == 12 and blocked_ratio(base[:1], head[:1], 0.95) == paired_ratio(base[0], head[0], 0.95)
+
+
+def test_enough_launch_blocks_get_the_signed_rank_interval_which_an_outlier_block_moves_little() -> None:
+    """Sixteen blocks: the signed-rank interval over their estimates (the pairs' own function as the oracle); one
+    block three times as slow (a burst of load) stays outside it, where it widens Student's t past the limit."""
+    from scipy import stats
+
+    ratios = [1.01, 0.99, 1.02, 0.98, 1.00, 1.01, 0.99, 1.0] * 2
+    ratios[-1] = 3.0
+    got = blocked_ratio(*_blocks(ratios), 0.95)
+    oracle = paired_ratio([1.0] * 16, ratios, 0.95)
+    assert (
+        got is not None
+        and oracle is not None
+        and (got.low, got.ratio, got.high) == (oracle.low, oracle.ratio, oracle.high)
+    )
+    t_high = math.exp(stats.ttest_1samp(np.log(ratios), 0.0).confidence_interval(0.95)[1])
+    assert got.high < 1.05 < t_high
 
 
 @pytest.mark.parametrize(
