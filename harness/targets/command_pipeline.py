@@ -133,7 +133,7 @@ class CommandPipelineTarget(PipelineTarget):
                 arg.format(**trial)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
                 raise ParamError("template", f"cannot fill {arg!r} with the case's values: {exc}") from None
-        _check_executable(argv[0])
+        check_executable(argv[0])
         return "video" if "num_frames" in values else "image"
 
     def output_shape(self, fields: Mapping[str, Any]) -> tuple[int, ...]:
@@ -152,7 +152,7 @@ def _shape(fields: Mapping[str, Any]) -> tuple[int, ...]:
     return (*((frames,) if frames else ()), fields["height"], fields["width"], 3)
 
 
-def _check_executable(program: str) -> None:
+def check_executable(program: str) -> None:
     """The command's program exists now, not only after the case's run started (a placeholder in it is left alone)."""
     if "{" in program:
         return
@@ -326,14 +326,19 @@ def read_timings(out_dir: Path, wall_ms: float) -> tuple[Timings, str]:
     )
 
 
-def factory(template: str | None = None, timeout: str | float = DEFAULT_TIMEOUT_S) -> CommandPipelineTarget:
+def target_seconds(value: str | float, key: str) -> float:
+    """A factory argument in seconds (a timeout): finite, in (0, a week]; a ConfigError naming it otherwise."""
     try:
-        seconds = float(timeout)
+        seconds = float(value)
     except ValueError:
         seconds = -1.0
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
         raise ConfigError(
-            f"timeout must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {timeout!r}",
+            f"{key} must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {value!r}",
             key="--pipeline-target-arg",
         )
-    return CommandPipelineTarget(template, seconds)
+    return seconds
+
+
+def factory(template: str | None = None, timeout: str | float = DEFAULT_TIMEOUT_S) -> CommandPipelineTarget:
+    return CommandPipelineTarget(template, target_seconds(timeout, "timeout"))

@@ -12,7 +12,6 @@ the guide: docs/targets/served.md.
 from __future__ import annotations
 
 import atexit
-import math
 import shlex
 import shutil
 import tempfile
@@ -24,6 +23,7 @@ import numpy as np
 
 from harness.errors import ConfigError, ParamError
 from harness.targets.base import PipelineFailed, PipelineOutput, PipelineTarget
+from harness.targets.command_pipeline import TIMINGS_FILE, check_executable, target_seconds
 from harness.targets.openai_images import ENDPOINT, image_of, post, read_answer, request_body, timings_of
 from harness.targets.served import READY_PATHS, LaunchedServer, answers
 
@@ -132,7 +132,7 @@ class _PreparedRequest:
     def run(self) -> PipelineOutput:
         folder = Path(tempfile.mkdtemp(prefix="parity-request-")) if self.target.perf_dump else None
         try:
-            dump = folder / "timings.json" if folder is not None else None
+            dump = folder / TIMINGS_FILE if folder is not None else None
             body = request_body(self.fields, self.target.model, str(dump) if dump is not None else None)
             try:
                 data, round_trip_ms = post(self.url + ENDPOINT, body, self.target.timeout)
@@ -157,16 +157,6 @@ class _PreparedRequest:
         """The server stays up for the next case (it is the target's to stop)."""
 
 
-def _seconds(value: str | float, key: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"{key} must be a positive number of seconds, got {value!r}", key="--pipeline-target-arg")
-    return seconds
-
-
 def factory(
     url: str | None = None,
     launch: str | None = None,
@@ -186,7 +176,12 @@ def factory(
     if perf_dump not in ("true", "false"):
         raise ConfigError(f"perf_dump must be true or false, got {perf_dump!r}", key="--pipeline-target-arg")
     return OpenAIPipelineTarget(
-        url, launch, model, _seconds(timeout, "timeout"), _seconds(ready_timeout, "ready_timeout"), perf_dump == "true"
+        url,
+        launch,
+        model,
+        target_seconds(timeout, "timeout"),
+        target_seconds(ready_timeout, "ready_timeout"),
+        perf_dump == "true",
     )
 
 
@@ -200,7 +195,7 @@ def _check_launch(launch: str) -> None:
         raise ConfigError(
             f"launch must pass {{port}}, the port parity picks for the server: {launch!r}", key="--pipeline-target-arg"
         )
-    program = argv[0]
-    found = program if "/" in program else shutil.which(program)
-    if found is None or not Path(found).is_file():
-        raise ConfigError(f"launch: {program!r} is not an executable file or on PATH", key="--pipeline-target-arg")
+    try:
+        check_executable(argv[0])
+    except ParamError as exc:
+        raise ConfigError(f"launch: {exc}", key="--pipeline-target-arg") from None

@@ -177,9 +177,9 @@ def test_nothing_answering_at_the_url_fails_the_case(project: Path) -> None:
         ({"url": "http://x", "launch": "serve {port}"}, "exactly one of url="),
         ({"url": "ftp://x"}, "must start with http://"),
         ({"launch": f"{sys.executable} server.py"}, "must pass {port}"),
-        ({"launch": "no-such-server-binary {port}"}, "'no-such-server-binary' is not an executable"),
+        ({"launch": "no-such-server-binary {port}"}, "launch: 'no-such-server-binary': not found on PATH"),
         ({"launch": "'unclosed {port}"}, "cannot split"),
-        ({"url": "http://x", "timeout": "-1"}, "timeout must be a positive number"),
+        ({"url": "http://x", "timeout": "-1"}, "timeout must be a finite number of seconds"),
         ({"url": "http://x", "perf_dump": "yes"}, "perf_dump must be true or false"),
     ],
 )
