@@ -204,19 +204,19 @@ class PerfStage:
                 (base_spec, _), (head_spec, _) = runs_of(case)
                 launcher = functools.partial(_launched, ctx, {BASE: base_spec, HEAD: head_spec}, timeout)
                 progress = _Progress(ctx, case.id)
-                comparison = compare(launcher, perf.sampling, tolerances, progress)
-                result = ab_result(case, comparison, base, heads[case.id], perf.sampling.confidence, tolerances)
+                per_run = base_spec.pipeline.process_per_run and head_spec.pipeline.process_per_run
+                sampling = dataclasses.replace(perf.sampling, launches=1) if per_run else perf.sampling
+                comparison = compare(launcher, sampling, tolerances, progress)
+                result = ab_result(case, comparison, base, heads[case.id], sampling.confidence, tolerances, per_run)
                 if result.status == INCONCLUSIVE:
-                    result.reason = (
-                        f"{result.reason}; to decide it: {_deciding_command(ctx, case, base, heads[case.id])}"
-                    )
+                    deciding = _deciding_command(ctx, case, base, heads[case.id], per_run)
+                    result.reason = f"{result.reason}; to decide it: {deciding}"
                 return result
 
             results, wall = run_each_case(ctx, self.name, cases, "perf", judge, runs_of)
         extra = {
             "mode": "ab",
             "base": base.describe(),
-            "method": METHOD if perf.sampling.launches == 1 else BLOCK_METHOD,
             "order": ORDER,
             "sampling": dataclasses.asdict(perf.sampling),
             "tolerances": dataclasses.asdict(tolerances),
@@ -300,13 +300,16 @@ class _Progress:
         )
 
 
-def _deciding_command(ctx: GateContext, case: ImageCase, base: Side, head: Side) -> str:
-    """``parity perf`` of this one case with the most pairs parity allows: what would decide an inconclusive case."""
+def _deciding_command(ctx: GateContext, case: ImageCase, base: Side, head: Side, per_run: bool) -> str:
+    """``parity perf`` of this one case with the most pairs parity allows (spread over a launch per 10 pairs, unless
+    every run is a process of its own): what would decide an inconclusive case."""
     sampling = ctx.options.perf.sampling
     argv = ["perf", base.target, head.target, case.id]
     for option, side in (("--base-arg", base), ("--head-arg", head)):
         argv += [f"{option}={k}={v}" for k, v in side.args if k not in ("tree", "commit")]
-    argv += ["--max-pairs", str(MAX_PAIRS), "--launches", str(max(sampling.launches, MAX_PAIRS // 10))]
+    argv += ["--max-pairs", str(MAX_PAIRS)]
+    if not per_run:
+        argv += ["--launches", str(max(sampling.launches, MAX_PAIRS // 10))]
     o = ctx.options
     return command(argv, carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device))
 
@@ -364,18 +367,26 @@ def _judge_absolute(
     return result
 
 
-def _launches(n: int) -> str:
-    return f"{n} launch{'es' if n > 1 else ''}"
+def _launches(n: int, per_run: bool) -> str:
+    return "a process per run" if per_run else f"{n} launch{'es' if n > 1 else ''} of each side"
 
 
 def ab_result(
-    case: ImageCase, comparison: Comparison, base: Side, head: Side, confidence: float, tolerances: Tolerances
+    case: ImageCase,
+    comparison: Comparison,
+    base: Side,
+    head: Side,
+    confidence: float,
+    tolerances: Tolerances,
+    per_run: bool = False,
 ) -> CaseResult:
-    """An A/B as a case result: failed if any figure is slower beyond its limit, inconclusive if any is undecided."""
+    """An A/B as a case result: failed if any figure is slower beyond its limit, inconclusive if any is undecided.
+    ``per_run``: both sides start a process per run, so one block spreads process bias over every run."""
     figures: dict[str, Any] = {
         "mode": "ab",
         "pairs": comparison.pairs,
         "launches": comparison.launches,
+        "process_per_run": per_run,
         "confidence": confidence,
         "method": METHOD if comparison.launches == 1 else BLOCK_METHOD,
         "order": ORDER,
@@ -406,7 +417,7 @@ def ab_result(
     )
     result.bound = (
         f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "
-        f"({comparison.pairs} {ORDER} pairs over {_launches(comparison.launches)} of each side)"
+        f"({comparison.pairs} {ORDER} pairs over {_launches(comparison.launches, per_run)})"
     )
     if comparison.failed:
         result.status = FAILED
@@ -416,7 +427,7 @@ def ab_result(
         shown = comparison.undecided[:3]
         more = f"; and {len(comparison.undecided) - 3} more" if len(comparison.undecided) > 3 else ""
         result.reason = (
-            f"undecided after {comparison.pairs} pairs (the cap) over {_launches(comparison.launches)}: "
+            f"undecided after {comparison.pairs} pairs (the cap) over {_launches(comparison.launches, per_run)}: "
             + "; ".join(v.describe() for v in shown)
             + more
         )

@@ -278,6 +278,9 @@ class PipelineTarget(ABC):
 
     name: str = "pipeline"
     runs_in_ranks: bool = True
+    #: True when every run starts a process of its own (the command target): each run is then its own launch, so
+    #: an A/B of it needs no launch blocks to spread process-level bias (pyperf's worker processes, per run).
+    process_per_run: bool = False
 
     def unavailable_reason(self, device: str, world_size: int = 1) -> str | None:
         """None when the pipeline can run on ``device`` at ``world_size``, else a sentence saying why not

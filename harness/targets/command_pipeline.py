@@ -80,6 +80,7 @@ class CommandPipelineTarget(PipelineTarget):
 
     name = "command"
     runs_in_ranks = False
+    process_per_run = True
 
     def __init__(self, template: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.template = template

@@ -1,11 +1,11 @@
-"""SIGINT and SIGTERM at every 0.5 s of the first 15 s of ``parity check``: 130 or 143, one line, nothing left.
+"""SIGINT and SIGTERM at every 0.75 s of the first 15 s of ``parity check``: 130 or 143, one line, nothing left.
 
 The run's first seconds are its imports (torch), the preloaded server's start and imports, the
 group's start and the ranks' first case. Its clock starts at parity's first instruction, when
 its handlers are set (seen in ``/proc/<pid>/status``; the interpreter's own start-up before it,
-which takes a second on a loaded box, runs no parity code). Each 0.5 s step from 0.5 to 15 s gets one
-delivery in a run of its own, the signals alternating (so each gets every 1 s, offset by 0.5 s; both at
-every step cost CI a minute): SIGINT to the whole process group (what a terminal's Ctrl-C does: the
+which takes a second on a loaded box, runs no parity code). Each 0.75 s step from 0.75 to 15 s gets one
+delivery in a run of its own, the signals alternating (so each gets every 1.5 s, offset by 0.75 s; both at
+every 0.5 s cost CI two minutes): SIGINT to the whole process group (what a terminal's Ctrl-C does: the
 preloaded server and the ranks get it at the same moment) and SIGTERM to the parity process (what
 ``kill``, ``timeout`` and CI runners send). On a loaded box 15 s may all pass before the ranks start,
 so one more run per signal delivers it once both ranks hold their grandchildren. The case's ranks (``tests.targets.daemons``) each start a child and a daemon in a session of
@@ -14,7 +14,7 @@ once started. Every delivery must end its run with 130 or 143 and exactly one li
 traceback anywhere, no process left (all of them are found by an environment tag every descendant
 inherits) and nothing in its TMPDIR (the preloaded server's ``pymp-*`` listener included).
 
-The 32 runs go four at a time in one sweep, shared by the 32 test ids (run once per session even
+The 22 runs go four at a time in one sweep, shared by the 22 test ids (run once per session even
 across xdist workers, behind a file lock); each id asserts its own delivery.
 """
 
@@ -44,10 +44,10 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = "ulysses[world_size=2,dtype=fp32,causal=false]"
-STEP_S, STEPS = 0.5, 30
+STEP_S, STEPS = 0.75, 20
 RANKS_RUN = None  # a delivery's moment: once both ranks have started their grandchildren, however long that took
 DELIVERIES: list[tuple[signal.Signals, float | None]] = [
-    *((signal.SIGINT if i % 2 else signal.SIGTERM, round(i * STEP_S, 1)) for i in range(1, STEPS + 1)),
+    *((signal.SIGINT if i % 2 else signal.SIGTERM, round(i * STEP_S, 2)) for i in range(1, STEPS + 1)),
     (signal.SIGINT, RANKS_RUN),
     (signal.SIGTERM, RANKS_RUN),
 ]
@@ -163,7 +163,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str,
 
 def _id(delivery: tuple[signal.Signals, float | None]) -> str:
     sig, at = delivery
-    return f"{sig.name}@{'ranks' if at is RANKS_RUN else f'{at:.1f}s'}"
+    return f"{sig.name}@{'ranks' if at is RANKS_RUN else f'{at:g}s'}"
 
 
 @pytest.mark.parametrize("delivery", DELIVERIES, ids=[_id(d) for d in DELIVERIES])

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = sleep_generator.template("-S", "-E")  # a fast start: parity's wall clock of it moves less
-MANY = ("--max-pairs", "200", "--min-pairs", "24")  # blocks of 8 pairs: fewer rank-group starts per pair
+MANY = ("--max-pairs", "200", "--min-pairs", "48")  # blocks of 16 pairs: measured, decided in half the pairs of 8
 SLEEPY = "[defaults]\n" + "".join(f"{k} = {v}\n" for k, v in sleep_generator.FIELDS.items()) + "\n[cases.sleepy]\n"
 FLAT = "[cases.flat]\nheight = 8\nwidth = 8\n"
 
@@ -120,6 +120,9 @@ def test_a_command_against_itself_passes(sleepy: Path, tmp_path: Path) -> None:
     assert doc["verdict"] == record["status"]
     figures = record["figures"]
     assert figures["mode"] == "ab" and figures["order"] == "ABBA" and figures["pairs"] >= 10
+    # every run a process of its own: one block, judged pair by pair (launch blocks would only cost their df)
+    assert (figures["launches"], figures["process_per_run"]) == (1, True)
+    assert figures["method"].startswith("Hodges-Lehmann ratio of paired runs")
     assert figures["base"] == {"target": "command", "args": {"template": TEMPLATE}}
     judged = figures["figures_judged"]
     # the command's own timings and parity's clock of its process, each paired and judged
@@ -270,7 +273,7 @@ def test_the_verdict_and_its_exit_code_on_scripted_timings(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     if verdict == "inconclusive":
         assert record["status"] == "inconclusive" and last == "perf: INCONCLUSIVE (1 undecided case: flat; exit 3)"
-        assert record["reason"].startswith("undecided after 12 pairs (the cap) over 1 launch: ")
+        assert record["reason"].startswith("undecided after 12 pairs (the cap) over 1 launch of each side: ")
         failure = ET.parse(tmp_path / "ab.xml").find(".//testcase/failure")
         assert failure is not None and failure.get("type") == "inconclusive"
     elif "pass" in extra:
