@@ -122,12 +122,15 @@ def rank_pool(rank_pools: PoolSet) -> Callable[[int], RankPool]:
 
 
 def _judged(result: CaseResult, what: str, target: str, no_skip: bool) -> CaseResult:
-    from harness.results import FAILED, SKIPPED
+    from harness.results import FAILED, NOT_APPLICABLE, SKIPPED
 
-    if result.status == SKIPPED:
+    if result.status in (SKIPPED, NOT_APPLICABLE):
+        word = "skipped" if result.status == SKIPPED else "not applicable"
         if no_skip:
-            pytest.fail(f"{what} was skipped on target {target} under --parity-no-skip: {result.reason}", pytrace=False)
-        pytest.skip(f"{what}: {result.reason}")
+            pytest.fail(f"{what} was {word} on target {target} under --parity-no-skip: {result.reason}", pytrace=False)
+        pytest.skip(
+            f"{what}: {result.reason}" if result.status == SKIPPED else f"{what}: not applicable: {result.reason}"
+        )
     if result.status == FAILED:
         details = f"\n{result.traceback}" if result.traceback else ""
         pytest.fail(

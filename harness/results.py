@@ -24,21 +24,25 @@ from harness.files.jsonio import expect_id, expect_known_keys, expect_object, ex
 
 class Status(StrEnum):
     """A case's outcome. ``XFAILED``: a known upstream divergence failed as recorded (not a regression).
-    ``INCONCLUSIVE``: a timing verdict the runs could not decide (neither verified nor a regression)."""
+    ``INCONCLUSIVE``: a timing verdict the runs could not decide (neither verified nor a regression).
+    ``NOT_APPLICABLE``: the case needs what the target does not claim to do (a capability it does not declare):
+    counted and shown, never a pass and never a failure."""
 
     PASSED = "passed"
     FAILED = "failed"
     SKIPPED = "skipped"
     XFAILED = "xfailed"
     INCONCLUSIVE = "inconclusive"
+    NOT_APPLICABLE = "not_applicable"
 
 
-PASSED, FAILED, SKIPPED, XFAILED, INCONCLUSIVE = (
+PASSED, FAILED, SKIPPED, XFAILED, INCONCLUSIVE, NOT_APPLICABLE = (
     Status.PASSED,
     Status.FAILED,
     Status.SKIPPED,
     Status.XFAILED,
     Status.INCONCLUSIVE,
+    Status.NOT_APPLICABLE,
 )
 #: The statuses of a case that was checked (a skip checked nothing).
 RAN = frozenset({PASSED, FAILED, XFAILED, INCONCLUSIVE})
@@ -145,7 +149,8 @@ def counts(results: Iterable[CaseResult]) -> dict[str, int]:
 
 
 def summary_line(results: Iterable[CaseResult], wall_s: float | None = None) -> str:
-    """``3 passed, 1 failed, 0 skipped`` (+ ``, 2 xfailed`` and ``, 1 inconclusive`` when any) ``in 4.2 s``
+    """``3 passed, 1 failed, 0 skipped`` (+ ``, 2 xfailed``, ``, 1 inconclusive``, ``, 5 not applicable`` when any)
+    ``in 4.2 s``
     (+ ``; clip not measured in 3 cases (why)`` for each bound some case skipped)."""
     results = list(results)
     tally = counts(results)
@@ -154,6 +159,8 @@ def summary_line(results: Iterable[CaseResult], wall_s: float | None = None) -> 
         parts.append(f"{tally[XFAILED]} {XFAILED} (known upstream divergences)")
     if tally[INCONCLUSIVE]:
         parts.append(f"{tally[INCONCLUSIVE]} {INCONCLUSIVE}")
+    if tally[NOT_APPLICABLE]:
+        parts.append(f"{tally[NOT_APPLICABLE]} not applicable")
     line = ", ".join(parts) + (f" in {wall_s:.1f} s" if wall_s is not None else "")
     return line + "".join(
         f"; {metric} not measured in {n} case{'s' if n > 1 else ''} ({why})"
@@ -243,7 +250,7 @@ def environment(
 
 def verdict(results: Iterable[CaseResult], inconclusive_fails: bool = True) -> str:
     """A key of :data:`EXIT_CODES`: ``failed`` if any case failed, else ``empty`` if no case ran (every one
-    skipped, or none selected), else ``inconclusive`` if any timing was undecided (and that counts), else
+    skipped or not applicable, or none selected), else ``inconclusive`` if any timing was undecided (and that counts), else
     ``passed``."""
     statuses = {r.status for r in results}
     if FAILED in statuses:

@@ -173,7 +173,7 @@ def apply_target_overlay(
         if _applies(entry, version, platform, path, key) and _module_missing(entry, path, key):
             for i in hits:
                 cases[i] = dataclasses.replace(cases[i], expected_skip=pin)
-    return cases
+    return [dataclasses.replace(case, target_overlay=str(path)) for case in cases]
 
 
 def _uses_versions(data: Mapping[str, Any], path: Path) -> bool:

@@ -77,6 +77,9 @@ class Case(CaseOrigin):
     expected_failure: ExpectedFailure | None = field(default=None, kw_only=True)
     # What the target cannot express (from a target overlay): the skip this case is expected to end in.
     expected_skip: ExpectedSkip | None = field(default=None, kw_only=True)
+    # The target overlay applied, if any: it states what its target runs, so an unpinned skip there is a change,
+    # where without one a case needing an undeclared capability is merely not applicable.
+    target_overlay: str | None = field(default=None, kw_only=True)
     # What the case's backend cannot express (a backend overlay): a skip whose reason holds one of these is pinned.
     backend_skips: tuple[ExpectedSkip, ...] = field(default=(), kw_only=True)
     # Seconds the case may take (a production shape's oracle takes minutes); None: the contract's own.

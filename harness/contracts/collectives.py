@@ -4,19 +4,22 @@ The functions of ``torch.distributed`` and of its functional collectives are wra
 counted call, so a layer's exchanges are seen whatever its code or backend; a dispatch mode (how PyTorch's
 CommDebugMode counts) would also see them, but it changes which SDPA path a call takes (a masked CPU call
 decomposes differently), and a harness must not change what it measures. Nested calls count once (an
-``all_gather_object`` is one all-gather); a ``batch_isend_irecv`` counts its sends and receives. Only the
-layer's own calls under sequence parallelism are counted, never the contract's set-up or reference.
+``all_gather_object`` is one all-gather); a ``batch_isend_irecv`` counts its sends and receives. The bytes
+each call sends off-rank are added up too (:func:`sent_bytes`). Only the layer's own calls under sequence
+parallelism are counted, never the contract's set-up or reference.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.distributed_c10d as c10d
@@ -57,6 +60,9 @@ _MODULES = ((dist, _C10D), (c10d, _C10D), (funcol, _FUNCTIONAL))
 
 
 Kinds = Callable[..., list[str]]  # a call's arguments -> the kinds it counts as
+SENT = "sent_bytes"  # the bytes this rank's counted calls sent to other ranks
+# The parameter holding what a call sends, by name, across c10d's and the functional collectives' signatures.
+_OUTGOING = ("input", "input_tensor_list", "input_tensor", "input_list", "tensor", "tensors", "self")
 
 
 def _p2p_kinds(p2p_op_list: list[Any], *args: Any, **kwargs: Any) -> list[str]:
@@ -64,13 +70,55 @@ def _p2p_kinds(p2p_op_list: list[Any], *args: Any, **kwargs: Any) -> list[str]:
     return ["send" if getattr(op.op, "__name__", "") == "isend" else "recv" for op in p2p_op_list]
 
 
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    return sum(map(_nbytes, value)) if isinstance(value, (list, tuple)) else 0
+
+
+def _group(group: Any) -> tuple[int, int]:
+    """(size, this rank's index) of a collective's group: a process group, None (the world), or what the
+    functional collectives take (ranks, a mesh, a group name)."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        group = c10d._resolve_process_group(funcol._resolve_group_name(group))
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def sent_bytes(kind: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """What one call of ``fn`` (counted as ``kind``) sends to other ranks, in bytes: an all-to-all every block but
+    this rank's own, an all-gather its input to each other rank, an all-reduce 2(W-1)/W of it (a ring's cost), a
+    reduce-scatter (W-1)/W, a broadcast W-1 copies from its source, a send its tensor."""
+    if kind == "send" and fn.__name__ == "batch_isend_irecv":
+        return sum(_nbytes(op.tensor) for op in args[0] if getattr(op.op, "__name__", "") == "isend")
+    bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+    outgoing = next((bound[name] for name in _OUTGOING if name in bound), None)
+    if outgoing is None or kind in ("recv", "barrier"):
+        return 0
+    size, rank = _group(bound.get("group"))
+    if kind == "send":
+        return _nbytes(outgoing)
+    if isinstance(outgoing, (list, tuple)) and kind in ("all_to_all", "reduce_scatter"):
+        return _nbytes(outgoing) - _nbytes(outgoing[rank])
+    total = _nbytes(outgoing)
+    splits = bound.get("input_split_sizes")
+    if kind == "all_to_all" and splits:
+        return total * (sum(splits) - splits[rank]) // sum(splits)
+    if kind == "broadcast":
+        return total * (size - 1) if dist.get_rank() == bound.get("src", bound.get("group_src")) else 0
+    share = {"all_to_all": (size - 1, size), "all_gather": (size - 1, 1), "all_reduce": (2 * (size - 1), size)}
+    numerator, denominator = share.get(kind, (size - 1, size))
+    return total * numerator // denominator
+
+
 def _counting(counts: Counter[str], kinds: Kinds, fn: Callable[..., Any], depth: list[int]) -> Callable[..., Any]:
-    """``fn`` counting its call unless it runs inside another counted call (``depth``)."""
+    """``fn`` counting its call and the bytes it sends unless it runs inside another counted call (``depth``)."""
 
     @functools.wraps(fn)
     def counted(*args: Any, **kwargs: Any) -> Any:
         if not depth[0]:
-            counts.update(kinds(*args, **kwargs))
+            made = kinds(*args, **kwargs)
+            counts.update(made)
+            counts[SENT] += sent_bytes(made[0], fn, args, kwargs) if made else 0
         depth[0] += 1
         try:
             return fn(*args, **kwargs)
@@ -152,5 +200,5 @@ def made(counts: Counter[str]) -> dict[str, int]:
 
 
 def figures(counts: Counter[str]) -> dict[str, int]:
-    """The counts as a figure: the number of calls and each kind the calls made."""
-    return {"calls": counts["calls"], **made(counts)}
+    """The counts as a figure: the number of calls, each kind the calls made, and the bytes they sent (if any)."""
+    return {"calls": counts["calls"], **made(counts), **({SENT: counts[SENT]} if counts[SENT] else {})}

@@ -1,10 +1,11 @@
 """Run contract cases on a target: a live rank group per world size, one :class:`CaseResult` per case.
 
-Cases the target cannot express (a missing capability, the target unavailable here) are skipped
-in the parent; parameters it refuses outright (:meth:`Target.check_case`) are a configuration
-error before anything runs. In a rank, an :class:`Unsupported` is the rank's answer (a skip when
-every rank says the same); any other exception propagates, so the launcher ends the whole group at
-once and the case fails with that rank's traceback instead of a peer waiting until the timeout.
+Cases the target cannot express are settled in the parent: not applicable (a capability it does
+not declare, where no overlay of it says what it runs) or skipped (unavailable here, a pinned skip);
+parameters it refuses outright (:meth:`Target.check_case`) are a configuration error before anything
+runs. In a rank, an :class:`Unsupported` is the rank's answer (a skip when every rank says the same);
+any other exception propagates, so the launcher ends the whole group at once and the case fails with
+that rank's traceback instead of a peer waiting until the timeout.
 Then the target overlay's expectations apply (:func:`expectations_applied`).
 """
 
@@ -22,7 +23,7 @@ from harness.contracts.params import Params
 from harness.contracts.registry import RankContext, get_contract
 from harness.errors import ConfigError, ParamError
 from harness.ranks import PoolSet, RankFailure, capacity_reason, preload, rank_device
-from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
+from harness.results import FAILED, NOT_APPLICABLE, PASSED, SKIPPED, XFAILED, CaseResult
 from harness.targets.base import CAPABILITIES, REFERENCE_ONLY, Target, Unsupported
 from harness.targets.loader import TargetArgs, load_target
 
@@ -138,12 +139,7 @@ def run_cases(
     for index, case in enumerate(cases):
         reason = precheck(case, target, options)
         if reason:
-            skipped = get_contract(case.contract_id).result(case.id, case.params, SKIPPED, reason, options.target)
-            # A job with fewer ranks, or a check of reference_impl's own models, claims nothing about the target.
-            not_a_claim = machine_reason(case, options.device) or _checks_reference_models(case, target)
-            results[index] = (
-                skipped if not_a_claim else expectations_applied(case, skipped, overlay, options.allow_new_skips)
-            )
+            results[index] = _not_run(case, target, options, reason, overlay)
             if on_result:
                 on_result(results[index])
         else:
@@ -161,10 +157,20 @@ def run_cases(
     return [results[i] for i in range(len(cases))]
 
 
-def _checks_reference_models(case: Case, target: Target) -> bool:
-    """Whether the case is skipped only because it checks reference_impl's own models (:data:`REFERENCE_ONLY`)."""
-    missing = get_contract(case.contract_id).requirements(case.params) - target.capabilities()
-    return bool(missing & REFERENCE_ONLY)
+def _not_run(case: Case, target: Target, options: RunOptions, reason: str, overlay: str) -> CaseResult:
+    """The result of a case :func:`precheck` keeps from running. A job with fewer ranks claims nothing about the
+    target (a plain skip). A case needing a capability the target does not declare is not applicable, unless an
+    overlay of the target states what it runs (there a skip must be pinned: a capability dropped is a change);
+    reference_impl's own model checks are not applicable to any other target."""
+    contract = get_contract(case.contract_id)
+    if machine_reason(case, options.device):
+        return contract.result(case.id, case.params, SKIPPED, reason, options.target)
+    missing = set() if target.unavailable_reason(options.device) else contract.requirements(case.params)
+    missing -= target.capabilities()
+    if missing and (missing & REFERENCE_ONLY or (case.target_overlay is None and case.expected_skip is None)):
+        return contract.result(case.id, case.params, NOT_APPLICABLE, reason, options.target)
+    skipped = contract.result(case.id, case.params, SKIPPED, reason, options.target)
+    return expectations_applied(case, skipped, overlay, options.allow_new_skips)
 
 
 def _overlay_file(case: Case, overlay: str) -> str:

@@ -155,34 +155,41 @@ def _said(made: dict[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(made.items())) or "no collective"
 
 
-ULYSSES_EXCHANGES = {"all_to_all": 2}
+#: A Ulysses call exchanges four tensors (Q, K, V, the output): at most one collective each; sglang packs Q, K, V.
+MOST_EXCHANGES = 4
 
 
 def ulysses_collectives(ctx: RankContext, p: Params) -> RankOutcome:
-    """One call of the Ulysses layer makes exactly two all-to-alls and no other collective: Q, K and V stacked
-    in one exchange, the output in one, as sglang's USPAttention does. A layer that exchanges Q, K and V one by
-    one pays three latencies where one would do; one that gathers K/V instead of exchanging heads moves W times
-    the bytes: both compute the same output, so only the count tells."""
+    """One Ulysses call sends no more than a Ulysses exchange needs, in at most four collectives: each rank keeps
+    1/U of its Q, K, V and output shards and sends the rest to the ranks owning those heads. Whether Q, K and V go
+    in one exchange (sglang) or three (diffusers) is the stack's choice; a layer that gathers K/V instead of
+    exchanging heads sends U times the bytes, one that exchanges head by head makes H calls: both compute the
+    same output, so only what the layer sent tells."""
     case = layouts.sharded(ctx, p)
     with ctx.parallel(p.ulysses_degree, 1):
         attn = ctx.attention(p)
-        attn(*case.local, **case.kwargs)
-    made = collectives.made(ctx.collectives)
-    problems = (
-        []
-        if made == ULYSSES_EXCHANGES
-        else [
-            f"one call made {_said(made)}; the Ulysses path makes exactly 2 all_to_all (Q, K and V stacked in one, the "
-            "output in one) and no other collective"
-        ]
-    )
-    return RankOutcome(problems=problems, checks=1, kernel=attn.kernel)
+        out = attn(*case.local, **case.kwargs)
+    tensors = (*case.local, out)
+    needed = sum(t.numel() * t.element_size() for t in tensors) * (p.ulysses_degree - 1) // p.ulysses_degree
+    made, sent = collectives.made(ctx.collectives), ctx.collectives[collectives.SENT]
+    problems = []
+    if sent > needed:
+        problems.append(
+            f"one call sent {sent} bytes from this rank, {sent / needed:.2f}x what a Ulysses exchange of Q, K, V "
+            f"and the output needs ({needed}: {p.ulysses_degree - 1}/{p.ulysses_degree} of each shard)"
+        )
+    if sum(made.values()) > MOST_EXCHANGES:
+        problems.append(
+            f"one call made {_said(made)}; a Ulysses call needs at most {MOST_EXCHANGES} collectives (one per tensor "
+            "of Q, K, V and the output)"
+        )
+    return RankOutcome(problems=problems, checks=2, kernel=attn.kernel, figures={"needed_bytes": needed})
 
 
 attention_contract(
     "usp.ulysses_collectives",
-    "one Ulysses call makes exactly two all-to-alls (Q, K, V stacked in one; the output in one) and no other "
-    "collective, counted at the dispatcher",
+    "one Ulysses call sends no more bytes than exchanging (U-1)/U of its Q, K, V and output shards needs, in at "
+    "most four collectives (one per tensor), counted at the dispatcher",
     ulysses_collectives,
     **ULYSSES,
     min_world_size=2,

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.report.format import STATUS_STYLE, figure
-from harness.results import FAILED, INCONCLUSIVE, PASSED, CaseResult, verdict
+from harness.results import FAILED, INCONCLUSIVE, NOT_APPLICABLE, PASSED, CaseResult, verdict
 
 _LOG_WIDTH = 180  # CI logs are not terminals: rich would fold every table to 80 columns
 
@@ -137,6 +137,10 @@ CONTRACT_COLUMNS: tuple[Column, ...] = (
 )
 
 
+def _not_run(results: Sequence[CaseResult]) -> str:
+    return "skipped or not applicable" if any(r.status == NOT_APPLICABLE for r in results) else "skipped"
+
+
 def print_verdict(
     console: Console,
     verb: str,
@@ -173,7 +177,8 @@ def print_verdict(
         line = f"FAILED ({named(failing, 'failing')})"
     elif outcome == "empty":
         line = (
-            f"NOTHING RAN ({len(every)} case{'s' if len(every) != 1 else ''}, every one skipped: nothing was checked; "
+            f"NOTHING RAN ({len(every)} case{'s' if len(every) != 1 else ''}, every one {_not_run(every)}: "
+            "nothing was checked; "
             "exit 2)"
             if every
             else "NOTHING RAN (no case was selected; exit 2)"

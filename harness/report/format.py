@@ -12,6 +12,7 @@ STATUS_COLOUR = {
     "skipped": "#9a6700",
     "xfailed": "#6e7781",
     "inconclusive": "#8250df",
+    "not_applicable": "#6e7781",
 }
 STATUS_STYLE = {
     "passed": "green",
@@ -19,6 +20,7 @@ STATUS_STYLE = {
     "skipped": "yellow",
     "xfailed": "dim",
     "inconclusive": "bold magenta",
+    "not_applicable": "dim",
 }
 
 
@@ -62,7 +64,14 @@ def inert_lines(text: Any) -> str:
     return "\n".join(inert(line) for line in str(text).split("\n"))
 
 
-OUTCOME_WORD = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "skipped": "skip", "inconclusive": "undecided"}
+OUTCOME_WORD = {
+    "passed": "pass",
+    "failed": "FAIL",
+    "xfailed": "xfail",
+    "skipped": "skip",
+    "inconclusive": "undecided",
+    "not_applicable": "n/a",
+}
 
 
 def outcome_cell(status: str, figures: dict[str, Any] | None) -> str:
@@ -70,7 +79,7 @@ def outcome_cell(status: str, figures: dict[str, Any] | None) -> str:
     (``2.00e-03``, or ``inf``/``nan`` as results files record them); a skip is its word alone."""
     word = OUTCOME_WORD.get(status, status)
     figures = figures or {}
-    if status == "skipped":
+    if status in ("skipped", "not_applicable"):
         return word
     if figures.get("bitwise"):
         return f"{word} ="

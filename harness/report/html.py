@@ -233,7 +233,7 @@ def _failure_tables(document: Mapping[str, Any]) -> str:
 def _skip_table(document: Mapping[str, Any]) -> str:
     """The skipped and expected-failure cases, after the failing ones (a long list must not push them down)."""
     parts = []
-    skipped = _records(document, "skipped") + _records(document, "xfailed")
+    skipped = _records(document, "skipped") + _records(document, "xfailed") + _records(document, "not_applicable")
     stage_skips = [(n, s["skipped"]) for n, s in (document.get("stages") or {}).items() if "skipped" in s]
     if skipped or stage_skips:
         rows = ["<tr><th>stage</th><th>case</th><th>status</th><th>reason</th></tr>"]

@@ -1,8 +1,9 @@
 """JUnit XML for CI systems: one testsuite per stage, one testcase per case result.
 
 An expected failure (a known upstream divergence that failed as recorded) is reported as
-skipped with its reason, as pytest reports an xfail. An inconclusive timing is a failure of type
-``inconclusive`` where it counts against the run (the default), else skipped with its reason.
+skipped with its reason, as pytest reports an xfail; so is a case not applicable to the target. An
+inconclusive timing is a failure of type ``inconclusive`` where it counts against the run (the
+default), else skipped with its reason.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness.results import FAILED, INCONCLUSIVE, SKIPPED, XFAILED, CaseResult, json_safe
+from harness.results import FAILED, INCONCLUSIVE, NOT_APPLICABLE, SKIPPED, XFAILED, CaseResult, json_safe
+
+_SKIPS = (SKIPPED, XFAILED, INCONCLUSIVE, NOT_APPLICABLE)
 
 
 def _details(result: CaseResult) -> str:
@@ -32,7 +35,7 @@ def junit_xml(
             name=suite,
             tests=str(len(results)),
             failures=str(sum(r.status in failing for r in results)),
-            skipped=str(sum(r.status not in failing and r.status in (SKIPPED, XFAILED, INCONCLUSIVE) for r in results)),
+            skipped=str(sum(r.status not in failing and r.status in _SKIPS for r in results)),
             errors="0",
             time=f"{sum(r.duration_s for r in results):.3f}",
         )
@@ -41,8 +44,13 @@ def junit_xml(
             details = _details(r)
             if r.status in failing:
                 ET.SubElement(case, "failure", message=r.reason or str(r.status), type=str(r.status)).text = details
-            elif r.status in (SKIPPED, XFAILED, INCONCLUSIVE):
-                prefix = {XFAILED: "expected failure: ", INCONCLUSIVE: "inconclusive: "}.get(r.status, "")
+            elif r.status in _SKIPS:
+                prefix = {
+                    XFAILED: "expected failure: ",
+                    INCONCLUSIVE: "inconclusive: ",
+                    NOT_APPLICABLE: "not applicable: ",
+                }
+                prefix = prefix.get(r.status, "")
                 ET.SubElement(case, "skipped", message=prefix + (r.reason or "skipped"))
             if r.status not in failing:
                 ET.SubElement(case, "system-out").text = details

@@ -149,7 +149,8 @@ def test_check_json_and_junit_carry_the_figures_of_every_case(tmp_path, sglang_c
     data = json.loads(report.read_text())
     stage = data["stages"]["contracts"]
     assert (
-        stage["summary"] == {"passed": 2, "failed": 0, "skipped": 0, "xfailed": 0, "inconclusive": 0}
+        stage["summary"]
+        == {"passed": 2, "failed": 0, "skipped": 0, "xfailed": 0, "inconclusive": 0, "not_applicable": 0}
         and data["target"] == "reference"
     )
     assert data["command"] == "check" and data["passed"] is True
@@ -209,7 +210,14 @@ def test_gate_writes_results_and_junit_into_the_report_dir(tmp_path, capsys):
     data = json.loads((report / "results.json").read_text())
     assert data["passed"] is True
     stage = data["stages"]["contracts"]
-    assert stage["summary"] == {"passed": 1, "failed": 0, "skipped": 1, "xfailed": 0, "inconclusive": 0}
+    assert stage["summary"] == {
+        "passed": 1,
+        "failed": 0,
+        "skipped": 1,
+        "xfailed": 0,
+        "inconclusive": 0,
+        "not_applicable": 0,
+    }
     assert ET.parse(report / "junit.xml").getroot().find("testsuite").get("name") == "contracts"
     assert main(["gate", "--cases", str(cases), "--baselines", str(tmp_path / "missing")]) == 2
 

@@ -1,7 +1,9 @@
-"""Collective counts on real gloo groups: counted at the dispatcher, recorded per case, judged by usp.ulysses_collectives.
+"""Collective counts and bytes on real gloo groups: counted at the dispatcher, recorded per case, judged by
+usp.ulysses_collectives.
 
-The independent oracle is the layer's own code path: a target that exchanges Q, K and V one by one
-(tests/targets/naive_ulysses.py) computes the same output and fails only this contract.
+The independent oracles: the bytes a Ulysses call needs computed from the case's shape alone, and targets
+written from scratch (tests/targets/naive_ulysses.py) that compute the same output while exchanging Q, K
+and V one by one (passes), gathering K/V (fails on bytes) or exchanging head by head (fails on calls).
 """
 
 from __future__ import annotations
@@ -51,7 +53,11 @@ def _every_kind_once() -> dict[str, int]:
 
 def test_the_counter_sees_each_kind_inside_a_layer_call_only(rank_pools: PoolSet) -> None:
     figures = rank_pools.get(2).run(_every_kind_once)
-    assert figures == [{"calls": 1, "all_to_all": 1, "all_gather": 1, "all_reduce": 1, "send": 1, "recv": 1}] * 2
+    # 8 float32 values (32 bytes): all-to-all sends the other rank's half (16), all-gather the whole to the
+    # other rank (32), all-reduce 2(W-1)/W of it (32), the send all of it (32)
+    sent = 16 + 32 + 32 + 32
+    made = {"calls": 1, "all_to_all": 1, "all_gather": 1, "all_reduce": 1, "send": 1, "recv": 1, "sent_bytes": sent}
+    assert figures == [made] * 2
 
 
 @pytest.mark.parametrize("world_size", [2, 4], ids=lambda w: f"w{w}")
@@ -61,17 +67,40 @@ def test_the_reference_makes_two_all_to_alls_per_ulysses_call(
 ) -> None:
     result = _run(rank_pools, "usp.ulysses_collectives", world_size=world_size, causal=causal)
     assert result.status == PASSED, result.reason
-    assert result.figures["collectives"] == {"calls": 1, "all_to_all": 2}
+    assert result.figures["collectives"] == {"calls": 1, "all_to_all": 2, "sent_bytes": _needed(result.params)}
 
 
-def test_a_layer_exchanging_q_k_v_one_by_one_fails_and_only_this_contract(rank_pools: PoolSet) -> None:
-    naive = "tests.targets.naive_ulysses:correct"
-    result = _run(rank_pools, "usp.ulysses_collectives", naive, world_size=2)
-    assert result.status == FAILED
-    assert "one call made 4 all_to_all" in (result.reason or "")
-    parity = _run(rank_pools, "usp.ulysses_parity", naive, world_size=2)
-    assert parity.status == PASSED, parity.reason  # same output: only the count tells
-    assert parity.figures["collectives"] == {"calls": 1, "all_to_all": 4}
+def _needed(params: dict) -> int:
+    """Bytes a Ulysses call must send, from the case's shape alone: Q, K, V and the output shards, each
+    [B, S/W, H, D], (W-1)/W of them to the ranks owning the other heads."""
+    shard = params["batch"] * params["tokens_per_rank"] * params["heads"] * params["head_dim"]
+    return (
+        4
+        * shard
+        * {"fp32": 4, "bf16": 2, "fp16": 2}[params["dtype"]]
+        * (params["world_size"] - 1)
+        // params["world_size"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("variant", "verdict", "said"),
+    [
+        ("correct", PASSED, None),  # Q, K and V one by one (diffusers' way): 4 all-to-alls, the bytes needed
+        ("gathers_kv", FAILED, "x what a Ulysses exchange of Q, K, V and the output needs"),
+        ("per_head", FAILED, "a Ulysses call needs at most 4 collectives"),
+    ],
+    ids=["qkv-one-by-one", "gathers-kv", "head-by-head"],
+)
+def test_a_ulysses_is_judged_by_what_it_sends_not_by_one_stacks_call_count(
+    rank_pools: PoolSet, variant: str, verdict: str, said: str | None
+) -> None:
+    target = f"tests.targets.naive_ulysses:{variant}"
+    result = _run(rank_pools, "usp.ulysses_collectives", target, world_size=2, heads=8)
+    assert result.status == verdict, result.reason
+    assert said is None or said in (result.reason or "")
+    parity = _run(rank_pools, "usp.ulysses_parity", target, world_size=2, heads=8)
+    assert parity.status == PASSED, parity.reason  # the same output: only what was sent tells
 
 
 @pytest.mark.parametrize(
@@ -88,4 +117,5 @@ def test_every_sp_case_records_what_its_call_exchanged(
 ) -> None:
     result = _run(rank_pools, contract_id, **params)
     assert result.status == PASSED, result.reason
-    assert result.figures["collectives"] == {"calls": 1, **made}
+    figures = dict(result.figures["collectives"])
+    assert figures.pop("sent_bytes") > 0 and figures == {"calls": 1, **made}

@@ -1,5 +1,5 @@
 """A Ulysses target written from scratch (no reference_impl), and four consistently wrong variants of it
-(and one that ignores ``skip_sequence_parallel``).
+(and one that ignores ``skip_sequence_parallel``, and two correct ones that exchange wastefully).
 
 ``NaiveUlyssesTarget`` computes softmax(QKᵀ·scale)V in fp32 and rounds to the input dtype; under
 SP it all-to-alls the sequence shards into head shards and back (equal splits, torch.distributed
@@ -63,8 +63,8 @@ class NaiveAttention:
             raise Unsupported(f"{self.target.name} takes no {', '.join(sorted(kwargs))}")
         if self.world == 1:
             return self.target.kernel(q, k, v, self.spec)
-        q, k, v = (_seq_to_heads(t, self.world) for t in (q, k, v))
-        return _heads_to_seq(self.target.kernel(q, k, v, self.spec), self.world)
+        q, k, v = self.target.to_heads(q, k, v, self.world)
+        return self.target.to_seq(self.target.kernel(q, k, v, self.spec), self.world)
 
 
 class NaiveUlyssesTarget(Target):
@@ -91,6 +91,45 @@ class NaiveUlyssesTarget(Target):
 
     def kernel(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
         return naive_attention(q, k, v, spec.causal, spec.softmax_scale)
+
+    def to_heads(self, q: Tensor, k: Tensor, v: Tensor, world: int) -> tuple[Tensor, ...]:
+        """Sequence shards to head shards: one all-to-all per tensor (diffusers' way; sglang packs the three)."""
+        return tuple(_seq_to_heads(t, world) for t in (q, k, v))
+
+    def to_seq(self, out: Tensor, world: int) -> Tensor:
+        return _heads_to_seq(out, world)
+
+
+class GathersKVTarget(NaiveUlyssesTarget):
+    """Gathers the whole K and V (every head) and keeps its heads, instead of exchanging heads: the same output,
+    W times the bytes for K and V."""
+
+    name = "gathers_kv"
+
+    def to_heads(self, q: Tensor, k: Tensor, v: Tensor, world: int) -> tuple[Tensor, ...]:
+        heads = k.shape[2] // world
+        mine = slice(dist.get_rank() * heads, (dist.get_rank() + 1) * heads)
+
+        def gathered(t: Tensor) -> Tensor:
+            parts = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts, t.contiguous())
+            return torch.cat(parts, dim=1)[:, :, mine]
+
+        return _seq_to_heads(q, world), gathered(k), gathered(v)
+
+
+class PerHeadTarget(NaiveUlyssesTarget):
+    """Exchanges W heads at a time (rank r gets head g·W + r of each group g): the same output and bytes in H/W
+    calls per tensor instead of one."""
+
+    name = "per_head"
+
+    def to_heads(self, q: Tensor, k: Tensor, v: Tensor, world: int) -> tuple[Tensor, ...]:
+        return tuple(torch.cat([_seq_to_heads(g, world) for g in t.split(world, dim=2)], dim=2) for t in (q, k, v))
+
+    def to_seq(self, out: Tensor, world: int) -> Tensor:
+        groups = [_heads_to_seq(h, world) for h in out.split(1, dim=2)]  # [B, S/W, W, D] each: heads g·W .. g·W+W-1
+        return torch.cat(groups, dim=2)
 
 
 class IgnoresSkipTarget(NaiveUlyssesTarget):
@@ -152,3 +191,11 @@ def upcasts() -> UpcastsTarget:
 
 def scales() -> ScalesTarget:
     return ScalesTarget()
+
+
+def gathers_kv() -> GathersKVTarget:
+    return GathersKVTarget()
+
+
+def per_head() -> PerHeadTarget:
+    return PerHeadTarget()
