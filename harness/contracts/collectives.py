@@ -102,7 +102,7 @@ def sent_bytes(kind: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
     total = _nbytes(outgoing)
     splits = bound.get("input_split_sizes")
     if kind == "all_to_all" and splits:
-        return total * (sum(splits) - splits[rank]) // sum(splits)
+        return total * (sum(splits) - splits[rank]) // sum(splits) if sum(splits) else 0
     if kind == "broadcast":
         return total * (size - 1) if dist.get_rank() == bound.get("src", bound.get("group_src")) else 0
     share = {"all_to_all": (size - 1, size), "all_gather": (size - 1, 1), "all_reduce": (2 * (size - 1), size)}

@@ -58,6 +58,10 @@ def _tail(data: bytes) -> str:
     return text if len(text) <= BODY_TAIL_CHARS else "..." + text[-BODY_TAIL_CHARS:]
 
 
+class ConnectionLost(PipelineFailed):
+    """No answer because the connection was refused or broke: what a server that died mid-request leaves."""
+
+
 def post(url: str, body: Mapping[str, Any], timeout: float) -> tuple[bytes, float]:
     """POST ``body`` to ``url``; the answer's bytes and the round trip in ms, or PipelineFailed saying what went wrong."""
     request = urllib.request.Request(
@@ -73,9 +77,9 @@ def post(url: str, body: Mapping[str, Any], timeout: float) -> tuple[bytes, floa
     except TimeoutError:
         raise PipelineFailed(f"POST {url}: no answer within {timeout:g} s") from None
     except urllib.error.URLError as exc:
-        raise PipelineFailed(f"POST {url}: {exc.reason}") from None
+        raise ConnectionLost(f"POST {url}: {exc.reason}") from None
     except (http.client.HTTPException, OSError) as exc:
-        raise PipelineFailed(f"POST {url}: the connection broke ({type(exc).__name__}: {exc})") from None
+        raise ConnectionLost(f"POST {url}: the connection broke ({type(exc).__name__}: {exc})") from None
     round_trip_ms = (time.perf_counter() - start) * 1e3
     if len(data) > MAX_ANSWER_BYTES:
         raise PipelineFailed(f"POST {url}: the answer is larger than {MAX_ANSWER_BYTES} bytes")

@@ -24,12 +24,21 @@ import numpy as np
 from harness.errors import ConfigError, ParamError
 from harness.targets.base import PipelineFailed, PipelineOutput, PipelineTarget
 from harness.targets.command_pipeline import TIMINGS_FILE, check_executable, target_seconds
-from harness.targets.openai_images import ENDPOINT, image_of, post, read_answer, request_body, timings_of
+from harness.targets.openai_images import (
+    ENDPOINT,
+    ConnectionLost,
+    image_of,
+    post,
+    read_answer,
+    request_body,
+    timings_of,
+)
 from harness.targets.served import READY_PATHS, LaunchedServer, answers
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_READY_TIMEOUT_S = 600.0
-SERVER_END_WAIT_S = 2.0  # a request that broke: how long the server may take to be seen ended (its exit status)
+SERVER_END_WAIT_S = 15.0  # a connection that broke: how long the server may take to be seen ended (2 s missed one
+# that exited at once, on a 2-core box at load 18); only a server that lives on after it waits that long
 _JSON_SCALARS = (str, int, float, bool)
 _ONE_OF = (
     "the openai target needs exactly one of url=http://HOST:PORT (a running server) or launch='CMD ... {port}' "
@@ -148,7 +157,8 @@ class _PreparedRequest:
 
     def _explained(self, exc: PipelineFailed) -> PipelineFailed:
         """A failed request, and, where parity launched the server and it has ended, how it ended and its log."""
-        ended = self.server.exited(wait=SERVER_END_WAIT_S) if self.server is not None else None
+        wait = SERVER_END_WAIT_S if isinstance(exc, ConnectionLost) else 0.0
+        ended = self.server.exited(wait=wait) if self.server is not None else None
         if self.server is None or ended is None:
             return exc
         return self.server.failure(f"{exc.reason}; the server ended ({ended})")

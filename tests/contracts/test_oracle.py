@@ -11,7 +11,7 @@ from harness.contracts.case import make_case
 from harness.contracts.oracles import Asked, attention_ref64, diagnose, take
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
-from harness.results import FAILED, PASSED, CaseResult
+from harness.results import FAILED, NOT_APPLICABLE, PASSED, CaseResult
 
 pytestmark = pytest.mark.timeout(300)
 NAIVE = "tests.targets.naive_ulysses"
@@ -120,6 +120,10 @@ def test_every_sequence_parallel_target_is_held_to_skip_sequence_parallel(rank_p
 
     cases = [c for c in load_cases(default_cases_dir()) if c.contract_id == "usp.skip_sequence_parallel_local"]
     results = run_cases(cases, RunOptions(f"{NAIVE}:{target}", allow_new_skips=True), rank_pools)
-    ran = {r.case_id: r.status for r in results if r.status != "skipped"}
+    ran = {r.case_id: r.status for r in results if r.status != NOT_APPLICABLE}
     assert set(ran) == {"skip_sequence_parallel_local[world_size=2]", "skip_sequence_parallel_local[world_size=4]"}
+    assert {r.case_id for r in results if r.status == NOT_APPLICABLE} == {  # no ring declared
+        "skip_sequence_parallel_local_ring",
+        "skip_sequence_parallel_local_hybrid",
+    }
     assert set(ran.values()) == ({PASSED} if target == "correct" else {FAILED}), results
