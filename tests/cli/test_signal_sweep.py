@@ -14,7 +14,7 @@ once started. Every delivery must end its run with 130 or 143 and exactly one li
 traceback anywhere, no process left (all of them are found by an environment tag every descendant
 inherits) and nothing in its TMPDIR (the preloaded server's ``pymp-*`` listener included).
 
-The 22 runs go four at a time in one sweep, shared by the 22 test ids (run once per session even
+The 22 runs go six at a time in one sweep, shared by the 22 test ids (run once per session even
 across xdist workers, behind a file lock); each id asserts its own delivery.
 """
 
@@ -51,7 +51,7 @@ DELIVERIES: list[tuple[signal.Signals, float | None]] = [
     (signal.SIGINT, RANKS_RUN),
     (signal.SIGTERM, RANKS_RUN),
 ]
-CONCURRENT = 4
+CONCURRENT = 6  # most of a run is waiting for its moment to come
 TAG = "PARITY_SIGNAL_SWEEP_TAG"
 
 
