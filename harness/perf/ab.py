@@ -1,19 +1,17 @@
 """BASE and HEAD side by side: interleaved runs on the same devices, a ratio with an interval per figure, a verdict.
 
-Each launch block starts both sides afresh, warms them up (HEAD, then BASE), then runs ABBA pairs
-(past the first ``launches`` blocks, as many as a launch costs in time), both runs of a pair on the
-same cores: drift and a slow core cancel in a ratio, and in every quartet each side runs once after
-itself and once after the other (a carry-over cancels). Once enough pairs and launches are in,
-every figure is judged (:func:`judge_figure`): passed when its interval ends within ``1 + tolerance``
-(widened by ``abs_floor_ms``), failed when its Bonferroni-corrected interval starts beyond it. Sampling stops when every figure is decided or one failed, else at
+Each launch block starts both sides afresh, warms them up (HEAD, then BASE), then runs ABBA pairs,
+both runs of a pair on the same cores: drift and a slow core cancel in a ratio, and in every quartet
+each side runs once after itself and once after the other (a carry-over cancels). Once enough
+pairs and launches are in, every figure is judged (:func:`judge_figure`): passed when its interval
+ends within ``1 + tolerance`` (widened by ``abs_floor_ms``), failed when its Bonferroni-corrected
+interval starts beyond it. Sampling stops when every figure is decided or one failed, else at
 ``max_pairs``: inconclusive. The method and its measured error rates: docs/perf.md.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -244,21 +242,17 @@ def compare(
     sampling: Sampling,
     tolerances: Tolerances,
     on_pair: Callable[[int, int, FigureVerdict | None], None] | None = None,
-    clock: Callable[[], float] = time.monotonic,
 ) -> Comparison:
     """Run both sides interleaved, launch block by launch block, until the verdict is decided or capped (module
-    docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair. Blocks past the first
-    ``launches`` are sized by :func:`balanced_block_pairs` from what the last block cost (``clock``, in seconds)."""
+    docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair."""
     runs, verdicts, unpaired = _Runs(), list[FigureVerdict](), dict[str, str]()
-    block, size = 0, sampling.block_pairs
+    block = 0
     while len(runs.base) < sampling.max_pairs and not (verdicts and _decided(verdicts)):  # poll: blocks until decided
-        started, before = clock(), len(runs.base)
         with launch(block) as (base, head):
             for i in range(sampling.warmup):  # HEAD, then BASE: pair 0 starts with the side that ran last
                 head.run(placement=i)
                 base.run(placement=i)
-            paired_from = clock()
-            for i in range(min(size, sampling.max_pairs - len(runs.base))):
+            for i in range(min(sampling.block_pairs, sampling.max_pairs - len(runs.base))):
                 _run_pair(base, head, runs, i, block)
                 if on_pair is not None:
                     on_pair(len(runs.base), block + 1, _e2e(verdicts))
@@ -266,14 +260,9 @@ def compare(
                     verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
                     if _decided(verdicts):
                         break
-            paired_s = clock() - paired_from
         block += 1
         if block >= sampling.launches and len(runs.base) >= sampling.min_pairs:
             verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
-        if block >= sampling.launches and sampling.launches > 1:
-            size = balanced_block_pairs(
-                sampling.block_pairs, clock() - started - paired_s, paired_s, len(runs.base) - before
-            )
     return Comparison(
         len(runs.base),
         verdicts,
@@ -283,16 +272,6 @@ def compare(
         capped=len(runs.base) == sampling.max_pairs,
         launches=block,
     )
-
-
-def balanced_block_pairs(fewest: int, overhead_s: float, paired_s: float, pairs: int) -> int:
-    """Pairs for the next launch block: as many as take as long as the last block's start, warm-up and stop took
-    (``overhead_s``, its ``pairs`` having taken ``paired_s``), so starting both sides afresh costs at most about
-    half of an A/B however slow a launch is; never fewer than ``fewest``, always whole ABBA quartets."""
-    if pairs == 0 or paired_s <= 0:
-        return fewest
-    wanted = math.ceil(overhead_s / (paired_s / pairs))
-    return max(fewest, wanted + wanted % 2)
 
 
 def _run_pair(base: Runner, head: Runner, runs: _Runs, i: int, block: int) -> None:

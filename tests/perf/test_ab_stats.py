@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.baselines.perf import DEFAULT_AB_TOLERANCES
-from harness.perf.ab import FigureStatus, Runner, Sampling, balanced_block_pairs, compare, judge_figure
+from harness.perf.ab import FigureStatus, Runner, Sampling, compare, judge_figure
 from harness.perf.stats import _signed_rank_counts, blocked_ratio, min_pairs, paired_ratio, trimmed_per_side
 from harness.pipelines.sessions import TimedRun
 from harness.targets import Timings
@@ -331,65 +331,6 @@ def test_enough_launch_blocks_get_the_signed_rank_interval_which_an_outlier_bloc
 )
 def test_pairs_are_spread_over_the_launches_in_whole_abba_quartets(launches: int, min_pairs: int, block: int) -> None:
     assert Sampling(min_pairs=min_pairs, max_pairs=60, launches=launches).block_pairs == block
-
-
-class CostlyLaunches:
-    """Sides on a fake clock: starting both costs ``launch_s``, every run ``run_s``; HEAD's launches are biased by
-    up to 10 % either way, so the verdict stays open and every block up to the cap runs."""
-
-    BIASES = (1.0, 1.1, 0.9, 1.1, 0.9)
-
-    def __init__(self, launch_s: float, run_s: float) -> None:
-        self.now, self.launch_s, self.run_s = 0.0, launch_s, run_s
-
-    def clock(self) -> float:
-        return self.now
-
-    def session(self, ms: float) -> Runner:
-        owner = self
-
-        class Session:
-            def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
-                owner.now += owner.run_s
-                return TimedRun(Timings(ms, {}, []), ms, (), "not_measured")
-
-        return Session()
-
-    @contextlib.contextmanager
-    def __call__(self, block: int) -> Iterator[tuple[Runner, Runner]]:
-        self.now += self.launch_s
-        yield self.session(10.0), self.session(10.0 * self.BIASES[block])
-
-
-@pytest.mark.parametrize(
-    ("launch_s", "run_s", "sizes"),
-    [
-        (0.0, 0.5, [4, 4, 4, 4, 4]),  # free launches: every block the configured share
-        (10.0, 0.5, [4, 4, 4, 12, 12]),  # a launch costs 10 s (+ 1 s of warm-up), a pair 1 s: 11 -> 12 pairs
-        (1.5, 0.5, [4, 4, 4, 4, 4]),  # a launch cheaper than the configured share of pairs: that share
-    ],
-    ids=["free", "costly", "cheap"],
-)
-def test_blocks_past_the_first_launches_last_as_long_as_a_launch_costs(
-    launch_s: float, run_s: float, sizes: list[int]
-) -> None:
-    """Starting both sides afresh costs at most about half of the A/B, however slow a launch is."""
-    launches = CostlyLaunches(launch_s, run_s)
-    sampling = Sampling(warmup=1, min_pairs=10, max_pairs=sum(sizes), launches=3)
-    comparison = compare(launches, sampling, DEFAULT_AB_TOLERANCES, clock=launches.clock)
-    assert comparison.capped and comparison.undecided and not comparison.failed
-    blocks = comparison.samples["expected_e2e_ms"]["launch"]
-    assert [blocks.count(b) for b in range(comparison.launches)] == sizes
-
-
-@pytest.mark.parametrize(
-    ("fewest", "overhead_s", "paired_s", "pairs", "size"),
-    [(4, 0.0, 4.0, 4, 4), (4, 11.0, 4.0, 4, 12), (4, 9.5, 4.0, 4, 10), (4, 5.0, 0.0, 4, 4), (2, 100.0, 2.0, 4, 200)],
-)
-def test_a_balanced_block_is_whole_quartets_and_never_below_the_configured_share(
-    fewest: int, overhead_s: float, paired_s: float, pairs: int, size: int
-) -> None:
-    assert balanced_block_pairs(fewest, overhead_s, paired_s, pairs) == size
 
 
 class CarryOver:
