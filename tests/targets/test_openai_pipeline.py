@@ -264,6 +264,7 @@ def ab(project: Path, tag: str, base: tuple[str, ...], head: tuple[str, ...]) ->
                   "--head-arg", f"launch={launch(tag, *head)}", *AB)  # fmt: skip
 
 
+@pytest.mark.timeout(900)  # a hang guard: under load an A/B may run to its 200-pair cap (over 300 s measured)
 def test_an_ab_of_two_identical_servers_is_not_slower_and_each_side_is_launched_afresh(project: Path) -> None:
     from tests.perf.test_ab import assert_not_slower
 
@@ -276,6 +277,7 @@ def test_an_ab_of_two_identical_servers_is_not_slower_and_each_side_is_launched_
     assert gone(tag)
 
 
+@pytest.mark.timeout(900)  # a hang guard: under load an A/B may run to its 200-pair cap (over 300 s measured)
 def test_an_ab_of_a_server_25_percent_slower_finds_it_slower(project: Path) -> None:
     from tests.perf.test_ab import assert_slower
 
