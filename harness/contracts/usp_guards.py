@@ -168,8 +168,9 @@ def ulysses_collectives(ctx: RankContext, p: Params) -> RankOutcome:
     case = layouts.sharded(ctx, p)
     with ctx.parallel(p.ulysses_degree, 1):
         attn = ctx.attention(p)
-        out = attn(*case.local, **case.kwargs)
-    tensors = (*case.local, out)
+        attn(*case.local, **case.kwargs)
+    q = case.local[0]  # the output is a Q-shaped tensor in Q's dtype: sized from what was asked, not what came back
+    tensors = (*case.local, q)
     needed = sum(t.numel() * t.element_size() for t in tensors) * (p.ulysses_degree - 1) // p.ulysses_degree
     made, sent = collectives.made(ctx.collectives), ctx.collectives[collectives.SENT]
     problems = []
