@@ -93,3 +93,21 @@ def causal_with_mask() -> dict[str, float]:
     figures["sp_mask_vs_causal"] = float((out.double() - causal[:, sl]).abs().max())
     figures["sp_mask_vs_non_causal"] = float((out.double() - plain[:, sl]).abs().max())
     return figures
+
+
+def autograd_graphs() -> dict[str, bool]:
+    """Which outputs carry an autograd graph: the layer's on one rank and under Ulysses, and sglang's exchange alone."""
+    from sglang.multimodal_gen.runtime.layers import usp
+
+    target, world = load_target("sglang"), dist.get_world_size()
+    q, k, v = (t.float().requires_grad_() for t in _qkv(TOKENS))
+    seen = {}
+    for label, degrees in (("one_rank", (1, 1)), ("ulysses", (world, 1))):
+        target.init_parallel(*degrees)
+        try:
+            seen[label] = target.make_attention(SPEC.with_(dtype=torch.float32))(q, k, v).grad_fn is not None
+            if label == "ulysses":
+                seen["exchange"] = usp._usp_all_to_all_single(q * 1.0).grad_fn is not None
+        finally:
+            target.destroy_parallel()
+    return seen

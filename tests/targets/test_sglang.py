@@ -271,3 +271,11 @@ def test_causal_with_any_mask_is_not_causal(sglang_ready, rank_pool):
         for f in ranks
     ]
     assert seen == [(True, dict.fromkeys(labels, (True, True)))] * 2, ranks
+
+
+def test_the_ulysses_exchange_is_what_drops_the_autograd_graph(sglang_ready, rank_pool):
+    """Why the overlay pins every gradient case (`*_grad*`): sglang's all-to-all (usp.py `_usp_all_to_all_single`) is a
+    c10d collective into a preallocated buffer, which autograd does not record; one rank, with no exchange,
+    differentiates. When a release makes the exchange differentiable this fails: declare `backward` then."""
+    seen = rank_pool(2).run(sglang_workers.autograd_graphs)
+    assert seen == [{"one_rank": True, "ulysses": False, "exchange": False}] * 2
