@@ -180,6 +180,17 @@ def test_rotated_suffix_layer_fails_suffix_bitwise_not_prefix_drift(sglang_ready
     assert version == f"{sglang_target.installed_version()}, layer {ROTATED[0][1]}"  # results name the layer that ran
 
 
+@pytest.mark.parametrize(
+    ("layer", "status"),
+    [(None, "passed"), ("tests.targets.sglang_masked_scale:MaskedScaleDroppedUSPAttention", "failed")],
+)
+def test_a_masked_sp_path_dropping_the_scale_fails_the_scale_case(sglang_ready, cases, rank_pools, layer, status):
+    case = "scale_masked[world_size=2,mask=key_padding]"
+    result = _run(cases, [case], rank_pools, (("layer", layer),) if layer else ())[case]
+    assert result.status == status, result.reason
+    assert ("it ignores the softmax scale 0.3" in (result.reason or "")) == (status == "failed"), result.reason
+
+
 def test_refusals_carry_sglangs_text_and_a_kind(sglang_ready, rank_pool):
     found, other = rank_pool(2).run(sglang_workers.refusals)
     assert found == other  # identical on every rank
