@@ -232,7 +232,8 @@ def test_a_lost_node_ends_the_other_with_a_message_within_the_silence_limit(tmp_
     assert lost is not None or killed is not None, node0.err
     ranks = set(lost.group(1).split(", ")) if lost else {killed.group(1)}  # type: ignore[union-attr]
     assert ranks <= {"2", "3"}  # the killed node's ranks (both, unless one beat late)
-    assert "contract results" not in node0.out
+    if lost is not None:  # seen through the group instead, the case fails with that rank named (exit != 0 above)
+        assert "contract results" not in node0.out
     assert wait_until_gone(survivors, 30) == []
 
 

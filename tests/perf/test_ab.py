@@ -325,11 +325,12 @@ def test_absolute_mode_fails_a_command_whose_steps_take_twenty_times_as_long(
 
     Tolerances of 500 %: recalibration refuses a tolerance inside the runs' spread, and beside two busy
     processes the spread of a 45 ms command's e2e reached ±104 % (its ~2 ms non-denoising stages 77 % on
-    CI); a step twenty times as long (10 → 200 ms) is past them on any box. Those small stages get 1000 %,
-    as no figure of theirs is what this test fails."""
+    CI); a step twenty times as long (10 → 200 ms) is past them on any box. Those small stages get 100,000 %
+    (one scheduler slice of a loaded box made a 2 ms stage's spread ±1,267 %), as no figure of theirs is what
+    this test fails."""
     for family in ("E2E", "DENOISE_STAGE", "DENOISE_STEP", "DENOISE_AGG", "WALL"):
         monkeypatch.setenv(f"PARITY_PERF_TOL_{family}", "5")
-    monkeypatch.setenv("PARITY_PERF_TOL_NON_DENOISE_STAGE", "10")
+    monkeypatch.setenv("PARITY_PERF_TOL_NON_DENOISE_STAGE", "1000")
     cases, baselines = gate_project(tmp_path, sleepy=SLEEPY)
     shutil.copy(REPO / "baselines" / "perf_baselines.json", baselines)
     where = ["--cases", str(cases), "--baselines", str(baselines), "--pipeline-target", "command"]
