@@ -9,6 +9,7 @@ any other target is skipped with the reason.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from harness.contracts.bounds import Bound, judge, parse_bound
 from harness.contracts.judging import RankOutcome
@@ -38,6 +39,17 @@ def _path_stats(fig: PathFigures) -> Stats:
     )
 
 
+def describe_where(where: Mapping[str, Any]) -> str:
+    """A path's located difference (:func:`harness.targets.reference.locate.locate`) in words: the worst element
+    by axis, then per rank (or item) the positions at least half as far off, and how many channels."""
+    worst = ", ".join(f"{axis} {i}" for axis, i in where["worst"].items() if axis != "abs")
+    groups = ", ".join(f"{name} ({hit} of {n})" for name, (hit, n) in where["above_half"].items() if hit)
+    return (
+        f"worst at {worst} (|Δ| {where['worst']['abs']:.4g}); above half the worst: {groups}; "
+        f"{where['channels_above_half']} of {where['channels']} channels"
+    )
+
+
 def _judge_paths(result: ModelParity, bounds: Mapping[str, Bound]) -> RankOutcome:
     """Every checked path finite and within its bound; the other paths (controls) are reported only."""
     problems = []
@@ -48,7 +60,7 @@ def _judge_paths(result: ModelParity, bounds: Mapping[str, Bound]) -> RankOutcom
             continue
         reason = judge(bound, _path_stats(fig))
         if reason:
-            problems.append(f"{name}: {reason}")
+            problems.append(f"{name}: {reason}" + (f" [{describe_where(fig.where)}]" if fig.where else ""))
     checked = [result.paths[name] for name in bounds]
     figures = {
         "bitwise": all(f.bitwise for f in checked),

@@ -30,6 +30,7 @@ class PathFigures:
     max_abs_vs_fp64: float  # the SP output against the float64 single-rank run
     single_rank_max_abs_vs_fp64: float  # the low precision single-rank run against it
     numel: int
+    where: dict[str, Any] | None = None  # where the difference sits (harness.targets.reference.locate)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 
 from harness.targets.figures import ModelParity, PathFigures
 from harness.targets.reference.models import (
-    gather_output,
+    gathered,
     path_figures,
     pinned_backend,
     reference_outputs,
@@ -200,15 +200,17 @@ def _hunyuan_block_paths(
         ref, ref64 = refs[kind]
         ref_img, ref_txt = ref[:, :n_img], ref[:, n_img:]
         ref64_img, ref64_txt = ref64[:, :n_img], ref64[:, n_img:]
-        out_img, out_txt = run(kind, txt)
-        paths[f"{kind}.suffix.image"] = path_figures(gather_output(out_img), ref_img, ref64_img)
+        (img_all, img_ranks), (txt_all, txt_ranks) = map(gathered, run(kind, txt))
+        paths[f"{kind}.suffix.image"] = path_figures(img_all, ref_img, ref64_img, img_ranks)
         paths[f"{kind}.suffix.text"] = path_figures(
-            gather_output(out_txt), ref_txt.repeat(1, world, 1), ref64_txt.repeat(1, world, 1)
+            txt_all, ref_txt.repeat(1, world, 1), ref64_txt.repeat(1, world, 1), txt_ranks
         )
-        out_img, out_txt = run(kind, txt_shard, txt_is_sharded=True, txt_valid_lens=valid)
-        paths[f"{kind}.varlen.image"] = path_figures(gather_output(out_img), ref_img, ref64_img)
+        (img_all, img_ranks), (txt_all, txt_ranks) = map(
+            gathered, run(kind, txt_shard, txt_is_sharded=True, txt_valid_lens=valid)
+        )
+        paths[f"{kind}.varlen.image"] = path_figures(img_all, ref_img, ref64_img, img_ranks)
         # Padding sits only at the tail of the last ranks, so the gathered chunks' first txt_len are the text.
-        paths[f"{kind}.varlen.text"] = path_figures(gather_output(out_txt)[:, :txt_len], ref_txt, ref64_txt)
+        paths[f"{kind}.varlen.text"] = path_figures(txt_all[:, :txt_len], ref_txt, ref64_txt, txt_ranks[:txt_len])
     return paths
 
 
@@ -240,8 +242,8 @@ def _hunyuan_masked_paths(
     }
     paths: dict[str, PathFigures] = {}
     for kind, out in outs.items():
-        full = gather_output(out)
+        full, ranks = gathered(out)
         ref, ref64 = refs[f"{kind}.masked"]
-        paths[f"{kind}.masked.image"] = path_figures(full[:, :n_img], ref[:, :n_img], ref64[:, :n_img])
-        paths[f"{kind}.masked.text"] = path_figures(full[:, n_img:], ref[:, n_img:], ref64[:, n_img:])
+        paths[f"{kind}.masked.image"] = path_figures(full[:, :n_img], ref[:, :n_img], ref64[:, :n_img], ranks[:n_img])
+        paths[f"{kind}.masked.text"] = path_figures(full[:, n_img:], ref[:, n_img:], ref64[:, n_img:], ranks[n_img:])
     return paths

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from harness.ranks import rank_device
 from harness.targets.figures import ModelParity, PathFigures
+from harness.targets.reference.locate import locate
 from reference_impl.attention.backends import MathBackend, pinned_sdpa_kernel
 from reference_impl.attention.layer import LocalAttention, USPAttention
 from reference_impl.attention.selector import attention_backend_config
@@ -90,7 +91,8 @@ def table_dtype(model: torch.nn.Module) -> torch.dtype:
     return torch.promote_types(next(model.parameters()).dtype, torch.float32)
 
 
-def path_figures(out: Tensor, ref: Tensor, ref64: Tensor) -> PathFigures:
+def path_figures(out: Tensor, ref: Tensor, ref64: Tensor, owners: Tensor | None = None) -> PathFigures:
+    """``out`` against one rank's ``ref`` and float64's ``ref64``; ``owners``: the rank of each token (dim 1)."""
     d = (out.double() - ref.double()).abs()
     return PathFigures(
         bitwise=bool(torch.equal(out, ref)),
@@ -100,12 +102,19 @@ def path_figures(out: Tensor, ref: Tensor, ref64: Tensor) -> PathFigures:
         max_abs_vs_fp64=(out.double() - ref64).abs().max().item(),
         single_rank_max_abs_vs_fp64=(ref.double() - ref64).abs().max().item(),
         numel=out.numel(),
+        where=locate(d, owners),
     )
 
 
 def gather_output(t: Tensor) -> Tensor:
     """Every rank's tokens, in rank order (sharded outputs: the full sequence; replicated: W copies)."""
     return comm.all_gather(t.contiguous(), dim=1, group=get_ulysses_group())
+
+
+def gathered(t: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`gather_output` of ``t`` and the rank that computed each of its tokens (to say where a difference is)."""
+    mine = torch.full((1, t.shape[1], 1), float(dist.get_rank()), device=t.device)
+    return gather_output(t), gather_output(mine)[0, :, 0].long()
 
 
 def reference_outputs(
@@ -229,7 +238,7 @@ def zimage_sp_parity_worker(
         rows = torch.cat([positions[start:end], positions[n_img:]])
         rope = zimage_rope(cfg, rows)
         out = block(torch.cat([img[:, start:end], cap], dim=1), rope, adaln, num_replicated_suffix=cap_len)
-        out_img, out_cap = gather_output(out[:, : end - start]), gather_output(out[:, end - start :])
+        (out_img, img_ranks), (out_cap, cap_ranks) = gathered(out[:, : end - start]), gathered(out[:, end - start :])
         # Control: the caption rotated to the front as a replicated *prefix* (sglang's old suffix
         # path). Same maths, another K/V scan order: shows what order preservation buys.
         rot = block(
@@ -239,14 +248,14 @@ def zimage_sp_parity_worker(
             num_replicated_prefix=cap_len,
         )
         return {
-            "block.image": path_figures(out_img, ref[:, :n_img], ref64[:, :n_img]),
+            "block.image": path_figures(out_img, ref[:, :n_img], ref64[:, :n_img], img_ranks),
             "block.caption": path_figures(
-                out_cap, ref[:, n_img:].repeat(1, world, 1), ref64[:, n_img:].repeat(1, world, 1)
+                out_cap, ref[:, n_img:].repeat(1, world, 1), ref64[:, n_img:].repeat(1, world, 1), cap_ranks
             ),
             "transformer": path_figures(transformer(model, t, *latents, *uniform), uni_ref, uni_ref64),
             "transformer.masked": path_figures(transformer(model, t, *latents, *captions), mask_ref, mask_ref64),
             "control.block.caption_as_prefix.image": path_figures(
-                gather_output(rot[:, cap_len:]), ref[:, :n_img], ref64[:, :n_img]
+                gather_output(rot[:, cap_len:]), ref[:, :n_img], ref64[:, :n_img], img_ranks
             ),
         }
 
