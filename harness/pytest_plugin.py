@@ -241,7 +241,8 @@ class CaseFile(pytest.File):
         options = resolved.options(target, args, no_skip=False)
         loaded = options.load()
         root = (resolved.cases or self.path.parent.parent).resolve()
-        for case in load_cases(root, platform_of_device(resolved.device), loaded.overlay or loaded.name):
+        runs = loaded.unavailable_reason(resolved.device) is None
+        for case in load_cases(root, platform_of_device(resolved.device), loaded.overlay or loaded.name, runs):
             if Path(case.source.split(" + ", 1)[0]).resolve() == self.path.resolve():
                 yield CaseItem.from_parent(self, name=case.id, case=case, options=options)
 

@@ -140,12 +140,15 @@ def platform_of_device(device: str) -> str:
     return current_platform.kind if device != "cpu" else "cpu"
 
 
-def load_cases(root: str | Path, platform: str | None = None, target: str | None = None) -> list[Case]:
+def load_cases(
+    root: str | Path, platform: str | None = None, target: str | None = None, target_runs: bool = False
+) -> list[Case]:
     """Every case of every ``*.toml`` in the contract case directory of ``root``; ids must be unique.
 
     With ``platform``, ``platforms/<platform>.toml`` (when present) overrides matching cases; with
     ``target`` (a target's name), ``targets/<target>.toml`` (when present) applies its overrides
-    and expected failures for the installed version (:mod:`harness.cases.overlays`).
+    and expected failures for the installed version (:mod:`harness.cases.overlays`; ``target_runs``:
+    the target is available here, so the overlay's distribution must be installed).
     """
     directory = contract_case_dir(root)
     cases = load_case_directory(directory, load_case_file, "contract case")
@@ -154,7 +157,7 @@ def load_cases(root: str | Path, platform: str | None = None, target: str | None
         cases = apply_platform_overlay(cases, overlay)
     overlay = directory / "targets" / f"{target}.toml"
     if target and is_present(overlay):
-        cases = apply_target_overlay(cases, overlay, platform=platform)
+        cases = apply_target_overlay(cases, overlay, platform=platform, target_runs=target_runs)
     return apply_backend_overlays(cases, directory / "backends")
 
 

@@ -125,14 +125,19 @@ def _applies(entry: Mapping[str, Any], version: Version | None, platform: str | 
 
 
 def apply_target_overlay(
-    cases: list[Case], path: Path, version: Version | None = None, platform: str | None = None
+    cases: list[Case],
+    path: Path,
+    version: Version | None = None,
+    platform: str | None = None,
+    target_runs: bool = False,
 ) -> list[Case]:
     """The cases as ``path`` says they run on its target at the installed ``version`` (default: looked up)
     on ``platform`` (an entry with ``platforms`` applies only there).
 
-    An entry whose ``versions`` excludes the installed version (or any entry when the
-    distribution is not installed: the target is then unavailable and its cases skip) is
-    validated but not applied.
+    An entry whose ``versions`` excludes the installed version is validated but not applied; so is any
+    entry when the distribution is not installed and the target is unavailable (its cases skip). A target
+    that runs (``target_runs``) with its overlay's distribution not installed is a ConfigError: the name
+    is wrong, and every versioned entry would silently never apply.
     """
     data = read_toml(path)
     unknown = set(data) - {"target", "overrides", "expected_failures", "expected_skips"}
@@ -153,6 +158,13 @@ def apply_target_overlay(
             key="target.distribution",
         )
     version = version if version is not None else installed_version(distribution) if distribution else None
+    if distribution and version is None and target_runs:
+        raise ConfigError(
+            f"names {distribution!r}, which is not installed here, while the target runs: its versioned "
+            "entries would never apply (name the distribution the target imports, as pip lists it)",
+            path=path,
+            key="target.distribution",
+        )
     cases = list(cases)
     for pattern, key, entry in _entries(data, "overrides", path):
         hits = _hits(cases, pattern, path, key)

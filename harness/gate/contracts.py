@@ -22,7 +22,8 @@ from harness.results import FAILED, StageResult, summary_line
 def load_contract_cases(cases_root: Path, options: RunOptions) -> list[Case]:
     """The contract cases as they run for ``options``: with this platform's and this target's overlays."""
     target = options.load()
-    return load_cases(cases_root, platform_of_device(options.device), target.overlay or target.name)
+    runs = target.unavailable_reason(options.device) is None
+    return load_cases(cases_root, platform_of_device(options.device), target.overlay or target.name, runs)
 
 
 def run_contract_cases(

@@ -45,6 +45,10 @@ def test_entries_apply_only_to_the_versions_they_name(tmp_path: Path) -> None:
     assert new["u1"].expected_failure is None and new["u2"].expected_failure is None
     # not installed: validated, nothing applied (the target is unavailable and its cases skip)
     assert all(c.expected_failure is None for c in apply_target_overlay(_cases(), path))
+    # ... but where the target runs, its overlay names the wrong distribution: an error, not entries switched off
+    with pytest.raises(ConfigError, match="names 'stack', which is not installed here") as info:
+        apply_target_overlay(_cases(), path, target_runs=True)
+    assert (info.value.key, info.value.path) == ("target.distribution", str(path))
 
 
 @pytest.mark.parametrize(
@@ -297,6 +301,11 @@ def test_check_with_a_target_overlay(tmp_path: Path, capsys) -> None:
     assert records["prefix"]["status"] == "failed" and records["prefix"]["reason"].startswith(
         "expected to fail, but passed"
     )
+    overlay.write_text(overlay.read_text().replace('"torch"', '"no-such-stack"'))  # a misspelt distribution
+    capsys.readouterr()
+    assert main(args) == 2
+    said = capsys.readouterr().err
+    assert "rotating_suffix.toml" in said and "target.distribution" in said and "'no-such-stack'" in said, said
 
 
 def test_an_entry_can_name_the_platforms_it_holds_on(tmp_path: Path) -> None:
