@@ -101,3 +101,20 @@ def test_an_unknown_release_exits_2_naming_the_known_ones(tmp_path: Path) -> Non
     done = subprocess.run([sys.executable, str(SCRIPTS / "resolve.py"), str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == resolve.load()[0]
     assert "sglang==" + done.stdout.strip() in (tmp_path / "requirements-no-deps.txt").read_text()
+
+
+@pytest.mark.parametrize("release", [str(sglang_target.OLDEST), resolve.load()[0]], ids=["oldest", "newest"])
+def test_every_line_the_script_installs_for_a_release_resolves_on_the_index(release: str, tmp_path: Path) -> None:
+    """Each pin the install script would pass to pip (name==version, python tag, platform) exists on the package
+    index, checked by pip itself with --dry-run: a yanked or mistyped pin fails here, not on a user's machine."""
+    subprocess.run([sys.executable, str(SCRIPTS / "resolve.py"), "--version", release, str(tmp_path)], check=True)
+    lists = [arg for name in ("requirements-no-deps.txt", "requirements.txt") for arg in ("-r", str(tmp_path / name))]
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q", *lists],
+        capture_output=True,
+        text=True,
+    )
+    unresolved = ("No matching distribution", "Could not find a version", "ResolutionImpossible")
+    if done.returncode != 0 and not any(words in done.stderr for words in unresolved):
+        pytest.skip(f"pip could not reach a package index here: {done.stderr.strip().splitlines()[-1:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
