@@ -104,7 +104,8 @@ def precheck(case: Case, target: Target, options: RunOptions) -> str | None:
         return reason
     missing = sorted(get_contract(case.contract_id).requirements(case.params) - target.capabilities())
     if missing:
-        what = "; ".join(f"{m}: {CAPABILITIES[m]}" for m in missing)
+        because = target.lacks_because()
+        what = "; ".join(f"{m}: {CAPABILITIES[m]}" + (f"; {because[m]}" if m in because else "") for m in missing)
         return f"target {options.target} does not support {', '.join(missing)} ({what})"
     return None
 

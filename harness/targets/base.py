@@ -166,6 +166,11 @@ class Target(ABC):
         """None when the target can run on ``device`` ("cpu", "cuda"), else a sentence saying why not."""
         return None
 
+    def lacks_because(self) -> dict[str, str]:
+        """Why the stack lacks a capability it does not declare (the upstream fact), where the adapter knows:
+        a skip or "not applicable" quotes it beside the capability's meaning."""
+        return {}
+
     def version(self) -> str | None:
         """The installed version of the implementation (results and the cross-stack matrix name it)."""
         return None

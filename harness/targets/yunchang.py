@@ -1,11 +1,12 @@
-"""Adapter for yunchang 0.6.4 (``UlyssesAttention`` and ``LongContextAttention``).
+"""Adapter for yunchang 0.6.4 (``UlyssesAttention`` and ``LongContextAttention``), through its own code.
 
-yunchang has no replicated tokens, varlen entry, mask, GQA or backend selector on these layers, so
-it declares none and those contracts skip with the reason. Its torch kernels call CUDA-only aten
-ops and its all-to-alls move CUDA tensors, so it runs only on CUDA with one GPU per rank (NCCL).
-The kernel is flash-attn when installed, else torch's flash kernel for fp16/bf16 and the efficient
-kernel for fp32 (UlyssesAttention's torch path always runs flash, so it takes no fp32). The
-single-rank reference calls the same kernel through yunchang's own wrapper.
+yunchang has no replicated tokens, varlen entry, mask or backend selector on these layers, so it declares
+none and those contracts skip with the reason. Its torch kernels call CUDA-only aten ops, so it runs on
+CUDA only. Ranks sharing one GPU talk over gloo: yunchang's all-to-alls run there as they are, its ring's
+point-to-point transfers go through host memory (:mod:`harness.targets.yunchang_transport`; gloo cannot
+send CUDA tensors point to point). The kernel is flash-attn when its 2.x API is installed, else torch's
+flash kernel for fp16/bf16 and the efficient kernel for fp32 (UlyssesAttention's torch path always runs
+flash, so it takes no fp32). The single-rank reference calls the same kernel through yunchang's wrapper.
 """
 
 from __future__ import annotations
@@ -18,11 +19,26 @@ import torch
 import torch.distributed as dist
 
 from harness.targets.base import AttentionSpec, Target, Unsupported
+from harness.targets.yunchang_transport import direct_ring_transfers, stage_ring_transfers
 
 NOT_INSTALLED = "yunchang is not installed (pip install yunchang==0.6.4)"
-CUDA_ONLY = "yunchang's torch kernels call CUDA-only aten ops; it runs only on CUDA with one GPU per rank"
+CUDA_ONLY = "yunchang's torch kernels call CUDA-only aten ops (_scaled_dot_product_flash/efficient_attention); it runs only on CUDA"
+# What yunchang 0.6.4 cannot do, in its own code (yunchang/kernels/attention.py).
+LACKS = {
+    "backward": "yunchang 0.6.4 differentiates only through flash-attn's 2.x API: with torch kernels its "
+    "pytorch_attn_backward raises 'Not implemented backward for PyTorch attention types' (kernels/attention.py:159)",
+    "gqa": "yunchang 0.6.4's kernels call aten._scaled_dot_product_flash_attention / _efficient_attention "
+    "directly, with as many K/V heads as query heads (kernels/attention.py:68, :77)",
+}
 
 _LAYERS = ("long_context", "ulysses")
+
+
+def has_flash_attn_2() -> bool:
+    """yunchang's own test (globals.py): flash_attn with the 2.x ``flash_attn_interface`` entry points."""
+    from yunchang.globals import HAS_FLASH_ATTN
+
+    return bool(HAS_FLASH_ATTN)
 
 
 class YunchangAttention:
@@ -49,7 +65,12 @@ class YunchangTarget(Target):
         self.name = "yunchang" if layer == "long_context" else "yunchang-ulysses"
 
     def capabilities(self) -> frozenset[str]:
-        return frozenset({"ulysses", "causal", "ring"} if self.layer == "long_context" else {"ulysses", "causal"})
+        found = {"ulysses", "causal", "ring"} if self.layer == "long_context" else {"ulysses", "causal"}
+        installed = importlib.util.find_spec("yunchang") is not None
+        return frozenset(found | ({"backward"} if installed and has_flash_attn_2() else set()))
+
+    def lacks_because(self) -> dict[str, str]:
+        return {cap: why for cap, why in LACKS.items() if cap not in self.capabilities()}
 
     def version(self) -> str | None:
         import importlib.metadata
@@ -67,10 +88,10 @@ class YunchangTarget(Target):
         return None
 
     def init_parallel(self, ulysses_degree: int, ring_degree: int) -> None:
-        if dist.get_backend() != "nccl":
-            raise Unsupported(f"{CUDA_ONLY} (this group is {dist.get_backend()}: more ranks than GPUs)")
         from yunchang import set_seq_parallel_pg
 
+        if dist.get_backend() == "gloo":  # ranks sharing a GPU: the ring's P2P through host memory
+            stage_ring_transfers()
         set_seq_parallel_pg(ulysses_degree, ring_degree, dist.get_rank(), dist.get_world_size())
 
     def destroy_parallel(self) -> None:
@@ -80,6 +101,7 @@ class YunchangTarget(Target):
 
         PROCESS_GROUP.ULYSSES_PG = None
         PROCESS_GROUP.RING_PG = None
+        direct_ring_transfers()
 
     def make_attention(self, spec: AttentionSpec) -> YunchangAttention:
         from yunchang import LongContextAttention, UlyssesAttention
@@ -87,7 +109,7 @@ class YunchangTarget(Target):
         from yunchang.kernels import AttnType, select_flash_attn_impl
 
         if spec.num_kv_heads not in (None, spec.num_heads):
-            raise Unsupported("yunchang needs as many K/V heads as query heads")
+            raise Unsupported(LACKS["gqa"])
         if spec.dtype not in (torch.float16, torch.bfloat16) and (HAS_FLASH_ATTN or self.layer == "ulysses"):
             # Seen on an H200: UlyssesAttention's torch path (ring_pytorch_attn_func) runs torch's
             # flash kernel whatever attn_type says, and flash-attn itself is fp16/bf16 only.

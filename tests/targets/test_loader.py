@@ -80,7 +80,9 @@ def test_yunchang_says_why_it_cannot_run(monkeypatch):
         importlib.util, "find_spec", lambda name, *a: object() if name == "yunchang" else real_find_spec(name, *a)
     )
     assert target.unavailable_reason("cpu") == CUDA_ONLY
-    assert CUDA_ONLY == "yunchang's torch kernels call CUDA-only aten ops; it runs only on CUDA with one GPU per rank"
+    assert (
+        CUDA_ONLY.startswith("yunchang's torch kernels call CUDA-only aten ops") and "one GPU per rank" not in CUDA_ONLY
+    )
     assert target.unavailable_reason("cuda") is None
     with pytest.raises(ValueError, match="unknown yunchang layer 'ring'"):
         YunchangTarget("ring")
