@@ -3,6 +3,8 @@ and fail, with their figures, on deliberately broken targets."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from harness.contracts.bounds import fp32_ulp
@@ -188,7 +190,8 @@ class _NoPools(PoolSet):
 def test_yunchang_is_skipped_with_the_reason_without_starting_ranks():
     cases = [make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u", source="test")]
     [verdict] = run_cases(cases, RunOptions("yunchang", allow_new_skips=True), _NoPools())
-    assert verdict.status == SKIPPED and verdict.reason.startswith(f"target yunchang: {NOT_INSTALLED}")
+    said = NOT_INSTALLED if importlib.util.find_spec("yunchang") is None else CUDA_ONLY  # installed: not on a CPU
+    assert verdict.status == SKIPPED and verdict.reason.startswith(f"target yunchang: {said}")
 
 
 class _InstalledYunchang(YunchangTarget):

@@ -53,10 +53,12 @@ def test_a_model_check_failure_names_the_rank_it_is_on(rank_pools: PoolSet) -> N
     [result] = run_cases([case], RunOptions("tests.targets.planted_model:factory"), rank_pools)
     assert result.status == FAILED and "block.image: not bitwise" in result.reason, result.reason
     assert "[worst at rank 1, batch 0, token " in result.reason and "above half the worst: rank 1 (" in result.reason
-    for path in ("block.image", "block.caption"):
-        where = result.figures["paths"][path]["where"]
-        assert where["worst"]["rank"] == 1 and where["above_half"]["rank 0"][0] == 0, where
-        assert where["above_half"]["rank 1"][0] > 0
+    where = {path: result.figures["paths"][path]["where"] for path in ("block.image", "block.caption")}
+    seen = {
+        p: (w["worst"]["rank"], w["above_half"]["rank 0"][0], w["above_half"]["rank 1"][0] > 0)
+        for p, w in where.items()
+    }
+    assert seen == dict.fromkeys(where, (1, 0, True)), where  # rank 0 has no large difference, rank 1 has
 
 
 @pytest.mark.parametrize(

@@ -323,13 +323,14 @@ def test_absolute_mode_fails_a_command_whose_steps_take_twenty_times_as_long(
 ) -> None:
     """The doubled-step generator of the issue, on a stored baseline recorded here from 3 gates of the plain one.
 
-    Tolerances of 500 %: recalibration refuses a tolerance inside the runs' spread, and beside two busy
-    processes the spread of a 45 ms command's e2e reached ±104 % (its ~2 ms non-denoising stages 77 % on
-    CI); a step twenty times as long (10 → 200 ms) is past them on any box. Those small stages get 100,000 %
-    (one scheduler slice of a loaded box made a 2 ms stage's spread ±1,267 %), as no figure of theirs is what
-    this test fails."""
-    for family in ("E2E", "DENOISE_STAGE", "DENOISE_STEP", "DENOISE_AGG", "WALL"):
+    Wide tolerances: recalibration refuses a tolerance inside the runs' spread, and on a loaded box a 45 ms
+    command's e2e spread reached ±550 % and a ~2 ms stage's ±1,267 % (one scheduler slice). The steps and
+    the denoising stage get 500 %, e2e, wall and the step aggregates 1000 %, the small stages 100,000 %;
+    a step twenty times as long (10 → 200 ms, the stage ~40 → ~800 ms) is past every one of them."""
+    for family in ("DENOISE_STAGE", "DENOISE_STEP"):
         monkeypatch.setenv(f"PARITY_PERF_TOL_{family}", "5")
+    for family in ("E2E", "DENOISE_AGG", "WALL"):
+        monkeypatch.setenv(f"PARITY_PERF_TOL_{family}", "10")
     monkeypatch.setenv("PARITY_PERF_TOL_NON_DENOISE_STAGE", "1000")
     cases, baselines = gate_project(tmp_path, sleepy=SLEEPY)
     shutil.copy(REPO / "baselines" / "perf_baselines.json", baselines)

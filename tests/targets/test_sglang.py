@@ -147,7 +147,7 @@ def test_overlay_carries_the_version_facts(cases):
     } == (dict.fromkeys(legal_prefix, (None, True, None)))
     assert "PR #33923" in old["varlen[world_size=2,causal=false]"].expected_skip.because
     # 0.5.17's own divergences, fixed in 0.5.18 (measured: docs/targets/versions.md)
-    fixed = (guard, "skip_sequence_parallel_local[world_size=2]")
+    fixed = (guard, "skip_sequence_parallel_local_ring")
     then = _overlaid(cases, "0.5.18")
     assert {
         c: ("before 0.5.18" in old[c].expected_failure.describe(), then[c].expected_failure) for c in fixed

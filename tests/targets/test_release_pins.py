@@ -1,0 +1,44 @@
+"""Every pin of every recorded release holds to what that release did: each overlay entry, applied at the
+release's version, names only cases the release failed as expected or skipped for the pinned reason.
+
+The results are the committed `parity check --json` runs of docs/targets/versions/ (docs/targets/versions.md
+says how they were made). A pin whose glob also matches a case that passes (sglang 0.5.17's
+``skip_sequence_parallel_local[*`` matched the Ulysses cases), or a case of the default set the run did not
+record, fails here without installing any release.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from harness.cases import load_cases
+from harness.cases.overlays import apply_target_overlay
+from harness.files.jsonio import read_json
+from harness.paths import default_cases_dir
+
+RUNS = sorted((Path(__file__).resolve().parents[2] / "docs" / "targets" / "versions").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
+def test_every_pin_of_a_recorded_release_holds_to_what_it_did(path: Path) -> None:
+    run = read_json(path)
+    overlay = default_cases_dir() / "contracts" / "targets" / f"{run['target']}.toml"
+    cases = apply_target_overlay(
+        load_cases(default_cases_dir(), run["platform"]), overlay, Version(run["target_version"]), run["platform"]
+    )
+    recorded = {r["case_id"]: r for r in run["stages"]["contracts"]["records"]}
+    assert sorted({c.id for c in cases} - set(recorded)) == [], f"not in {path.name}: run the release again"
+    wrong = {}
+    for case in cases:
+        status, reason = recorded[case.id]["status"], recorded[case.id]["reason"] or ""
+        if case.expected_failure is not None and status != "xfailed":
+            wrong[case.id] = f"pinned to fail ({case.expected_failure.where}) but {status}: {reason}"
+        pin = case.expected_skip
+        if pin is not None and status == "skipped" and pin.reason is not None and pin.reason not in reason:
+            wrong[case.id] = f"pinned to skip for {pin.reason!r} ({pin.where}) but skipped for: {reason}"
+        if status == "failed":
+            wrong[case.id] = f"failed: {reason}"
+    assert wrong == {}
