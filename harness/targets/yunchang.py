@@ -105,18 +105,19 @@ class YunchangTarget(Target):
 
     def make_attention(self, spec: AttentionSpec) -> YunchangAttention:
         from yunchang import LongContextAttention, UlyssesAttention
-        from yunchang.globals import HAS_FLASH_ATTN, PROCESS_GROUP
+        from yunchang.globals import PROCESS_GROUP
         from yunchang.kernels import AttnType, select_flash_attn_impl
 
         if spec.num_kv_heads not in (None, spec.num_heads):
             raise Unsupported(LACKS["gqa"])
-        if spec.dtype not in (torch.float16, torch.bfloat16) and (HAS_FLASH_ATTN or self.layer == "ulysses"):
+        flash_attn_2 = has_flash_attn_2()
+        if spec.dtype not in (torch.float16, torch.bfloat16) and (flash_attn_2 or self.layer == "ulysses"):
             # Seen on an H200: UlyssesAttention's torch path (ring_pytorch_attn_func) runs torch's
             # flash kernel whatever attn_type says, and flash-attn itself is fp16/bf16 only.
             raise Unsupported(
-                f"yunchang {self.layer} with {'flash-attn' if HAS_FLASH_ATTN else 'torch kernels'} runs flash attention: fp16/bf16 only, not {spec.dtype}"
+                f"yunchang {self.layer} with {'flash-attn' if flash_attn_2 else 'torch kernels'} runs flash attention: fp16/bf16 only, not {spec.dtype}"
             )
-        if HAS_FLASH_ATTN:
+        if flash_attn_2:
             attn_type = AttnType.FA
         else:
             attn_type = AttnType.TORCH_EFFICIENT if spec.dtype == torch.float32 else AttnType.TORCH_FLASH

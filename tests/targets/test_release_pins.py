@@ -22,6 +22,11 @@ from harness.paths import default_cases_dir
 RUNS = sorted((Path(__file__).resolve().parents[2] / "docs" / "targets" / "versions").glob("*.json"))
 
 
+def test_each_stack_has_recorded_releases() -> None:
+    """The grid below is not empty: a missing results directory would otherwise check nothing, silently."""
+    assert {read_json(p)["target"] for p in RUNS} == {"sglang", "diffusers"}
+
+
 @pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
 def test_every_pin_of_a_recorded_release_holds_to_what_it_did(path: Path) -> None:
     run = read_json(path)
