@@ -4,9 +4,9 @@ yunchang has no replicated tokens, varlen entry, mask or backend selector on the
 none and those contracts skip with the reason. Its torch kernels call CUDA-only aten ops, so it runs on
 CUDA only. Ranks sharing one GPU talk over gloo: yunchang's all-to-alls run there as they are, its ring's
 point-to-point transfers go through host memory (:mod:`harness.targets.yunchang_transport`; gloo cannot
-send CUDA tensors point to point). The kernel is flash-attn when its 2.x API is installed, else torch's
-flash kernel for fp16/bf16 and the efficient kernel for fp32 (UlyssesAttention's torch path always runs
-flash, so it takes no fp32). The single-rank reference calls the same kernel through yunchang's wrapper.
+send CUDA tensors point to point). fp16/bf16 run flash-attn when its 2.x API is installed, else torch's
+flash kernel; fp32 runs the efficient kernel either way (UlyssesAttention's torch path always runs flash,
+so it takes no fp32). The single-rank reference calls the same kernel through yunchang's wrapper.
 """
 
 from __future__ import annotations
@@ -110,17 +110,15 @@ class YunchangTarget(Target):
 
         if spec.num_kv_heads not in (None, spec.num_heads):
             raise Unsupported(LACKS["gqa"])
-        flash_attn_2 = has_flash_attn_2()
-        if spec.dtype not in (torch.float16, torch.bfloat16) and (flash_attn_2 or self.layer == "ulysses"):
+        half = spec.dtype in (torch.float16, torch.bfloat16)
+        if not half and self.layer == "ulysses":
             # Seen on an H200: UlyssesAttention's torch path (ring_pytorch_attn_func) runs torch's
-            # flash kernel whatever attn_type says, and flash-attn itself is fp16/bf16 only.
-            raise Unsupported(
-                f"yunchang {self.layer} with {'flash-attn' if flash_attn_2 else 'torch kernels'} runs flash attention: fp16/bf16 only, not {spec.dtype}"
-            )
-        if flash_attn_2:
-            attn_type = AttnType.FA
-        else:
-            attn_type = AttnType.TORCH_EFFICIENT if spec.dtype == torch.float32 else AttnType.TORCH_FLASH
+            # flash kernel whatever attn_type says.
+            raise Unsupported(f"yunchang ulysses runs flash attention: fp16/bf16 only, not {spec.dtype}")
+        if half:
+            attn_type = AttnType.FA if has_flash_attn_2() else AttnType.TORCH_FLASH
+        else:  # flash-attn is fp16/bf16 only: fp32 takes yunchang's efficient kernel, installed or not
+            attn_type = AttnType.TORCH_EFFICIENT
         kernel = f"yunchang:{attn_type.value}"
         if spec.skip_sequence_parallel:
             local = select_flash_attn_impl(attn_type, stage="fwd-only")

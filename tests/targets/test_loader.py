@@ -48,7 +48,7 @@ def fake_module(monkeypatch):
     [
         (
             "nosuch",
-            "unknown target 'nosuch'; built-in targets: reference, sglang, yunchang, yunchang-ulysses, diffusers, or give 'module:factory'",
+            "unknown target 'nosuch'; built-in targets: reference, sglang, yunchang, yunchang-ulysses, xdit, diffusers, or give 'module:factory'",
         ),
         ("nosuch_module_xyz:factory", "cannot import module 'nosuch_module_xyz'"),
         ("parity_fake_targets:missing", "has no callable 'missing'"),

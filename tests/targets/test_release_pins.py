@@ -24,7 +24,7 @@ RUNS = sorted((Path(__file__).resolve().parents[2] / "docs" / "targets" / "versi
 
 def test_each_stack_has_recorded_releases() -> None:
     """The grid below is not empty: a missing results directory would otherwise check nothing, silently."""
-    assert {read_json(p)["target"] for p in RUNS} == {"sglang", "diffusers"}
+    assert {read_json(p)["target"] for p in RUNS} == {"sglang", "diffusers", "yunchang", "yunchang-ulysses"}
 
 
 @pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
