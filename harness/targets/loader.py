@@ -36,7 +36,11 @@ BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
         "yunchang 0.6.4 LongContextAttention (Ulysses x ring; CUDA only)",
     ),
     "yunchang-ulysses": ("harness.targets.yunchang", "ulysses_factory", "yunchang 0.6.4 UlyssesAttention (CUDA only)"),
-    "xdit": ("harness.targets.xdit", "factory", "xDiT (xfuser 0.7.0) USP, as its attention processors call it (CUDA only)"),
+    "xdit": (
+        "harness.targets.xdit",
+        "factory",
+        "xDiT (xfuser 0.7.0) USP, as its attention processors call it (CUDA only)",
+    ),
     "diffusers": (
         "harness.targets.diffusers",
         "factory",
