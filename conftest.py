@@ -1,8 +1,10 @@
 """pytest wiring for parity's own suite: the parity plugin and GPU-aware skipping.
 
 Markers (declared in pyproject.toml): ``gpu`` needs one CUDA device, ``multi_gpu`` needs two
-or more, ``slow`` is long-running. GPU tests are skipped *with the reason* on machines
-without the hardware, never silently dropped.
+or more, ``slow`` is long-running (tens of seconds): slow tests are collected first, so that pytest-xdist's
+workers start the longest ones at once rather than finishing on one of them alone (the suite's wall time is
+the busiest worker's). GPU tests are skipped *with the reason* on machines without the hardware, never
+silently dropped.
 """
 
 from __future__ import annotations
@@ -32,3 +34,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_gpu)
         if "multi_gpu" in item.keywords and gpus < 2:
             item.add_marker(few_gpus)
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: file order otherwise

@@ -33,7 +33,7 @@ from harness.targets.openai_images import (
     request_body,
     timings_of,
 )
-from harness.targets.served import READY_PATHS, LaunchedServer, answers
+from harness.targets.served import READY_PATHS, LaunchedServer, answers, launch
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_READY_TIMEOUT_S = 600.0
@@ -114,7 +114,7 @@ class OpenAIPipelineTarget(PipelineTarget):
         if server is not None:
             server.stop()
         template = self.launch.replace("{world_size}", str(world_size))
-        self._servers[key] = server = LaunchedServer(template, self.ready_timeout)
+        self._servers[key] = server = launch(template, self.ready_timeout)
         self.launches += 1
         if self not in _LIVE:
             _LIVE.append(self)

@@ -5,7 +5,8 @@ a child subreaper in a session of its own that kills every process the server st
 sessions included, when told, when the server exits, or when parity dies, SIGKILL included). Its
 stdout and stderr go to a log file in a temporary folder that the keeper removes if parity dies;
 every error about the server quotes the log's last lines. Readiness is a ``200`` from one of
-:data:`READY_PATHS` (sglang answers ``/health``; OpenAI-compatible servers ``/v1/models``).
+:data:`READY_PATHS` (sglang answers ``/health``; OpenAI-compatible servers ``/v1/models``). The port is free
+when picked but may be taken before the server binds it: :func:`launch` then tries another.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 64 * 1024
 _POLL_S = 0.2
 _PROBE_TIMEOUT_S = 2.0
+PORT_ATTEMPTS = 3
 
 
 def free_port() -> int:
@@ -156,3 +158,15 @@ class LaunchedServer:
             os.close(self._status_r)
             self._status_r = None
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def launch(template: str, ready_timeout: float) -> LaunchedServer:
+    """A ready server of ``template``, on another free port where another process bound the picked one first
+    (its log says "address already in use"; :data:`PORT_ATTEMPTS` ports at most)."""
+    for _ in range(PORT_ATTEMPTS - 1):
+        try:
+            return LaunchedServer(template, ready_timeout)
+        except PipelineFailed as exc:
+            if "address already in use" not in f"{exc.reason}\n{exc.detail}".lower():
+                raise
+    return LaunchedServer(template, ready_timeout)

@@ -69,6 +69,16 @@ def test_every_folder_has_a_layer() -> None:
     assert units <= set().union(*LAYERS), f"not in any layer: {sorted(units - set().union(*LAYERS))}"
 
 
+@pytest.mark.parametrize("page", ["README.md", "ARCHITECTURE.md"])
+def test_the_layout_drawing_names_every_unit_of_the_layers(page: str) -> None:
+    """The drawing a reader sees is the one this test enforces: every folder (``gate/``) and top-level module
+    (``cli.py``) of LAYERS appears in the page's first code block after its "Layout" heading, if any."""
+    text = (HARNESS.parent / page).read_text()
+    drawing = text.partition("## Layout")[2].split("```", 2)[1] if "## Layout" in text else text.split("```", 2)[1]
+    missing = sorted(u for u in set().union(*LAYERS) if f"{u}/" not in drawing and f"{u}.py" not in drawing)
+    assert missing == [], f"{page}'s layout drawing omits {missing}"
+
+
 def test_imports_flow_down_the_layers() -> None:
     wrong = sorted((u, d) for u, deps in _graph().items() for d in deps if _layer(d) > _layer(u))
     assert not wrong, f"imports that go up a layer: {wrong}"

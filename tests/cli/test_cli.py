@@ -102,7 +102,14 @@ def test_doctor_json_names_every_backend_and_why():
     assert not backends["fa"]["available"] and "flash-attn" in backends["fa"]["reason"]
     assert not backends["sage_attn"]["available"] and "sageattention" in backends["sage_attn"]["reason"]
     assert backends["sage_attn"]["returns_lse"] is False and backends["math"]["returns_lse"] is True
-    assert {t["name"] for t in data["targets"]} == {"reference", "yunchang", "yunchang-ulysses", "diffusers", "sglang"}
+    assert {t["name"] for t in data["targets"]} == {
+        "reference",
+        "yunchang",
+        "yunchang-ulysses",
+        "xdit",
+        "diffusers",
+        "sglang",
+    }
 
 
 def test_doctor_reports_a_forced_platform(capsys, monkeypatch):

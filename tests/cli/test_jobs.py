@@ -146,6 +146,7 @@ def _verdicts(path: Path) -> dict[tuple[str, str], tuple[str, str | None]]:
     }
 
 
+@pytest.mark.slow
 def test_two_agents_of_two_run_the_default_gate_as_the_local_launcher_does(tmp_path: Path) -> None:
     job_json, local_json = tmp_path / "job.json", tmp_path / "local.json"
     with _two_nodes(tmp_path, "gate", "--no-perf", "--json", str(job_json)) as (node0, node1):
@@ -195,6 +196,7 @@ def test_a_failure_planted_on_rank_3_of_the_second_node_is_reported_by_rank_0_wi
     assert parity_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_lost_node_ends_the_other_with_a_message_within_the_silence_limit(tmp_path: Path) -> None:
     cases = _cases(tmp_path, TWO_CASES)
     marker = tmp_path / "marker"

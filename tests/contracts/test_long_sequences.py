@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(900)
 LIMIT_BYTES = 4 * 10**9
 
 
+@pytest.mark.slow
 def test_the_long_suite_passes_in_bounded_memory(tmp_path: Path) -> None:
     report = tmp_path / "long.json"
     command = [sys.executable, "-m", "harness.cli", "check", "--suite", "long", "--json", str(report), "-q"]

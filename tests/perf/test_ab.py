@@ -149,6 +149,7 @@ def test_a_command_whose_steps_sleep_10_percent_longer_fails(sleepy: Path, tmp_p
     assert failure is not None and failure.get("type") == record["status"]  # failed, or inconclusive at the cap
 
 
+@pytest.mark.slow
 def test_the_builtin_pipeline_against_itself_passes(tiny: Path, tmp_path: Path) -> None:
     code, doc = _perf(tiny, tmp_path, "reference", "reference", *MANY)
     record = _record(doc)
@@ -199,6 +200,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
+@pytest.mark.slow
 def test_a_commit_with_a_planted_delay_fails_against_its_parent(tiny: Path, history: Path, tmp_path: Path) -> None:
     repo = f"repo={history}"
     code, doc = _perf(tiny, tmp_path, "rev:HEAD~1", "rev:HEAD", "--base-arg", repo, "--head-arg", repo, *MANY)
@@ -212,6 +214,7 @@ def test_a_commit_with_a_planted_delay_fails_against_its_parent(tiny: Path, hist
     assert left == []  # the exported trees are gone with the run
 
 
+@pytest.mark.slow
 def test_a_commit_against_the_working_tree_it_was_made_from_passes(tiny: Path, history: Path, tmp_path: Path) -> None:
     code, doc = _perf(tiny, tmp_path, "rev:HEAD~1", "reference", "--base-arg", f"repo={history}", *MANY)
     record = _record(doc)
@@ -318,6 +321,7 @@ def test_perf_base_arg_without_perf_base_is_a_usage_error(capsys: pytest.Capture
 # --------------------------------------------------------------------------- absolute mode
 
 
+@pytest.mark.slow
 def test_absolute_mode_fails_a_command_whose_steps_take_twenty_times_as_long(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -115,6 +115,7 @@ contract = "usp.ring_parity"
 """
 
 
+@pytest.mark.slow
 def test_parity_cases_collects_one_item_per_case_and_k_selects(tmp_path: Path) -> None:
     root = _project(tmp_path / "user", 'cases = "cases"\n', tests="")
     (root / "cases" / "contracts").mkdir(parents=True)

@@ -310,3 +310,38 @@ def test_no_server_survives_parity_ended_mid_ab(project: Path, sig: signal.Signa
     assert gone(tag), f"servers outlived parity after {sig.name}: {tagged(tag)}"
     if sig == signal.SIGINT:
         assert proc.returncode == 130 and b"Traceback" not in proc.stderr.read()  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- a port taken before the server binds it
+
+
+def _taken_first(marker: Path, times: int, tag: str) -> str:
+    """A launch template that fails as a server whose port was taken, ``times`` times, then starts the real one."""
+    script = (
+        f"n=$(cat {marker} 2>/dev/null || echo 0); echo $((n + 1)) > {marker}; "
+        f'if [ "$n" -lt {times} ]; then echo "OSError: [Errno 98] Address already in use"; exit 1; fi; '
+        f'exec {shlex.join([sys.executable, str(SERVER), "--tag", tag])} --port "$0"'
+    )
+    return shlex.join(["sh", "-c", script, "{port}"])
+
+
+@pytest.mark.parametrize(("taken", "starts"), [(2, True), (3, False)], ids=["taken-twice", "taken-every-time"])
+def test_a_port_taken_before_the_server_binds_it_is_tried_again_on_another(
+    tmp_path: Path, taken: int, starts: bool
+) -> None:
+    from harness.targets.base import PipelineFailed
+    from harness.targets.served import PORT_ATTEMPTS, launch
+
+    tag = uuid.uuid4().hex
+    template, marker = _taken_first(tmp_path / "tries", taken, tag), tmp_path / "tries"
+    if starts:
+        server = launch(template, ready_timeout=120.0)
+        try:
+            assert server.exited() is None and marker.read_text().strip() == str(taken + 1)
+        finally:
+            server.stop()
+    else:
+        with pytest.raises(PipelineFailed, match="Address already in use"):
+            launch(template, ready_timeout=120.0)
+        assert marker.read_text().strip() == str(PORT_ATTEMPTS)  # and no more
+    assert gone(tag)
