@@ -64,25 +64,7 @@ def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) ->
     if not isinstance(description, str):
         raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
     timeout = _timeout(path, case_id, body.get("timeout", defaults.get("timeout")))
-    matrix = body.get("matrix", {})
-    if not isinstance(matrix, dict):
-        raise ConfigError(f"case '{case_id}': matrix must be a table of lists", path=path, key=f"{where}.matrix")
-    for key, values in matrix.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(
-                f"case '{case_id}': matrix values must be a non-empty list", path=path, key=f"{where}.matrix.{key}"
-            )
-        if key in body:
-            raise ConfigError(
-                f"case '{case_id}': '{key}' is both a parameter and a matrix axis", path=path, key=f"{where}.{key}"
-            )
-    size = math.prod(len(values) for values in matrix.values())
-    if size > MAX_MATRIX_CASES:
-        raise ConfigError(
-            f"case '{case_id}': the matrix expands to {size} cases; at most {MAX_MATRIX_CASES} per case table",
-            path=path,
-            key=f"{where}.matrix",
-        )
+    matrix = _matrix(path, case_id, body)
     contract = contract_of(path, case_id, contract_id)
     # A default applies where the contract has that parameter (a file may mix contracts).
     declared = {p.name for p in contract.params}
@@ -108,6 +90,31 @@ def _expand(path: Path, case_id: str, body: Any, defaults: Mapping[str, Any]) ->
             )
         )
     return cases
+
+
+def _matrix(path: Path, case_id: str, body: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """A case table's ``matrix``: axes of non-empty lists, none also a parameter, at most MAX_MATRIX_CASES cases."""
+    where = f"cases.{case_id}"
+    matrix = body.get("matrix", {})
+    if not isinstance(matrix, dict):
+        raise ConfigError(f"case '{case_id}': matrix must be a table of lists", path=path, key=f"{where}.matrix")
+    for key, values in matrix.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(
+                f"case '{case_id}': matrix values must be a non-empty list", path=path, key=f"{where}.matrix.{key}"
+            )
+        if key in body:
+            raise ConfigError(
+                f"case '{case_id}': '{key}' is both a parameter and a matrix axis", path=path, key=f"{where}.{key}"
+            )
+    size = math.prod(len(values) for values in matrix.values())
+    if size > MAX_MATRIX_CASES:
+        raise ConfigError(
+            f"case '{case_id}': the matrix expands to {size} cases; at most {MAX_MATRIX_CASES} per case table",
+            path=path,
+            key=f"{where}.matrix",
+        )
+    return matrix
 
 
 def _timeout(path: Path, case_id: str, value: Any) -> float | None:

@@ -123,32 +123,7 @@ def _make_case(
     if not isinstance(body, dict):
         raise ConfigError(f"case '{case_id}' must be a table", path=path, key=where)
     expect_id(case_id, path, where)
-
-    def meta_int(key: str, default: int) -> int:
-        value = body.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORLD_SIZE:
-            raise ConfigError(
-                f"case '{case_id}': must be a positive integer <= {MAX_WORLD_SIZE}, got {value!r}",
-                path=path,
-                key=f"{where}.{key}",
-            )
-        return value
-
-    world = meta_int("world_size", 1)
-    ring = meta_int("ring_degree", 1)
-    ulysses = meta_int("ulysses_degree", world // ring if world % ring == 0 else world)
-    if ulysses * ring != world:
-        raise ConfigError(
-            f"case '{case_id}': ulysses_degree ({ulysses}) × ring_degree ({ring}) must equal world_size ({world})",
-            path=path,
-            key=f"{where}.ulysses_degree",
-        )
-    if ring != 1:
-        raise ConfigError(
-            f"case '{case_id}': the pipeline's DiTs shard image tokens over Ulysses only (ring_degree must be 1)",
-            path=path,
-            key=f"{where}.ring_degree",
-        )
+    world, ulysses, ring = _degrees(path, case_id, body)
     description = body.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
@@ -182,6 +157,38 @@ def _make_case(
         source=str(path),
         description=description,
     )
+
+
+def _degrees(path: Path, case_id: str, body: Mapping[str, Any]) -> tuple[int, int, int]:
+    """The case's world size, Ulysses and ring degrees (Ulysses x ring = world; the pipeline's DiTs: ring 1)."""
+    where = f"cases.{case_id}"
+
+    def meta_int(key: str, default: int) -> int:
+        value = body.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORLD_SIZE:
+            raise ConfigError(
+                f"case '{case_id}': must be a positive integer <= {MAX_WORLD_SIZE}, got {value!r}",
+                path=path,
+                key=f"{where}.{key}",
+            )
+        return value
+
+    world = meta_int("world_size", 1)
+    ring = meta_int("ring_degree", 1)
+    ulysses = meta_int("ulysses_degree", world // ring if world % ring == 0 else world)
+    if ulysses * ring != world:
+        raise ConfigError(
+            f"case '{case_id}': ulysses_degree ({ulysses}) × ring_degree ({ring}) must equal world_size ({world})",
+            path=path,
+            key=f"{where}.ulysses_degree",
+        )
+    if ring != 1:
+        raise ConfigError(
+            f"case '{case_id}': the pipeline's DiTs shard image tokens over Ulysses only (ring_degree must be 1)",
+            path=path,
+            key=f"{where}.ring_degree",
+        )
+    return world, ulysses, ring
 
 
 def _unmeasured(path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, str]:

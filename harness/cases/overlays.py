@@ -140,23 +140,7 @@ def apply_target_overlay(
     is wrong, and every versioned entry would silently never apply.
     """
     data = read_toml(path)
-    unknown = set(data) - {"target", "overrides", "expected_failures", "expected_skips"}
-    if unknown:
-        raise ConfigError(
-            "a target overlay holds [target], [overrides.*], [expected_failures.*] and [expected_skips.*]",
-            path=path,
-            key=sorted(unknown)[0],
-        )
-    target = data.get("target", {})
-    distribution = target.get("distribution") if isinstance(target, dict) else None
-    if not isinstance(target, dict) or not isinstance(distribution, (str, type(None))):
-        raise ConfigError('must be a table with distribution = "<installed distribution>"', path=path, key="target")
-    if distribution is None and _uses_versions(data, path):
-        raise ConfigError(
-            "entries with 'versions' need [target] distribution = \"<installed distribution>\"",
-            path=path,
-            key="target.distribution",
-        )
+    distribution = _distribution(data, path)
     version = version if version is not None else installed_version(distribution) if distribution else None
     if distribution and version is None and target_runs:
         raise ConfigError(
@@ -186,6 +170,28 @@ def apply_target_overlay(
             for i in hits:
                 cases[i] = dataclasses.replace(cases[i], expected_skip=pin)
     return [dataclasses.replace(case, target_overlay=str(path)) for case in cases]
+
+
+def _distribution(data: Mapping[str, Any], path: Path) -> str | None:
+    """The overlay's ``[target] distribution``, its sections checked (versioned entries need a distribution)."""
+    unknown = set(data) - {"target", "overrides", "expected_failures", "expected_skips"}
+    if unknown:
+        raise ConfigError(
+            "a target overlay holds [target], [overrides.*], [expected_failures.*] and [expected_skips.*]",
+            path=path,
+            key=sorted(unknown)[0],
+        )
+    target = data.get("target", {})
+    distribution = target.get("distribution") if isinstance(target, dict) else None
+    if not isinstance(target, dict) or not isinstance(distribution, (str, type(None))):
+        raise ConfigError('must be a table with distribution = "<installed distribution>"', path=path, key="target")
+    if distribution is None and _uses_versions(data, path):
+        raise ConfigError(
+            "entries with 'versions' need [target] distribution = \"<installed distribution>\"",
+            path=path,
+            key="target.distribution",
+        )
+    return distribution
 
 
 def _uses_versions(data: Mapping[str, Any], path: Path) -> bool:

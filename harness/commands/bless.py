@@ -103,9 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.baselines.image_writes import write_set
     from harness.baselines.images import MANIFEST, REFERENCES_DIR
     from harness.cases.image import check_pipeline_args_used, load_image_cases, select_image_cases
-    from harness.gate.bless import CHANGE_HEADERS, blessings_from_results, changes, generate_blessings
-    from harness.gate.contracts import check_device
-    from harness.ranks import PoolSet
+    from harness.gate.bless import CHANGE_HEADERS, blessings_for, changes
     from harness.report.console import make_console, text_table
     from harness.report.output import emit_json, human_console
     from harness.targets.base import PipelineFailed
@@ -117,18 +115,11 @@ def run(args: argparse.Namespace) -> int:
     out = human_console(args.json)
     start = time.perf_counter()
     directory = baselines / REFERENCES_DIR
-    if args.from_results is not None:
-        blessings = blessings_from_results(cases, args.from_results, carried(args))
-    else:
-        check_device(device(args))
-        with PoolSet(device(args)) as pools:
-            try:
-                blessings = generate_blessings(cases, pools, args.timeout)
-            except PipelineFailed as exc:  # an external command failed: nothing was written
-                make_console(stderr=True).print(
-                    f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False
-                )
-                return 1
+    try:
+        blessings = blessings_for(cases, device(args), args.timeout, args.from_results, carried(args))
+    except PipelineFailed as exc:  # an external command failed: nothing was written
+        make_console(stderr=True).print(f"parity bless: {exc.reason}\n{exc.detail}", markup=False, highlight=False)
+        return 1
     whole_set = bool(args.all)  # every case blessed: a manifest of an older format is replaced
     rows = changes(directory, blessings, whole_set)
     out.print(

@@ -46,103 +46,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.2f}%"
-
-
 def run(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
     from harness.files.jsonio import read_json
     from harness.report.compare import Records, Rule, check_rules, compare
-    from harness.report.format import figure, inert
+    from harness.report.compare_render import comparison_json, render_comparison
     from harness.report.output import emit_json, human_console
-    from harness.results import json_safe, stage_records
-
-    def safe(text: object) -> str:  # text read from the files: inert in the terminal, literal to rich
-        return escape(inert(text))
+    from harness.results import stage_records
 
     rules = [Rule.parse(text) for text in args.fail_on]
-    docs = [read_json(p) for p in (args.base, args.new)]
-    base, new = (Records(str(path), stage_records(doc, path)) for doc, path in zip(docs, (args.base, args.new)))
+    docs = [(path, read_json(path)) for path in (args.base, args.new)]
+    base, new = (Records(str(path), stage_records(doc, path)) for path, doc in docs)
     deltas, statuses = compare(base, new)
     broken = check_rules(deltas, rules)
-    out = human_console(args.json)
-    for label, doc, path in (("base", docs[0], args.base), ("new", docs[1], args.new)):
-        git = doc.get("git") or {}
-        commit = (
-            f"commit {str(git['commit'])[:12]}{' (dirty)' if git.get('dirty') else ''}"
-            if git.get("commit")
-            else "no commit recorded"
-        )
-        out.print(
-            safe(f"{label}: {path} ({commit}, parity {doc.get('parity_version', '?')}, torch {doc.get('torch', '?')})"),
-            soft_wrap=True,
-        )
-    bad = {id(d) for _, d in broken}
-    table = Table(title="figures" + ("" if args.all else " that changed"))
-    for column in ("stage", "case", "figure", "old", "new", "change"):
-        table.add_column(
-            column, no_wrap=column == "case", justify="right" if column in ("old", "new", "change") else "left"
-        )
-    shown = [d for d in deltas if args.all or d.old != d.new]
-    for d in shown:
-        style = "bold red" if id(d) in bad else ("yellow" if d.worse else "")
-        table.add_row(
-            safe(d.stage),
-            safe(d.case_id),
-            safe(d.metric),
-            figure(d.old),
-            _new(d.new),
-            f"[{style}]{_pct(d.change_pct)}[/]" if style else _pct(d.change_pct),
-        )
-    out.print(table)
-    for s in statuses:
-        out.print(safe(f"{s.stage}/{s.case_id}: {s.old or 'absent'} -> {s.new or 'absent'}"), soft_wrap=True)
-    for rule, d in broken:
-        out.print(
-            safe(
-                f"FAIL {d.stage}/{d.case_id} {d.metric}: {figure(d.old)} -> {_new(d.new)} "
-                f"({_pct(d.change_pct)}), worse than --fail-on {rule.metric}:{rule.pct:g}"
-            ),
-            soft_wrap=True,
-        )
-    changed = sum(d.old != d.new for d in deltas)
-    out.print(
-        f"{len(deltas)} figures compared, {changed} changed, {sum(d.worse for d in deltas)} worse, "
-        f"{len(broken)} past a --fail-on threshold; {len(statuses)} status change(s)"
-    )
+    render_comparison(human_console(args.json), docs, deltas, statuses, broken, args.all)
     if args.json is not None:
-        emit_json(
-            args.json,
-            json_safe(
-                {
-                    "base": str(args.base),
-                    "new": str(args.new),
-                    "figures": [
-                        {
-                            "stage": d.stage,
-                            "case_id": d.case_id,
-                            "figure": d.metric,
-                            "old": d.old,
-                            "new": d.new,
-                            "change_pct": d.change_pct,
-                            "worse": d.worse,
-                            "failed": id(d) in bad,
-                        }
-                        for d in deltas
-                    ],
-                    "status_changes": [vars(s) for s in statuses],
-                    "passed": not broken,
-                }
-            ),
-        )
+        emit_json(args.json, comparison_json(args.base, args.new, deltas, statuses, broken))
     return 1 if broken else 0
-
-
-def _new(value: float | None) -> str:
-    """The new value of a figure; one the new run does not have is missing (and worse than any value)."""
-    from harness.report.format import figure
-
-    return "missing" if value is None else figure(value)

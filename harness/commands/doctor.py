@@ -46,65 +46,64 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _devices(cuda: bool) -> list[dict[str, Any]]:
+    import torch
+
+    devices = [{"type": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}]
+    count = torch.cuda.device_count() if cuda else 0
+    return devices + [{"type": "cuda", "index": i, "name": torch.cuda.get_device_name(i)} for i in range(count)]
+
+
+def _targets(device: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every built-in attention and pipeline target: whether it can run on ``device``, and why not."""
+    from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
+
+    why = {name: load_target(name).unavailable_reason(device) for name in BUILTIN_TARGETS}
+    pipelines = {name: load_pipeline_target(name).unavailable_reason(device) for name in BUILTIN_PIPELINES}
+    return (
+        [{"name": n, "available": r is None, "reason": r, "device": device} for n, r in why.items()],
+        [{"name": n, "reason": r, "device": device, "available": r is None} for n, r in pipelines.items()],
+    )
+
+
+def _project(project: Project | None) -> dict[str, Any] | None:
+    if project is None:
+        return None
+    return {
+        "file": str(project.file),
+        "cases": _text(project.cases),
+        "baselines": _text(project.baselines),
+        "target": project.target,
+        "target_args": dict(project.target_args),
+        "pipeline_target": project.pipeline_target,
+        "pipeline_target_args": dict(project.pipeline_target_args),
+        "device": project.device,
+        "profile": project.profile,
+    }
+
+
 def diagnose(project: Project | None = None) -> dict[str, Any]:
     """Everything ``doctor`` shows; ``project`` is the project file in effect (its cases and baselines are the ones used)."""
     import torch
 
     from harness.baselines.platforms import machine_record
     from harness.paths import HOME_ENV, default_baselines_dir, default_cases_dir, parity_home
-    from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
     from harness.targets.reference.attention import backend_report
     from reference_impl.platform import PLATFORM_ENV
 
     machine = machine_record()
-    info = {k: machine[k] for k in ("kind", "label", "simulated", "gcn_arch", "device_name")}
     cuda = torch.cuda.is_available()
-    devices = [{"type": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}]
-    if cuda:
-        devices += [
-            {"type": "cuda", "index": i, "name": torch.cuda.get_device_name(i)}
-            for i in range(torch.cuda.device_count())
-        ]
-    backends = backend_report()
-    device = "cuda" if cuda else "cpu"
-    targets = [
-        {
-            "name": name,
-            "available": load_target(name).unavailable_reason(device) is None,
-            "reason": load_target(name).unavailable_reason(device),
-            "device": device,
-        }
-        for name in BUILTIN_TARGETS
-    ]
-    pipelines = [
-        {"name": name, "reason": load_pipeline_target(name).unavailable_reason(device), "device": device}
-        for name in BUILTIN_PIPELINES
-    ]
+    targets, pipelines = _targets("cuda" if cuda else "cpu")
     return {
-        "python": machine["python"],
-        "torch": machine["torch"],
-        "torch_cuda": machine["torch_cuda"],
-        "torch_hip": machine["torch_hip"],
-        "platform": info,
+        **{k: machine[k] for k in ("python", "torch", "torch_cuda", "torch_hip")},
+        "platform": {k: machine[k] for k in ("kind", "label", "simulated", "gcn_arch", "device_name")},
         "platform_env": {PLATFORM_ENV: os.environ.get(PLATFORM_ENV)},
-        "devices": devices,
-        "backends": backends,
+        "devices": _devices(cuda),
+        "backends": backend_report(),
         "targets": targets,
-        "pipeline_targets": [{**p, "available": p["reason"] is None} for p in pipelines],
+        "pipeline_targets": pipelines,
         "packages": {p: _version(p) for p in _PACKAGES},
-        "project": None
-        if project is None
-        else {
-            "file": str(project.file),
-            "cases": _text(project.cases),
-            "baselines": _text(project.baselines),
-            "target": project.target,
-            "target_args": dict(project.target_args),
-            "pipeline_target": project.pipeline_target,
-            "pipeline_target_args": dict(project.pipeline_target_args),
-            "device": project.device,
-            "profile": project.profile,
-        },
+        "project": _project(project),
         "paths": {
             HOME_ENV: os.environ.get(HOME_ENV),
             "home": str(parity_home()),

@@ -35,6 +35,7 @@ exit codes: 0 passed, 1 a failure or regression, 2 usage or configuration error,
 (a timing the runs could not decide, nothing failed; --perf-inconclusive pass makes it 0)."""
 
 
+# long: argparse, the gate's options in the order --help prints them
 def register(sub: argparse._SubParsersAction) -> None:
     from harness.gate.stage import PERF_PROFILES, PerfOptions
 

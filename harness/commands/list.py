@@ -7,9 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from harness.commands._options import (
     add_baselines,
     add_cases,
@@ -100,13 +97,10 @@ def perf_scenarios(baselines: Path) -> list[dict[str, Any]]:
     return out
 
 
-def inventory(args: argparse.Namespace) -> dict[str, Any]:
-    from harness.cases.contract import load_cases
-    from harness.cases.image import image_case_dir, is_image_only, load_image_cases
+def _contracts() -> list[dict[str, Any]]:
     from harness.contracts import all_contracts
-    from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
 
-    contracts = [
+    return [
         {
             "id": c.id,
             "description": c.description,
@@ -116,46 +110,72 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
         }
         for c in all_contracts()
     ]
-    cases = [
-        {"id": c.id, "contract": c.contract_id, "world_size": c.world_size, "file": c.source, "params": dict(c.params)}
-        for c in (load_cases(cases_root(args)) if not is_image_only(cases_root(args)) else [])
-    ]
-    image_cases = [
-        {
-            "id": c.id,
-            "kind": c.kind,
-            "world_size": c.world_size,
-            "file": c.source,
-            "target": c.target,
-            "fields": dict(c.fields),
-        }
-        for c in (
-            load_image_cases(cases_root(args), *pipeline_target(args))
-            if image_case_dir(cases_root(args)).is_dir()
-            else []
-        )
-    ]
-    targets = []
-    for name, (_, _, description) in BUILTIN_TARGETS.items():
-        target = load_target(name)
-        targets.append(
+
+
+def _cases(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The contract cases and the image cases of the cases root."""
+    from harness.cases.contract import load_cases
+    from harness.cases.image import image_case_dir, is_image_only, load_image_cases
+
+    root = cases_root(args)
+    contract = load_cases(root) if not is_image_only(root) else []
+    images = load_image_cases(root, *pipeline_target(args)) if image_case_dir(root).is_dir() else []
+    return (
+        [
+            {
+                "id": c.id,
+                "contract": c.contract_id,
+                "world_size": c.world_size,
+                "file": c.source,
+                "params": dict(c.params),
+            }
+            for c in contract
+        ],
+        [
+            {
+                "id": c.id,
+                "kind": c.kind,
+                "world_size": c.world_size,
+                "file": c.source,
+                "target": c.target,
+                "fields": dict(c.fields),
+            }
+            for c in images
+        ],
+    )
+
+
+def _targets() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The built-in attention targets (capabilities, why not on a CPU) and pipeline targets."""
+    from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
+
+    attention = [(name, description, load_target(name)) for name, (_, _, description) in BUILTIN_TARGETS.items()]
+    return (
+        [
             {
                 "name": name,
                 "description": description,
                 "capabilities": sorted(target.capabilities()),
                 "unavailable_on_cpu": target.unavailable_reason("cpu"),
             }
-        )
-    pipelines = [
-        {
-            "name": name,
-            "description": description,
-            "unavailable_on_cpu": load_pipeline_target(name).unavailable_reason("cpu"),
-        }
-        for name, (_, _, description) in BUILTIN_PIPELINES.items()
-    ]
+            for name, description, target in attention
+        ],
+        [
+            {
+                "name": name,
+                "description": description,
+                "unavailable_on_cpu": load_pipeline_target(name).unavailable_reason("cpu"),
+            }
+            for name, (_, _, description) in BUILTIN_PIPELINES.items()
+        ],
+    )
+
+
+def inventory(args: argparse.Namespace) -> dict[str, Any]:
+    cases, image_cases = _cases(args)
+    targets, pipelines = _targets()
     return {
-        "contracts": contracts,
+        "contracts": _contracts(),
         "cases": cases,
         "image_cases": image_cases,
         "perf_scenarios": perf_scenarios(baselines_dir(args)),
@@ -165,6 +185,8 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from harness.report.inventory import print_inventory
+
     if args.markdown:
         print(contracts_markdown(), end="")
         return 0
@@ -172,60 +194,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         emit_json(args.json, data)
         return 0
-    console = human_console(None)
-    table = Table(title="contracts")
-    for column in ("id", "requires", "description"):
-        table.add_column(column, overflow="fold")
-    for c in data["contracts"]:
-        table.add_row(c["id"], ", ".join(c["requires"]), escape(c["description"]))
-    console.print(table)
-    console.print(
-        _table(
-            f"contract cases ({len(data['cases'])})",
-            ("id", "contract", "W", "file"),
-            [(c["id"], c["contract"], str(c["world_size"]), c["file"]) for c in data["cases"]],
-        )
-    )
-    console.print(
-        _table(
-            f"image cases ({len(data['image_cases'])})",
-            ("id", "kind", "W", "file"),
-            [(c["id"], c["kind"], str(c["world_size"]), c["file"]) for c in data["image_cases"]],
-        )
-    )
-    console.print(
-        _table(
-            f"perf scenarios ({len(data['perf_scenarios'])}; the gate times a machine's own)",
-            ("id", "platform", "e2e ms", "file"),
-            [(p["id"], str(p["platform"]), f"{p['expected_e2e_ms']:.4g}", p["file"]) for p in data["perf_scenarios"]],
-        )
-    )
-    table = Table(title="targets (or --target module:factory)")
-    for column in ("name", "capabilities", "on cpu", "description"):
-        table.add_column(column, overflow="fold")
-    for t in data["targets"]:
-        table.add_row(
-            t["name"],
-            ", ".join(t["capabilities"]),
-            escape(t["unavailable_on_cpu"] or "available"),
-            escape(t["description"]),
-        )
-    console.print(table)
-    console.print(
-        _table(
-            "pipeline targets of the image cases (or --pipeline-target module:factory)",
-            ("name", "on cpu", "description"),
-            [(p["name"], p["unavailable_on_cpu"] or "available", p["description"]) for p in data["pipeline_targets"]],
-        )
-    )
+    print_inventory(human_console(None), data)
     return 0
-
-
-def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
-    """A listing: the first column (ids) never wraps."""
-    table = Table(title=escape(title))
-    for column in columns:
-        table.add_column(column, no_wrap=column == columns[0], overflow="fold")
-    for row in rows:
-        table.add_row(*map(escape, row))
-    return table

@@ -65,6 +65,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
+    _register_thresholds(what)
+    _register_perf(what)
+
+
+def _register_thresholds(what: argparse._SubParsersAction) -> None:
     thresholds = what.add_parser(
         "thresholds",
         help="clip/ssim/psnr/mean_abs_diff thresholds from the worst run",
@@ -87,6 +92,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     where.add_argument("--per-platform", action="store_true", help="one overlay per 'platform' recorded in the results")
     thresholds.set_defaults(run=run_thresholds)
+
+
+def _register_perf(what: argparse._SubParsersAction) -> None:
     perf = what.add_parser(
         "perf",
         help="perf baselines: median of the runs, changed only beyond tolerance/3",

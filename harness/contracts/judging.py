@@ -97,11 +97,9 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
     A rank that raised never answers here: the launcher ended the group and the runner reported it.
     """
     kernel = next((o.kernel for o in outcomes if o.kernel), None)
-    skips = {o.skip for o in outcomes if o.skip}
-    if skips:
-        if len(skips) == 1 and all(o.skip for o in outcomes):
-            return Verdict(SKIPPED, skips.pop(), {}, kernel)
-        return Verdict(FAILED, f"ranks disagree on whether this case can run: {sorted(skips)}", {}, kernel)
+    skipped = _skipped(outcomes, kernel)
+    if skipped is not None:
+        return skipped
     figures: dict[str, Any] = {}
     reasons: list[str] = []
     spreads, groups = _merged([o.spread for o in outcomes]), _merged([o.head_groups for o in outcomes])
@@ -119,13 +117,7 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
     if parts:  # the worst of them as the headline (bitwise: all of them; max_abs: the largest)
         worst = functools.reduce(Stats.merge, parts.values()).figures()
         figures.update({k: v for k, v in worst.items() if k in ("bitwise", "max_abs", "mean_abs", "elements")})
-    if spreads:
-        figures["determinism"] = {name: _determinism(s, groups.get(name), len(outcomes)) for name, s in spreads.items()}
-        if outcomes[0].unmeasured:
-            figures["determinism"]["unmeasured"] = outcomes[0].unmeasured
-    peaks = _merged_max([o.peak_memory for o in outcomes])
-    if peaks:
-        figures["peak_memory_gib"] = peaks
+    figures.update(_run_figures(outcomes, spreads, groups))
     unclaimable = {name: NON_DETERMINISTIC for name, spread in spreads.items() if _differs(spread)}
     problems = _named(failing, CHECKS, _merge_problems([o.problems for o in outcomes]))
     for name, problem in _not_alike(outcomes, unclaimable).items():
@@ -147,6 +139,31 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
     if failing:
         figures["failing"] = sorted(failing)
     return Verdict(FAILED if reason else PASSED, reason, figures, kernel, _applied_text(applied, stats, parts))
+
+
+def _skipped(outcomes: Sequence[RankOutcome], kernel: str | None) -> Verdict | None:
+    """A skip every rank agrees on, a failure where they disagree, None where no rank skipped."""
+    skips = {o.skip for o in outcomes if o.skip}
+    if not skips:
+        return None
+    if len(skips) == 1 and all(o.skip for o in outcomes):
+        return Verdict(SKIPPED, skips.pop(), {}, kernel)
+    return Verdict(FAILED, f"ranks disagree on whether this case can run: {sorted(skips)}", {}, kernel)
+
+
+def _run_figures(
+    outcomes: Sequence[RankOutcome], spreads: dict[str, Stats], groups: dict[str, Stats]
+) -> dict[str, Any]:
+    """What a verdict reports beside its comparisons: each output's determinism, the ranks' peak memory."""
+    figures: dict[str, Any] = {}
+    if spreads:
+        figures["determinism"] = {name: _determinism(s, groups.get(name), len(outcomes)) for name, s in spreads.items()}
+        if outcomes[0].unmeasured:
+            figures["determinism"]["unmeasured"] = outcomes[0].unmeasured
+    peaks = _merged_max([o.peak_memory for o in outcomes])
+    if peaks:
+        figures["peak_memory_gib"] = peaks
+    return figures
 
 
 def _applied(bound: Bound, spread: Stats | None, groups: Stats | None) -> Bound:

@@ -194,26 +194,9 @@ def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new
     and a pinned case that ran fails: the overlay no longer says what the target can express. A skip
     whose reason is one the case's backend overlay pins (``case.backend_skips``) is pinned by that fact.
     """
-    pin = case.expected_skip
-    if result.status == SKIPPED and pin is None:
-        pin = next((p for p in case.backend_skips if p.reason and p.reason in (result.reason or "")), None)
     if result.status == SKIPPED:
-        reason = result.reason or ""
-        if pin is None and allow_new_skips:
-            result.reason = f"{reason} (not pinned; --allow-new-skips)"
-        elif pin is None:
-            result.status = FAILED
-            result.reason = (
-                f"skipped, and this target was expected to run it: {reason}. If the target cannot express it, "
-                f"pin it in {_overlay_file(case, overlay)} [expected_skips] with the fact that "
-                "justifies it (--allow-new-skips for an exploratory run)"
-            )
-        elif pin.reason is not None and pin.reason not in reason:
-            result.status = FAILED
-            result.reason = f"skipped for another reason than its pin ({pin.where}) expects ({pin.reason!r}): {reason}"
-        else:
-            result.reason = f"{reason} (pinned: {pin.because})"
-        return result
+        return _skip_judged(case, result, overlay, allow_new_skips)
+    pin = case.expected_skip
     if pin is not None:
         ran = f"it {result.status}" + (f": {result.reason}" if result.reason else "")
         result.status = FAILED
@@ -237,6 +220,27 @@ def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new
             f"expected to fail, but passed: {expected.describe()}. If upstream fixed it, narrow or drop "
             "that entry's `versions`"
         )
+    return result
+
+
+def _skip_judged(case: Case, result: CaseResult, overlay: str, allow_new_skips: bool) -> CaseResult:
+    """A skip is a claim: pinned (by the target overlay, or by the backend overlay's reason), else a failure."""
+    reason = result.reason or ""
+    pin = case.expected_skip or next((p for p in case.backend_skips if p.reason and p.reason in reason), None)
+    if pin is None and allow_new_skips:
+        result.reason = f"{reason} (not pinned; --allow-new-skips)"
+    elif pin is None:
+        result.status = FAILED
+        result.reason = (
+            f"skipped, and this target was expected to run it: {reason}. If the target cannot express it, "
+            f"pin it in {_overlay_file(case, overlay)} [expected_skips] with the fact that "
+            "justifies it (--allow-new-skips for an exploratory run)"
+        )
+    elif pin.reason is not None and pin.reason not in reason:
+        result.status = FAILED
+        result.reason = f"skipped for another reason than its pin ({pin.where}) expects ({pin.reason!r}): {reason}"
+    else:
+        result.reason = f"{reason} (pinned: {pin.because})"
     return result
 
 

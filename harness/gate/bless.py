@@ -118,6 +118,20 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
     return out
 
 
+def blessings_for(
+    cases: Sequence[ImageCase], device: str, timeout: float | None, from_results: Path | None, carried: Sequence[str]
+) -> list[Blessing]:
+    """The references to write: the candidates a results folder kept, or generated now (in rank pools opened and
+    closed here, after the device is checked)."""
+    from harness.gate.contracts import check_device
+
+    if from_results is not None:
+        return blessings_from_results(cases, from_results, carried)
+    check_device(device)
+    with PoolSet(device) as pools:
+        return generate_blessings(cases, pools, timeout)
+
+
 def _candidates(results_dir: Path) -> Path:
     """``<results_dir>/candidates``, which must be a directory of its own (a symlink to one elsewhere is refused)."""
     directory = results_dir / CANDIDATES_DIR

@@ -26,7 +26,7 @@ from harness.baselines.images import REFERENCES_DIR, Reference, changed_fields, 
 from harness.baselines.thresholds import HIGHER_IS_BETTER, METRICS, Thresholds, ThresholdSet, meets
 from harness.cases.image import ImageCase, image_case_dir, load_image_cases
 from harness.files.reading import is_directory_present
-from harness.gate.stage import GateContext, case_params, run_each_case
+from harness.gate.stage import GateContext, GateOptions, case_params, run_each_case
 from harness.pipelines.sessions import generate
 from harness.project.hints import command
 from harness.report.console import Column, print_results
@@ -206,14 +206,7 @@ class ImageStage:
                 result.figures["nonfinite"] = produced.nonfinite
             result.figures.update(e2e_ms=produced.timings.e2e_ms, backends=produced.backends)
             result.kernel = ", ".join(f"{k}: {v}" for k, v in produced.backends.items()) or None
-            report = options.report_dir
-            if report is not None and (result.status == FAILED or options.keep_outputs):
-                save_candidate(report, case, result, produced.output)
-            if result.status == FAILED and ref is not None:  # a changed case too: its old reference against this run
-                if report is not None:
-                    _write_triptych(report, result, ref.array, produced.output)
-                if result.next_step is None:
-                    result.next_step = _regression_step(case, report, options.carried())
+            _keep_evidence(options, case, result, ref, produced.output)
             return result
 
         results, wall = run_each_case(ctx, self.name, inputs.cases, "images", judge)
@@ -232,6 +225,21 @@ class ImageStage:
             },
             top_level={"platform": inputs.platform, "cases": {r.case_id: image_entry(r) for r in results}},
         )
+
+
+def _keep_evidence(
+    options: GateOptions, case: ImageCase, result: CaseResult, ref: Reference | None, output: np.ndarray
+) -> None:
+    """A failed (or ``--keep-outputs``) case's candidate image; a failed one with a reference (a changed case
+    too) also its triptych against that reference and the step that would bless or investigate it."""
+    report = options.report_dir
+    if report is not None and (result.status == FAILED or options.keep_outputs):
+        save_candidate(report, case, result, output)
+    if result.status == FAILED and ref is not None:
+        if report is not None:
+            _write_triptych(report, result, ref.array, output)
+        if result.next_step is None:
+            result.next_step = _regression_step(case, report, options.carried())
 
 
 def unjudged(

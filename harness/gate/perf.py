@@ -217,6 +217,7 @@ class PerfStage:
         extra = {
             "mode": "ab",
             "base": base.describe(),
+            "heads": {case_id: head.describe() for case_id, head in heads.items()},
             "order": ORDER,
             "sampling": dataclasses.asdict(perf.sampling),
             "tolerances": dataclasses.asdict(tolerances),
@@ -371,6 +372,23 @@ def _launches(n: int, per_run: bool) -> str:
     return "a process per run" if per_run else f"{n} launch{'es' if n > 1 else ''} of each side"
 
 
+def ab_target(base: Side, head: Side) -> str:
+    """What ran an A/B's case, for its record: both sides (``rev:main vs openai``)."""
+    return f"{base.target} vs {head.target}"
+
+
+def _headline(comparison: Comparison) -> dict[str, float]:
+    """e2e and parity's wall clock as flat figures (``e2e_ratio``, ``wall_ratio_low``, ...), where judged."""
+    flat: dict[str, float] = {}
+    for key, label in (("e2e", E2E), ("wall", WALL)):
+        verdict = comparison.verdict(label)
+        if verdict is not None and verdict.interval is not None:
+            i = verdict.interval
+            flat |= {f"{key}_base_ms": verdict.base_ms, f"{key}_head_ms": verdict.head_ms, f"{key}_ratio": i.ratio}
+            flat |= {f"{key}_ratio_low": i.low, f"{key}_ratio_high": i.high}
+    return flat
+
+
 def ab_result(
     case: ImageCase,
     comparison: Comparison,
@@ -392,28 +410,15 @@ def ab_result(
         "order": ORDER,
         "base": base.describe(),
         "head": head.describe(),
+        **_headline(comparison),
+        "figures_judged": {v.label: v.to_json() for v in comparison.verdicts},
+        "unpaired": comparison.unpaired,
+        "peak_memory_mb": comparison.peak_memory_mb,
+        "tolerances": dataclasses.asdict(tolerances),
+        "samples": comparison.samples,
     }
-    for key, label in (("e2e", E2E), ("wall", WALL)):
-        verdict = comparison.verdict(label)
-        if verdict is not None and verdict.interval is not None:
-            figures.update(
-                {
-                    f"{key}_base_ms": verdict.base_ms,
-                    f"{key}_head_ms": verdict.head_ms,
-                    f"{key}_ratio": verdict.interval.ratio,
-                    f"{key}_ratio_low": verdict.interval.low,
-                    f"{key}_ratio_high": verdict.interval.high,
-                }
-            )
-    figures.update(
-        figures_judged={v.label: v.to_json() for v in comparison.verdicts},
-        unpaired=comparison.unpaired,
-        peak_memory_mb=comparison.peak_memory_mb,
-        tolerances=dataclasses.asdict(tolerances),
-        samples=comparison.samples,
-    )
     result = CaseResult(
-        case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=case.target, figures=figures
+        case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=ab_target(base, head), figures=figures
     )
     result.bound = (
         f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "
@@ -424,11 +429,8 @@ def ab_result(
         result.reason = "HEAD is slower than BASE: " + "; ".join(v.describe() for v in comparison.failed)
     elif comparison.undecided:
         result.status = INCONCLUSIVE
-        shown = comparison.undecided[:3]
+        shown = "; ".join(v.describe() for v in comparison.undecided[:3])
         more = f"; and {len(comparison.undecided) - 3} more" if len(comparison.undecided) > 3 else ""
-        result.reason = (
-            f"undecided after {comparison.pairs} pairs (the cap) over {_launches(comparison.launches, per_run)}: "
-            + "; ".join(v.describe() for v in shown)
-            + more
-        )
+        over = _launches(comparison.launches, per_run)
+        result.reason = f"undecided after {comparison.pairs} pairs (the cap) over {over}: {shown}{more}"
     return result

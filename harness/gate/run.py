@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rich.console import Console
+
 from harness.gate.contracts import ContractStage, check_device
 from harness.gate.images import ImageStage
 from harness.gate.perf import PerfStage
@@ -37,8 +39,8 @@ def _stopping_pipelines() -> Iterator[None]:
         stop_pipeline_targets()
 
 
-def run_gate(options: GateOptions) -> dict[str, Any]:
-    """Run the gate; returns the results document (``passed`` says whether anything regressed)."""
+def _check_inputs(options: GateOptions) -> None:
+    """Everything a run needs, checked before any stage starts: a ConfigError (exit 2) names the option."""
     from harness.baselines.tolerances import check_env_tolerances
     from harness.errors import ConfigError
     from harness.files.atomic import check_writable
@@ -51,16 +53,11 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
     check_outputs((options.json_path, "--json"), (options.junit_path, "--junit"))
     if options.report_dir is not None:
         check_writable(options.report_dir, "--report", directory=True)
-    start = time.perf_counter()
+
+
+def _run_stages(options: GateOptions, out: Console) -> dict[str, StageResult | str]:
+    """Each selected stage's result, or why it was skipped; every stage's preflight runs before the first stage."""
     outcome: dict[str, StageResult | str] = {}
-    out = human_console(options.json_path)
-    if options.project is not None:
-        out.print(
-            f"project {options.project.file}: cases {options.cases_root}, baselines {options.baselines_dir}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
     with PoolSet(options.run.device) as pools, _stopping_pipelines():
         ctx = GateContext(options, out, make_console(stderr=True), pools)
         plan = [
@@ -75,6 +72,22 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
                 out.print(f"{stage.name}: skipped ({reason})")
             else:
                 outcome[stage.name] = stage.run(ctx)
+    return outcome
+
+
+def run_gate(options: GateOptions) -> dict[str, Any]:
+    """Run the gate; returns the results document (``passed`` says whether anything regressed)."""
+    _check_inputs(options)
+    start = time.perf_counter()
+    out = human_console(options.json_path)
+    if options.project is not None:
+        out.print(
+            f"project {options.project.file}: cases {options.cases_root}, baselines {options.baselines_dir}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    outcome = _run_stages(options, out)
     inconclusive_fails = options.perf.inconclusive == "fail"
     project = options.project.file if options.project else None
     document = results_document(
@@ -86,13 +99,8 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
     )
     results = {n: s.results for n, s in outcome.items() if isinstance(s, StageResult)}
     write_reports(options, document, results)
-    print_verdict(
-        out,
-        options.command,
-        results,
-        options.report_dir / "index.html" if options.report_dir else None,
-        inconclusive_fails,
-    )
+    report = options.report_dir / "index.html" if options.report_dir else None
+    print_verdict(out, options.command, results, report, inconclusive_fails)
     return document
 
 

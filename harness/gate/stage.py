@@ -9,7 +9,7 @@ so a configuration error in a later stage exits 2 at once) and ``run(ctx) -> Sta
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -139,35 +139,46 @@ def run_each_case(
     plans = {c.id: runs_of(c) for c in cases}
     skips = {c.id: next((r for run, _ in plans[c.id] if (r := _why_not(run, ctx.device))), None) for c in cases}
     with progress(ctx.err, len(cases), label) as advance:
-        for tag in sorted({tag for plan in plans.values() for _, tag in plan}):
-            ctx.pools.prestart(
-                (
-                    run.world_size
-                    for c in cases
-                    if not skips[c.id]
-                    for run, t in plans[c.id]
-                    if t == tag and run.in_ranks
-                ),
-                tag,
-            )
+        _prestart(ctx, {case_id: plan for case_id, plan in plans.items() if not skips[case_id]})
         for case in cases:
-            t0 = time.perf_counter()
-            try:
-                if skips[case.id]:
-                    result = _failed_or_skipped(case, check, SKIPPED, skips[case.id] or "")
-                else:
-                    for run, tag in plans[case.id]:
-                        if run.in_ranks:
-                            ctx.pools.get(run.world_size, tag)
-                    t0 = time.perf_counter()
-                    result = judge(case)
-            except (RankFailure, PipelineFailed) as exc:
-                detail = exc.traceback if isinstance(exc, RankFailure) else exc.detail
-                result = _failed_or_skipped(case, check, FAILED, str(exc).splitlines()[0], detail)
-            result.duration_s = time.perf_counter() - t0
+            result = _judged(ctx, case, check, judge, plans[case.id], skips[case.id])
             results.append(result)
             advance(result)
     return results, time.perf_counter() - start
+
+
+def _prestart(ctx: GateContext, plans: Mapping[str, Sequence[tuple[PipelineRun, str]]]) -> None:
+    """Start, in the background, every rank group the runnable cases' plans need, per pool tag."""
+    for tag in sorted({tag for plan in plans.values() for _, tag in plan}):
+        ctx.pools.prestart(
+            (run.world_size for plan in plans.values() for run, t in plan if t == tag and run.in_ranks), tag
+        )
+
+
+def _judged(
+    ctx: GateContext,
+    case: ImageCase,
+    check: str,
+    judge: Callable[[ImageCase], CaseResult],
+    plan: Sequence[tuple[PipelineRun, str]],
+    skip: str | None,
+) -> CaseResult:
+    """One case's result with its duration (starting its groups excluded); a failing rank or pipeline fails it."""
+    t0 = time.perf_counter()
+    try:
+        if skip:
+            result = _failed_or_skipped(case, check, SKIPPED, skip)
+        else:
+            for run, tag in plan:
+                if run.in_ranks:
+                    ctx.pools.get(run.world_size, tag)
+            t0 = time.perf_counter()
+            result = judge(case)
+    except (RankFailure, PipelineFailed) as exc:
+        detail = exc.traceback if isinstance(exc, RankFailure) else exc.detail
+        result = _failed_or_skipped(case, check, FAILED, str(exc).splitlines()[0], detail)
+    result.duration_s = time.perf_counter() - t0
+    return result
 
 
 def _why_not(run: PipelineRun, device: str) -> str | None:

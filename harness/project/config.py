@@ -87,6 +87,55 @@ def _not_a(name: str, folder: Path) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Keys:
+    """The project table being read: each key's value checked, errors naming the file and the key."""
+
+    path: Path
+    project: Project
+    body: dict[str, Any]
+
+    def text(self, name: str, choices: tuple[str, ...] = ()) -> str | None:
+        value = self.body.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"must be a non-empty string, got {value!r}", path=self.path, key=self.project.key(name))
+        if choices and value not in choices:
+            raise ConfigError(
+                f"must be one of {', '.join(choices)}, got {value!r}", path=self.path, key=self.project.key(name)
+            )
+        return value
+
+    def directory(self, name: str) -> Path | None:
+        value = self.text(name)
+        if value is None:
+            return None
+        resolved = (self.path.parent / value).resolve()
+        if not resolved.is_dir():
+            raise ConfigError(f"no such directory: {resolved}", path=self.path, key=self.project.key(name))
+        missing = _not_a(name, resolved)
+        if missing:
+            raise ConfigError(f"{resolved} {missing}", path=self.path, key=self.project.key(name))
+        return resolved
+
+    def pairs(self, name: str) -> TargetArgs:
+        value = self.body.get(name, {})
+        if not isinstance(value, dict):
+            raise ConfigError('must be a table of KEY = "VALUE" strings', path=self.path, key=self.project.key(name))
+        for key, item in value.items():
+            if not isinstance(item, str):
+                raise ConfigError(
+                    f"must be a string, as --target-arg passes it, got {item!r}",
+                    path=self.path,
+                    key=self.project.key(f"{name}.{key}"),
+                )
+        try:
+            return parse_target_args([f"{k}={v}" for k, v in value.items()], self.project.key(name))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).removeprefix(f"key '{exc.key}': "), path=self.path, key=exc.key) from None
+
+
 def load_project(path: Path) -> Project:
     """The project file at ``path``, every key checked (a directory must exist; a value must have its type)."""
     path = path.resolve()
@@ -103,54 +152,16 @@ def load_project(path: Path) -> Project:
         raise ConfigError(
             f"unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}", path=path, key=project.key(unknown[0])
         )
-
-    def text(name: str, choices: tuple[str, ...] = ()) -> str | None:
-        value = body.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"must be a non-empty string, got {value!r}", path=path, key=project.key(name))
-        if choices and value not in choices:
-            raise ConfigError(f"must be one of {', '.join(choices)}, got {value!r}", path=path, key=project.key(name))
-        return value
-
-    def directory(name: str) -> Path | None:
-        value = text(name)
-        if value is None:
-            return None
-        resolved = (path.parent / value).resolve()
-        if not resolved.is_dir():
-            raise ConfigError(f"no such directory: {resolved}", path=path, key=project.key(name))
-        missing = _not_a(name, resolved)
-        if missing:
-            raise ConfigError(f"{resolved} {missing}", path=path, key=project.key(name))
-        return resolved
-
-    def pairs(name: str) -> TargetArgs:
-        value = body.get(name, {})
-        if not isinstance(value, dict):
-            raise ConfigError('must be a table of KEY = "VALUE" strings', path=path, key=project.key(name))
-        for key, item in value.items():
-            if not isinstance(item, str):
-                raise ConfigError(
-                    f"must be a string, as --target-arg passes it, got {item!r}",
-                    path=path,
-                    key=project.key(f"{name}.{key}"),
-                )
-        try:
-            return parse_target_args([f"{k}={v}" for k, v in value.items()], project.key(name))
-        except ConfigError as exc:
-            raise ConfigError(str(exc).removeprefix(f"key '{exc.key}': "), path=path, key=exc.key) from None
-
+    keys = _Keys(path, project, body)
     return Project(
         path,
         table,
-        directory("cases"),
-        directory("baselines"),
-        text("target"),
-        pairs("target_args"),
-        text("pipeline_target"),
-        pairs("pipeline_target_args"),
-        text("device", DEVICES),
-        text("profile", PROFILES),
+        keys.directory("cases"),
+        keys.directory("baselines"),
+        keys.text("target"),
+        keys.pairs("target_args"),
+        keys.text("pipeline_target"),
+        keys.pairs("pipeline_target_args"),
+        keys.text("device", DEVICES),
+        keys.text("profile", PROFILES),
     )

@@ -94,6 +94,7 @@ class Group:
     larger group, and ``interrupt()`` (polled while they start) says when another part failed.
     """
 
+    # long: a rank's start and its record happen under one lock with the finalizer; split, they could interleave
     def __init__(
         self,
         backend: str,

@@ -128,6 +128,7 @@ def _send(conn: Connection, message: bytes) -> None:
         exit_without_teardown(_ORPHAN_EXIT_CODE)
 
 
+# long: a rank process's whole life (join, serve calls, tear down) in the order it happens
 def worker_main(
     rank: int,
     world_size: int,

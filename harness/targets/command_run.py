@@ -80,6 +80,32 @@ def _status(text: str) -> tuple[int | None, float | None, str | None]:
         return None, None, "its keeper ended without saying how the command ended"
 
 
+def _drain(keeper: subprocess.Popen[bytes], tails: dict[int, _Tail], status_r: int, timeout: float) -> bool:
+    """Read the keeper's pipes into ``tails`` until they close; whether ``timeout`` passed first (then the keeper
+    was told to end, and its pipes are abandoned after :data:`END_GRACE_S`, or :data:`_EOF_GRACE_S` after it ended)."""
+    timed_out = finishing = False
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        for fd in tails:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            now = time.monotonic()
+            if not finishing and status_r not in selector.get_map() and keeper.poll() is not None:
+                finishing, deadline = True, min(deadline, now + _EOF_GRACE_S)
+            if now >= deadline:
+                if timed_out or finishing:
+                    break  # the keeper ended, or did not end in its grace: abandon the pipes
+                timed_out, deadline = True, now + END_GRACE_S
+                keeper.send_signal(signal.SIGTERM)
+            for key, _ in selector.select(min(max(deadline - now, 0.0), _POLL_S)):
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    tails[key.fd].add(chunk)
+                else:
+                    selector.unregister(key.fd)
+    return timed_out
+
+
 def run_command(argv: list[str], timeout: float, out_dir: Path) -> Finished:
     """Run ``argv`` (stdin /dev/null) under a keeper; how it ended, within ``timeout`` seconds. ``out_dir``, the
     command's output folder, is the caller's to remove; the keeper removes it only if the caller died."""
@@ -101,27 +127,8 @@ def run_command(argv: list[str], timeout: float, out_dir: Path) -> Finished:
     assert keeper.stdout is not None and keeper.stderr is not None
     stdout, stderr, status = _Tail(), _Tail(), _Tail(4096)
     tails = {keeper.stdout.fileno(): stdout, keeper.stderr.fileno(): stderr, status_r: status}
-    timed_out = finishing = False
-    deadline = time.monotonic() + timeout
     try:
-        with selectors.DefaultSelector() as selector:
-            for fd in tails:
-                selector.register(fd, selectors.EVENT_READ)
-            while selector.get_map():
-                now = time.monotonic()
-                if not finishing and status_r not in selector.get_map() and keeper.poll() is not None:
-                    finishing, deadline = True, min(deadline, now + _EOF_GRACE_S)
-                if now >= deadline:
-                    if timed_out or finishing:
-                        break  # the keeper ended, or did not end in its grace: abandon the pipes
-                    timed_out, deadline = True, now + END_GRACE_S
-                    keeper.send_signal(signal.SIGTERM)
-                for key, _ in selector.select(min(max(deadline - now, 0.0), _POLL_S)):
-                    chunk = os.read(key.fd, 65536)
-                    if chunk:
-                        tails[key.fd].add(chunk)
-                    else:
-                        selector.unregister(key.fd)
+        timed_out = _drain(keeper, tails, status_r, timeout)
     finally:
         end_keeper(keeper)
         os.close(status_r)

@@ -130,7 +130,11 @@ def _load(
     return target
 
 
-def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str) -> T:
+def _factory_of(
+    spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str
+) -> tuple[str, str, dict[str, str]]:
+    """Where ``spec`` names its factory: (module, attribute, the factory's arguments); a ``rev:`` pipeline adds its
+    revision to them."""
     if spec in builtin:
         module_name, attr, _ = builtin[spec]
     elif kind is PipelineTarget and spec.startswith(REVISION_PREFIX):
@@ -144,6 +148,31 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
         raise ConfigError(
             f"unknown {what} {spec!r}; built-in {what}s: {', '.join(builtin)}, or give 'module:factory'", key="target"
         )
+    return module_name, attr, args
+
+
+def _checked(target: object, spec: str, attr: str, kind: type[T], what: str) -> T:
+    """What the factory returned, if it is a ``kind`` (a Target's declared capabilities all known)."""
+    if not isinstance(target, kind):
+        raise ConfigError(
+            f"{what} {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.{kind.__name__}",
+            key="target",
+        )
+    if isinstance(target, Target):
+        try:
+            unknown = check_capabilities(target) - set(CAPABILITIES)
+        except InterfaceError as exc:
+            raise ConfigError(str(exc), key="target") from exc
+        if unknown:
+            raise ConfigError(
+                f"target {spec!r} declares unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}",
+                key="target",
+            )
+    return target
+
+
+def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, str]], kind: type[T], what: str) -> T:
+    module_name, attr, args = _factory_of(spec, args, builtin, kind, what)
     if os.getcwd() not in sys.path and "" not in sys.path:  # `parity` runs from a bin dir: see the user's modules
         sys.path.append(os.getcwd())
     try:
@@ -174,22 +203,7 @@ def _build(spec: str, args: dict[str, str], builtin: dict[str, tuple[str, str, s
         raise ConfigError(
             f"{what} {spec!r}: {attr}() raised {_one_line(exc)}", key=option if args else "target"
         ) from None
-    if not isinstance(target, kind):
-        raise ConfigError(
-            f"{what} {spec!r}: {attr}() returned {type(target).__name__}, not a harness.targets.{kind.__name__}",
-            key="target",
-        )
-    if isinstance(target, Target):
-        try:
-            unknown = check_capabilities(target) - set(CAPABILITIES)
-        except InterfaceError as exc:
-            raise ConfigError(str(exc), key="target") from exc
-        if unknown:
-            raise ConfigError(
-                f"target {spec!r} declares unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}",
-                key="target",
-            )
-    return target
+    return _checked(target, spec, attr, kind, what)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -133,3 +133,30 @@ def test_few_top_level_modules_and_no_long_files() -> None:
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     )
     assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
+MAX_FUNCTION_LINES = 50
+MAX_LONG_FUNCTIONS = 5
+LONG_MARK = "# long: "
+
+
+def _long_functions() -> dict[str, str | None]:
+    """``path:function`` of every function over MAX_FUNCTION_LINES lines (its docstring counted), with the reason
+    on the line above its ``def`` (``# long: ...``), or None."""
+    found: dict[str, str | None] = {}
+    for _, path in _modules():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno is not None and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    above = lines[first - 2].strip() if first >= 2 else ""
+                    reason = above.removeprefix(LONG_MARK) if above.startswith(LONG_MARK) else None
+                    found[f"{path.relative_to(HARNESS.parent)}:{node.name}"] = reason
+    return found
+
+
+def test_a_function_over_50_lines_says_why_and_there_are_few() -> None:
+    long = _long_functions()
+    assert sorted(name for name, reason in long.items() if not reason) == []
+    assert len(long) <= MAX_LONG_FUNCTIONS, f"{len(long)} functions over {MAX_FUNCTION_LINES} lines: {sorted(long)}"

@@ -274,6 +274,8 @@ def test_an_ab_of_two_identical_servers_is_not_slower_and_each_side_is_launched_
     assert_not_slower(record, code)
     assert record["figures"]["launches"] >= 3
     assert record["figures"]["base"]["target"] == record["figures"]["head"]["target"] == "openai"
+    assert record["target"] == "openai vs openai"  # the record names both sides, not the contract target
+    assert doc["stages"]["perf"]["heads"]["served"]["target"] == "openai"
     assert gone(tag)
 
 

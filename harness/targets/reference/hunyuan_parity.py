@@ -51,6 +51,7 @@ HUNYUAN_MODEL_TINY = dict(
 )
 
 
+# long: one rank's HunyuanVideo check reads as the model runs it: build, shard, run, gather, compare each path
 def hunyuan_sp_parity_worker(
     dtype_name: str = "bfloat16",
     seed: int = 0,

@@ -169,6 +169,7 @@ def run_worker(
 
 
 # ---------------------------------------------------------------------------- Z-Image
+# long: one rank's Z-Image check reads as the model runs it: build, shard, run, gather, compare each path
 def zimage_sp_parity_worker(
     dtype_name: str = "bfloat16",
     seed: int = 0,
