@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from harness.commands._options import (
     add_cases,
@@ -69,12 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.cases.contract import CaseSelection, select_cases
-    from harness.gate.contracts import load_contract_cases, run_contract_cases
-    from harness.ranks import PoolSet
-    from harness.report.console import CONTRACT_COLUMNS, make_console, print_results, print_verdict
-    from harness.report.junit import write_junit
-    from harness.report.output import check_outputs, emit_json, human_console
-    from harness.results import EXIT_CODES, environment, results_document, summary_line, verdict
+    from harness.gate.check import CheckOutputs, run_check
+    from harness.gate.contracts import load_contract_cases
+    from harness.report.output import check_outputs
 
     options = run_options(args)
     options.usable()
@@ -87,29 +83,5 @@ def run(args: argparse.Namespace) -> int:
     )
     root = cases_root(args)
     cases = select_cases(load_contract_cases(root, options), selection, root)
-    out, err = human_console(args.json), make_console(stderr=True)
-    with PoolSet(options.device) as pools:
-        stage = run_contract_cases(cases, options, pools, err, release_pools=True)
-    results = stage.results
-    print_results(out, results, "contract results", CONTRACT_COLUMNS, args.tables)
-    out.print(summary_line(results, stage.wall_s))
-    starts = ", ".join(f"W={w} {t:.1f} s" for w, t in stage.extra["pool_startup_s"].items())
-    out.print(f"cases {stage.extra['cases_s']:.1f} s; rank groups started in the background ({starts or 'none'})")
-    for r in results:
-        if r.traceback and r.status == "failed":
-            print(f"\n--- {r.case_id}: {r.reason}\n{r.traceback}", file=sys.stderr)
-    if args.json is not None:
-        used = project(args)
-        emit_json(
-            args.json,
-            results_document(
-                "check",
-                environment(options.target, options.device, options.load().version(), used.file if used else None),
-                {"contracts": stage},
-                stage.wall_s,
-            ),
-        )
-    if args.junit:
-        write_junit(args.junit, {"contracts": results})
-    print_verdict(out, "check", {"contracts": results})
-    return EXIT_CODES[verdict(results)]
+    used = project(args)
+    return run_check(cases, options, CheckOutputs(args.json, args.junit, args.tables, used.file if used else None))

@@ -160,3 +160,17 @@ def test_a_function_over_50_lines_says_why_and_there_are_few() -> None:
     long = _long_functions()
     assert sorted(name for name, reason in long.items() if not reason) == []
     assert len(long) <= MAX_LONG_FUNCTIONS, f"{len(long)} functions over {MAX_FUNCTION_LINES} lines: {sorted(long)}"
+
+
+# A verb parses, builds typed options, calls one run function and renders: it neither starts rank processes nor
+# writes a report file itself (emit_json, the --json output, and the terminal renderers are its render calls).
+VERB_FORBIDDEN = ("harness.ranks", "harness.report.junit", "harness.report.html", "harness.results.results_document")
+
+
+def test_verbs_start_no_ranks_and_write_no_reports() -> None:
+    wrong = {
+        str(path.relative_to(HARNESS.parent)): sorted(m for m in _imports(path) if m.startswith(VERB_FORBIDDEN))
+        for module, path in _modules()
+        if module.startswith("harness.commands")
+    }
+    assert {path: found for path, found in wrong.items() if found} == {}
