@@ -52,17 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.contracts.params import canonical_dtype
-    from harness.gate.contracts import check_device, load_contract_cases
+    from harness.gate.contracts import load_contract_cases
     from harness.report.console import make_console, progress
-    from harness.report.output import check_outputs, emit_json, human_console
+    from harness.report.output import emit_json, human_console
     from harness.results import EXIT_CODES, CaseResult, summary_line, verdict
     from harness.sweep import BackendColumn, SweepOptions, expand_matrix, run_sweep
     from harness.sweep.matrix import parse_sweep, render_markdown
 
     run = run_options(args)
-    check_device(run.device)
-    run.usable()
-    check_outputs((args.json, "--json"))
+    run.usable()  # the device first, then the target
     cases = load_contract_cases(cases_root(args), run)
     if args.contracts:
         unknown = sorted(set(args.contracts) - {c.contract_id for c in cases})

@@ -28,6 +28,15 @@ from harness.targets.base import CAPABILITIES, REFERENCE_ONLY, Target, Unsupport
 from harness.targets.loader import TargetArgs, load_target
 
 
+def check_device(device: str) -> None:
+    """``--device cuda`` where torch sees no CUDA device is a configuration error (exit 2), before any work."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda but torch sees no CUDA device", key="--device")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """Which implementation runs the cases, where, and how long a case may take."""
@@ -50,6 +59,7 @@ class RunOptions:
     def usable(self) -> Target:
         """The target, refused (ConfigError, exit 2) where it cannot run at all: a run whose every case would be
         skipped for the target's absence checks nothing, and a CI whose install broke must not stay green."""
+        check_device(self.device)
         target = self.load()
         reason = target.unavailable_reason(self.device)
         if reason:

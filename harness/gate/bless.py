@@ -123,7 +123,7 @@ def blessings_for(
 ) -> list[Blessing]:
     """The references to write: the candidates a results folder kept, or generated now (in rank pools opened and
     closed here, after the device is checked)."""
-    from harness.gate.contracts import check_device
+    from harness.contracts.runner import check_device
 
     if from_results is not None:
         return blessings_from_results(cases, from_results, carried)

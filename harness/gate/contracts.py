@@ -11,7 +11,7 @@ from rich.console import Console
 from harness.cases.contract import load_cases, platform_of_device
 from harness.cases.image import is_image_only
 from harness.contracts.case import Case
-from harness.contracts.runner import RunOptions, run_cases, validate_for_target
+from harness.contracts.runner import RunOptions, check_device, run_cases, validate_for_target
 from harness.gate.stage import GateContext, GateOptions
 from harness.project.hints import command
 from harness.ranks import PoolSet
@@ -47,16 +47,6 @@ def run_contract_cases(
 def check_command(case_id: str, options: GateOptions) -> str:
     """The ``parity check`` command line that runs one case again as this run did (figures, traceback)."""
     return command(["check", case_id], options.carried(target=True, baselines=False))
-
-
-def check_device(device: str) -> None:
-    from harness.errors import ConfigError
-
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda but torch sees no CUDA device", key="--device")
 
 
 class ContractStage:

@@ -14,7 +14,8 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.gate.contracts import ContractStage, check_device
+from harness.contracts.runner import check_device
+from harness.gate.contracts import ContractStage
 from harness.gate.images import ImageStage
 from harness.gate.perf import PerfStage
 from harness.gate.stage import GateContext, GateOptions, Stage

@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.cli import main
 
@@ -247,3 +248,16 @@ def test_ids_after_options_are_ids_and_a_stray_option_is_the_verbs_error(capsys:
     assert "parity check: error: unrecognized arguments: --bogus" in err and "usage: parity check" in err
     assert main(["doctor", "extra"]) == 2
     assert "parity doctor: error: unrecognized arguments: extra" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine where torch sees no CUDA device")
+@pytest.mark.parametrize(
+    "argv",
+    [["check"], ["sweep"], ["bless", "zimage_t2i_1rank", "--dry-run"], ["gate"], ["perf", "reference", "reference"]],
+    ids=["check", "sweep", "bless", "gate", "perf"],
+)
+def test_every_verb_that_runs_refuses_a_cuda_device_torch_cannot_see(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--device", "cuda"]) == 2
+    assert "key '--device': --device cuda but torch sees no CUDA device" in capsys.readouterr().err
