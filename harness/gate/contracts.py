@@ -54,21 +54,18 @@ class ContractStage:
 
     name = "contracts"
 
-    def __init__(self) -> None:
-        self._cases: list[Case] | None = None
-
     def skip_reason(self, ctx: GateContext) -> str | None:
         """An image-only cases root (images/, no contracts/) has no contract stage; any other root without
         contract cases is a configuration error, raised by the loader."""
         root = Path(ctx.options.cases_root)
         return f"no contract cases ({root / 'contracts'} does not exist)" if is_image_only(root) else None
 
-    def preflight(self, ctx: GateContext) -> None:
-        self._cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
-        validate_for_target(self._cases, ctx.options.run.usable())
+    def preflight(self, ctx: GateContext) -> list[Case]:
+        cases = load_contract_cases(ctx.options.cases_root, ctx.options.run)
+        validate_for_target(cases, ctx.options.run.usable())
+        return cases
 
-    def run(self, ctx: GateContext) -> StageResult:
-        cases, self._cases = self._cases or load_contract_cases(ctx.options.cases_root, ctx.options.run), None
+    def run(self, ctx: GateContext, cases: list[Case]) -> StageResult:
         stage = run_contract_cases(cases, ctx.options.run, ctx.pools, ctx.err, self.name)
         for result in stage.results:
             if result.status == FAILED:

@@ -170,18 +170,14 @@ class ImageStage:
 
     name = "images"
 
-    def __init__(self) -> None:
-        self._inputs: _Inputs | None = None
-
     def skip_reason(self, ctx: GateContext) -> str | None:
         directory = image_case_dir(ctx.options.cases_root)
         return None if is_directory_present(directory) else f"no image cases ({directory} does not exist)"
 
-    def preflight(self, ctx: GateContext) -> None:
-        self._inputs = load_inputs(ctx)
+    def preflight(self, ctx: GateContext) -> _Inputs:
+        return load_inputs(ctx)
 
-    def run(self, ctx: GateContext) -> StageResult:
-        inputs, self._inputs = self._inputs or load_inputs(ctx), None
+    def run(self, ctx: GateContext, inputs: _Inputs) -> StageResult:
         if inputs.clip_skip:
             ctx.out.print(f"images: clip skipped: {inputs.clip_skip}")
         options = ctx.options

@@ -110,14 +110,18 @@ def _baselines_only(ctx: GateContext) -> list[str]:
     return carried_options(ctx.options.project, baselines=ctx.options.baselines_dir)
 
 
+@dataclasses.dataclass(frozen=True)
+class PerfPlan:
+    """What the perf stage times: the image cases (an A/B or against the stored baselines) and its ratio cases."""
+
+    cases: list[ImageCase]
+    ratio_cases: list[Case]
+
+
 class PerfStage:
     """The timings of the image cases (A/B or absolute, see the module docstring) and the perf contract cases."""
 
     name = "perf"
-
-    def __init__(self) -> None:
-        self._ratio_cases: list[Case] | None = None
-        self._cases: list[ImageCase] | None = None
 
     def skip_reason(self, ctx: GateContext) -> str | None:
         perf = ctx.options.perf
@@ -142,51 +146,44 @@ class PerfStage:
             )
         return None
 
-    def preflight(self, ctx: GateContext) -> None:
+    def preflight(self, ctx: GateContext) -> PerfPlan:
         """Cases, tolerances and the BASE side are read before any stage runs: a bad one exits 2 at once."""
         perf = ctx.options.perf
-        self._cases = _image_cases(ctx)
+        cases = _image_cases(ctx)
         if perf.base is not None:
             ab_tolerances(ctx)
-            for case in self._cases:
+            for case in cases:
                 check_case_on(case, perf.base.target, perf.base.args, "--perf-base")
         else:
             baseline = machine_baseline(ctx, platform_name(ctx.device))
             if baseline is not None:
                 baseline.tolerances(perf.profile or ABSOLUTE_PROFILE)
-        self._ratio_cases = _ratio_cases(ctx)
+        return PerfPlan(cases, _ratio_cases(ctx))
 
-    def run(self, ctx: GateContext) -> StageResult:
+    def run(self, ctx: GateContext, plan: PerfPlan) -> StageResult:
         options = ctx.options
         platform = platform_name(ctx.device)
-        cases, self._cases = self._cases if self._cases is not None else _image_cases(ctx), None
-        ratio_cases, self._ratio_cases = self._ratio_cases if self._ratio_cases is not None else _ratio_cases(ctx), None
+        cases, ratio_cases = plan.cases, plan.ratio_cases
         if options.perf.base is not None:
-            results, wall, extra, top = self._run_ab(ctx, cases)
+            stage = self._run_ab(ctx, cases)
             title = f"perf: HEAD against BASE {options.perf.base.target} ({platform}, {ORDER} pairs)"
             columns = AB_COLUMNS
         else:
-            results, wall, extra, top = self._run_absolute(ctx, cases, platform)
+            stage = self._run_absolute(ctx, cases, platform)
             title = f"perf: against the stored baseline ({platform}, median of {options.perf.runs} raw runs)"
             columns = ABSOLUTE_COLUMNS
         if ratio_cases:
             ratios = run_contract_cases(ratio_cases, options.run, ctx.pools, ctx.err, "perf ratios")
-            results += ratios.results
-            wall += ratios.wall_s
-        print_results(ctx.out, results, title, columns, ctx.options.tables)
-        ctx.out.print(f"perf: {summary_line(results, wall)}")
-        extra.update(platform=platform, pool_startup_s=dict(sorted(ctx.pools.startup_s.items())))
-        return StageResult(
-            self.name,
-            results,
-            wall,
-            extra=extra,
-            top_level={"platform": platform, "device_name": hardware_name(ctx.device), **top},
-        )
+            stage.results += ratios.results
+            stage.wall_s += ratios.wall_s
+        print_results(ctx.out, stage.results, title, columns, ctx.options.tables)
+        ctx.out.print(f"perf: {summary_line(stage.results, stage.wall_s)}")
+        stage.extra.update(platform=platform, pool_startup_s=dict(sorted(ctx.pools.startup_s.items())))
+        stage.top_level = {"platform": platform, "device_name": hardware_name(ctx.device), **stage.top_level}
+        return stage
 
-    def _run_ab(
-        self, ctx: GateContext, cases: list[ImageCase]
-    ) -> tuple[list[CaseResult], float, dict[str, Any], dict[str, Any]]:
+    def _run_ab(self, ctx: GateContext, cases: list[ImageCase]) -> StageResult:
+        """Every image case timed HEAD against BASE (:mod:`harness.perf.ab`)."""
         perf, timeout = ctx.options.perf, ctx.options.run.timeout or DEFAULT_CASE_TIMEOUT_S
         assert perf.base is not None
         tolerances = ab_tolerances(ctx)
@@ -223,11 +220,10 @@ class PerfStage:
             "tolerances": dataclasses.asdict(tolerances),
             "inconclusive": perf.inconclusive,
         }
-        return results, wall, extra, {}
+        return StageResult(self.name, results, wall, extra=extra)
 
-    def _run_absolute(
-        self, ctx: GateContext, cases: list[ImageCase], platform: str
-    ) -> tuple[list[CaseResult], float, dict[str, Any], dict[str, Any]]:
+    def _run_absolute(self, ctx: GateContext, cases: list[ImageCase], platform: str) -> StageResult:
+        """Every image case's raw times against the machine's stored perf baseline (:mod:`harness.perf.absolute`)."""
         perf, timeout = ctx.options.perf, ctx.options.run.timeout or DEFAULT_CASE_TIMEOUT_S
         baseline = machine_baseline(ctx, platform)
         measured_all: dict[str, dict[str, Any]] = {}
@@ -259,7 +255,7 @@ class PerfStage:
             "baseline_files": baseline.paths if baseline is not None else [],
             "profile": perf.profile or ABSOLUTE_PROFILE,
         }
-        return results, wall, extra, {"perf": measured_all}
+        return StageResult(self.name, results, wall, extra=extra, top_level={"perf": measured_all})
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from harness.results import StageResult, environment, results_document, write_re
 from harness.targets.loader import stop_pipeline_targets
 
 
-def stages() -> list[Stage]:
+def stages() -> list[Stage[Any]]:
     """The gate's stages, in the order they run."""
     return [ContractStage(), ImageStage(), PerfStage()]
 
@@ -64,15 +64,13 @@ def _run_stages(options: GateOptions, out: Console) -> dict[str, StageResult | s
         plan = [
             (stage, stage.skip_reason(ctx)) for stage in stages() if not options.stages or stage.name in options.stages
         ]
-        for stage, reason in plan:
-            if not reason:
-                stage.preflight(ctx)
+        planned = {stage.name: stage.preflight(ctx) for stage, reason in plan if not reason}
         for stage, reason in plan:
             if reason:
                 outcome[stage.name] = reason
                 out.print(f"{stage.name}: skipped ({reason})")
             else:
-                outcome[stage.name] = stage.run(ctx)
+                outcome[stage.name] = stage.run(ctx, planned[stage.name])
     return outcome
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from rich.console import Console
 
@@ -102,14 +102,20 @@ class GateContext:
         return self.options.run.device
 
 
-class Stage(Protocol):
+Plan = TypeVar("Plan")  # what a stage reads in its preflight and runs
+
+
+class Stage(Protocol[Plan]):
+    """A gate stage: whether it runs, its plan (read and checked before any stage runs, so a bad file exits 2
+    at once), and its run of that plan."""
+
     name: str
 
     def skip_reason(self, ctx: GateContext) -> str | None: ...
 
-    def preflight(self, ctx: GateContext) -> None: ...
+    def preflight(self, ctx: GateContext) -> Plan: ...
 
-    def run(self, ctx: GateContext) -> StageResult: ...
+    def run(self, ctx: GateContext, plan: Plan) -> StageResult: ...
 
 
 def own_pipeline(case: ImageCase) -> list[tuple[PipelineRun, str]]:

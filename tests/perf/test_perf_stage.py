@@ -176,7 +176,7 @@ def test_generous_baseline_passes_and_env_tolerances_apply(
     with PoolSet("cpu") as pools:
         ctx = _context(cases, baselines, pools)
         assert stage.skip_reason(ctx) is None  # a baseline for this hardware: on by default
-        result = stage.run(ctx)
+        result = stage.run(ctx, stage.preflight(ctx))
     assert (counts(result.results)[PASSED], result.failed) == (2, 0)
     assert {r.figures["tolerances"]["e2e"] for r in result.results} == {100000.0}
     assert all(r.bound.endswith("raw values within their tolerance of the stored baseline") for r in result.results), [
