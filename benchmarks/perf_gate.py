@@ -30,6 +30,7 @@ from harness.perf import absolute
 from harness.perf.ab import Sampling, compare
 from harness.pipelines.sessions import PipelineRun, Session
 from harness.ranks import PoolSet
+from harness.targets.spec import TargetSpec
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the checkout's test targets, as `parity perf` finds them from its root
@@ -46,12 +47,14 @@ def workload(name: str) -> tuple[PipelineRun, PipelineRun]:
     """The unchanged and the 10 % slower pipeline of a workload."""
     if name == "reference":
         return (
-            PipelineRun("reference", (), REFERENCE_FIELDS, 1),
-            PipelineRun("tests.targets.slow_pipeline:factory", (("fraction", str(SLOWDOWN)),), REFERENCE_FIELDS, 1),
+            PipelineRun(TargetSpec("reference", ()), REFERENCE_FIELDS, 1),
+            PipelineRun(
+                TargetSpec("tests.targets.slow_pipeline:factory", (("fraction", str(SLOWDOWN)),)), REFERENCE_FIELDS, 1
+            ),
         )
     return (
-        PipelineRun("command", (("template", TEMPLATE),), sleep_generator.FIELDS, 1),
-        PipelineRun("command", (("template", f"{TEMPLATE} --slow {SLOWDOWN}"),), sleep_generator.FIELDS, 1),
+        PipelineRun(TargetSpec("command", (("template", TEMPLATE),)), sleep_generator.FIELDS, 1),
+        PipelineRun(TargetSpec("command", (("template", f"{TEMPLATE} --slow {SLOWDOWN}"),)), sleep_generator.FIELDS, 1),
     )
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from harness.project import Project
     from harness.ranks import PoolSet, RankPool
     from harness.results import CaseResult
+    from harness.targets.spec import TargetSpec
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -75,7 +76,7 @@ class Resolved:
     """The target, its arguments and the device, each from the first of: flags, the project file, the test."""
 
     def __init__(self, config: pytest.Config) -> None:
-        from harness.targets.loader import parse_target_args
+        from harness.targets.spec import parse_target_args
 
         project = _project(config)
         flag_target, flag_args = config.getoption("--parity-target"), config.getoption("--parity-target-arg")
@@ -85,22 +86,24 @@ class Resolved:
         self.device = config.getoption("--parity-device") or (project.device if project else None) or "cpu"
         self.cases = project.cases if project and project.cases else None
 
-    def for_test(self, wanted: str | None) -> tuple[str, Any]:
+    def for_test(self, wanted: str | None) -> TargetSpec:
         """The target a test runs: the resolved one; a test's own ``target=`` only where nothing above names one."""
+        from harness.targets.spec import TargetSpec
+
         if self.target is None:
-            return wanted or "reference", self.args
+            return TargetSpec(wanted or "reference", self.args)
         if wanted is not None and wanted != self.target:
             pytest.fail(
                 f"the test asks for target {wanted!r}, {self.where} names {self.target!r}: remove one "
                 "(parity never drops either silently)",
                 pytrace=False,
             )
-        return self.target, self.args
+        return TargetSpec(self.target, self.args)
 
-    def options(self, target: str, args: Any, no_skip: bool) -> RunOptions:
+    def options(self, target: TargetSpec, no_skip: bool) -> RunOptions:
         from harness.contracts.runner import RunOptions
 
-        return RunOptions(target, args, self.device, allow_new_skips=not no_skip)
+        return RunOptions(target, self.device, allow_new_skips=not no_skip)
 
 
 @pytest.fixture(scope="session")
@@ -150,10 +153,10 @@ def assert_contract(
 
     def check(contract_id: str, *, target: str | None = None, **params: Any) -> CaseResult:
         no_skip = request.config.getoption("--parity-no-skip")  # else a skip skips the test, pinned or not
-        chosen, args = parity_resolved.for_test(target)
+        chosen = parity_resolved.for_test(target)
         case = make_case(contract_id, params, case_id=f"{request.node.name}:{contract_id}", source="assert_contract")
-        [result] = run_cases([case], parity_resolved.options(chosen, args, no_skip), rank_pools)
-        return _judged(result, contract_id, chosen, no_skip)
+        [result] = run_cases([case], parity_resolved.options(chosen, no_skip), rank_pools)
+        return _judged(result, contract_id, chosen.name, no_skip)
 
     return check
 
@@ -237,8 +240,7 @@ class CaseFile(pytest.File):
         from harness.cases.contract import load_cases, platform_of_device
 
         resolved = Resolved(self.config)
-        target, args = resolved.for_test(None)
-        options = resolved.options(target, args, no_skip=False)
+        options = resolved.options(resolved.for_test(None), no_skip=False)
         loaded = options.load()
         root = (resolved.cases or self.path.parent.parent).resolve()
         runs = loaded.unavailable_reason(resolved.device) is None
@@ -256,7 +258,7 @@ class CaseItem(pytest.Item):
         from harness.contracts.runner import run_cases
 
         [result] = run_cases([self.case], self.options, _session_pools(self.config))
-        _judged(result, self.case.id, self.options.target, no_skip=self.config.getoption("--parity-no-skip"))
+        _judged(result, self.case.id, self.options.target.name, no_skip=self.config.getoption("--parity-no-skip"))
 
     def reportinfo(self) -> tuple[Path, int, str]:
         return self.path, 0, f"parity case {self.case.id} ({self.case.contract_id})"

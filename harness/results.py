@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 from harness.errors import ConfigError
 from harness.files.jsonio import expect_id, expect_known_keys, expect_object, expect_str, join_key, read_json
+from harness.targets.base import Refused
+from harness.targets.spec import TargetSpec
 
 
 class Status(StrEnum):
@@ -74,6 +76,7 @@ class CaseResult:
     traceback: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
     next_step: str | None = None
+    refusal: Refused | None = None  # a skip's typed cause (what a pinned skip is matched on)
 
     @property
     def passed(self) -> bool:
@@ -98,6 +101,7 @@ class CaseResult:
             "traceback": self.traceback,
             "artifacts": dict(self.artifacts),
             "next_step": self.next_step,
+            "refusal": self.refusal.to_dict() if self.refusal else None,
         }
 
 
@@ -108,6 +112,7 @@ RECORD_KEYS = tuple(f.name for f in fields(CaseResult))
 DOCUMENT_KEYS = (
     "command",
     "target",
+    "target_args",
     "target_version",
     "device",
     "platform",
@@ -222,7 +227,7 @@ def git_state(directory: str | Path) -> dict[str, Any]:
 
 
 def environment(
-    target: str, device: str, target_version: str | None = None, project: Path | None = None
+    target: TargetSpec, device: str, target_version: str | None = None, project: Path | None = None
 ) -> dict[str, Any]:
     """Where and on what a run happened: what every results document records next to its results
     (``git``: the checkout of the working directory, which is the tree under test; ``project``: the
@@ -235,7 +240,8 @@ def environment(
     from reference_impl.platform import current_platform
 
     return {
-        "target": target,
+        "target": target.name,
+        "target_args": dict(target.args),
         "target_version": target_version,
         "device": device,
         "platform": current_platform.label(),

@@ -26,7 +26,8 @@ from harness.errors import ConfigError, ParamError
 from harness.files.jsonio import expect_id
 from harness.pipelines.sessions import PipelineRun
 from harness.targets.base import PipelineTarget
-from harness.targets.loader import TargetArgs, load_pipeline_target
+from harness.targets.loader import load_pipeline_target
+from harness.targets.spec import REFERENCE, TargetSpec
 
 KINDS = ("image", "video")
 _PER_CASE = ("description", "world_size", "ulysses_degree", "ring_degree", "kind")
@@ -40,8 +41,8 @@ UNMEASURED_KEY = "unmeasured"
 class ImageCase(CaseOrigin):
     """One image or video case; ``fields`` are the pipeline target's (device excluded).
 
-    ``target`` and ``target_args`` name the pipeline target and its factory arguments: strings,
-    so they travel to the ranks, which build the target from them.
+    ``target`` names the pipeline target and its factory arguments: strings, so it travels to the
+    ranks, which build the target from it.
     """
 
     kind: str
@@ -49,8 +50,7 @@ class ImageCase(CaseOrigin):
     ulysses_degree: int
     ring_degree: int
     fields: dict[str, Any]
-    target: str = "reference"
-    target_args: TargetArgs = ()
+    target: TargetSpec = TargetSpec()
     unmeasured: Mapping[str, str] = dataclasses.field(default_factory=dict)
     identity: dict[str, Any] | None = (
         None  # what its reference is pinned to (PipelineTarget.identity); None: the fields
@@ -64,49 +64,47 @@ class ImageCase(CaseOrigin):
     @property
     def pipeline_run(self) -> PipelineRun:
         """What a stage asks of the case's pipeline target: its fields on its world size."""
-        return PipelineRun(self.target, self.target_args, self.fields, self.world_size)
+        return PipelineRun(self.target, self.fields, self.world_size)
 
     def reference_case(self) -> ImageCase:
         """The same fields on one rank: what ``parity bless`` stores as this case's reference."""
         return dataclasses.replace(self, world_size=1, ulysses_degree=1, ring_degree=1)
 
 
-def load_image_case_file(
-    path: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()
-) -> list[ImageCase]:
-    """The cases of one file; ``pipeline`` (with ``pipeline_args``) runs the cases that name no ``target``."""
+def load_image_case_file(path: str | Path, pipeline: TargetSpec = REFERENCE) -> list[ImageCase]:
+    """The cases of one file; ``pipeline`` runs the cases that name no ``target``."""
     path = Path(path)
     defaults, table = read_case_tables(path, "an image case")
     for key in defaults:
         if key in _PER_CASE:
             raise ConfigError("not a pipeline field: set it per case", path=path, key=f"defaults.{key}")
-    return [_make_case(path, case_id, body, defaults, (pipeline, pipeline_args)) for case_id, body in table.items()]
+    return [_make_case(path, case_id, body, defaults, pipeline) for case_id, body in table.items()]
 
 
 def _case_target(
-    path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any], default: tuple[str, TargetArgs]
-) -> tuple[str, TargetArgs, str]:
-    """The case's target spec and factory args (its own ``target``, the file's, or the run's default)
-    and the key that chose it (for errors)."""
+    path: Path, case_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any], default: TargetSpec
+) -> tuple[TargetSpec, str]:
+    """The case's target (its own ``target``, the file's, or the run's default; the run's factory arguments only
+    with the run's target) and the key that chose it (for errors)."""
     if TARGET_KEY in body:
         spec, where = body[TARGET_KEY], f"cases.{case_id}.{TARGET_KEY}"
     elif TARGET_KEY in defaults:
         spec, where = defaults[TARGET_KEY], f"defaults.{TARGET_KEY}"
     else:
-        return default[0], default[1], "--pipeline-target"
+        return default, "--pipeline-target"
     if not isinstance(spec, str) or not spec:
         raise ConfigError(
             f"case '{case_id}': target must be a pipeline target name or 'module:factory', got {spec!r}",
             path=path,
             key=where,
         )
-    return spec, default[1] if spec == default[0] else (), where
+    return default if spec == default.name else TargetSpec(spec), where
 
 
-def _load_target(path: Path, case_id: str, spec: str, args: TargetArgs, where: str) -> PipelineTarget:
+def _load_target(path: Path, case_id: str, spec: TargetSpec, where: str) -> PipelineTarget:
     """The case's pipeline target; a bad spec is an error at the key that named it."""
     try:
-        return load_pipeline_target(spec, args)
+        return load_pipeline_target(spec)
     except ConfigError as exc:
         if exc.key != "target":
             raise  # a factory argument's error names its option
@@ -117,7 +115,7 @@ def _load_target(path: Path, case_id: str, spec: str, args: TargetArgs, where: s
 
 
 def _make_case(
-    path: Path, case_id: str, body: Any, defaults: Mapping[str, Any], default_target: tuple[str, TargetArgs]
+    path: Path, case_id: str, body: Any, defaults: Mapping[str, Any], default_target: TargetSpec
 ) -> ImageCase:
     where = f"cases.{case_id}"
     if not isinstance(body, dict):
@@ -127,8 +125,8 @@ def _make_case(
     description = body.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"case '{case_id}': description must be a string", path=path, key=f"{where}.description")
-    target, target_args, chosen_by = _case_target(path, case_id, body, defaults, default_target)
-    pipeline = _load_target(path, case_id, target, target_args, chosen_by)
+    target, chosen_by = _case_target(path, case_id, body, defaults, default_target)
+    pipeline = _load_target(path, case_id, target, chosen_by)
     fields = {k: v for k, v in {**defaults, **body}.items() if k not in (*_PER_CASE, TARGET_KEY, UNMEASURED_KEY)}
     unmeasured = _unmeasured(path, case_id, body, defaults)
     try:
@@ -151,7 +149,6 @@ def _make_case(
         ring,
         fields,
         target,
-        target_args,
         unmeasured,
         pipeline.identity(fields),
         source=str(path),
@@ -213,22 +210,24 @@ def _unmeasured(path: Path, case_id: str, body: Mapping[str, Any], defaults: Map
     return dict(pins)
 
 
-def check_case_on(case: ImageCase, spec: str, args: TargetArgs, option: str) -> None:
+def check_case_on(case: ImageCase, spec: TargetSpec, option: str) -> None:
     """Whether pipeline target ``spec`` (chosen by ``option``, e.g. the BASE of an A/B) runs the case's fields
     too, making the same kind; a ConfigError naming the case and the key otherwise."""
-    pipeline = _load_target(Path(case.source), case.id, spec, args, option)
+    pipeline = _load_target(Path(case.source), case.id, spec, option)
     where = f"cases.{case.id}"
     try:
         kind = pipeline.check_case(case.fields, case.world_size)
     except ParamError as exc:
         raise ConfigError(
-            f"case '{case.id}' on {option} {spec!r}: {exc}",
+            f"case '{case.id}' on {option} {spec.name!r}: {exc}",
             path=case.source,
             key=f"{where}.{exc.key}" if exc.key else where,
         ) from None
     if kind != case.kind:
         raise ConfigError(
-            f"case '{case.id}' is {case.kind!r} but {option} {spec!r} makes it {kind!r}", path=case.source, key=where
+            f"case '{case.id}' is {case.kind!r} but {option} {spec.name!r} makes it {kind!r}",
+            path=case.source,
+            key=where,
         )
 
 
@@ -241,26 +240,22 @@ def is_image_only(cases_root: str | Path) -> bool:
     return image_case_dir(cases_root).is_dir() and not (Path(cases_root) / "contracts").is_dir()
 
 
-def load_image_cases(
-    cases_root: str | Path, pipeline: str = "reference", pipeline_args: TargetArgs = ()
-) -> list[ImageCase]:
+def load_image_cases(cases_root: str | Path, pipeline: TargetSpec = REFERENCE) -> list[ImageCase]:
     """Every case of every ``<cases_root>/images/*.toml``; ids must be unique across files."""
-    cases = load_case_directory(
-        image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline, pipeline_args), "image case"
-    )
-    check_pipeline_args_used(cases, pipeline, pipeline_args)
+    cases = load_case_directory(image_case_dir(cases_root), lambda p: load_image_case_file(p, pipeline), "image case")
+    check_pipeline_args_used(cases, pipeline)
     return cases
 
 
-def check_pipeline_args_used(cases: Sequence[ImageCase], pipeline: str, pipeline_args: TargetArgs) -> None:
+def check_pipeline_args_used(cases: Sequence[ImageCase], pipeline: TargetSpec) -> None:
     """``--pipeline-target-arg`` reaches only the cases that run on ``--pipeline-target``; given with none of
     ``cases`` doing so it would be ignored (a ``timeout=3`` for cases naming ``target = "command"``): refused."""
-    if not pipeline_args or any(c.target == pipeline for c in cases):
+    if not pipeline.args or any(c.target.name == pipeline.name for c in cases):
         return
-    named = sorted({c.target for c in cases})
+    named = sorted({c.target.name for c in cases})
     why = f"each names its own target ({', '.join(named)})" if named else "there are none"
     raise ConfigError(
-        f"no image case runs on --pipeline-target {pipeline!r}: {why}, so {', '.join(k for k, _ in pipeline_args)} "
+        f"no image case runs on --pipeline-target {pipeline.name!r}: {why}, so {', '.join(k for k, _ in pipeline.args)} "
         "would be ignored; set them as case fields, or pass --pipeline-target for those cases",
         key="--pipeline-target-arg",
     )

@@ -26,10 +26,12 @@ from harness.contracts.case import Case, ExpectedFailure, ExpectedSkip, rebuilt
 from harness.contracts.judging import FAILING_NAMES
 from harness.errors import ConfigError
 from harness.files.tomlio import read_toml
+from harness.targets.base import CAPABILITIES, REFUSALS, Refusal
 from reference_impl.platform import PLATFORM_KINDS
 
 _META = ("because", "versions", "platforms")
-_SKIP_KEYS = (*_META, "reason", "when_missing")
+_PIN_KEYS = ("reason", "refusal", "lacks")  # what a pinned skip is matched on (harness.contracts.case.ExpectedSkip)
+_SKIP_KEYS = (*_META, *_PIN_KEYS, "when_missing")
 _FAILURE_KEYS = (*_META, "fails", "raises")
 
 
@@ -235,10 +237,32 @@ def _expected_skip(entry: Mapping[str, Any], path: Path, key: str) -> ExpectedSk
         raise ConfigError(
             f"unknown key; an expected skip has only {', '.join(_SKIP_KEYS)}", path=path, key=f"{key}.{extra[0]}"
         )
-    for name in ("reason", "when_missing"):
-        if name in entry and (not isinstance(entry[name], str) or not entry[name].strip()):
-            raise ConfigError("must be a non-empty string", path=path, key=f"{key}.{name}")
-    return ExpectedSkip(str(entry.get("because", "")), f"{path}: {key}", entry.get("reason"))
+    if "when_missing" in entry and not _text(entry["when_missing"]):
+        raise ConfigError("must be a non-empty string", path=path, key=f"{key}.when_missing")
+    return _pin(entry, path, key)
+
+
+def _pin(entry: Mapping[str, Any], path: Path, key: str) -> ExpectedSkip:
+    """A pinned skip's typed cause (``refusal``, ``lacks``) and the words (``reason``) its message holds."""
+    if "reason" in entry and not _text(entry["reason"]):
+        raise ConfigError("must be a non-empty string", path=path, key=f"{key}.reason")
+    refusal = entry.get("refusal")
+    if refusal is not None and refusal not in REFUSALS:
+        raise ConfigError(f"must be one of {', '.join(REFUSALS)}, got {refusal!r}", path=path, key=f"{key}.refusal")
+    lacks = entry.get("lacks", [])
+    if not isinstance(lacks, list) or any(c not in CAPABILITIES for c in lacks) or ("lacks" in entry and not lacks):
+        raise ConfigError(
+            f"must be a non-empty list of capabilities ({', '.join(CAPABILITIES)}), got {lacks!r}",
+            path=path,
+            key=f"{key}.lacks",
+        )
+    return ExpectedSkip(
+        str(entry.get("because", "")),
+        f"{path}: {key}",
+        entry.get("reason"),
+        Refusal(refusal) if refusal else None,
+        frozenset(lacks),
+    )
 
 
 def _module_missing(entry: Mapping[str, Any], path: Path, key: str) -> bool:
@@ -274,20 +298,23 @@ def _backend_pins(path: Path) -> tuple[ExpectedSkip, ...]:
     entries = data.get("expected_skips")
     if unknown or not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise ConfigError(
-            "a backend overlay holds only [[expected_skips]] entries (reason, because)",
+            "a backend overlay holds only [[expected_skips]] entries (because; refusal and/or reason)",
             path=path,
             key=sorted(unknown)[0] if unknown else "expected_skips",
         )
     pins = []
     for i, entry in enumerate(entries):
         key = f"expected_skips[{i}]"
-        extra = sorted(set(entry) - {"reason", "because"})
+        extra = sorted(set(entry) - {"reason", "refusal", "because"})
         if extra:
             raise ConfigError(
-                "unknown key; a backend's expected skip has only reason and because", path=path, key=f"{key}.{extra[0]}"
+                "unknown key; a backend's expected skip has only because, refusal and reason",
+                path=path,
+                key=f"{key}.{extra[0]}",
             )
-        for name in ("reason", "because"):
-            if not isinstance(entry.get(name), str) or not entry[name].strip():
-                raise ConfigError("must be a non-empty string", path=path, key=f"{key}.{name}")
-        pins.append(ExpectedSkip(entry["because"], f"{path}: {key}", entry["reason"]))
+        if not _text(entry.get("because")):
+            raise ConfigError("must be a non-empty string", path=path, key=f"{key}.because")
+        if "reason" not in entry and "refusal" not in entry:
+            raise ConfigError("a backend's pin names its refusal, its reason's words or both", path=path, key=key)
+        pins.append(_pin(entry, path, key))
     return tuple(pins)

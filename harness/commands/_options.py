@@ -12,7 +12,8 @@ from harness.contracts.runner import RunOptions
 from harness.errors import ConfigError, ParamError
 from harness.paths import SUITES, default_baselines_dir, default_cases_dir, is_inside_package, suite_dir
 from harness.project import Project
-from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, TargetArgs, parse_target_args
+from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS
+from harness.targets.spec import TargetSpec, parse_target_args
 
 FROM_PROJECT = "the project file's, else"  # how a default that a project file can set reads in --help
 
@@ -273,25 +274,21 @@ def project(args: argparse.Namespace) -> Project | None:
     return getattr(args, "project", None)
 
 
-def _chosen(args: argparse.Namespace, option: str, default: str) -> tuple[str, TargetArgs]:
+def _chosen(args: argparse.Namespace, option: str) -> TargetSpec:
     """A target spec and its factory args: ``--X`` replaces the project file's spec and args, ``--X-arg``
-    alone only its args; else the project file's, else ``default`` without args."""
-    spec, items = getattr(args, option), getattr(args, f"{option}_arg")
+    alone only its args; else the project file's, else the reference without args."""
+    name, items = getattr(args, option), getattr(args, f"{option}_arg")
     given = parse_target_args(items, f"--{option.replace('_', '-')}-arg")
     p = project(args)
-    if spec is not None:
-        return spec, given
-    return (getattr(p, option) if p else None) or default, given if items or p is None else getattr(p, f"{option}_args")
+    if name is not None:
+        return TargetSpec(name, given)
+    bare = p.spec_of(option) if p else TargetSpec()
+    return TargetSpec(bare.name, given) if items else bare
 
 
-def pipeline_target(args: argparse.Namespace) -> tuple[str, TargetArgs]:
+def pipeline_target(args: argparse.Namespace) -> TargetSpec:
     """``--pipeline-target`` and its ``--pipeline-target-arg`` pairs (checked), or the project file's ``pipeline_target*``."""
-    return _chosen(args, "pipeline_target", "reference")
-
-
-def pipeline_args(args: argparse.Namespace) -> TargetArgs:
-    """The factory arguments of :func:`pipeline_target`."""
-    return pipeline_target(args)[1]
+    return _chosen(args, "pipeline_target")
 
 
 def device(args: argparse.Namespace) -> str:
@@ -308,8 +305,7 @@ def perf_profile(value: str | None, args: argparse.Namespace) -> str | None:
 
 def run_options(args: argparse.Namespace) -> RunOptions:
     """The typed run options of the ``--target/--target-arg/--device/--timeout`` arguments (and the project file)."""
-    spec, target_args = _chosen(args, "target", "reference")
-    return RunOptions(spec, target_args, device(args), args.timeout, args.allow_new_skips)
+    return RunOptions(_chosen(args, "target"), device(args), args.timeout, args.allow_new_skips)
 
 
 def cases_root(args: argparse.Namespace) -> Path:

@@ -110,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
     baselines = existing_baselines_dir(args) if args.dry_run else writable_baselines_dir(args)
     ids = _ids(args)
-    cases = select_image_cases(load_image_cases(cases_root(args), *pipeline_target(args)), ids)
-    check_pipeline_args_used(cases, *pipeline_target(args))
+    cases = select_image_cases(load_image_cases(cases_root(args), pipeline_target(args)), ids)
+    check_pipeline_args_used(cases, pipeline_target(args))
     out = human_console(args.json)
     start = time.perf_counter()
     directory = baselines / REFERENCES_DIR

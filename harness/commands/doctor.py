@@ -57,9 +57,10 @@ def _devices(cuda: bool) -> list[dict[str, Any]]:
 def _targets(device: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every built-in attention and pipeline target: whether it can run on ``device``, and why not."""
     from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
+    from harness.targets.spec import TargetSpec
 
-    why = {name: load_target(name).unavailable_reason(device) for name in BUILTIN_TARGETS}
-    pipelines = {name: load_pipeline_target(name).unavailable_reason(device) for name in BUILTIN_PIPELINES}
+    why = {name: load_target(TargetSpec(name)).unavailable_reason(device) for name in BUILTIN_TARGETS}
+    pipelines = {name: load_pipeline_target(TargetSpec(name)).unavailable_reason(device) for name in BUILTIN_PIPELINES}
     return (
         [{"name": n, "available": r is None, "reason": r, "device": device} for n, r in why.items()],
         [{"name": n, "reason": r, "device": device, "available": r is None} for n, r in pipelines.items()],

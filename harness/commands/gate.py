@@ -111,9 +111,8 @@ def run(args: argparse.Namespace) -> int:
     from harness.errors import ConfigError
     from harness.gate.run import run_gate
     from harness.gate.stage import GateOptions, PerfOptions
-    from harness.perf.sides import Side
     from harness.results import EXIT_CODES
-    from harness.targets.loader import parse_target_args
+    from harness.targets.spec import TargetSpec, parse_target_args
 
     baselines = baselines_dir(args)  # run_gate refuses one that is not a directory
     if args.keep_outputs and args.report is None:
@@ -125,17 +124,15 @@ def run(args: argparse.Namespace) -> int:
         enabled=args.perf,
         runs=args.perf_runs,
         profile=perf_profile(args.perf_profile, args),
-        base=Side(args.perf_base, base_args) if args.perf_base is not None else None,
+        base=TargetSpec(args.perf_base, base_args) if args.perf_base is not None else None,
         sampling=ab_sampling(args, "perf-"),
         inconclusive=args.perf_inconclusive,
     )
-    pipeline, pipeline_args = pipeline_target(args)
     options = GateOptions(
         cases_root=cases_root(args),
         baselines_dir=baselines,
         run=run_options(args),
-        pipeline=pipeline,
-        pipeline_args=pipeline_args,
+        pipeline=pipeline_target(args),
         report_dir=args.report,
         json_path=args.json,
         junit_path=args.junit,

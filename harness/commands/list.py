@@ -119,7 +119,7 @@ def _cases(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[st
 
     root = cases_root(args)
     contract = load_cases(root) if not is_image_only(root) else []
-    images = load_image_cases(root, *pipeline_target(args)) if image_case_dir(root).is_dir() else []
+    images = load_image_cases(root, pipeline_target(args)) if image_case_dir(root).is_dir() else []
     return (
         [
             {
@@ -137,7 +137,7 @@ def _cases(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[st
                 "kind": c.kind,
                 "world_size": c.world_size,
                 "file": c.source,
-                "target": c.target,
+                "target": c.target.name,
                 "fields": dict(c.fields),
             }
             for c in images
@@ -148,8 +148,11 @@ def _cases(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[st
 def _targets() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The built-in attention targets (capabilities, why not on a CPU) and pipeline targets."""
     from harness.targets.loader import BUILTIN_PIPELINES, BUILTIN_TARGETS, load_pipeline_target, load_target
+    from harness.targets.spec import TargetSpec
 
-    attention = [(name, description, load_target(name)) for name, (_, _, description) in BUILTIN_TARGETS.items()]
+    attention = [
+        (name, description, load_target(TargetSpec(name))) for name, (_, _, description) in BUILTIN_TARGETS.items()
+    ]
     return (
         [
             {
@@ -164,7 +167,7 @@ def _targets() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             {
                 "name": name,
                 "description": description,
-                "unavailable_on_cpu": load_pipeline_target(name).unavailable_reason("cpu"),
+                "unavailable_on_cpu": load_pipeline_target(TargetSpec(name)).unavailable_reason("cpu"),
             }
             for name, (_, _, description) in BUILTIN_PIPELINES.items()
         ],

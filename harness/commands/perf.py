@@ -21,7 +21,7 @@ from harness.commands._options import (
 )
 
 if TYPE_CHECKING:
-    from harness.targets.loader import TargetArgs
+    from harness.targets.spec import TargetSpec
 
 HELP = "time HEAD against BASE side by side (interleaved, paired): HEAD/BASE with an interval per figure, a verdict per case"
 DESCRIPTION = """\
@@ -79,27 +79,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _side_args(args: argparse.Namespace, spec: str, given: list[str], option: str) -> TargetArgs:
-    """A side's factory arguments: its option's, else the project file's ``pipeline_target_args`` where the project's
-    ``pipeline_target`` is this side's target (``parity perf command command`` in a project of commands)."""
-    from harness.targets.loader import parse_target_args
+def _side(args: argparse.Namespace, name: str, given: list[str], option: str) -> TargetSpec:
+    """A side with its factory arguments: its option's, else the project file's ``pipeline_target_args`` where the
+    project's ``pipeline_target`` is this side's target (``parity perf command command`` in a project of commands)."""
+    from harness.targets.spec import TargetSpec, parse_target_args
 
     p = project(args)
-    if given or p is None or p.pipeline_target != spec:
-        return parse_target_args(given, option)
-    return p.pipeline_target_args
+    if given or p is None or p.pipeline_target != name:
+        return TargetSpec(name, parse_target_args(given, option))
+    return p.spec_of("pipeline_target")
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.contracts.runner import RunOptions
     from harness.gate.run import run_gate
     from harness.gate.stage import GateOptions, PerfOptions
-    from harness.perf.sides import Side
     from harness.results import EXIT_CODES
 
     perf = PerfOptions(
         enabled=True,
-        base=Side(args.base, _side_args(args, args.base, args.base_arg, "--base-arg")),
+        base=_side(args, args.base, args.base_arg, "--base-arg"),
         sampling=ab_sampling(args, ""),
         inconclusive=args.inconclusive,
         cases=tuple(args.ids),
@@ -109,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
         cases_root=cases_root(args),
         baselines_dir=baselines_dir(args),
         run=RunOptions(device=device(args), timeout=args.timeout),
-        pipeline=args.head,
-        pipeline_args=_side_args(args, args.head, args.head_arg, "--head-arg"),
+        pipeline=_side(args, args.head, args.head_arg, "--head-arg"),
         report_dir=args.report,
         json_path=args.json,
         junit_path=args.junit,

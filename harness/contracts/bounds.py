@@ -37,6 +37,10 @@ class Bound(ABC):
     def violation(self, stats: Stats) -> str | None:
         """Why ``stats`` break the bound, or None when they hold (non-finite values are judged before)."""
 
+    def figures(self, stats: Stats) -> dict[str, float]:
+        """What the bound allowed ``stats``, where it depends on them (a report shows it beside the distance)."""
+        return {}
+
 
 @dataclass(frozen=True)
 class Bitwise(Bound):
@@ -83,6 +87,9 @@ class FlashAttentionRule(Bound):
         if stats.naive_err_ref64 is None:
             raise ValueError("the FlashAttention rule needs the ref64 and naive figures")
         return self.k * stats.naive_err_ref64 + self.floor + self.ulps * fp32_ulp(stats.ref64_max or 0.0)
+
+    def figures(self, stats: Stats) -> dict[str, float]:
+        return {} if stats.naive_err_ref64 is None else {"allowed": self.allowed(stats)}
 
     def violation(self, stats: Stats) -> str | None:
         allowed = self.allowed(stats)

@@ -16,6 +16,7 @@ from typing import Any
 from harness.contracts.params import Params
 from harness.contracts.registry import Contract, get_contract
 from harness.errors import ConfigError, ParamError
+from harness.targets.base import Refusal, Refused
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,25 @@ class CaseOrigin:
 
 @dataclass(frozen=True)
 class ExpectedSkip:
-    """A pinned skip (from a target overlay): the case may be skipped, for ``because``, with a reason holding
-    ``reason`` (any reason when None); ``where`` names the file and key that pin it."""
+    """A pinned skip (from an overlay): the case may be skipped, for ``because``, by a refusal of kind ``refusal``,
+    lacking one of the capabilities ``lacks``, with a message holding the words ``reason`` (each: any when unset);
+    ``where`` names the file and key that pin it."""
 
     because: str
     where: str
     reason: str | None = None
+    refusal: Refusal | None = None
+    lacks: frozenset[str] = frozenset()
+
+    def mismatch(self, refused: Refused | None, message: str) -> str | None:
+        """What this pin expects that a skip (its typed cause and message) does not show; None: it covers it."""
+        if self.refusal is not None and (refused is None or refused.kind != self.refusal):
+            return f"a {self.refusal} refusal, not {refused.kind if refused else 'an untyped skip'}"
+        if self.lacks and (refused is None or refused.kind != Refusal.LACKS or not self.lacks & refused.lacks):
+            return f"a target lacking {' or '.join(sorted(self.lacks))}"
+        if self.reason is not None and self.reason not in message:
+            return repr(self.reason)
+        return None
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The one judging path: every rank's :class:`RankOutcome` merged into a status, a reason and the figures.
 
-A contract body returns named comparisons (the output or its gradients against the single-rank
-reference, judged by the case's bound; outputs against float64 attention, keyed by :class:`Output`
-and judged by the ``oracle`` rule), the problems of its checks, and figures it reports. Ranks send
-sums and maxima, never tensors, so merged figures equal those of one process comparing everything.
+A contract body returns typed :class:`Comparison` s (the output or a gradient against the single-rank
+reference, judged by the case's bound; against float64 attention, judged by the ``oracle`` rule; the
+single-rank computation run again and in head groups), the problems of its checks, and figures it reports.
+Ranks send sums and maxima, never tensors, so merged figures equal those of one process comparing everything.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from harness.contracts.bounds import (
 )
 from harness.contracts.stats import Stats
 from harness.results import FAILED, PASSED, SKIPPED, Status
+from harness.targets.base import Refused
 
 
 class Role(StrEnum):
@@ -54,29 +55,50 @@ class Output:
         return f"{self.role} {self.part or 'output'}"
 
 
+class Against(StrEnum):
+    """What a comparison measures a tensor against, and so what judges it."""
+
+    REFERENCE = "reference"  # the target's single-rank output: the case's bound
+    FLOAT64 = "float64"  # float64 attention: the oracle rule
+    REPEAT = "repeat"  # the single-rank computation's first run: is the kernel deterministic? (:mod:`.determinism`)
+    HEAD_GROUPS = "head_groups"  # the same, from all heads: is it head-count invariant?
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One comparison a rank made: of ``name`` (OUTPUT, or a gradient: dq, dk, dv), ``against`` what, its Stats;
+    against float64 also whose output it is (``role``) and what it looks like where it misses (``hint``)."""
+
+    against: Against
+    name: str
+    stats: Stats
+    role: Role | None = None
+    hint: str | None = None
+
+    @property
+    def output(self) -> Output:
+        """As the oracle's figures name it (``sharded``, ``single-rank dq``)."""
+        assert self.role is not None
+        return Output(self.role, None if self.name == OUTPUT else self.name)
+
+
 @dataclass
 class RankOutcome:
     """What one rank reports for one case: comparisons, failed checks, reported figures, or why it could not run."""
 
-    stats: Stats | None = None  # the output against the single-rank reference, by the case's bound
-    parts: dict[str, Stats] = field(default_factory=dict)  # named comparisons (dq, dk, dv), each by the case's bound
-    oracle: dict[Output, Stats] = field(default_factory=dict)  # outputs against float64 attention, by the oracle rule
-    hints: dict[Output, str] = field(default_factory=dict)  # what an output that missed the oracle looks like instead
+    comparisons: list[Comparison] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # the checks that failed, in words
     checks: int = 0  # how many checks the body made
     figures: dict[str, Any] = field(default_factory=dict)  # reported as they are (every rank computes the same)
     replicated: dict[str, str] = field(default_factory=dict)  # digests of what every rank must hold alike
-    # under a bitwise bound, by comparison name (OUTPUT or a part): the single-rank computation run again, and
-    # run in the Ulysses head groups, each against the first run (:mod:`.determinism`)
-    spread: dict[str, Stats] = field(default_factory=dict)
-    head_groups: dict[str, Stats] = field(default_factory=dict)
     unmeasured: str | None = None  # why a run of :mod:`.determinism` was not made
     peak_memory: dict[str, float] = field(default_factory=dict)  # GiB this rank held at most: device, host
     kernel: str | None = None
     skip: str | None = None
+    refused: Refused | None = None  # with ``skip``: the target's refusal, typed
 
 
-OUTPUT = "output"  # the name of the output's comparison (``RankOutcome.stats``) among the spreads
+OUTPUT = "output"  # the name of the attention output's comparisons (a gradient's: dq, dk, dv)
 CHECKS = "checks"  # what failed when a contract's own checks did (dtype restored, refusals, collectives, ...)
 FAILING_NAMES = (OUTPUT, "dq", "dk", "dv", CHECKS)  # what a verdict names in figures["failing"]
 
@@ -88,6 +110,7 @@ class Verdict:
     figures: dict[str, Any]
     kernel: str | None
     bound: str | None = None  # the bound applied, where it is not the case's (a non-deterministic kernel)
+    refused: Refused | None = None  # a skip's typed cause
 
 
 def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[RankOutcome]) -> Verdict:
@@ -102,13 +125,12 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         return skipped
     figures: dict[str, Any] = {}
     reasons: list[str] = []
-    spreads, groups = _merged([o.spread for o in outcomes]), _merged([o.head_groups for o in outcomes])
-    parts = _merged([o.parts for o in outcomes])
+    spreads, groups = _compared(outcomes, Against.REPEAT), _compared(outcomes, Against.HEAD_GROUPS)
+    parts = _compared(outcomes, Against.REFERENCE)
+    merged = parts.pop(OUTPUT, None)
     applied = {name: _applied(bound, spreads.get(name), groups.get(name)) for name in (OUTPUT, *parts)}
     failing: set[str] = set()  # what failed, by name (output, dq, dk, dv, checks): an expected failure's scope
-    stats = [o.stats for o in outcomes if o.stats is not None]
-    if stats:
-        merged = functools.reduce(Stats.merge, stats)
+    if merged is not None:
         figures.update(_judged_figures(applied[OUTPUT], merged))
         reasons += _named(failing, OUTPUT, _reasons(applied[OUTPUT], merged, None))
     for name, part in parts.items():
@@ -131,14 +153,14 @@ def verdict(bound: Bound, oracle: FlashAttentionRule | None, outcomes: Sequence[
         figures["failed_checks"] = len(problems)
     if outcomes:
         figures.update(outcomes[0].figures)
-    if oracle is not None and any(o.oracle for o in outcomes):
+    if oracle is not None and _compared(outcomes, Against.FLOAT64):
         oracle_problems, figures["oracle"] = _judge_oracle(bound, oracle, outcomes)
         for output, problem in oracle_problems:
             problems += _named(failing, output.part or OUTPUT, [problem])
     reason = "; ".join(reasons + problems) or None
     if failing:
         figures["failing"] = sorted(failing)
-    return Verdict(FAILED if reason else PASSED, reason, figures, kernel, _applied_text(applied, stats, parts))
+    return Verdict(FAILED if reason else PASSED, reason, figures, kernel, _applied_text(applied, merged, parts))
 
 
 def _skipped(outcomes: Sequence[RankOutcome], kernel: str | None) -> Verdict | None:
@@ -147,7 +169,7 @@ def _skipped(outcomes: Sequence[RankOutcome], kernel: str | None) -> Verdict | N
     if not skips:
         return None
     if len(skips) == 1 and all(o.skip for o in outcomes):
-        return Verdict(SKIPPED, skips.pop(), {}, kernel)
+        return Verdict(SKIPPED, skips.pop(), {}, kernel, refused=outcomes[0].refused)
     return Verdict(FAILED, f"ranks disagree on whether this case can run: {sorted(skips)}", {}, kernel)
 
 
@@ -179,9 +201,9 @@ def _differs(spread: Stats | None) -> bool:
     return spread is not None and not spread.bitwise and not (spread.nonfinite or spread.ref_nonfinite)
 
 
-def _applied_text(applied: Mapping[str, Bound], stats: Sequence[Stats], parts: Mapping[str, Stats]) -> str | None:
+def _applied_text(applied: Mapping[str, Bound], output: Stats | None, parts: Mapping[str, Stats]) -> str | None:
     """The bound to report where a non-deterministic kernel changed it (which comparisons, if not all)."""
-    judged = ([OUTPUT] if stats else []) + list(parts)
+    judged = ([OUTPUT] if output is not None else []) + list(parts)
     jitter = [name for name in judged if isinstance(applied[name], JitterBound)]
     if not jitter:
         return None
@@ -210,10 +232,7 @@ def _determinism(spread: Stats, groups: Stats | None, ranks: int) -> dict[str, A
 
 
 def _judged_figures(bound: Bound, stats: Stats) -> dict[str, Any]:
-    figures = stats.figures()
-    if isinstance(bound, FlashAttentionRule) and stats.naive_err_ref64 is not None:
-        figures["allowed"] = bound.allowed(stats)
-    return figures
+    return {**stats.figures(), **bound.figures(stats)}
 
 
 def _reasons(bound: Bound, stats: Stats, name: str | None) -> list[str]:
@@ -230,7 +249,8 @@ def _judge_oracle(
     already: that failure is not said twice (only the oracle's hint about it is added)."""
     problems: list[tuple[Output, str]] = []
     figures: dict[str, Any] = {"bound": rule.describe()}
-    for output, merged in _merged([o.oracle for o in outcomes]).items():
+    float64 = [c for o in outcomes for c in o.comparisons if c.against is Against.FLOAT64]
+    for output, merged in _merged([{c.output: c.stats} for c in float64]).items():
         figures[output.key] = {
             "err_ref64": merged.err_ref64,
             "naive_err_ref64": merged.naive_err_ref64,
@@ -238,7 +258,7 @@ def _judge_oracle(
         }
         reason = judge(rule, merged)
         if reason:
-            hints = "; ".join(sorted({o.hints[output] for o in outcomes if output in o.hints}))
+            hints = "; ".join(sorted({c.hint for c in float64 if c.output == output and c.hint}))
             if output.role is Role.SHARDED and bound == rule:
                 problems += [(output, f"{output.label}: {hints}")] if hints else []
             else:
@@ -258,6 +278,11 @@ def _merged(per_rank: Sequence[Mapping[K, Stats]]) -> dict[K, Stats]:
         for name, stats in named.items():
             merged[name] = merged[name].merge(stats) if name in merged else stats
     return merged
+
+
+def _compared(outcomes: Sequence[RankOutcome], against: Against) -> dict[str, Stats]:
+    """Each name's comparisons ``against`` one thing, merged over the ranks (and within one), first-seen order."""
+    return _merged([{c.name: c.stats} for o in outcomes for c in o.comparisons if c.against is against])
 
 
 def _merged_max(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:

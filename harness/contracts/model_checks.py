@@ -39,7 +39,7 @@ def _failed(checks: Mapping[str, bool]) -> list[str]:
 Judge = Callable[[Any], tuple[list[str], dict[str, Any]]]  # typed figures -> (problems, the result's figures)
 
 
-def _figures_contract(
+def figures_contract(
     contract_id: str,
     description: str,
     params: tuple[Param, ...],
@@ -47,23 +47,21 @@ def _figures_contract(
     verdict: Judge,
     checks: tuple[Callable[[Params], None], ...] = (),
     kernel: Callable[[Any], str | None] = lambda f: None,
-) -> None:
-    """Register a contract that judges one model check's typed figures (runs on each rank of W=1)."""
+) -> Contract:
+    """A contract that judges one model check's typed figures (runs on each rank of W=1)."""
 
     def body(ctx: RankContext, p: Params) -> RankOutcome:
         figures = call(ctx, p)
         problems, reported_figures = verdict(figures)
         return RankOutcome(problems=problems, checks=1, kernel=kernel(figures), figures=reported_figures)
 
-    register(
-        Contract(
-            contract_id,
-            description,
-            (Param("world_size", "int", 1, "ranks (the check runs on each)"),) + params,
-            body,
-            requires=_REFERENCE,
-            checks=checks,
-        )
+    return Contract(
+        contract_id,
+        description,
+        (Param("world_size", "int", 1, "ranks (the check runs on each)"),) + params,
+        body,
+        requires=_REFERENCE,
+        checks=checks,
     )
 
 
@@ -203,55 +201,66 @@ def judge_video(f: VideoDispatch) -> tuple[list[str], dict[str, Any]]:
     return problems, {"table": f.table, "mismatches": mismatches, "agreement": agreement}
 
 
-_figures_contract(
-    "encoder.masked_causal_lengths",
-    "Qwen3 encoder masked causal attention vs an fp64 per-row reference: valid rows causal, padding rows "
-    "over the valid keys, zero-length rows zero, all-full batches plain causal; GQA",
-    (
-        Param("lengths", "int_list", [7, 3, 10, 0, 1], "valid tokens per row"),
-        Param("heads", "int", 4, "query heads"),
-        Param("kv_heads", "int", 2, "K/V heads"),
-        Param("head_dim", "int", 16, "head dim"),
-        Param("backend", "str", None, "text_encoder backend override"),
-        _SEED,
-    ),
-    _masked_causal,
-    judge_masked_causal,
-    kernel=lambda f: f.backend_masked,  # the encoder check names its attention backend
+register(
+    figures_contract(
+        "encoder.masked_causal_lengths",
+        "Qwen3 encoder masked causal attention vs an fp64 per-row reference: valid rows causal, padding rows "
+        "over the valid keys, zero-length rows zero, all-full batches plain causal; GQA",
+        (
+            Param("lengths", "int_list", [7, 3, 10, 0, 1], "valid tokens per row"),
+            Param("heads", "int", 4, "query heads"),
+            Param("kv_heads", "int", 2, "K/V heads"),
+            Param("head_dim", "int", 16, "head dim"),
+            Param("backend", "str", None, "text_encoder backend override"),
+            _SEED,
+        ),
+        _masked_causal,
+        judge_masked_causal,
+        # the encoder check names its attention backend
+        kernel=lambda f: f.backend_masked,
+    )
 )
-_figures_contract(
-    "encoder.quantized_admission",
-    "a quantized checkpoint is admitted only by a native encoder that builds quantized linears; every "
-    "rejection happens before one tensor is read (fail closed)",
-    (_BLOCK, _SEED),
-    _admission,
-    judge_admission,
-    (_check_block,),
+register(
+    figures_contract(
+        "encoder.quantized_admission",
+        "a quantized checkpoint is admitted only by a native encoder that builds quantized linears; every "
+        "rejection happens before one tensor is read (fail closed)",
+        (_BLOCK, _SEED),
+        _admission,
+        judge_admission,
+        (_check_block,),
+    )
 )
-_figures_contract(
-    "encoder.packed_qkv_scale",
-    "q/k/v (and gate/up) weights and weight_scale_inv land bit for bit in their shard of the fused parameter",
-    (Param("block_size", "int_list", [], "FP8 scale blocks [rows, cols]; [] = one scale per tensor"), _SEED),
-    _packed_qkv,
-    judge_packed_qkv,
-    (_check_block,),
+register(
+    figures_contract(
+        "encoder.packed_qkv_scale",
+        "q/k/v (and gate/up) weights and weight_scale_inv land bit for bit in their shard of the fused parameter",
+        (Param("block_size", "int_list", [], "FP8 scale blocks [rows, cols]; [] = one scale per tensor"), _SEED),
+        _packed_qkv,
+        judge_packed_qkv,
+        (_check_block,),
+    )
 )
-_figures_contract(
-    "encoder.fp8_parity",
-    "the FP8 encoder equals a bf16 encoder on its dequantized weights bitwise, and stays within the measured "
-    "bound of its bf16 source",
-    (_BLOCK, Param("lengths", "int_list", [7, 3, 10], "valid tokens per row"), _SEED),
-    _fp8,
-    judge_fp8,
-    (_check_block,),
+register(
+    figures_contract(
+        "encoder.fp8_parity",
+        "the FP8 encoder equals a bf16 encoder on its dequantized weights bitwise, and stays within the measured "
+        "bound of its bf16 source",
+        (_BLOCK, Param("lengths", "int_list", [7, 3, 10], "valid tokens per row"), _SEED),
+        _fp8,
+        judge_fp8,
+        (_check_block,),
+    )
 )
-_figures_contract(
-    "vae.video_dispatch",
-    "video VAE attention takes the expected branch per (platform, dtype) (CUDA half → USPAttention, fp32 and "
-    "non-CUDA → SDPA, ROCm gfx95 → SDPA math) and the branches agree",
-    (_SEED,),
-    _video,
-    judge_video,
+register(
+    figures_contract(
+        "vae.video_dispatch",
+        "video VAE attention takes the expected branch per (platform, dtype) (CUDA half → USPAttention, fp32 and "
+        "non-CUDA → SDPA, ROCm gfx95 → SDPA math) and the branches agree",
+        (_SEED,),
+        _video,
+        judge_video,
+    )
 )
 
 

@@ -16,7 +16,7 @@ import torch
 
 from harness.contracts.bounds import Bitwise, Bound, FlashAttentionRule, judge, parse_bound
 from harness.contracts.determinism import Runs
-from harness.contracts.judging import OUTPUT, Output, RankOutcome, Role
+from harness.contracts.judging import OUTPUT, Against, Comparison, RankOutcome, Role
 from harness.contracts.oracles import Asked, diagnose, take
 from harness.contracts.params import Param, ParamError, Params
 from harness.contracts.stats import compare, magnitude_floor
@@ -82,17 +82,15 @@ def judge_output(
     stats = compare(out, expected, *oracle_args, ulps_above=floor)
     valid = (rows >= 0).nonzero().flatten()
     judged = {
-        Output(Role.SHARDED): (out, ref64, naive, rows),
-        Output(Role.SINGLE_RANK): (take(single, rows[valid]), ref64[:, valid], naive[:, valid], rows[valid]),
+        Role.SHARDED: (out, ref64, naive, rows),
+        Role.SINGLE_RANK: (take(single, rows[valid]), ref64[:, valid], naive[:, valid], rows[valid]),
     }
-    outcome = RankOutcome(stats=stats, problems=problems, kernel=kernel)
+    outcome = RankOutcome([Comparison(Against.REFERENCE, OUTPUT, stats)], problems=problems, kernel=kernel)
     rule = oracle_rule(p)
-    for output, (tensor, ref, low, its_rows) in judged.items():
-        outcome.oracle[output] = compare(tensor, ref, ref, low)
-        if judge(rule, outcome.oracle[output]):
-            hint = diagnose(tensor, asked, its_rows, rule)
-            if hint:
-                outcome.hints[output] = hint
+    for role, (tensor, ref, low, its_rows) in judged.items():
+        float64 = compare(tensor, ref, ref, low)
+        hint = diagnose(tensor, asked, its_rows, rule) if judge(rule, float64) else None
+        outcome.comparisons.append(Comparison(Against.FLOAT64, OUTPUT, float64, role, hint))
     if runs is not None:
         extra = {role: results[0] for role, results in runs.results.items()}
         judge_runs(outcome, None, extra, single, floor, rows[valid], ref64[:, valid], naive[:, valid])
@@ -115,6 +113,7 @@ def judge_runs(
     that is wrong, not reordered, fails there rather than widening the bound."""
     name = part or OUTPUT
     for role, result in runs.items():
-        spreads = outcome.spread if role is Role.REPEAT else outcome.head_groups
-        spreads[name] = compare(result, first, ulps_above=floor)
-        outcome.oracle[Output(role, part)] = compare(take(result, rows), ref64, ref64, naive)
+        against = Against.REPEAT if role is Role.REPEAT else Against.HEAD_GROUPS
+        outcome.comparisons.append(Comparison(against, name, compare(result, first, ulps_above=floor)))
+        float64 = compare(take(result, rows), ref64, ref64, naive)
+        outcome.comparisons.append(Comparison(Against.FLOAT64, name, float64, role))

@@ -12,7 +12,7 @@ see a change of key order and the bitwise result means something.
 from __future__ import annotations
 
 from harness.contracts.bounds import Bitwise
-from harness.contracts.judging import RankOutcome
+from harness.contracts.judging import OUTPUT, Against, Comparison, RankOutcome
 from harness.contracts.params import LONG_DTYPE, Param, ParamError, Params, long_dtype_check
 from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import compare
@@ -64,7 +64,7 @@ def _body(ctx: RankContext, p: Params) -> RankOutcome:
             "(change steps/size/dtype, or set control_drift = false)"
         )
     return RankOutcome(
-        stats=stats,
+        [Comparison(Against.REFERENCE, OUTPUT, stats)],
         problems=problems,
         checks=2 if p.control_drift else 1,
         kernel=measured.kernel,

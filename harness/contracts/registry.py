@@ -199,6 +199,7 @@ class Contract:
             figures=judged.figures,
             kernel=judged.kernel,
             duration_s=duration_s,
+            refusal=judged.refused,
         )
 
 

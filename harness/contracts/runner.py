@@ -24,8 +24,9 @@ from harness.contracts.registry import RankContext, get_contract
 from harness.errors import ConfigError, ParamError
 from harness.ranks import PoolSet, RankFailure, capacity_reason, preload, rank_device
 from harness.results import FAILED, NOT_APPLICABLE, PASSED, SKIPPED, XFAILED, CaseResult
-from harness.targets.base import CAPABILITIES, REFERENCE_ONLY, Target, Unsupported
-from harness.targets.loader import TargetArgs, load_target
+from harness.targets.base import CAPABILITIES, REFERENCE_ONLY, Refusal, Refused, Target, Unsupported
+from harness.targets.loader import load_target
+from harness.targets.spec import TargetSpec
 
 
 def check_device(device: str) -> None:
@@ -41,8 +42,7 @@ def check_device(device: str) -> None:
 class RunOptions:
     """Which implementation runs the cases, where, and how long a case may take."""
 
-    target: str = "reference"
-    target_args: TargetArgs = ()
+    target: TargetSpec = TargetSpec()
     device: str = "cpu"
     timeout: float | None = None  # per case; None: the case file's, else the contract's own
     allow_new_skips: bool = False  # an unpinned skip stays a skip instead of failing its case (exploratory runs)
@@ -50,7 +50,7 @@ class RunOptions:
     def load(self) -> Target:
         """The target; a spec that does not load is the ``--target`` option's error (the key the user typed)."""
         try:
-            return load_target(self.target, self.target_args)
+            return load_target(self.target)
         except ConfigError as exc:
             if exc.key != "target":
                 raise
@@ -63,15 +63,15 @@ class RunOptions:
         target = self.load()
         reason = target.unavailable_reason(self.device)
         if reason:
-            raise ConfigError(f"target {self.target!r} cannot run on {self.device}: {reason}", key="--target")
+            raise ConfigError(f"target {self.target.name!r} cannot run on {self.device}: {reason}", key="--target")
         return target
 
 
-def run_case_in_rank(contract_id: str, raw: dict, target_spec: str, target_args: TargetArgs) -> RankOutcome:
+def run_case_in_rank(contract_id: str, raw: dict, target_spec: TargetSpec) -> RankOutcome:
     """The function every rank runs for one case (module level: the pool pickles a reference to it)."""
     import torch.distributed as dist
 
-    target = load_target(target_spec, target_args)
+    target = load_target(target_spec)
     contract = get_contract(contract_id)
     params = Params(raw)  # validated in the parent
     ctx = RankContext(
@@ -86,7 +86,7 @@ def run_case_in_rank(contract_id: str, raw: dict, target_spec: str, target_args:
     try:
         outcome = contract.body(ctx, params)
     except Unsupported as exc:
-        return RankOutcome(skip=exc.reason)
+        return RankOutcome(skip=exc.reason, refused=exc.refused)
     finally:
         target.destroy_parallel()
     if contract.memory:  # a case whose memory was estimated reports what it held
@@ -108,7 +108,7 @@ def precheck(case: Case, target: Target, options: RunOptions) -> str | None:
     """Why ``case`` is skipped before any rank starts, or None."""
     reason = target.unavailable_reason(options.device)
     if reason:
-        return f"target {options.target}: {reason}"
+        return f"target {options.target.name}: {reason}"
     reason = machine_reason(case, options.device)
     if reason:
         return reason
@@ -116,8 +116,19 @@ def precheck(case: Case, target: Target, options: RunOptions) -> str | None:
     if missing:
         because = target.lacks_because()
         what = "; ".join(f"{m}: {CAPABILITIES[m]}" + (f"; {because[m]}" if m in because else "") for m in missing)
-        return f"target {options.target} does not support {', '.join(missing)} ({what})"
+        return f"target {options.target.name} does not support {', '.join(missing)} ({what})"
     return None
+
+
+def refused_before_running(case: Case, target: Target, options: RunOptions) -> Refused | None:
+    """The typed cause of :func:`precheck`'s reason (what a pinned skip is matched on): the target unavailable
+    here, or the capabilities the case needs that it does not declare; None for a machine's limits (no claim)."""
+    if target.unavailable_reason(options.device):
+        return Refused(Refusal.UNAVAILABLE)
+    if machine_reason(case, options.device):
+        return None
+    missing = get_contract(case.contract_id).requirements(case.params) - target.capabilities()
+    return Refused(Refusal.LACKS, frozenset(missing)) if missing else None
 
 
 def validate_for_target(cases: Sequence[Case], target: Target) -> None:
@@ -174,13 +185,14 @@ def _not_run(case: Case, target: Target, options: RunOptions, reason: str, overl
     overlay of the target states what it runs (there a skip must be pinned: a capability dropped is a change);
     reference_impl's own model checks are not applicable to any other target."""
     contract = get_contract(case.contract_id)
+    name = options.target.name
     if machine_reason(case, options.device):
-        return contract.result(case.id, case.params, SKIPPED, reason, options.target)
-    missing = set() if target.unavailable_reason(options.device) else contract.requirements(case.params)
-    missing -= target.capabilities()
+        return contract.result(case.id, case.params, SKIPPED, reason, name)
+    refused = refused_before_running(case, target, options)
+    missing = refused.lacks if refused else frozenset()
     if missing and (missing & REFERENCE_ONLY or (case.target_overlay is None and case.expected_skip is None)):
-        return contract.result(case.id, case.params, NOT_APPLICABLE, reason, options.target)
-    skipped = contract.result(case.id, case.params, SKIPPED, reason, options.target)
+        return contract.result(case.id, case.params, NOT_APPLICABLE, reason, name, refusal=refused)
+    skipped = contract.result(case.id, case.params, SKIPPED, reason, name, refusal=refused)
     return expectations_applied(case, skipped, overlay, options.allow_new_skips)
 
 
@@ -236,7 +248,8 @@ def expectations_applied(case: Case, result: CaseResult, overlay: str, allow_new
 def _skip_judged(case: Case, result: CaseResult, overlay: str, allow_new_skips: bool) -> CaseResult:
     """A skip is a claim: pinned (by the target overlay, or by the backend overlay's reason), else a failure."""
     reason = result.reason or ""
-    pin = case.expected_skip or next((p for p in case.backend_skips if p.reason and p.reason in reason), None)
+    pin = case.expected_skip or next((p for p in case.backend_skips if not p.mismatch(result.refusal, reason)), None)
+    missed = pin.mismatch(result.refusal, reason) if pin is not None else None
     if pin is None and allow_new_skips:
         result.reason = f"{reason} (not pinned; --allow-new-skips)"
     elif pin is None:
@@ -246,9 +259,9 @@ def _skip_judged(case: Case, result: CaseResult, overlay: str, allow_new_skips: 
             f"pin it in {_overlay_file(case, overlay)} [expected_skips] with the fact that "
             "justifies it (--allow-new-skips for an exploratory run)"
         )
-    elif pin.reason is not None and pin.reason not in reason:
+    elif missed is not None:
         result.status = FAILED
-        result.reason = f"skipped for another reason than its pin ({pin.where}) expects ({pin.reason!r}): {reason}"
+        result.reason = f"skipped for another reason than its pin ({pin.where}) expects ({missed}): {reason}"
     else:
         result.reason = f"{reason} (pinned: {pin.because})"
     return result
@@ -265,7 +278,6 @@ def _run_one(case: Case, pools: PoolSet, options: RunOptions) -> CaseResult:
             case.contract_id,
             dict(case.params),
             options.target,
-            options.target_args,
             timeout=options.timeout or case.timeout or contract.timeout_s,
         )
     except RankFailure as exc:
@@ -274,8 +286,8 @@ def _run_one(case: Case, pools: PoolSet, options: RunOptions) -> CaseResult:
             case.params,
             FAILED,
             str(exc).splitlines()[0],
-            options.target,
+            options.target.name,
             duration_s=time.perf_counter() - start,
             traceback=exc.traceback,
         )
-    return contract.judge(case.id, case.params, outcomes, time.perf_counter() - start, options.target)
+    return contract.judge(case.id, case.params, outcomes, time.perf_counter() - start, options.target.name)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import torch
 
@@ -44,51 +44,73 @@ def _bound(params: Params) -> Bound:
     return parse_bound(params.bound, params.dtype)
 
 
+@dataclass(frozen=True)
+class Family:
+    """What a family of ``usp.*`` contracts shares (Ulysses, ring, hybrid, replicated tokens, varlen, masks): the
+    ring degree's default (None: no degree parameters), the parameters it adds, the capabilities it needs, the
+    checks on its parameters and the fewest ranks it takes."""
+
+    ring: Callable[[Params], int] | int | None = None
+    extra: tuple[Param, ...] = ()
+    requires: tuple[Capability, ...] = ()
+    checks: tuple[Callable[[Params], None], ...] = ()
+    min_world_size: int = 1
+
+    def adding(
+        self,
+        *,
+        extra: tuple[Param, ...] = (),
+        requires: tuple[Capability, ...] = (),
+        min_world_size: int | None = None,
+    ) -> Family:
+        """This family with more parameters and capabilities (and another least world size)."""
+        return dataclasses.replace(
+            self,
+            extra=self.extra + extra,
+            requires=self.requires + requires,
+            min_world_size=self.min_world_size if min_world_size is None else min_world_size,
+        )
+
+
 def attention_contract(
     contract_id: str,
     description: str,
     body: Body,
+    family: Family,
     *,
     bound: str | Bound | Callable[[Params], str] | None = None,
-    extra: tuple[Param, ...] = (),
-    ring: Callable[[Params], int] | int | None = None,
-    requires: tuple[Capability, ...] = (),
-    checks: tuple[Callable[[Params], None], ...] = (),
-    min_world_size: int = 1,
     timeout_s: float = 120.0,
     gradient: bool = False,
-) -> None:
-    """Register a ``usp.*`` contract on the standard parameters (world size, [degrees,] shape, numerics, ``extra``).
+) -> Contract:
+    """A ``usp.*`` contract on the standard parameters (world size, [degrees,] shape, numerics, the family's).
 
     ``bound``: a default for the case's ``bound`` parameter (text, or a function of the parameters
     before it), a fixed Bound, or None (every check holds). A contract with a bound judges outputs,
     so it also takes the ``oracle`` bound (:mod:`.outputs`). ``gradient``: its cases also hold the
     gradients (the memory estimate, :mod:`.memory`).
     """
-    params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + (DETERMINISTIC,) + extra
+    ring = family.ring
+    params = PARALLEL + (degrees(ring) if ring is not None else ()) + SHAPE + NUMERIC + (DETERMINISTIC,) + family.extra
     contract = Contract(
         contract_id,
         description,
         params,
         body,
-        requires=frozenset(requires),
-        checks=checks,
-        min_world_size=min_world_size,
+        requires=frozenset(family.requires),
+        checks=family.checks,
+        min_world_size=family.min_world_size,
         timeout_s=timeout_s,
         memory=partial(footprint, gradient=gradient),
     )
     if bound is None:
-        register(contract)
-        return
+        return contract
     if isinstance(bound, Bound):
         fixed = bound
         params, judged_by = params + (ORACLE,), lambda p: fixed
     else:
         params, judged_by = params + (ORACLE, bound_param(bound)), _bound
-    register(
-        dataclasses.replace(
-            contract, params=params, checks=checks + (check_oracle,), bound=judged_by, oracle=oracle_rule
-        )
+    return dataclasses.replace(
+        contract, params=params, checks=family.checks + (check_oracle,), bound=judged_by, oracle=oracle_rule
     )
 
 
@@ -122,8 +144,11 @@ def output_parity(layout: LayoutFn, ctx: RankContext, p: Params) -> RankOutcome:
     return outcome
 
 
-def _output_contract(contract_id: str, description: str, layout: LayoutFn, **options: Any) -> None:
-    attention_contract(contract_id, description, partial(output_parity, layout), **options)
+def output_contract(
+    contract_id: str, description: str, layout: LayoutFn, family: Family, bound: str | Callable[[Params], str]
+) -> Contract:
+    """A contract comparing the output of ``layout`` under sequence parallelism with one rank's."""
+    return attention_contract(contract_id, description, partial(output_parity, layout), family, bound=bound)
 
 
 # ------------------------------------------------------------------ Ulysses / ring / hybrid
@@ -152,30 +177,36 @@ def _ring_only(p: Params) -> None:
         )
 
 
-ULYSSES = dict(ring=1, checks=(_ring_only,))
-RING = dict(ring=lambda p: p["world_size"], checks=(_ring_at_least(2),), min_world_size=2)
-HYBRID = dict(ring=2, checks=(_ring_at_least(2), _ulysses_at_least(2)), min_world_size=4)
+ULYSSES = Family(ring=1, checks=(_ring_only,))
+RING = Family(ring=lambda p: p["world_size"], checks=(_ring_at_least(2),), min_world_size=2)
+HYBRID = Family(ring=2, checks=(_ring_at_least(2), _ulysses_at_least(2)), min_world_size=4)
 
-_output_contract(
-    "usp.ulysses_parity",
-    "Ulysses SP output equals the single-rank output bitwise (the all-to-all keeps the reduction order)",
-    layouts.sharded,
-    bound="bitwise",
-    **ULYSSES,
+register(
+    output_contract(
+        "usp.ulysses_parity",
+        "Ulysses SP output equals the single-rank output bitwise (the all-to-all keeps the reduction order)",
+        layouts.sharded,
+        ULYSSES,
+        bound="bitwise",
+    )
 )
-_output_contract(
-    "usp.ring_parity",
-    "ring attention (partials merged in fp32 through the LSE) within the FlashAttention rule, k=2",
-    layouts.sharded,
-    bound="fa:2",
-    **RING,
+register(
+    output_contract(
+        "usp.ring_parity",
+        "ring attention (partials merged in fp32 through the LSE) within the FlashAttention rule, k=2",
+        layouts.sharded,
+        RING,
+        bound="fa:2",
+    )
 )
-_output_contract(
-    "usp.hybrid_parity",
-    "Ulysses × ring (e.g. W=4 as 2×2) within the FlashAttention rule, k=2",
-    layouts.sharded,
-    bound="fa:2",
-    **HYBRID,
+register(
+    output_contract(
+        "usp.hybrid_parity",
+        "Ulysses × ring (e.g. W=4 as 2×2) within the FlashAttention rule, k=2",
+        layouts.sharded,
+        HYBRID,
+        bound="fa:2",
+    )
 )
 
 
@@ -199,41 +230,47 @@ def _not_causal(why: str) -> Callable[[Params], None]:
 
 PREFIX_NOT_CAUSAL = _not_causal("the prefix order changes a causal mask: compare without causal")
 KV_PREFIX_NOT_CAUSAL = _not_causal("cross attention on cached K/V is not causal")
-SUFFIX = dict(extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_SUFFIX,), checks=(replicated_positive,))
-PREFIX = dict(
+SUFFIX = Family(extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_SUFFIX,), checks=(replicated_positive,))
+PREFIX = Family(
     extra=REPLICATED, ring=1, requires=(Capability.REPLICATED_PREFIX,), checks=(replicated_positive, PREFIX_NOT_CAUSAL)
 )
-KV_PREFIX = dict(
+KV_PREFIX = Family(
     extra=REPLICATED,
     ring=1,
     requires=(Capability.REPLICATED_KV_PREFIX,),
     checks=(replicated_positive, KV_PREFIX_NOT_CAUSAL),
 )
 
-_output_contract(
-    "usp.replicated_suffix_bitwise",
-    "replicated suffix kept at the tail (order-preserving): shard and suffix outputs torch.equal to one rank, the "
-    "suffix the same on every rank (under ring: the FlashAttention rule, the replicated queries' partials merged in "
-    "rank order)",
-    layouts.replicated_suffix,
-    bound=bitwise_unless_ring,
-    **SUFFIX,
+register(
+    output_contract(
+        "usp.replicated_suffix_bitwise",
+        "replicated suffix kept at the tail (order-preserving): shard and suffix outputs torch.equal to one rank, the "
+        "suffix the same on every rank (under ring: the FlashAttention rule, the replicated queries' partials merged in "
+        "rank order)",
+        layouts.replicated_suffix,
+        SUFFIX,
+        bound=bitwise_unless_ring,
+    )
 )
-_output_contract(
-    "usp.replicated_prefix_drift",
-    "replicated prefix path against the single-rank output computed in suffix order: max abs <= 1e-2, the prefix "
-    "the same on every rank (also under ring)",
-    layouts.replicated_prefix,
-    bound="abs:1e-2",
-    **PREFIX,
+register(
+    output_contract(
+        "usp.replicated_prefix_drift",
+        "replicated prefix path against the single-rank output computed in suffix order: max abs <= 1e-2, the prefix "
+        "the same on every rank (also under ring)",
+        layouts.replicated_prefix,
+        PREFIX,
+        bound="abs:1e-2",
+    )
 )
-_output_contract(
-    "usp.replicated_kv_prefix",
-    "cross attention on a replicated K/V prefix (queries sharded) equals one rank bitwise (under ring: the "
-    "FlashAttention rule, the K/V prefix one more block merged through the LSE)",
-    layouts.replicated_kv_prefix,
-    bound=bitwise_unless_ring,
-    **KV_PREFIX,
+register(
+    output_contract(
+        "usp.replicated_kv_prefix",
+        "cross attention on a replicated K/V prefix (queries sharded) equals one rank bitwise (under ring: the "
+        "FlashAttention rule, the K/V prefix one more block merged through the LSE)",
+        layouts.replicated_kv_prefix,
+        KV_PREFIX,
+        bound=bitwise_unless_ring,
+    )
 )
 
 
@@ -259,40 +296,48 @@ def _check_mask_kind(p: Params) -> None:
         raise ParamError("mask", f"unknown mask kind {p.mask!r}; valid: {', '.join(MASK_KINDS)}")
 
 
-VARLEN = dict(
+VARLEN = Family(
     ring=1,  # a ring degree > 1 asks for varlen under ring: a target refuses it or runs it correctly
     extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
     requires=(Capability.VARLEN,),
     checks=(_check_seq_lens,),
 )
-MASKED = dict(
+MASKED = Family(
     ring=1,
     extra=(Param("mask", "str", "key_padding", "key_padding or dense"),),
     requires=(Capability.MASK,),
     checks=(_check_mask_kind,),
 )
 
-_output_contract(
-    "usp.varlen_parity",
-    "seq_lens varlen (uneven per-rank lengths): valid tokens equal one rank bitwise, padding rows are zeros",
-    layouts.varlen,
-    bound="bitwise",
-    **VARLEN,
+register(
+    output_contract(
+        "usp.varlen_parity",
+        "seq_lens varlen (uneven per-rank lengths): valid tokens equal one rank bitwise, padding rows are zeros",
+        layouts.varlen,
+        VARLEN,
+        bound="bitwise",
+    )
 )
-_output_contract(
-    "usp.masked_parity",
-    "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise "
-    "(under ring: within the FlashAttention rule, bound fa:2)",
-    layouts.masked,
-    bound=bitwise_unless_ring,
-    **MASKED,
+register(
+    output_contract(
+        "usp.masked_parity",
+        "attention mask under SP (key padding gathered, dense mask head-sliced) equals one rank bitwise "
+        "(under ring: within the FlashAttention rule, bound fa:2)",
+        layouts.masked,
+        MASKED,
+        bound=bitwise_unless_ring,
+    )
 )
-_output_contract(
-    "usp.masked_replicated_prefix_parity",
-    "a [B, n + S_local] key mask with a replicated prefix under SP equals the masked single-rank output bitwise",
-    layouts.masked_replicated_prefix,
-    bound="bitwise",
-    extra=REPLICATED,
-    requires=(Capability.MASK, Capability.REPLICATED_PREFIX, Capability.MASKED_REPLICATED_PREFIX),
-    checks=(replicated_positive, PREFIX_NOT_CAUSAL),
+register(
+    output_contract(
+        "usp.masked_replicated_prefix_parity",
+        "a [B, n + S_local] key mask with a replicated prefix under SP equals the masked single-rank output bitwise",
+        layouts.masked_replicated_prefix,
+        Family(
+            extra=REPLICATED,
+            requires=(Capability.MASK, Capability.REPLICATED_PREFIX, Capability.MASKED_REPLICATED_PREFIX),
+            checks=(replicated_positive, PREFIX_NOT_CAUSAL),
+        ),
+        bound="bitwise",
+    )
 )

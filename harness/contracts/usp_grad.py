@@ -13,18 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import torch
 
 from harness.contracts import determinism, layouts
 from harness.contracts.bounds import Bitwise, Bound, judge
-from harness.contracts.judging import Output, RankOutcome, Role
+from harness.contracts.judging import Against, Comparison, RankOutcome, Role
 from harness.contracts.layouts import Layout, LayoutFn
 from harness.contracts.oracles import diagnose_gradient, gradients_ref64, naive_gradients, take
 from harness.contracts.outputs import judge_runs, oracle_rule
 from harness.contracts.params import Params
-from harness.contracts.registry import RankContext
+from harness.contracts.registry import Contract, RankContext, register
 from harness.contracts.stats import compare, digest, magnitude_floor
 from harness.contracts.usp import (
     HYBRID,
@@ -35,6 +34,7 @@ from harness.contracts.usp import (
     SUFFIX,
     ULYSSES,
     VARLEN,
+    Family,
     attention_contract,
     bitwise_unless_ring,
 )
@@ -125,86 +125,103 @@ def judge_gradients(
         mine64, mine_naive = take(g64, rows), take(gnaive, rows)
         floor = magnitude_floor(whole) if isinstance(bound, Bitwise) else None
         oracle_args = (mine64, mine_naive) if bound.needs_ref64 else ()
-        outcome.parts[name] = compare(grad, take(whole, rows), *oracle_args, ulps_above=floor)
+        against_single = compare(grad, take(whole, rows), *oracle_args, ulps_above=floor)
+        outcome.comparisons.append(Comparison(Against.REFERENCE, name, against_single))
         valid = rows[rows >= 0]
         valid64, valid_naive = take(g64, valid), take(gnaive, valid)
         judged = {
-            Output(Role.SHARDED, name): (grad, mine64, mine_naive),
-            Output(Role.SINGLE_RANK, name): (take(whole, valid), valid64, valid_naive),
+            Role.SHARDED: (grad, mine64, mine_naive),
+            Role.SINGLE_RANK: (take(whole, valid), valid64, valid_naive),
         }
-        for output, (g, ref, low) in judged.items():
-            outcome.oracle[output] = compare(g, ref, ref, low)
-            if judge(rule, outcome.oracle[output]):
-                hint = diagnose_gradient(g, ref, low, rule)
-                if hint:
-                    outcome.hints[output] = hint
+        for role, (g, ref, low) in judged.items():
+            float64 = compare(g, ref, ref, low)
+            hint = diagnose_gradient(g, ref, low, rule) if judge(rule, float64) else None
+            outcome.comparisons.append(Comparison(Against.FLOAT64, name, float64, role, hint))
         extra = {role: results[i] for role, results in runs.results.items()}
         judge_runs(outcome, name, extra, whole, floor, valid, valid64, valid_naive)
     return outcome
 
 
-def _gradient_contract(contract_id: str, description: str, layout: LayoutFn, **options: Any) -> None:
-    requires = options.pop("requires", ()) + (Capability.BACKWARD,)
-    attention_contract(
-        contract_id, description, partial(gradient_parity, layout), requires=requires, gradient=True, **options
+def gradient_contract(
+    contract_id: str, description: str, layout: LayoutFn, family: Family, bound: str | Callable[[Params], str]
+) -> Contract:
+    """A contract comparing dq, dk, dv of ``layout`` under sequence parallelism with one rank's."""
+    body = partial(gradient_parity, layout)
+    needs = family.adding(requires=(Capability.BACKWARD,))
+    return attention_contract(contract_id, description, body, needs, bound=bound, gradient=True)
+
+
+register(
+    gradient_contract(
+        "usp.ulysses_grad",
+        "Ulysses dq, dk, dv equal one rank's bitwise (the adjoint all-to-all keeps the order)",
+        layouts.sharded,
+        ULYSSES,
+        bound="bitwise",
     )
-
-
-_gradient_contract(
-    "usp.ulysses_grad",
-    "Ulysses dq, dk, dv equal one rank's bitwise (the adjoint all-to-all keeps the order)",
-    layouts.sharded,
-    bound="bitwise",
-    **ULYSSES,
 )
-_gradient_contract(
-    "usp.ring_grad",
-    "ring attention's dq, dk, dv (the ring shifted back) within the FlashAttention rule",
-    layouts.sharded,
-    bound="fa:2",
-    **RING,
+register(
+    gradient_contract(
+        "usp.ring_grad",
+        "ring attention's dq, dk, dv (the ring shifted back) within the FlashAttention rule",
+        layouts.sharded,
+        RING,
+        bound="fa:2",
+    )
 )
-_gradient_contract(
-    "usp.hybrid_grad",
-    "Ulysses × ring dq, dk, dv within the FlashAttention rule",
-    layouts.sharded,
-    bound="fa:2",
-    **HYBRID,
+register(
+    gradient_contract(
+        "usp.hybrid_grad",
+        "Ulysses × ring dq, dk, dv within the FlashAttention rule",
+        layouts.sharded,
+        HYBRID,
+        bound="fa:2",
+    )
 )
-_gradient_contract(
-    "usp.varlen_grad",
-    "varlen dq, dk, dv equal one rank's bitwise on valid tokens, zeros on padding",
-    layouts.varlen,
-    bound="bitwise",
-    **VARLEN,
+register(
+    gradient_contract(
+        "usp.varlen_grad",
+        "varlen dq, dk, dv equal one rank's bitwise on valid tokens, zeros on padding",
+        layouts.varlen,
+        VARLEN,
+        bound="bitwise",
+    )
 )
-_gradient_contract(
-    "usp.masked_grad",
-    "masked dq, dk, dv under SP equal one rank's bitwise",
-    layouts.masked,
-    bound=bitwise_unless_ring,
-    **MASKED,
+register(
+    gradient_contract(
+        "usp.masked_grad",
+        "masked dq, dk, dv under SP equal one rank's bitwise",
+        layouts.masked,
+        MASKED,
+        bound=bitwise_unless_ring,
+    )
 )
-_gradient_contract(
-    "usp.replicated_suffix_grad",
-    "replicated-suffix dq, dk, dv equal one rank's (bitwise without ring), the suffix's whole and alike on every rank",
-    layouts.replicated_suffix,
-    bound=bitwise_unless_ring,
-    **SUFFIX,
+register(
+    gradient_contract(
+        "usp.replicated_suffix_grad",
+        "replicated-suffix dq, dk, dv equal one rank's (bitwise without ring), the suffix's whole and alike on every rank",
+        layouts.replicated_suffix,
+        SUFFIX,
+        bound=bitwise_unless_ring,
+    )
 )
-_gradient_contract(
-    "usp.replicated_prefix_grad",
-    "replicated-prefix dq, dk, dv against one rank in suffix order (the FlashAttention rule), the prefix's whole and "
-    "alike on every rank",
-    layouts.replicated_prefix,
-    bound="fa:2",
-    **PREFIX,
+register(
+    gradient_contract(
+        "usp.replicated_prefix_grad",
+        "replicated-prefix dq, dk, dv against one rank in suffix order (the FlashAttention rule), the prefix's whole and "
+        "alike on every rank",
+        layouts.replicated_prefix,
+        PREFIX,
+        bound="fa:2",
+    )
 )
-_gradient_contract(
-    "usp.replicated_kv_prefix_grad",
-    "dq, dk, dv of cross attention on a replicated K/V prefix equal one rank's (bitwise without ring), the prefix's "
-    "dk, dv whole and alike on every rank",
-    layouts.replicated_kv_prefix,
-    bound=bitwise_unless_ring,
-    **KV_PREFIX,
+register(
+    gradient_contract(
+        "usp.replicated_kv_prefix_grad",
+        "dq, dk, dv of cross attention on a replicated K/V prefix equal one rank's (bitwise without ring), the prefix's "
+        "dk, dv whole and alike on every rank",
+        layouts.replicated_kv_prefix,
+        KV_PREFIX,
+        bound=bitwise_unless_ring,
+    )
 )

@@ -16,14 +16,14 @@ import torch.distributed as dist
 
 from harness.contracts import collectives, determinism, layouts
 from harness.contracts.bounds import Bitwise
-from harness.contracts.judging import RankOutcome
+from harness.contracts.judging import OUTPUT, Against, Comparison, RankOutcome
 from harness.contracts.layouts import qkv
 from harness.contracts.oracles import Asked
 from harness.contracts.outputs import judge_output
 from harness.contracts.params import Param, ParamError, Params
-from harness.contracts.registry import RankContext
+from harness.contracts.registry import RankContext, register
 from harness.contracts.stats import compare, magnitude_floor
-from harness.contracts.usp import REPLICATED, RING, ULYSSES, attention_contract, replicated_positive
+from harness.contracts.usp import REPLICATED, RING, ULYSSES, Family, attention_contract, replicated_positive
 from harness.targets.base import Capability, Refusal, Unsupported
 
 
@@ -71,16 +71,17 @@ def ring_admission(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(problems=problems, checks=4, figures=figures)
 
 
-attention_contract(
-    "usp.ring_admission",
-    "ring degree > 1 with a backend that returns no LSE is refused at construction (ring_needs_lse), "
-    "admitted with skip_sequence_parallel=True; a ring-capable control backend is admitted",
-    ring_admission,
-    ring=lambda p: p["world_size"],
-    extra=(Param("no_lse_backend", "str", "sage_attn", "a backend whose supports_ring_rotation() is False"),),
-    requires=(Capability.RING, Capability.BACKEND_CHOICE),
-    checks=RING["checks"],
-    min_world_size=2,
+register(
+    attention_contract(
+        "usp.ring_admission",
+        "ring degree > 1 with a backend that returns no LSE is refused at construction (ring_needs_lse), "
+        "admitted with skip_sequence_parallel=True; a ring-capable control backend is admitted",
+        ring_admission,
+        RING.adding(
+            extra=(Param("no_lse_backend", "str", "sage_attn", "a backend whose supports_ring_rotation() is False"),),
+            requires=(Capability.RING, Capability.BACKEND_CHOICE),
+        ),
+    )
 )
 
 
@@ -112,17 +113,22 @@ def ring_backward_admission(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(problems=problems, checks=3, figures=figures)
 
 
-attention_contract(
-    "usp.ring_backward_admission",
-    "ring attention under autograd with a kernel whose log-sum-exp has no gradient is refused (no_backward) on every "
-    "rank before any collective; the target's own choice gives finite gradients",
-    ring_backward_admission,
-    extra=(
-        Param("no_grad_backend", "str", "torch_sdpa", "a backend whose LSE has no gradient (with no_grad_kernel)"),
-        Param("no_grad_kernel", "str", "flash", "its pinned torch SDPA kernel (empty: none)"),
-    ),
-    requires=(Capability.RING, Capability.BACKWARD, Capability.BACKEND_CHOICE),
-    **RING,
+register(
+    attention_contract(
+        "usp.ring_backward_admission",
+        "ring attention under autograd with a kernel whose log-sum-exp has no gradient is refused (no_backward) on every "
+        "rank before any collective; the target's own choice gives finite gradients",
+        ring_backward_admission,
+        RING.adding(
+            extra=(
+                Param(
+                    "no_grad_backend", "str", "torch_sdpa", "a backend whose LSE has no gradient (with no_grad_kernel)"
+                ),
+                Param("no_grad_kernel", "str", "flash", "its pinned torch SDPA kernel (empty: none)"),
+            ),
+            requires=(Capability.RING, Capability.BACKWARD, Capability.BACKEND_CHOICE),
+        ),
+    )
 )
 
 
@@ -142,8 +148,8 @@ def skip_sequence_parallel_local(ctx: RankContext, p: Params) -> RankOutcome:
             ctx.bound, p, Asked(q, k, v, p.causal, scale=p.softmax_scale), attn(q, k, v), ref, None, attn.kernel, runs
         )
         for _ in range(ctx.rank):
-            assert outcome.stats is not None
-            outcome.stats = outcome.stats.merge(compare(attn(q, k, v), ref, ulps_above=magnitude_floor(ref)))
+            again = compare(attn(q, k, v), ref, ulps_above=magnitude_floor(ref))
+            outcome.comparisons.append(Comparison(Against.REFERENCE, OUTPUT, again))
         outcome.problems += all_ranks_alive(p.world_size)
     made = collectives.made(ctx.collectives)
     outcome.problems += [f"its calls made {_said(made)}: a rank-local call makes none"] if made else []
@@ -187,25 +193,27 @@ def ulysses_collectives(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(problems=problems, checks=2, kernel=attn.kernel, figures={"needed_bytes": needed})
 
 
-attention_contract(
-    "usp.ulysses_collectives",
-    "one Ulysses call sends no more bytes than exchanging (U-1)/U of its Q, K, V and output shards needs, in at "
-    "most four collectives (one per tensor), counted at the dispatcher",
-    ulysses_collectives,
-    **ULYSSES,
-    min_world_size=2,
+register(
+    attention_contract(
+        "usp.ulysses_collectives",
+        "one Ulysses call sends no more bytes than exchanging (U-1)/U of its Q, K, V and output shards needs, in at "
+        "most four collectives (one per tensor), counted at the dispatcher",
+        ulysses_collectives,
+        ULYSSES.adding(min_world_size=2),
+    )
 )
 
 
-attention_contract(
-    "usp.skip_sequence_parallel_local",
-    "skip_sequence_parallel=True under an SP group (default Ulysses over W, which every sequence-parallel "
-    "target has; ring_degree for ring) constructs, runs rank-locally with no collective and equals local "
-    "attention on the rank's own data, bitwise",
-    skip_sequence_parallel_local,
-    bound=Bitwise(),
-    ring=1,
-    min_world_size=2,
+register(
+    attention_contract(
+        "usp.skip_sequence_parallel_local",
+        "skip_sequence_parallel=True under an SP group (default Ulysses over W, which every sequence-parallel "
+        "target has; ring_degree for ring) constructs, runs rank-locally with no collective and equals local "
+        "attention on the rank's own data, bitwise",
+        skip_sequence_parallel_local,
+        Family(ring=1, min_world_size=2),
+        bound=Bitwise(),
+    )
 )
 
 
@@ -229,7 +237,9 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
     others run. A prefix left out of ``refused`` needs ``masked_replicated_prefix``; the group must still answer."""
     if "prefix" not in p.refused and Capability.MASKED_REPLICATED_PREFIX not in ctx.target.capabilities():
         raise Unsupported(
-            "a masked replicated prefix is expected to run; this target does not declare masked_replicated_prefix"
+            "a masked replicated prefix is expected to run; this target does not declare masked_replicated_prefix",
+            Refusal.LACKS,
+            frozenset({Capability.MASKED_REPLICATED_PREFIX}),
         )
     q, k, v = qkv(ctx, p, p.tokens_per_rank + p.replicated)
     mask = torch.ones(p.batch, q.shape[1], dtype=torch.bool, device=ctx.device)
@@ -259,28 +269,32 @@ def masked_rejects_replicated(ctx: RankContext, p: Params) -> RankOutcome:
     return RankOutcome(problems=problems, checks=len(_REPLICATED_KWARGS) + 1, kernel=attn.kernel)
 
 
-attention_contract(
-    "usp.masked_rejects_replicated",
-    "attn_mask with replicated tokens under SP (Ulysses, ring or both): each kind in `refused` is refused "
-    "(mask_with_replicated) on every rank, before any collective; the others run",
-    masked_rejects_replicated,
-    ring=1,
-    extra=REPLICATED
-    + (
-        Param(
-            "refused",
-            "str_list",
-            list(_REPLICATED_KWARGS),
-            "replicated kinds refused with a mask: prefix, suffix, kv_prefix",
+register(
+    attention_contract(
+        "usp.masked_rejects_replicated",
+        "attn_mask with replicated tokens under SP (Ulysses, ring or both): each kind in `refused` is refused "
+        "(mask_with_replicated) on every rank, before any collective; the others run",
+        masked_rejects_replicated,
+        Family(
+            ring=1,
+            extra=REPLICATED
+            + (
+                Param(
+                    "refused",
+                    "str_list",
+                    list(_REPLICATED_KWARGS),
+                    "replicated kinds refused with a mask: prefix, suffix, kv_prefix",
+                ),
+            ),
+            requires=(
+                Capability.MASK,
+                Capability.REPLICATED_PREFIX,
+                Capability.REPLICATED_SUFFIX,
+                Capability.REPLICATED_KV_PREFIX,
+            ),
+            checks=(replicated_positive, _check_refused),
+            min_world_size=2,
         ),
-    ),
-    requires=(
-        Capability.MASK,
-        Capability.REPLICATED_PREFIX,
-        Capability.REPLICATED_SUFFIX,
-        Capability.REPLICATED_KV_PREFIX,
-    ),
-    checks=(replicated_positive, _check_refused),
-    min_world_size=2,
-    timeout_s=60.0,
+        timeout_s=60.0,
+    )
 )

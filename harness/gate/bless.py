@@ -95,7 +95,7 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
         reason = reference.pipeline_run.unavailable(pools.device)
         if reason:
             raise ConfigError(
-                f"its pipeline target {reference.target!r} cannot run here: {reason}",
+                f"its pipeline target {reference.target.name!r} cannot run here: {reason}",
                 path=reference.source,
                 key=f"cases.{reference.id}",
             )
@@ -104,7 +104,7 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
     by_run: dict[str, np.ndarray] = {}
     out = []
     for case, reference in zip(cases, references):
-        key = fingerprint({"target": case.target, "target_args": case.target_args, "fields": case.fields})
+        key = fingerprint({"target": case.target.name, "target_args": case.target.args, "fields": case.fields})
         if key not in by_run:
             produced = generate(reference.pipeline_run, pools, timeout)
             if produced.nonfinite:
@@ -114,7 +114,7 @@ def generate_blessings(cases: Sequence[ImageCase], pools: PoolSet, timeout: floa
                     key=f"cases.{case.id}",
                 )
             by_run[key] = produced.output
-        out.append(blessing(case.id, by_run[key], case.pinned, 1, case.target))
+        out.append(blessing(case.id, by_run[key], case.pinned, 1, case.target.name))
     return out
 
 
@@ -203,7 +203,7 @@ def blessings_from_results(
         else:
             found = find_reference(directory, source, saved)
             assert found is not None  # listed in the manifest just read
-            shape = load_pipeline_target(case.target, case.target_args).output_shape(case.fields)
+            shape = load_pipeline_target(case.target).output_shape(case.fields)
             if shape is not None and found.array.shape != shape:
                 problems.append(
                     f"{case.id}: its candidate ({source}) is {list(found.array.shape)}; the case makes {list(shape)}"

@@ -104,7 +104,7 @@ def judge_case(
         PASSED,
         bound=describe_bounds(thresholds),
         params=case_params(case),
-        target=case.target,
+        target=case.target.name,
         figures=figures,
     )
     if ref.shape != cand.shape:
@@ -156,7 +156,7 @@ def load_inputs(ctx: GateContext) -> _Inputs:
     options = ctx.options
     platform = platform_name(ctx.device)
     cases = sorted(
-        load_image_cases(options.cases_root, options.pipeline, options.pipeline_args), key=lambda c: c.world_size
+        load_image_cases(options.cases_root, options.pipeline), key=lambda c: c.world_size
     )  # stable: file order per world
     thresholds = ThresholdSet.for_platform(options.baselines_dir, platform)
     bounds = {c.id: thresholds.for_case(c.id, c.kind) for c in cases}
@@ -265,7 +265,7 @@ def unjudged(
         figures,
         describe_bounds(bounds),
         params=case_params(case),
-        target=case.target,
+        target=case.target.name,
         next_step=bless,
     )
 
@@ -274,8 +274,8 @@ def _name_reference_pipeline(result: CaseResult, ref: Reference, case: ImageCase
     """Which pipeline target blessed the reference; a failure says so when this run's target is another one
     (gating a candidate stack against references blessed from another is allowed, and easy to misread)."""
     result.figures["reference_pipeline"] = ref.entry.pipeline
-    if result.status == FAILED and ref.entry.pipeline not in (None, case.target):
-        result.reason = f"{result.reason} [reference blessed from pipeline target {ref.entry.pipeline!r}, this run: {case.target!r}]"
+    if result.status == FAILED and ref.entry.pipeline not in (None, case.target.name):
+        result.reason = f"{result.reason} [reference blessed from pipeline target {ref.entry.pipeline!r}, this run: {case.target.name!r}]"
 
 
 def _regression_step(case: ImageCase, report: Path | None, carried: Sequence[str]) -> str:
@@ -295,7 +295,7 @@ def _regression_step(case: ImageCase, report: Path | None, carried: Sequence[str
 
 def save_candidate(report: Path, case: ImageCase, result: CaseResult, output: np.ndarray) -> None:
     """Keep ``output`` in ``<report>/candidates`` with the fields, world size and pipeline target it was made with."""
-    one = blessing(case.id, output, case.pinned, case.world_size, case.target)
+    one = blessing(case.id, output, case.pinned, case.world_size, case.target.name)
     write_set(report / CANDIDATES_DIR, [one])
     result.artifacts["candidate"] = f"{CANDIDATES_DIR}/{next(iter(one.data))}"
 

@@ -31,12 +31,13 @@ from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_
 from harness.perf import absolute
 from harness.perf.ab import ORDER, Comparison, FigureVerdict, compare
 from harness.perf.figures import WALL
-from harness.perf.sides import BASE, HEAD, Revisions, Side
+from harness.perf.sides import BASE, HEAD, Revisions
 from harness.perf.stats import BLOCK_METHOD, MAX_PAIRS, METHOD
 from harness.pipelines.sessions import PipelineRun, Session
 from harness.project.hints import carried_options, command
 from harness.report.console import Column, figure_column, print_results
 from harness.results import FAILED, INCONCLUSIVE, PASSED, SKIPPED, CaseResult, StageResult, summary_line
+from harness.targets.spec import TargetSpec
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
 PROGRESS_EVERY_S = 5.0  # a line at most this often, so one comes at least every 10 s while pairs take under 5 s
@@ -153,7 +154,7 @@ class PerfStage:
         if perf.base is not None:
             ab_tolerances(ctx)
             for case in cases:
-                check_case_on(case, perf.base.target, perf.base.args, "--perf-base")
+                check_case_on(case, perf.base, "--perf-base")
         else:
             baseline = machine_baseline(ctx, platform_name(ctx.device))
             if baseline is not None:
@@ -166,7 +167,7 @@ class PerfStage:
         cases, ratio_cases = plan.cases, plan.ratio_cases
         if options.perf.base is not None:
             stage = self._run_ab(ctx, cases)
-            title = f"perf: HEAD against BASE {options.perf.base.target} ({platform}, {ORDER} pairs)"
+            title = f"perf: HEAD against BASE {options.perf.base.name} ({platform}, {ORDER} pairs)"
             columns = AB_COLUMNS
         else:
             stage = self._run_absolute(ctx, cases, platform)
@@ -189,7 +190,7 @@ class PerfStage:
         tolerances = ab_tolerances(ctx)
         with Revisions() as revisions:
             base = revisions.resolve(perf.base)
-            heads = {c.id: revisions.resolve(Side(c.target, c.target_args)) for c in cases}
+            heads = {c.id: revisions.resolve(c.target) for c in cases}
 
             def runs_of(case: ImageCase) -> list[tuple[PipelineRun, str]]:
                 return [
@@ -241,7 +242,7 @@ class PerfStage:
                 f"perf.{case.kind}",
                 SKIPPED,
                 params=case_params(case),
-                target=case.target,
+                target=case.target.name,
                 figures=_absolute_figures(measured),
             )
             if baseline is None or expected is None:
@@ -297,11 +298,11 @@ class _Progress:
         )
 
 
-def _deciding_command(ctx: GateContext, case: ImageCase, base: Side, head: Side, per_run: bool) -> str:
+def _deciding_command(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetSpec, per_run: bool) -> str:
     """``parity perf`` of this one case with the most pairs parity allows (spread over a launch per 10 pairs, unless
     every run is a process of its own): what would decide an inconclusive case."""
     sampling = ctx.options.perf.sampling
-    argv = ["perf", base.target, head.target, case.id]
+    argv = ["perf", base.name, head.name, case.id]
     for option, side in (("--base-arg", base), ("--head-arg", head)):
         argv += [f"{option}={k}={v}" for k, v in side.args if k not in ("tree", "commit")]
     argv += ["--max-pairs", str(MAX_PAIRS)]
@@ -311,15 +312,15 @@ def _deciding_command(ctx: GateContext, case: ImageCase, base: Side, head: Side,
     return command(argv, carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device))
 
 
-def base_run(side: Side, case: ImageCase, instance: str = "") -> PipelineRun:
+def base_run(side: TargetSpec, case: ImageCase, instance: str = "") -> PipelineRun:
     """The case's fields on ``side``'s pipeline target (``instance``: which A/B side, for a target run here)."""
-    return PipelineRun(side.target, side.args, case.fields, case.world_size, instance)
+    return PipelineRun(side, case.fields, case.world_size, instance)
 
 
 def _image_cases(ctx: GateContext) -> list[ImageCase]:
     """The image cases to time (``PerfOptions.cases`` of them, when given), fewest ranks first."""
     options = ctx.options
-    cases = load_image_cases(options.cases_root, options.pipeline, options.pipeline_args)
+    cases = load_image_cases(options.cases_root, options.pipeline)
     chosen = select_image_cases(cases, options.perf.cases) if options.perf.cases else cases
     return sorted(chosen, key=lambda c: c.world_size)
 
@@ -368,9 +369,9 @@ def _launches(n: int, per_run: bool) -> str:
     return "a process per run" if per_run else f"{n} launch{'es' if n > 1 else ''} of each side"
 
 
-def ab_target(base: Side, head: Side) -> str:
+def ab_target(base: TargetSpec, head: TargetSpec) -> str:
     """What ran an A/B's case, for its record: both sides (``rev:main vs openai``)."""
-    return f"{base.target} vs {head.target}"
+    return f"{base.name} vs {head.name}"
 
 
 def _headline(comparison: Comparison) -> dict[str, float]:
@@ -388,8 +389,8 @@ def _headline(comparison: Comparison) -> dict[str, float]:
 def ab_result(
     case: ImageCase,
     comparison: Comparison,
-    base: Side,
-    head: Side,
+    base: TargetSpec,
+    head: TargetSpec,
     confidence: float,
     tolerances: Tolerances,
     per_run: bool = False,

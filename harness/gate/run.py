@@ -91,7 +91,7 @@ def run_gate(options: GateOptions) -> dict[str, Any]:
     project = options.project.file if options.project else None
     document = results_document(
         options.command,
-        environment(options.run.target, options.run.device, options.run.load().version(), project),
+        environment(options.recorded_target(), options.run.device, options.run.load().version(), project),
         outcome,
         time.perf_counter() - start,
         inconclusive_fails,

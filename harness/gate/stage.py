@@ -19,14 +19,13 @@ from rich.console import Console
 from harness.cases.image import ImageCase
 from harness.contracts.runner import RunOptions
 from harness.perf.ab import Sampling
-from harness.perf.sides import Side
 from harness.pipelines.sessions import PipelineRun
 from harness.project import Project
 from harness.ranks import PoolSet, RankFailure, capacity_reason
 from harness.report.console import Tables, progress
 from harness.results import FAILED, SKIPPED, CaseResult, StageResult, Status
 from harness.targets.base import PipelineFailed
-from harness.targets.loader import TargetArgs
+from harness.targets.spec import TargetSpec
 
 PERF_PROFILES = ("pr_test", "long_term")
 INCONCLUSIVE_POLICIES = ("fail", "pass")
@@ -47,7 +46,7 @@ class PerfOptions:
     enabled: bool | None = None
     runs: int = 5
     profile: str | None = None
-    base: Side | None = None
+    base: TargetSpec | None = None
     sampling: Sampling = field(default_factory=Sampling)
     inconclusive: str = "fail"
     cases: tuple[str, ...] = ()
@@ -61,20 +60,26 @@ class GateOptions:
     cases_root: Path
     baselines_dir: Path
     run: RunOptions = field(default_factory=RunOptions)
-    pipeline: str = "reference"  # the pipeline target of the image and perf stages' cases that name none
+    pipeline: TargetSpec = TargetSpec()  # the pipeline target of the image and perf stages' cases that name none
     report_dir: Path | None = None
     json_path: Path | str | None = None  # "-": stdout (the tables then go to stderr)
     junit_path: Path | None = None
     clip_model: str | None = None
     perf: PerfOptions = field(default_factory=PerfOptions)
     keep_outputs: bool = False  # save the candidates of passing image cases too (failing ones always are)
-    pipeline_args: TargetArgs = ()  # the factory arguments of ``pipeline`` (--pipeline-target-arg)
     stages: tuple[
         str, ...
     ] = ()  # the stages to run (every stage when empty): ``parity perf`` runs the perf stage alone
     command: str = "gate"  # the verb the results document and the last line name
     project: Project | None = None  # the project file in effect: recorded, and what printed commands need not repeat
     tables: Tables = "all"  # the result tables' rows: all, failures (--failures-only) or none (-q)
+
+    def recorded_target(self) -> TargetSpec:
+        """The target a results document names: the attention target, but for a run of the A/B alone (``parity
+        perf``), which runs no contract, its two sides (their arguments are in the perf section)."""
+        if self.stages == ("perf",) and self.perf.base is not None:
+            return TargetSpec(f"{self.perf.base.name} vs {self.pipeline.name}")
+        return self.run.target
 
     def carried(self, *, target: bool = False, baselines: bool = True) -> list[str]:
         """The options a printed command must repeat to run on these cases, baselines, pipeline (and target) and device."""
@@ -84,8 +89,8 @@ class GateOptions:
             self.project,
             cases=self.cases_root,
             baselines=self.baselines_dir if baselines else None,
-            target=(self.run.target, self.run.target_args) if target else None,
-            pipeline=None if target else (self.pipeline, self.pipeline_args),
+            target=self.run.target if target else None,
+            pipeline=None if target else self.pipeline,
             device=self.run.device,
         )
 
@@ -201,14 +206,14 @@ def _failed_or_skipped(
         status,
         reason,
         params=case_params(case),
-        target=case.target,
+        target=case.target.name,
         traceback=traceback,
     )
 
 
 def case_params(case: ImageCase) -> dict[str, object]:
     """An image case as a result's ``params``: its degrees, kind, pipeline fields and target arguments (when any)."""
-    args = {"target_args": dict(case.target_args)} if case.target_args else {}
+    args = {"target_args": dict(case.target.args)} if case.target.args else {}
     return {
         "world_size": case.world_size,
         "ulysses_degree": case.ulysses_degree,

@@ -12,33 +12,11 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from harness.targets.loader import REVISION_PREFIX, TargetArgs
+from harness.targets.spec import REVISION_PREFIX, TargetSpec
 
 BASE, HEAD = "base", "head"
-
-
-@dataclass(frozen=True)
-class Side:
-    """A pipeline target spec and its factory arguments."""
-
-    target: str
-    args: TargetArgs = ()
-
-    @property
-    def is_revision(self) -> bool:
-        return self.target.startswith(REVISION_PREFIX)
-
-    def describe(self) -> dict[str, Any]:
-        """As a results document records it (a revision with its commit)."""
-        args = dict(self.args)
-        shown = {k: v for k, v in args.items() if k != "tree"}
-        return {"target": self.target, "args": shown, **({"commit": args["commit"]} if "commit" in args else {})}
-
-
 TREE_PREFIX = "parity-rev-"
 
 
@@ -75,7 +53,7 @@ class Revisions:
         self._trees: dict[tuple[str, str], Path] = {}
         remove_orphaned_trees()
 
-    def resolve(self, side: Side) -> Side:
+    def resolve(self, side: TargetSpec) -> TargetSpec:
         """``side`` itself, or for ``rev:GITREV`` the same side with ``commit`` and ``tree`` set."""
         if not side.is_revision:
             return side
@@ -83,7 +61,7 @@ class Revisions:
 
         args = dict(side.args)
         repo = Path(args["repo"]) if "repo" in args else default_repo()
-        commit = resolve_commit(side.target[len(REVISION_PREFIX) :], repo)
+        commit = resolve_commit(side.name[len(REVISION_PREFIX) :], repo)
         key = (str(repo.resolve()), commit)
         if key not in self._trees:
             tree = Path(tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{commit[:12]}-p{os.getpid()}-"))
@@ -93,7 +71,7 @@ class Revisions:
                 shutil.rmtree(tree, ignore_errors=True)
                 raise
             self._trees[key] = tree
-        return Side(side.target, tuple(sorted({**args, "commit": commit, "tree": str(self._trees[key])}.items())))
+        return side.with_args(commit=commit, tree=str(self._trees[key]))
 
     def close(self) -> None:
         for tree in self._trees.values():

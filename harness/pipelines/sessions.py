@@ -24,7 +24,8 @@ from typing import Any
 
 from harness.ranks import PoolSet, rank_device
 from harness.targets.base import PipelineOutput, PipelineTarget, PreparedPipeline, Timings
-from harness.targets.loader import TargetArgs, load_pipeline_target
+from harness.targets.loader import load_pipeline_target
+from harness.targets.spec import TargetSpec
 
 NOT_MEASURED = "not_measured"
 CAN_PIN = hasattr(os, "sched_setaffinity") and Path("/proc/self/task").is_dir()  # Linux
@@ -34,10 +35,9 @@ _STATUS = Path("/proc/self/status")
 
 @dataclass(frozen=True)
 class PipelineRun:
-    """What a stage asks of a pipeline: the target, its factory arguments, the fields of one case and its ranks."""
+    """What a stage asks of a pipeline: the target, the fields of one case and its ranks."""
 
-    target: str
-    args: TargetArgs
+    target: TargetSpec
     fields: Mapping[str, Any]
     world_size: int
     instance: str = ""  # an A/B side: its own copy of a target run here (its own server)
@@ -45,7 +45,7 @@ class PipelineRun:
     @property
     def pipeline(self) -> PipelineTarget:
         """The target as this process builds it (cached per instance)."""
-        return load_pipeline_target(self.target, self.args, self.instance)
+        return load_pipeline_target(self.target, self.instance)
 
     def unavailable(self, device: str) -> str | None:
         """Why it cannot run on this machine (the case is then skipped with this), or None."""
@@ -73,8 +73,8 @@ class TimedRun:
 _PREPARED: dict[str, PreparedPipeline] = {}  # in a rank process: its live sessions, by session key
 
 
-def _prepare_on_rank(key: str, target: str, args: TargetArgs, fields: Mapping[str, Any]) -> None:
-    _PREPARED[key] = load_pipeline_target(target, args).prepare(fields, str(rank_device()))
+def _prepare_on_rank(key: str, target: TargetSpec, fields: Mapping[str, Any]) -> None:
+    _PREPARED[key] = load_pipeline_target(target).prepare(fields, str(rank_device()))
 
 
 def _run_on_rank(key: str, keep_output: bool, placement: int | None) -> tuple[TimedRun | None, int | None, str]:
@@ -190,7 +190,7 @@ class Session:
         self._pool = None
         if run.in_ranks:
             self._pool = pools.get(run.world_size, tag)
-            self._pool.run(_prepare_on_rank, self._key, run.target, run.args, dict(run.fields), timeout=timeout)
+            self._pool.run(_prepare_on_rank, self._key, run.target, dict(run.fields), timeout=timeout)
         else:
             self._here = run.pipeline.prepare(run.fields, pools.device, run.world_size)
 
@@ -206,7 +206,7 @@ class Session:
         )
         first = answers[0][0]
         if first is None:
-            raise RuntimeError(f"rank 0 returned no run of {self.spec.target}")
+            raise RuntimeError(f"rank 0 returned no run of {self.spec.target.name}")
         peaks = tuple(peak for _, peak, _ in answers if peak is not None)
         return TimedRun(first.timings, first.wall_ms, peaks, first.peak_memory_kind, first.output)
 

@@ -21,7 +21,7 @@ from harness.baselines.thresholds import THRESHOLDS_FILE
 from harness.errors import ConfigError
 from harness.files.reading import is_present
 from harness.files.tomlio import read_toml
-from harness.targets.loader import TargetArgs, parse_target_args
+from harness.targets.spec import DEFAULT_TARGET, TargetArgs, TargetSpec, parse_target_args
 
 PROJECT_FILE = "parity.toml"
 PYPROJECT = "pyproject.toml"
@@ -47,6 +47,11 @@ class Project:
     @property
     def root(self) -> Path:
         return self.file.parent
+
+    def spec_of(self, option: str) -> TargetSpec:
+        """What ``--target`` (``option`` "target") or ``--pipeline-target`` ("pipeline_target") resolves to when the
+        command line gives neither: the file's target, else the reference, with the file's arguments."""
+        return TargetSpec(getattr(self, option) or DEFAULT_TARGET, getattr(self, f"{option}_args"))
 
     def key(self, name: str) -> str:
         """A key as the file spells it (``tool.parity.cases``), for errors."""

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from harness.paths import default_baselines_dir, default_cases_dir
 from harness.project.config import Project
-from harness.targets.loader import TargetArgs
+from harness.targets.spec import TargetSpec
 
-DEFAULT_TARGET = "reference"
 DEFAULT_DEVICE = "cpu"
 
 
@@ -29,8 +28,8 @@ def carried_options(
     *,
     cases: Path | None = None,
     baselines: Path | None = None,
-    target: tuple[str, TargetArgs] | None = None,
-    pipeline: tuple[str, TargetArgs] | None = None,
+    target: TargetSpec | None = None,
+    pipeline: TargetSpec | None = None,
     device: str | None = None,
 ) -> list[str]:
     """The words of the options given here whose value the bare command would not resolve to by itself."""
@@ -40,17 +39,10 @@ def carried_options(
         words += ["--cases", str(cases)]
     if baselines is not None and not _same_path(baselines, (p and p.baselines) or default_baselines_dir()):
         words += ["--baselines", str(baselines)]
-    for spec, option, bare in (
-        (target, "--target", ((p and p.target) or DEFAULT_TARGET, p.target_args if p else ())),
-        (
-            pipeline,
-            "--pipeline-target",
-            ((p and p.pipeline_target) or DEFAULT_TARGET, p.pipeline_target_args if p else ()),
-        ),
-    ):
-        if spec is not None and (spec[0], tuple(spec[1])) != (bare[0], tuple(bare[1])):
-            words += [option, spec[0]]
-            words += [w for key, value in spec[1] for w in (f"{option}-arg", f"{key}={value}")]
+    for spec, option in ((target, "target"), (pipeline, "pipeline_target")):
+        if spec is not None and spec != (p.spec_of(option) if p else TargetSpec()):
+            flag = f"--{option.replace('_', '-')}"
+            words += [flag, spec.name, *(w for key, value in spec.args for w in (f"{flag}-arg", f"{key}={value}"))]
     if device is not None and device != ((p and p.device) or DEFAULT_DEVICE):
         words += ["--device", device]
     return words

@@ -129,7 +129,7 @@ def run_sweep(
     document: dict[str, Any] = {
         "schema": SWEEP_SCHEMA,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "target": options.run.target,
+        "target": options.run.target.name,
         "device": device,
         "platform": machine_record(),
         "cells": [cell_of(r, column) for r, (_, column) in zip(results, matrix)],

@@ -20,8 +20,8 @@ from harness.targets.loader import (
     BUILTIN_TARGETS,
     load_pipeline_target,
     load_target,
-    parse_target_args,
 )
+from harness.targets.spec import TargetSpec, parse_target_args
 
 __all__ = [
     "BUILTIN_PIPELINES",
@@ -37,6 +37,7 @@ __all__ = [
     "PipelineTarget",
     "PreparedPipeline",
     "Target",
+    "TargetSpec",
     "Timings",
     "Unsupported",
     "load_pipeline_target",

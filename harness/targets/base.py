@@ -80,6 +80,8 @@ class Refusal(StrEnum):
     RING_NEEDS_LSE = "ring_needs_lse"
     MASK_WITH_REPLICATED = "mask_with_replicated"
     NO_BACKWARD = "no_backward"
+    LACKS = "lacks"  # the case needs capabilities the target does not declare (the runner's precheck, or the target)
+    UNAVAILABLE = "unavailable"  # the target cannot run on this machine at all (the runner's precheck)
 
 
 REFUSALS: dict[Refusal, str] = {
@@ -89,7 +91,21 @@ REFUSALS: dict[Refusal, str] = {
     Refusal.MASK_WITH_REPLICATED: "an attention mask together with replicated tokens under sequence parallelism",
     Refusal.NO_BACKWARD: "the target cannot differentiate this case (e.g. a ring merge through a log-sum-exp without a "
     "gradient)",
+    Refusal.LACKS: "the case needs a capability the target does not declare",
+    Refusal.UNAVAILABLE: "the target cannot run on this machine (not installed, another device)",
 }
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a case did not run, typed: what a pinned skip is matched on (the message's words only narrow it).
+    ``lacks``: with :attr:`Refusal.LACKS`, the capabilities the case needs that the target does not declare."""
+
+    kind: Refusal
+    lacks: frozenset[str] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": str(self.kind), "lacks": sorted(self.lacks)}
 
 
 class Unsupported(Exception):
@@ -101,15 +117,22 @@ class Unsupported(Exception):
     asked for exactly that refusal (then it is the behaviour under test).
     """
 
-    def __init__(self, reason: str, kind: Refusal | str = Refusal.UNSUPPORTED) -> None:
+    def __init__(
+        self, reason: str, kind: Refusal | str = Refusal.UNSUPPORTED, lacks: frozenset[str] = frozenset()
+    ) -> None:
         if kind not in REFUSALS:
             raise ValueError(f"unknown refusal kind {kind!r}; valid: {', '.join(REFUSALS)}")
         super().__init__(reason)
         self.reason = reason
         self.kind = Refusal(kind)
+        self.lacks = frozenset(lacks)  # with Refusal.LACKS: the capabilities it lacks
+
+    @property
+    def refused(self) -> Refused:
+        return Refused(self.kind, self.lacks)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason, self.kind))
+        return (type(self), (self.reason, self.kind, self.lacks))
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,13 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 from harness.errors import ConfigError
 from harness.targets.base import CAPABILITIES, PipelineTarget, Target
 from harness.targets.interface import InterfaceError, check_capabilities
+from harness.targets.spec import REVISION_PREFIX, TargetArgs, TargetSpec
 
 # name -> (module, factory attribute, one-line description)
 BUILTIN_TARGETS: dict[str, tuple[str, str, str]] = {
@@ -65,43 +66,27 @@ BUILTIN_PIPELINES: dict[str, tuple[str, str, str]] = {
         "a model behind an OpenAI Images API server (url=http://HOST:PORT, or launch='CMD ... {port}')",
     ),
 }
-#: ``rev:GITREV``: the reference pipeline as a commit of parity's checkout has it (a perf A/B side).
-REVISION_PREFIX = "rev:"
 REVISION_PIPELINE = (
     "harness.targets.reference.revision",
     "factory",
     "rev:GITREV: the reference pipeline at another commit of parity's checkout (a side of parity perf)",
 )
 
-TargetArgs = tuple[tuple[str, str], ...]
 T = TypeVar("T", Target, PipelineTarget)
 
 _cache: dict[tuple[str, str, TargetArgs], object] = {}
 _building: set[tuple[str, str, TargetArgs]] = set()  # a factory that loads the target it is building recurses
 
 
-def parse_target_args(items: Sequence[str], option: str = "--target-arg") -> TargetArgs:
-    """``["layer=pkg.mod:Cls", ...]`` as sorted ``(key, value)`` pairs; a ConfigError names a bad one and ``option``."""
-    pairs: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise ConfigError(f"{item!r} is not KEY=VALUE with KEY a Python identifier", key=option)
-        if key in pairs:
-            raise ConfigError(f"{key!r} is given twice", key=option)
-        pairs[key] = value
-    return tuple(sorted(pairs.items()))
+def load_target(spec: TargetSpec) -> Target:
+    """The attention target ``spec`` names, built with its arguments; cached per process (ranks build it once)."""
+    return _load(spec.name, spec.args, BUILTIN_TARGETS, Target, "target")
 
 
-def load_target(spec: str, args: TargetArgs = ()) -> Target:
-    """The attention target named by ``spec`` built with ``args``; cached per process (ranks build it once)."""
-    return _load(spec, args, BUILTIN_TARGETS, Target, "target")
-
-
-def load_pipeline_target(spec: str, args: TargetArgs = (), instance: str = "") -> PipelineTarget:
-    """The pipeline target named by ``spec`` built with ``args``; cached per process and ``instance`` (the two sides
-    of an A/B run in one process as two instances: each its own launched server, even with the same spec)."""
-    return _load(spec, args, BUILTIN_PIPELINES, PipelineTarget, "pipeline target", instance)
+def load_pipeline_target(spec: TargetSpec, instance: str = "") -> PipelineTarget:
+    """The pipeline target ``spec`` names, built with its arguments; cached per process and ``instance`` (the two
+    sides of an A/B run in one process as two instances: each its own launched server, even with the same spec)."""
+    return _load(spec.name, spec.args, BUILTIN_PIPELINES, PipelineTarget, "pipeline target", instance)
 
 
 def stop_pipeline_targets() -> None:

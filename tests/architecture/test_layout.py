@@ -174,3 +174,22 @@ def test_verbs_start_no_ranks_and_write_no_reports() -> None:
         if module.startswith("harness.commands")
     }
     assert {path: found for path, found in wrong.items() if found} == {}
+
+
+def _register_calls(tree: ast.Module) -> tuple[int, int]:
+    """(calls of ``register`` as a module-level statement, calls of it anywhere)."""
+    called = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "register"]
+    top = [s for s in tree.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and s.value in called]
+    return len(top), len(called)
+
+
+def test_every_contract_is_registered_one_way() -> None:
+    """``register(Contract)`` at module level is the one way: builders (attention_contract, output_contract, ...)
+    return a Contract and register nothing themselves, so every registered contract is visible where it is named."""
+    elsewhere = {}
+    for module, path in _modules():
+        if module.startswith("harness.contracts") and module != "harness.contracts.registry":
+            top, total = _register_calls(ast.parse(path.read_text()))
+            if top != total:
+                elsewhere[module] = total - top
+    assert elsewhere == {}

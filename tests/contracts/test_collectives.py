@@ -20,13 +20,14 @@ from harness.contracts.case import make_case
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, PASSED, CaseResult
+from harness.targets.spec import TargetSpec
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def _run(pools: PoolSet, contract_id: str, target: str = "reference", **params: object) -> CaseResult:
     case = make_case(contract_id, params, case_id=contract_id, source="test")
-    [result] = run_cases([case], RunOptions(target, allow_new_skips=True), pools)
+    [result] = run_cases([case], RunOptions(TargetSpec(target), allow_new_skips=True), pools)
     return result
 
 

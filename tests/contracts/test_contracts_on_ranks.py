@@ -13,6 +13,7 @@ from harness.contracts.runner import RunOptions, precheck, run_cases
 from harness.errors import ConfigError
 from harness.ranks import PoolSet
 from harness.results import FAILED, NOT_APPLICABLE, PASSED, SKIPPED
+from harness.targets.spec import TargetSpec
 from harness.targets.yunchang import CUDA_ONLY, NOT_INSTALLED, YunchangTarget
 
 pytestmark = pytest.mark.timeout(300)
@@ -24,7 +25,7 @@ ROTATING = "tests.targets.rotating_suffix:factory"
 def _run(rank_pools, contract_id, target="reference", **params):
     [verdict] = run_cases(
         [make_case(contract_id, params, case_id=contract_id, source="test")],
-        RunOptions(target, allow_new_skips=True),
+        RunOptions(TargetSpec(target), allow_new_skips=True),
         rank_pools,
     )
     return verdict
@@ -139,7 +140,7 @@ def test_capabilities_that_are_not_a_set_are_refused_before_any_rank_starts():
     from harness.targets.loader import load_target
 
     with pytest.raises(ConfigError, match="capabilities\\(\\) must return a frozenset of capability names, not str"):
-        load_target("tests.targets.broken:string_capabilities")
+        load_target(TargetSpec("tests.targets.broken:string_capabilities"))
 
 
 def test_ring_admission_exercises_the_layer_check(rank_pools):
@@ -189,7 +190,7 @@ class _NoPools(PoolSet):
 
 def test_yunchang_is_skipped_with_the_reason_without_starting_ranks():
     cases = [make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u", source="test")]
-    [verdict] = run_cases(cases, RunOptions("yunchang", allow_new_skips=True), _NoPools())
+    [verdict] = run_cases(cases, RunOptions(TargetSpec("yunchang"), allow_new_skips=True), _NoPools())
     said = NOT_INSTALLED if importlib.util.find_spec("yunchang") is None else CUDA_ONLY  # installed: not on a CPU
     assert verdict.status == SKIPPED and verdict.reason.startswith(f"target yunchang: {said}")
 
@@ -204,17 +205,19 @@ class _InstalledYunchang(YunchangTarget):
 def test_yunchang_declares_no_replicated_tokens_varlen_or_mask():
     target = _InstalledYunchang()
     suffix = make_case("usp.replicated_suffix_bitwise", {"world_size": 2}, case_id="s", source="test")
-    assert "does not support replicated_suffix" in precheck(suffix, target, RunOptions("yunchang", device="cuda"))
-    varlen = make_case("usp.varlen_parity", {"world_size": 2}, case_id="v", source="test")
-    assert "does not support varlen" in precheck(varlen, target, RunOptions("yunchang", device="cuda"))
-    masked = make_case("usp.masked_parity", {"world_size": 2}, case_id="m", source="test")
-    assert "does not support mask" in precheck(masked, target, RunOptions("yunchang", device="cuda"))
-    hybrid = make_case("usp.hybrid_parity", {"world_size": 4}, case_id="h", source="test")
-    assert precheck(hybrid, target, RunOptions("yunchang", device="cuda")) is None
-    assert "does not support ring" in precheck(
-        hybrid, _InstalledYunchang("ulysses"), RunOptions("yunchang-ulysses", device="cuda")
+    assert "does not support replicated_suffix" in precheck(
+        suffix, target, RunOptions(TargetSpec("yunchang"), device="cuda")
     )
-    assert precheck(hybrid, target, RunOptions("yunchang")) == f"target yunchang: {CUDA_ONLY}"
+    varlen = make_case("usp.varlen_parity", {"world_size": 2}, case_id="v", source="test")
+    assert "does not support varlen" in precheck(varlen, target, RunOptions(TargetSpec("yunchang"), device="cuda"))
+    masked = make_case("usp.masked_parity", {"world_size": 2}, case_id="m", source="test")
+    assert "does not support mask" in precheck(masked, target, RunOptions(TargetSpec("yunchang"), device="cuda"))
+    hybrid = make_case("usp.hybrid_parity", {"world_size": 4}, case_id="h", source="test")
+    assert precheck(hybrid, target, RunOptions(TargetSpec("yunchang"), device="cuda")) is None
+    assert "does not support ring" in precheck(
+        hybrid, _InstalledYunchang("ulysses"), RunOptions(TargetSpec("yunchang-ulysses"), device="cuda")
+    )
+    assert precheck(hybrid, target, RunOptions(TargetSpec("yunchang"))) == f"target yunchang: {CUDA_ONLY}"
 
 
 def test_assert_contract_fails_and_skips_the_test(assert_contract, request, monkeypatch):

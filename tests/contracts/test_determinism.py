@@ -11,6 +11,7 @@ from harness.contracts.case import make_case
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, PASSED, CaseResult
+from harness.targets.spec import TargetSpec
 
 JITTERY = "tests.targets.jittery:factory"
 SHAPE = {"world_size": 2, "tokens_per_rank": 64, "heads": 4, "head_dim": 32}
@@ -19,7 +20,7 @@ SHAPE = {"world_size": 2, "tokens_per_rank": 64, "heads": 4, "head_dim": 32}
 def _run(pools: PoolSet, contract: str, dtype: str, defect: str | None = None, **params) -> CaseResult:
     case = make_case(contract, {**SHAPE, "dtype": dtype, **params}, case_id="jitter", source="test")
     args = (("defect", defect),) if defect else ()
-    [result] = run_cases([case], RunOptions(JITTERY, args, allow_new_skips=True), pools)
+    [result] = run_cases([case], RunOptions(TargetSpec(JITTERY, args), allow_new_skips=True), pools)
     return result
 
 

@@ -9,6 +9,7 @@ from harness.contracts.case import make_case
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, PASSED, CaseResult
+from harness.targets.spec import TargetSpec
 
 pytestmark = pytest.mark.timeout(300)
 SMALL = dict(tokens_per_rank=7, head_dim=40)  # as cases/contracts/usp_grad.toml
@@ -18,7 +19,7 @@ def _run(pools: PoolSet, contract_id: str, bug: str | None = None, **params) -> 
     target = "tests.targets.planted_grad_bugs:factory" if bug else "reference"
     args = (("bug", bug),) if bug else ()
     case = make_case(contract_id, {**SMALL, **params}, case_id=contract_id, source="test")
-    [result] = run_cases([case], RunOptions(target, args, allow_new_skips=True), pools)
+    [result] = run_cases([case], RunOptions(TargetSpec(target, args), allow_new_skips=True), pools)
     return result
 
 

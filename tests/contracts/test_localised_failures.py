@@ -13,6 +13,7 @@ from harness.contracts.stats import compare
 from harness.ranks import PoolSet
 from harness.results import FAILED
 from harness.targets.reference.locate import locate
+from harness.targets.spec import TargetSpec
 
 
 @pytest.mark.parametrize(
@@ -26,7 +27,7 @@ def test_a_failure_names_the_heads_and_ranks_it_is_in(
     rank_pools: PoolSet, defect: str, words: str, heads: list[int], ranks: list[str]
 ) -> None:
     case = make_case("usp.ulysses_parity", {"world_size": 2, "dtype": "fp32"}, case_id="u", source="test")
-    options = RunOptions("tests.targets.planted_sp:factory", (("defect", defect),))
+    options = RunOptions(TargetSpec("tests.targets.planted_sp:factory", (("defect", defect),)))
     [result] = run_cases([case], options, rank_pools)
     where = result.figures["where"]
     half = where["worst"]["abs"] / 2
@@ -50,7 +51,7 @@ def test_a_model_check_failure_names_the_rank_it_is_on(rank_pools: PoolSet) -> N
     """A wrong rank inside the reference Z-Image's attention (tests/targets/planted_model.py): every block path's
     large differences sit on rank 1, in the reason and in each path's figures."""
     case = make_case("model.zimage_sp_parity", {"world_size": 2, "dtype": "fp32"}, case_id="z", source="test")
-    [result] = run_cases([case], RunOptions("tests.targets.planted_model:factory"), rank_pools)
+    [result] = run_cases([case], RunOptions(TargetSpec("tests.targets.planted_model:factory")), rank_pools)
     assert result.status == FAILED and "block.image: not bitwise" in result.reason, result.reason
     assert "[worst at rank 1, batch 0, token " in result.reason and "above half the worst: rank 1 (" in result.reason
     where = {path: result.figures["paths"][path]["where"] for path in ("block.image", "block.caption")}

@@ -16,6 +16,7 @@ from harness.contracts.case import ExpectedSkip, make_case
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, NOT_APPLICABLE, PASSED, SKIPPED
+from harness.targets.spec import TargetSpec
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -70,10 +71,12 @@ def test_an_undeclared_capability_is_not_applicable_unless_an_overlay_says_what_
 ) -> None:
     pin = ExpectedSkip("no ring here", "stack.toml: expected_skips.ring_w2", "does not support ring")
     case = dataclasses.replace(RING, target_overlay=overlay, expected_skip=pin if expected_skip else None)
-    [result] = run_cases([case], RunOptions(NARROW), rank_pools)
+    [result] = run_cases([case], RunOptions(TargetSpec(NARROW)), rank_pools)
     assert result.status == status, result.reason
     assert "does not support ring" in (result.reason or "")
     [ran] = run_cases(
-        [make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u", source="test")], RunOptions(NARROW), rank_pools
+        [make_case("usp.ulysses_parity", {"world_size": 2}, case_id="u", source="test")],
+        RunOptions(TargetSpec(NARROW)),
+        rank_pools,
     )
     assert ran.status == PASSED, ran.reason

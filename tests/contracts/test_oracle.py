@@ -12,6 +12,7 @@ from harness.contracts.oracles import Asked, attention_ref64, diagnose, take
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, NOT_APPLICABLE, PASSED, CaseResult
+from harness.targets.spec import TargetSpec
 
 pytestmark = pytest.mark.timeout(300)
 NAIVE = "tests.targets.naive_ulysses"
@@ -19,7 +20,7 @@ NAIVE = "tests.targets.naive_ulysses"
 
 def _ulysses(pools: PoolSet, target: str, **params) -> CaseResult:
     case = make_case("usp.ulysses_parity", {"world_size": 2, **params}, case_id="u", source="test")
-    [result] = run_cases([case], RunOptions(f"{NAIVE}:{target}", allow_new_skips=True), pools)
+    [result] = run_cases([case], RunOptions(TargetSpec(f"{NAIVE}:{target}"), allow_new_skips=True), pools)
     return result
 
 
@@ -119,7 +120,7 @@ def test_every_sequence_parallel_target_is_held_to_skip_sequence_parallel(rank_p
     from harness.paths import default_cases_dir
 
     cases = [c for c in load_cases(default_cases_dir()) if c.contract_id == "usp.skip_sequence_parallel_local"]
-    results = run_cases(cases, RunOptions(f"{NAIVE}:{target}", allow_new_skips=True), rank_pools)
+    results = run_cases(cases, RunOptions(TargetSpec(f"{NAIVE}:{target}"), allow_new_skips=True), rank_pools)
     ran = {r.case_id: r.status for r in results if r.status != NOT_APPLICABLE}
     assert set(ran) == {"skip_sequence_parallel_local[world_size=2]", "skip_sequence_parallel_local[world_size=4]"}
     assert {r.case_id for r in results if r.status == NOT_APPLICABLE} == {  # no ring declared

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.contracts.bounds import NON_DETERMINISTIC, AbsBound, Bitwise, Bound
-from harness.contracts.judging import RankOutcome, verdict
+from harness.contracts.judging import Against, Comparison, RankOutcome, verdict
 from harness.contracts.stats import compare, digest, magnitude_floor
 from harness.results import FAILED, PASSED
 
@@ -25,8 +25,10 @@ def _rank(copy: torch.Tensor, jitters: bool) -> RankOutcome:
     floor = magnitude_floor(_REF)
     again = _one_ulp_apart(_REF) if jitters else _REF
     return RankOutcome(
-        parts={"dq": compare(copy, _REF, ulps_above=floor)},
-        spread={"dq": compare(again, _REF, ulps_above=floor)},
+        [
+            Comparison(Against.REFERENCE, "dq", compare(copy, _REF, ulps_above=floor)),
+            Comparison(Against.REPEAT, "dq", compare(again, _REF, ulps_above=floor)),
+        ],
         replicated={"dq": digest(copy)},
         checks=1,
     )

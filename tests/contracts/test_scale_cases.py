@@ -10,6 +10,7 @@ from harness.contracts.case import make_case
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, PASSED, CaseResult
+from harness.targets.spec import TargetSpec
 
 PLANTED = "tests.targets.planted_ring_bugs:factory"
 RING = {"world_size": 2, "dtype": "fp32"}
@@ -19,7 +20,7 @@ LARGE_LOGITS = {**RING, "head_dim": 64, "softmax_scale": 8.0}
 
 def _run(pools: PoolSet, bug: str, params: dict) -> CaseResult:
     case = make_case("usp.ring_parity", params, case_id="ring", source="test")
-    [result] = run_cases([case], RunOptions(PLANTED, (("bug", bug),)), pools)
+    [result] = run_cases([case], RunOptions(TargetSpec(PLANTED, (("bug", bug),))), pools)
     return result
 
 

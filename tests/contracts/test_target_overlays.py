@@ -16,6 +16,7 @@ from harness.contracts.case import Case, ExpectedFailure, ExpectedSkip, make_cas
 from harness.contracts.runner import expectations_applied
 from harness.errors import ConfigError
 from harness.results import FAILED, PASSED, SKIPPED, XFAILED, CaseResult
+from harness.targets.base import Refusal, Refused
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -134,11 +135,15 @@ def test_an_expected_raise_covers_only_that_error() -> None:
     assert other.status == FAILED and "it did not raise as pinned" in other.reason
 
 
-def _skipped(reason: str = "target stack does not support ring (ring: ...)") -> CaseResult:
-    return CaseResult("u1", "usp.ulysses_parity", SKIPPED, reason)
+def _skipped(
+    reason: str = "target stack does not support ring (ring: ...)", refused: Refused | None = None
+) -> CaseResult:
+    return CaseResult("u1", "usp.ulysses_parity", SKIPPED, reason, refusal=refused)
 
 
 PIN = ExpectedSkip("the stack has no ring", "stack.toml: expected_skips.u1", "does not support ring")
+LACKS_RING = ExpectedSkip("the stack has no ring", "stack.toml: expected_skips.u1", lacks=frozenset({"ring"}))
+NO_LSE = ExpectedSkip("no LSE", "stack.toml: expected_skips.u1", refusal=Refusal.RING_NEEDS_LSE)
 
 
 @pytest.mark.parametrize(
@@ -186,8 +191,56 @@ PIN = ExpectedSkip("the stack has no ring", "stack.toml: expected_skips.u1", "do
             SKIPPED,
             "anything (pinned: the stack has no ring)",
         ),
+        (
+            LACKS_RING,
+            _skipped("lacks ring, gqa", Refused(Refusal.LACKS, frozenset({"gqa", "ring"}))),
+            False,
+            SKIPPED,
+            "lacks ring, gqa (pinned: the stack has no ring)",
+        ),
+        (
+            LACKS_RING,
+            _skipped("does not support ring in its words", Refused(Refusal.LACKS, frozenset({"gqa"}))),
+            False,
+            FAILED,
+            "skipped for another reason than its pin (stack.toml: expected_skips.u1) expects (a target lacking ring)",
+        ),
+        (
+            LACKS_RING,
+            _skipped("does not support ring, but untyped"),
+            False,
+            FAILED,
+            "skipped for another reason than its pin (stack.toml: expected_skips.u1) expects (a target lacking ring)",
+        ),
+        (
+            NO_LSE,
+            _skipped("no lse", Refused(Refusal.RING_NEEDS_LSE)),
+            False,
+            SKIPPED,
+            "no lse (pinned: no LSE)",
+        ),
+        (
+            NO_LSE,
+            _skipped("ring_needs_lse in the words only", Refused(Refusal.UNSUPPORTED)),
+            False,
+            FAILED,
+            "skipped for another reason than its pin (stack.toml: expected_skips.u1) expects (a ring_needs_lse "
+            "refusal, not unsupported)",
+        ),
     ],
-    ids=["unpinned", "unpinned-allowed", "pinned", "pinned-other-reason", "pinned-but-ran", "pinned-any-reason"],
+    ids=[
+        "unpinned",
+        "unpinned-allowed",
+        "pinned",
+        "pinned-other-reason",
+        "pinned-but-ran",
+        "pinned-any-reason",
+        "lacks-one-of-its-capabilities",
+        "lacks-another-capability",
+        "lacks-but-untyped",
+        "refusal-of-its-kind",
+        "refusal-of-another-kind",
+    ],
 )
 def test_a_skip_is_a_claim_the_overlay_must_pin(
     pin: ExpectedSkip | None, result: CaseResult, allow: bool, status: str, reason: str
@@ -225,8 +278,21 @@ def test_a_pin_holds_only_where_its_conditions_do(tmp_path: Path, text: str, app
         ('[expected_skips."u1"]\nbecause = "x"\nkind = "ring"\n', "expected_skips.u1.kind"),
         ('[expected_skips."u1"]\nbecause = "x"\nreason = ""\n', "expected_skips.u1.reason"),
         ('[expected_skips."none*"]\nbecause = "x"\n', "expected_skips.none*"),
+        ('[expected_skips."u1"]\nbecause = "x"\nlacks = ["rings"]\n', "expected_skips.u1.lacks"),
+        ('[expected_skips."u1"]\nbecause = "x"\nlacks = "ring"\n', "expected_skips.u1.lacks"),
+        ('[expected_skips."u1"]\nbecause = "x"\nlacks = []\n', "expected_skips.u1.lacks"),
+        ('[expected_skips."u1"]\nbecause = "x"\nrefusal = "no_lse"\n', "expected_skips.u1.refusal"),
     ],
-    ids=["no-because", "unknown-key", "empty-reason", "matches-nothing"],
+    ids=[
+        "no-because",
+        "unknown-key",
+        "empty-reason",
+        "matches-nothing",
+        "unknown-capability",
+        "lacks-not-a-list",
+        "lacks-empty",
+        "unknown-refusal",
+    ],
 )
 def test_pin_mistakes_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -395,8 +461,9 @@ def test_a_backend_overlay_pins_a_skip_by_its_reason_only(tmp_path: Path, reason
         ("[[expected_skips]]\nreason = 'r'\n", "expected_skips[0].because"),
         ("[[expected_skips]]\nreason = 'r'\nbecause = 'b'\nversions = '>1'\n", "expected_skips[0].versions"),
         ("[overrides.x]\nbound = 'bitwise'\n", "overrides"),
+        ("[[expected_skips]]\nbecause = 'b'\n", "expected_skips[0]"),
     ],
-    ids=["not-an-array", "no-because", "unknown-key", "unknown-section"],
+    ids=["not-an-array", "no-because", "unknown-key", "unknown-section", "neither-refusal-nor-reason"],
 )
 def test_backend_overlay_mistakes_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     from harness.cases.overlays import apply_backend_overlays

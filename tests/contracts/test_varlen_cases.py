@@ -10,6 +10,7 @@ from harness.contracts.case import make_case
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, PASSED, SKIPPED, CaseResult
+from harness.targets.spec import TargetSpec
 
 PLANTED = "tests.targets.planted_varlen_bugs:factory"
 VARLEN = {"dtype": "bf16"}
@@ -18,7 +19,7 @@ VARLEN = {"dtype": "bf16"}
 def _run(pools: PoolSet, target: str, bug: str | None, params: dict) -> CaseResult:
     case = make_case("usp.varlen_parity", {**VARLEN, **params}, case_id="varlen", source="test")
     args = (("bug", bug),) if bug else ()
-    [result] = run_cases([case], RunOptions(target, args, allow_new_skips=True), pools)
+    [result] = run_cases([case], RunOptions(TargetSpec(target, args), allow_new_skips=True), pools)
     return result
 
 

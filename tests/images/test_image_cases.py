@@ -11,6 +11,7 @@ from harness.cases.image import load_image_cases as load_with
 from harness.errors import ConfigError
 from harness.paths import default_cases_dir
 from harness.targets.reference.pipeline import PipelineConfig, pipeline_config
+from harness.targets.spec import TargetSpec
 
 
 def load_image_cases(root: Path) -> list[ImageCase]:
@@ -110,15 +111,15 @@ def test_each_case_names_its_pipeline_target_and_only_the_default_gets_its_argum
     _write(tmp_path, "[defaults]\nheight = 16\nwidth = 16\n[cases.ref]\ntarget = 'reference'\nsteps = 2\n[cases.cmd]\n")
     _write(tmp_path, "[defaults]\ntarget = 'reference'\n[cases.file_default]\n", "other.toml")
     template = (("template", "true --seed 1 {out_dir}"),)
-    ref, cmd, file_default = load_with(tmp_path, "command", template)
-    assert (ref.target, ref.target_args, ref.kind) == ("reference", (), "image")
-    assert (cmd.target, cmd.target_args, cmd.kind) == ("command", template, "image")
-    assert (file_default.target, file_default.target_args) == ("reference", ())
+    ref, cmd, file_default = load_with(tmp_path, TargetSpec("command", template))
+    assert (ref.target, ref.kind) == (TargetSpec("reference"), "image")
+    assert (cmd.target, cmd.kind) == (TargetSpec("command", template), "image")
+    assert file_default.target == TargetSpec("reference")
     assert "target" not in ref.fields and "target" not in file_default.fields
 
 
 def test_an_unknown_default_pipeline_target_is_the_options_error(tmp_path: Path) -> None:
     _write(tmp_path, "[cases.a]\n")
     with pytest.raises(ConfigError, match="unknown pipeline target 'nope'") as info:
-        load_with(tmp_path, "nope")
+        load_with(tmp_path, TargetSpec("nope"))
     assert info.value.path is None and info.value.key == "--pipeline-target"

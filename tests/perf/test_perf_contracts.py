@@ -9,6 +9,7 @@ from harness.contracts.case import make_case
 from harness.contracts.runner import RunOptions, run_cases
 from harness.ranks import PoolSet
 from harness.results import FAILED, PASSED
+from harness.targets.spec import TargetSpec
 
 pytestmark = pytest.mark.timeout(600)
 SMALL = {"tokens": 256, "heads": 4, "head_dim": 32, "repeats": 2, "min_run_time": 0.1}
@@ -16,7 +17,9 @@ SMALL = {"tokens": 256, "heads": 4, "head_dim": 32, "repeats": 2, "min_run_time"
 
 def _one(pools: PoolSet, contract: str, target: str = "reference", **params):
     [result] = run_cases(
-        [make_case(contract, params, case_id=contract, source="test")], RunOptions(target, allow_new_skips=True), pools
+        [make_case(contract, params, case_id=contract, source="test")],
+        RunOptions(TargetSpec(target), allow_new_skips=True),
+        pools,
     )
     return result
 

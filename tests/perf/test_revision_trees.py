@@ -39,8 +39,8 @@ def test_a_sigkilled_runs_tree_is_gone_once_the_next_run_starts(
 ) -> None:
     """A real export by a process then SIGKILLed while holding it (as `parity perf rev:...` is), then a new run."""
     script = (
-        "import sys, time\nfrom harness.perf.sides import Revisions, Side\n"
-        "Revisions().resolve(Side('rev:HEAD', ()))\nprint('exported', flush=True)\ntime.sleep(600)\n"
+        "import sys, time\nfrom harness.perf.sides import Revisions\nfrom harness.targets.spec import TargetSpec\n"
+        "Revisions().resolve(TargetSpec('rev:HEAD'))\nprint('exported', flush=True)\ntime.sleep(600)\n"
     )
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)

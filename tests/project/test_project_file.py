@@ -18,6 +18,7 @@ from harness.cli import main
 from harness.errors import ConfigError
 from harness.paths import default_baselines_dir, default_cases_dir, parity_home
 from harness.project import Project, carried_options, find_project, load_project
+from harness.targets.spec import TargetSpec
 
 GENERATOR = Path(__file__).resolve().parents[1] / "targets" / "fake_generator.py"
 
@@ -237,21 +238,21 @@ def _project(tmp_path: Path, **keys: object) -> Project:
 @pytest.mark.parametrize(
     ("keys", "given", "carried"),
     [
-        ({}, {"pipeline": ("reference", ())}, []),
+        ({}, {"pipeline": TargetSpec("reference", ())}, []),
         (
             {},
-            {"pipeline": ("command", (("template", "g {out_dir}"),))},
+            {"pipeline": TargetSpec("command", (("template", "g {out_dir}"),))},
             ["--pipeline-target", "command", "--pipeline-target-arg", "template=g {out_dir}"],
         ),
         (
             {"pipeline_target": "command", "pipeline_target_args": (("template", "g {out_dir}"),)},
-            {"pipeline": ("command", (("template", "g {out_dir}"),))},
+            {"pipeline": TargetSpec("command", (("template", "g {out_dir}"),))},
             [],
         ),
-        ({"pipeline_target": "command"}, {"pipeline": ("reference", ())}, ["--pipeline-target", "reference"]),
+        ({"pipeline_target": "command"}, {"pipeline": TargetSpec("reference", ())}, ["--pipeline-target", "reference"]),
         ({"device": "cuda"}, {"device": "cuda"}, []),
         ({"device": "cuda"}, {"device": "cpu"}, ["--device", "cpu"]),
-        ({}, {"target": ("mod:f", (("n", "1"),))}, ["--target", "mod:f", "--target-arg", "n=1"]),
+        ({}, {"target": TargetSpec("mod:f", (("n", "1"),))}, ["--target", "mod:f", "--target-arg", "n=1"]),
     ],
     ids=[
         "default",

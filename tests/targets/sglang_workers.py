@@ -10,6 +10,7 @@ import torch.distributed as dist
 from harness.contracts.oracles import attention_ref64
 from harness.targets.base import AttentionSpec, Target, Unsupported
 from harness.targets.loader import load_target
+from harness.targets.spec import TargetSpec
 
 SPEC = AttentionSpec(num_heads=4, head_dim=32, dtype=torch.bfloat16)
 TOKENS, REPLICATED = 16, 4
@@ -33,7 +34,7 @@ def _refusal(target: Target, degrees: tuple[int, int], call: Callable[[], object
 
 def refusals() -> dict[str, tuple[str, str] | None]:
     """How each sglang refusal reaches the harness: (kind, reason), or None when the call ran."""
-    target, world = load_target("sglang"), dist.get_world_size()
+    target, world = load_target(TargetSpec("sglang")), dist.get_world_size()
     q, k, v = _qkv(TOKENS + REPLICATED)
     key_mask = torch.ones(1, TOKENS + REPLICATED, dtype=torch.bool)
     found = {"ring": _refusal(target, (1, world), lambda: target.make_attention(SPEC))}
@@ -63,7 +64,7 @@ class CrashingLayer:
 
 def crash_under_ring() -> str:
     """What a crashing layer's constructor becomes under ring: the kind of refusal, or the exception's type."""
-    target = load_target("sglang", (("layer", f"{__name__}:CrashingLayer"),))
+    target = load_target(TargetSpec("sglang", (("layer", f"{__name__}:CrashingLayer"),)))
     try:
         found = _refusal(target, (1, dist.get_world_size()), lambda: target.make_attention(SPEC))
     except RuntimeError as exc:
@@ -73,7 +74,7 @@ def crash_under_ring() -> str:
 
 def causal_with_mask() -> dict[str, float]:
     """sglang's causal layer with and without an all-true key mask, one rank and under SP, against float64 oracles."""
-    target, world, rank = load_target("sglang"), dist.get_world_size(), dist.get_rank()
+    target, world, rank = load_target(TargetSpec("sglang")), dist.get_world_size(), dist.get_rank()
     spec = AttentionSpec(num_heads=4, head_dim=32, causal=True, dtype=torch.float32)
     total = TOKENS * world
     q, k, v = _qkv(total, torch.float32)
@@ -99,7 +100,7 @@ def autograd_graphs() -> dict[str, bool]:
     """Which outputs carry an autograd graph: the layer's on one rank and under Ulysses, and sglang's exchange alone."""
     from sglang.multimodal_gen.runtime.layers import usp
 
-    target, world = load_target("sglang"), dist.get_world_size()
+    target, world = load_target(TargetSpec("sglang")), dist.get_world_size()
     q, k, v = (t.float().requires_grad_() for t in _qkv(TOKENS))
     seen = {}
     for label, degrees in (("one_rank", (1, 1)), ("ulysses", (world, 1))):

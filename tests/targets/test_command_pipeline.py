@@ -25,6 +25,7 @@ from harness.ranks import PoolSet
 from harness.targets.base import PipelineFailed
 from harness.targets.command_pipeline import CommandPipelineTarget, factory, read_pngs, read_timings
 from harness.targets.loader import load_pipeline_target
+from harness.targets.spec import TargetSpec
 from tests.ranks.procs import wait_until_gone
 
 GENERATOR = Path(__file__).with_name("fake_generator.py")
@@ -82,7 +83,7 @@ def test_kind_template_from_a_case_field_and_factory_arguments() -> None:
     with pytest.raises(ConfigError, match="timeout must be a finite number"):
         factory(BASE, "soon")
     with pytest.raises(ConfigError, match="does not take"):
-        load_pipeline_target("command", (("templat", BASE),))
+        load_pipeline_target(TargetSpec("command", (("templat", BASE),)))
 
 
 def test_values_reach_the_command_as_single_arguments_never_as_shell(tmp_path: Path) -> None:
@@ -260,8 +261,7 @@ def test_perf_timing_runs_here_with_the_commands_own_timings() -> None:
         ulysses_degree=2,
         ring_degree=1,
         fields=fields,
-        target="command",
-        target_args=(),
+        target=TargetSpec("command"),
         source="<test>",
     )
     with PoolSet("cpu") as pools, Session(case.pipeline_run, pools) as session:

@@ -1,5 +1,5 @@
 """The overlays of the CUDA-only targets (yunchang, yunchang-ulysses, xdit) pin every case the adapter's declared
-capabilities keep from running, with the words the refusal holds: checked here against the adapters themselves
+capabilities keep from running, by its typed cause: checked here against the adapters themselves
 on any machine (availability set aside), while tests/targets/test_release_pins.py holds them to what the H200
 runs recorded."""
 
@@ -10,9 +10,10 @@ from packaging.version import Version
 
 from harness.cases import load_cases
 from harness.cases.overlays import apply_target_overlay
-from harness.contracts.runner import RunOptions, precheck
+from harness.contracts.runner import RunOptions, precheck, refused_before_running
 from harness.paths import default_cases_dir
 from harness.targets.base import Capability, Target
+from harness.targets.spec import TargetSpec
 from harness.targets.xdit import XditTarget
 from harness.targets.yunchang import YunchangTarget, has_flash_attn_2
 
@@ -24,7 +25,7 @@ TARGETS = {
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
-def test_every_case_the_adapter_cannot_express_is_pinned_with_its_words(
+def test_every_case_the_adapter_cannot_express_is_pinned_by_its_cause(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if name.startswith("yunchang"):
@@ -35,11 +36,14 @@ def test_every_case_the_adapter_cannot_express_is_pinned_with_its_words(
     monkeypatch.setattr(target, "unavailable_reason", lambda device: None)  # what it declares, installed or not
     overlay = default_cases_dir() / "contracts" / "targets" / f"{name}.toml"
     cases = apply_target_overlay(load_cases(default_cases_dir(), "cuda"), overlay, Version(version), "cuda")
-    refusals = {c.id: (precheck(c, target, RunOptions(target=name, device="cuda")), c.expected_skip) for c in cases}
+    options = RunOptions(TargetSpec(name), device="cuda")
+    refusals = {c.id: (precheck(c, target, options), refused_before_running(c, target, options), c) for c in cases}
     wrong = {
-        case_id: f"{why} / pin: {pin and pin.reason}"
-        for case_id, (why, pin) in refusals.items()
-        if why and Capability.REFERENCE_MODELS not in why and (pin is None or (pin.reason or "") not in why)
+        case_id: f"{why} / pin: {case.expected_skip}"
+        for case_id, (why, refused, case) in refusals.items()
+        if why
+        and Capability.REFERENCE_MODELS not in why
+        and (case.expected_skip is None or case.expected_skip.mismatch(refused, why))
     }
     assert wrong == {}
-    assert sum(why is None for why, _ in refusals.values()) >= 27  # the Ulysses cases run, pinned or not
+    assert sum(why is None for why, _, _ in refusals.values()) >= 27  # the Ulysses cases run, pinned or not

@@ -16,6 +16,7 @@ from harness.results import FAILED, PASSED, SKIPPED
 from harness.targets import diffusers as adapter
 from harness.targets.base import Unsupported
 from harness.targets.loader import load_target
+from harness.targets.spec import TargetSpec
 from tests.targets import diffusers_divergences as div
 
 pytestmark = pytest.mark.timeout(300)
@@ -32,7 +33,7 @@ def _size_mismatch(text: str) -> bool:
 
 def _run(rank_pools, contract_id, target="diffusers", target_args=(), **params):
     case = make_case(contract_id, params, case_id=contract_id, source="test")
-    [verdict] = run_cases([case], RunOptions(target, target_args, allow_new_skips=True), rank_pools)
+    [verdict] = run_cases([case], RunOptions(TargetSpec(target, target_args), allow_new_skips=True), rank_pools)
     return verdict
 
 
@@ -113,9 +114,9 @@ def test_a_mask_under_cp_is_a_refusal_only_where_diffusers_guards_it(monkeypatch
 
 @needs_diffusers
 def test_backend_argument_is_validated_with_the_valid_names():
-    assert load_target("diffusers", (("backend", "_native_math"),)).backend == "_native_math"
+    assert load_target(TargetSpec("diffusers", (("backend", "_native_math"),))).backend == "_native_math"
     with pytest.raises(ConfigError) as info:
-        load_target("diffusers", (("backend", "torch_sdpa"),))
+        load_target(TargetSpec("diffusers", (("backend", "torch_sdpa"),)))
     assert info.value.key == "--target-arg backend"
     assert "'torch_sdpa' is not a diffusers 0.42.1 AttentionBackendName; valid: flash, " in str(info.value)
     assert ", native, " in str(info.value) and ", _native_cudnn, " in str(info.value)
@@ -132,15 +133,15 @@ def test_a_case_backend_diffusers_lacks_is_refused_before_any_rank_starts(params
 
     case = make_case("usp.ulysses_parity", {"world_size": 2, **params}, case_id="u", source="f.toml")
     with pytest.raises(ConfigError) as info:
-        validate_for_target([case], load_target("diffusers", ()))
+        validate_for_target([case], load_target(TargetSpec("diffusers", ())))
     assert info.value.key == f"cases.u.{key}"
 
 
 @needs_diffusers
 def test_lse_kernel_argument_is_validated_with_the_valid_names():
-    assert load_target("diffusers", (("lse_kernel", "none"),)).lse_kernel is False
+    assert load_target(TargetSpec("diffusers", (("lse_kernel", "none"),))).lse_kernel is False
     with pytest.raises(ConfigError, match="'cuda_flash' is not an LSE kernel; valid: cpu_flash, none") as info:
-        load_target("diffusers", (("lse_kernel", "cuda_flash"),))
+        load_target(TargetSpec("diffusers", (("lse_kernel", "cuda_flash"),)))
     assert info.value.key == "--target-arg lse_kernel"
 
 

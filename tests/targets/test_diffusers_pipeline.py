@@ -22,6 +22,7 @@ from harness.perf import absolute
 from harness.pipelines.sessions import Session, generate
 from harness.ranks import PoolSet, run_on_ranks
 from harness.targets.diffusers_pipeline import CPU_REASON, DiffusersPipelineTarget, describe
+from harness.targets.spec import TargetSpec
 from tests.targets.tiny_flux import save_tiny_flux
 
 pytestmark = pytest.mark.timeout(300)
@@ -48,8 +49,7 @@ def _case(path: Path, **fields: object) -> ImageCase:
         ulysses_degree=1,
         ring_degree=1,
         fields={**FIELDS, **fields},
-        target="diffusers",
-        target_args=(("path", str(path)),),
+        target=TargetSpec("diffusers", (("path", str(path)),)),
         source="<test>",
     )
 

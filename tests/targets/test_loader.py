@@ -10,20 +10,21 @@ import pytest
 from harness.errors import ConfigError
 from harness.targets import CAPABILITIES, Target, load_target
 from harness.targets.reference import ReferenceTarget
+from harness.targets.spec import TargetSpec
 from harness.targets.yunchang import CUDA_ONLY, NOT_INSTALLED, YunchangTarget
 
 
 def test_builtin_targets():
-    assert isinstance(load_target("reference"), ReferenceTarget)
-    assert load_target("reference") is load_target("reference")  # built once per process
-    yunchang = load_target("yunchang")
+    assert isinstance(load_target(TargetSpec("reference")), ReferenceTarget)
+    assert load_target(TargetSpec("reference")) is load_target(TargetSpec("reference"))  # built once per process
+    yunchang = load_target(TargetSpec("yunchang"))
     assert isinstance(yunchang, YunchangTarget) and yunchang.layer == "long_context"
-    assert load_target("yunchang-ulysses").capabilities() == {"ulysses", "causal"}
-    assert load_target("reference").capabilities() <= set(CAPABILITIES)
+    assert load_target(TargetSpec("yunchang-ulysses")).capabilities() == {"ulysses", "causal"}
+    assert load_target(TargetSpec("reference")).capabilities() <= set(CAPABILITIES)
 
 
 def test_module_factory_target_is_imported_and_called():
-    target = load_target("tests.targets.rotating_suffix:factory")
+    target = load_target(TargetSpec("tests.targets.rotating_suffix:factory"))
     assert isinstance(target, Target) and target.name == "rotating_suffix"
     assert "replicated_suffix" in target.capabilities() and "reference_models" not in target.capabilities()
 
@@ -60,7 +61,7 @@ def fake_module(monkeypatch):
 )
 def test_bad_target_specs_are_config_errors(fake_module, spec, message):
     with pytest.raises(ConfigError) as info:
-        load_target(spec)
+        load_target(TargetSpec(spec))
     assert message in str(info.value) and info.value.key == "target"
 
 

@@ -9,6 +9,7 @@ record, fails here without installing any release.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from harness.cases import load_cases
 from harness.cases.overlays import apply_target_overlay
 from harness.files.jsonio import read_json
 from harness.paths import default_cases_dir
+from harness.targets.base import Refusal, Refused
 
 RUNS = sorted((Path(__file__).resolve().parents[2] / "docs" / "targets" / "versions").glob("*.json"))
 
@@ -25,6 +27,15 @@ RUNS = sorted((Path(__file__).resolve().parents[2] / "docs" / "targets" / "versi
 def test_each_stack_has_recorded_releases() -> None:
     """The grid below is not empty: a missing results directory would otherwise check nothing, silently."""
     assert {read_json(p)["target"] for p in RUNS} == {"sglang", "diffusers", "yunchang", "yunchang-ulysses"}
+
+
+def _refused(record: dict) -> Refused | None:
+    """A skip's typed cause: recorded, or for a run recorded before results carried it, read from the words
+    parity's own refusals put in its reason (the capabilities a target lacks)."""
+    if record.get("refusal"):
+        return Refused(Refusal(record["refusal"]["kind"]), frozenset(record["refusal"]["lacks"]))
+    lacking = re.search(r"does not (?:support ([a-z_, ]+) \(|declare ([a-z_]+)\b)", record["reason"] or "")
+    return Refused(Refusal.LACKS, frozenset((lacking[1] or lacking[2]).split(", "))) if lacking else None
 
 
 @pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
@@ -42,8 +53,9 @@ def test_every_pin_of_a_recorded_release_holds_to_what_it_did(path: Path) -> Non
         if case.expected_failure is not None and status != "xfailed":
             wrong[case.id] = f"pinned to fail ({case.expected_failure.where}) but {status}: {reason}"
         pin = case.expected_skip
-        if pin is not None and status == "skipped" and pin.reason is not None and pin.reason not in reason:
-            wrong[case.id] = f"pinned to skip for {pin.reason!r} ({pin.where}) but skipped for: {reason}"
+        missed = pin.mismatch(_refused(recorded[case.id]), reason) if pin is not None else None
+        if status == "skipped" and missed is not None:
+            wrong[case.id] = f"pinned to skip for {missed} ({pin.where}) but skipped for: {reason}"
         if status == "failed":
             wrong[case.id] = f"failed: {reason}"
     assert wrong == {}

@@ -22,6 +22,7 @@ from harness.targets import CAPABILITIES, load_target
 from harness.targets import sglang as sglang_target
 from harness.targets.base import REFUSALS
 from harness.targets.loader import BUILTIN_TARGETS
+from harness.targets.spec import TargetSpec
 from tests.targets import sglang_workers
 
 ROTATED = (("layer", "tests.targets.sglang_rotated_suffix:RotatedSuffixUSPAttention"),)
@@ -43,7 +44,9 @@ def cases() -> dict[str, Case]:
 
 
 def _run(cases: dict[str, Case], ids: list[str], rank_pools, target_args=()) -> dict[str, CaseResult]:
-    results = run_cases([cases[i] for i in ids], RunOptions("sglang", target_args, allow_new_skips=True), rank_pools)
+    results = run_cases(
+        [cases[i] for i in ids], RunOptions(TargetSpec("sglang", target_args), allow_new_skips=True), rank_pools
+    )
     return {r.case_id: r for r in results}
 
 
@@ -91,7 +94,7 @@ def test_unavailable_reasons(monkeypatch):
 
 def test_registered_as_builtin():
     assert BUILTIN_TARGETS["sglang"][:2] == ("harness.targets.sglang", "factory")
-    assert isinstance(load_target("sglang"), sglang_target.SglangTarget)
+    assert isinstance(load_target(TargetSpec("sglang")), sglang_target.SglangTarget)
 
 
 @pytest.mark.parametrize(
@@ -108,13 +111,13 @@ def test_registered_as_builtin():
 )
 def test_layer_argument_errors_name_the_argument(layer, message):
     with pytest.raises(ConfigError) as info:
-        load_target("sglang", (("layer", layer),))
+        load_target(TargetSpec("sglang", (("layer", layer),)))
     assert message in str(info.value) and info.value.key == "--target-arg layer"
 
 
 def test_unknown_target_argument():
     with pytest.raises(ConfigError, match=r"does not take \['flavour'\]"):
-        load_target("sglang", (("flavour", "x"),))
+        load_target(TargetSpec("sglang", (("flavour", "x"),)))
 
 
 def _overlaid(cases: dict[str, Case], version: str) -> dict[str, Case]:
@@ -176,7 +179,7 @@ def test_rotated_suffix_layer_fails_suffix_bitwise_not_prefix_drift(sglang_ready
     assert 0 < suffix.figures["max_abs"] <= 1e-2  # a reordered reduction, not a wrong result
     assert suffix.reason.startswith(f"not bitwise: {suffix.figures['mismatched']} of 537600 elements differ")
     assert prefix.passed, prefix.reason
-    version = load_target("sglang", ROTATED).version()
+    version = load_target(TargetSpec("sglang", ROTATED)).version()
     assert version == f"{sglang_target.installed_version()}, layer {ROTATED[0][1]}"  # results name the layer that ran
 
 
