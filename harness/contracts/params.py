@@ -127,8 +127,10 @@ def resolve(
     declared: Sequence[Param],
     raw: Mapping[str, Any],
     checks: Sequence[Callable[[Params], None]] = (),
+    completions: Sequence[Callable[[Params], None]] = (),
 ) -> Params:
-    """Type-check ``raw`` against ``declared``, fill defaults in declaration order, run ``checks``."""
+    """Type-check ``raw`` against ``declared``, fill defaults in declaration order, fill the parameters derived
+    from others (``completions``, which refuse what they cannot complete), then run ``checks``, which only read."""
     names = [p.name for p in declared]
     for key in raw:
         if key not in names:
@@ -143,6 +145,8 @@ def resolve(
             params[param.name] = param.default(params)
         else:
             params[param.name] = param.default
+    for complete in completions:
+        complete(params)
     for check in checks:
         check(params)
     return params
@@ -201,6 +205,27 @@ def bound_param(default: str) -> Param:
     return Param("bound", "str", default, "bitwise, abs:X or fa[:K[:FLOOR[:ULPS]]]")
 
 
+def complete_tokens(params: Params) -> None:
+    """``tokens`` and ``tokens_per_rank`` from whichever is given (16 a rank when neither is), for a case that
+    shards tokens; what cannot be completed is refused here (a world size out of range is check_common's)."""
+    if "tokens_per_rank" not in params:
+        return
+    world, tokens, per_rank = params.get("world_size"), params.get("tokens"), params["tokens_per_rank"]
+    if tokens is not None and per_rank is not None:
+        raise ParamError("tokens", "give tokens or tokens_per_rank, not both")
+    if not isinstance(world, int) or not 1 <= world <= MAX_WORLD_SIZE:
+        return
+    if tokens is not None and tokens % world:
+        raise ParamError("tokens", f"{tokens} tokens are not divisible by world_size {world}")
+    params["tokens_per_rank"] = tokens // world if tokens is not None else per_rank if per_rank is not None else 16
+    params["tokens"] = params["tokens_per_rank"] * world
+    if params["tokens_per_rank"] < 1:
+        raise ParamError("tokens_per_rank", f"must be >= 1, got {params['tokens_per_rank']}")
+    if params["tokens"] > MAX_TOKENS:
+        key = "tokens" if tokens is not None else "tokens_per_rank"
+        raise ParamError(key, f"{params['tokens']} tokens in all; at most {MAX_TOKENS}")
+
+
 def check_common(params: Params) -> None:
     """Consistency every case gets: degrees, token counts and head counts that the world size divides."""
     world = params.get("world_size")
@@ -218,22 +243,6 @@ def check_common(params: Params) -> None:
             raise ParamError(
                 "ulysses_degree", f"ulysses_degree ({ulysses}) × ring_degree ({ring}) must equal world_size ({world})"
             )
-    if "tokens_per_rank" in params:
-        tokens, per_rank = params.get("tokens"), params["tokens_per_rank"]
-        if tokens is not None and per_rank is not None:
-            raise ParamError("tokens", "give tokens or tokens_per_rank, not both")
-        if tokens is not None:
-            if tokens % world:
-                raise ParamError("tokens", f"{tokens} tokens are not divisible by world_size {world}")
-            params["tokens_per_rank"] = tokens // world
-        elif per_rank is None:
-            params["tokens_per_rank"] = 16
-        params["tokens"] = params["tokens_per_rank"] * world
-        if params["tokens_per_rank"] < 1:
-            raise ParamError("tokens_per_rank", f"must be >= 1, got {params['tokens_per_rank']}")
-        if params["tokens"] > MAX_TOKENS:
-            key = "tokens" if tokens is not None else "tokens_per_rank"
-            raise ParamError(key, f"{params['tokens']} tokens in all; at most {MAX_TOKENS}")
     for key in ("heads", "kv_heads", "head_dim", "batch"):
         if isinstance(params.get(key), int) and not 1 <= params[key] <= MAX_DIM:
             raise ParamError(key, f"must be in [1, {MAX_DIM}], got {params[key]}")

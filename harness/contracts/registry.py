@@ -23,7 +23,7 @@ from harness.contracts import collectives
 from harness.contracts.bounds import AllChecks, Bound, FlashAttentionRule
 from harness.contracts.judging import RankOutcome, verdict
 from harness.contracts.memory import Footprint
-from harness.contracts.params import Param, ParamError, Params, check_common, resolve
+from harness.contracts.params import Param, ParamError, Params, check_common, complete_tokens, resolve
 from harness.results import CaseResult, Status
 from harness.targets.base import Attention, AttentionSpec, Capability, Target, Unsupported
 from harness.targets.interface import checked_attention
@@ -127,14 +127,16 @@ class Contract:
     requires: frozenset[Capability] = frozenset()
     bound: Callable[[Params], Bound] = field(default=lambda p: AllChecks())
     oracle: Callable[[Params], FlashAttentionRule] | None = None  # the rule for outputs against float64 attention
-    checks: tuple[Callable[[Params], None], ...] = ()
+    checks: tuple[Callable[[Params], None], ...] = ()  # read the parameters; a ParamError names the bad one
+    completions: tuple[Callable[[Params], None], ...] = ()  # fill parameters derived from others, before the checks
     min_world_size: int = 1
     timeout_s: float = 120.0
     memory: Callable[[Params, str], Footprint | None] | None = None  # (params, device): what a case will hold
 
     def resolve(self, raw: Mapping[str, Any]) -> Params:
         """Validated parameters, or ParamError naming the key."""
-        params = resolve(self.params, raw, (check_common, self._check_world, *self.checks))
+        checks = (check_common, self._check_world, *self.checks)
+        params = resolve(self.params, raw, checks, (complete_tokens, *self.completions))
         if "bound" in params:
             try:
                 self.bound(params)

@@ -55,6 +55,7 @@ class Family:
     requires: tuple[Capability, ...] = ()
     checks: tuple[Callable[[Params], None], ...] = ()
     min_world_size: int = 1
+    completions: tuple[Callable[[Params], None], ...] = ()
 
     def adding(
         self,
@@ -98,6 +99,7 @@ def attention_contract(
         body,
         requires=frozenset(family.requires),
         checks=family.checks,
+        completions=family.completions,
         min_world_size=family.min_world_size,
         timeout_s=timeout_s,
         memory=partial(footprint, gradient=gradient),
@@ -277,10 +279,14 @@ register(
 # ------------------------------------------------------------------ varlen and masks
 
 
-def _check_seq_lens(p: Params) -> None:
-    if p.seq_lens is None:  # default: each rank a quarter shorter than the previous one
+def _default_seq_lens(p: Params) -> None:
+    """Unless given, each rank's valid tokens a quarter of tokens_per_rank fewer than the previous rank's."""
+    if p.seq_lens is None:
         step = max(1, p.tokens_per_rank // 4)
         p["seq_lens"] = [max(1, p.tokens_per_rank - r * step) for r in range(p.world_size)]
+
+
+def _check_seq_lens(p: Params) -> None:
     lens = p.seq_lens
     if len(lens) != p.world_size:
         raise ParamError("seq_lens", f"needs one length per rank ({p.world_size}), got {len(lens)}")
@@ -301,6 +307,7 @@ VARLEN = Family(
     extra=(Param("seq_lens", "int_list", None, "valid tokens per rank (<= tokens_per_rank)"),),
     requires=(Capability.VARLEN,),
     checks=(_check_seq_lens,),
+    completions=(_default_seq_lens,),
 )
 MASKED = Family(
     ring=1,
