@@ -12,6 +12,7 @@ interval starts beyond it. Sampling stops when every figure is decided or one fa
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from harness.perf.figures import family, run_figures
 from harness.perf.stats import MAX_PAIRS, RatioInterval, blocked_ratio, min_pairs
 from harness.pipelines.sessions import TimedRun
 
+MAX_BLOCK_PAIRS = 16  # a block's pairs at most: measured on 2 cores, blocks of 16 decided an unchanged tree in 126 s
+
 ORDER = "ABBA"  # pair i runs BASE first when i is even, HEAD first when it is odd
 
 
@@ -33,17 +36,35 @@ class Sampling:
 
     warmup: int = 1
     min_pairs: int = 10
-    max_pairs: int = 60
+    max_pairs: int = MAX_PAIRS
     confidence: float = 0.95
     launches: int = 3  # each side started afresh this many times at least (1: one process or server per side)
+    dear_launch_s: float = 1.0  # a launch this long or longer sizes the next blocks by its cost (next_block_pairs)
 
     @property
     def block_pairs(self) -> int:
-        """Pairs per launch block: ``min_pairs`` spread over ``launches``, rounded up to even (whole ABBA quartets)."""
+        """Pairs of the first launch block: ``min_pairs`` spread over ``launches``, rounded up to even (whole ABBA
+        quartets); with one launch, every pair."""
         if self.launches == 1:
             return self.max_pairs
         pairs = -(-self.min_pairs // self.launches)
         return max(2, pairs + pairs % 2)
+
+    def next_block_pairs(self, launch_s: float, pair_s: float, pairs_done: int, blocks_done: int) -> int:
+        """Pairs of the next launch block, from what the last one cost: about as long timing pairs as starting both
+        sides (``launch_s``, warm-up included; from ``dear_launch_s`` on: a cheaper one starves nothing), so that
+        cheap pairs are not starved by launches; at most
+        MAX_BLOCK_PAIRS (the blocks still see the launch-to-launch spread) and what leaves room under
+        ``max_pairs`` for the ``launches`` blocks still owed, at least :attr:`block_pairs`."""
+        if self.launches == 1 or pair_s <= 0 or launch_s < self.dear_launch_s:
+            return self.block_pairs
+        balanced = int(min(MAX_BLOCK_PAIRS, -(-launch_s // pair_s)))
+        pairs = max(self.block_pairs, balanced + balanced % 2)
+        owed = self.launches - blocks_done
+        if owed > 0:
+            room = (self.max_pairs - pairs_done) // owed
+            pairs = min(pairs, max(2, room - room % 2))
+        return pairs
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
@@ -246,13 +267,15 @@ def compare(
     """Run both sides interleaved, launch block by launch block, until the verdict is decided or capped (module
     docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair."""
     runs, verdicts, unpaired = _Runs(), list[FigureVerdict](), dict[str, str]()
-    block = 0
+    block, block_pairs = 0, sampling.block_pairs
     while len(runs.base) < sampling.max_pairs and not (verdicts and _decided(verdicts)):  # poll: blocks until decided
+        started, first = time.perf_counter(), len(runs.base)
         with launch(block) as (base, head):
             for i in range(sampling.warmup):  # HEAD, then BASE: pair 0 starts with the side that ran last
                 head.run(placement=i)
                 base.run(placement=i)
-            for i in range(min(sampling.block_pairs, sampling.max_pairs - len(runs.base))):
+            launch_s = time.perf_counter() - started
+            for i in range(min(block_pairs, sampling.max_pairs - len(runs.base))):
                 _run_pair(base, head, runs, i, block)
                 if on_pair is not None:
                     on_pair(len(runs.base), block + 1, _e2e(verdicts))
@@ -261,6 +284,7 @@ def compare(
                     if _decided(verdicts):
                         break
         block += 1
+        block_pairs = sampling.next_block_pairs(launch_s, _pair_s(runs, first), len(runs.base), block)
         if block >= sampling.launches and len(runs.base) >= sampling.min_pairs:
             verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
     return Comparison(
@@ -272,6 +296,12 @@ def compare(
         capped=len(runs.base) == sampling.max_pairs,
         launches=block,
     )
+
+
+def _pair_s(runs: _Runs, first: int) -> float:
+    """What a pair of the last block took on parity's clock (both sides' runs), from pair ``first`` on."""
+    pairs = list(zip(runs.base[first:], runs.head[first:]))
+    return sum(b.wall_ms + h.wall_ms for b, h in pairs) / 1000 / len(pairs) if pairs else 0.0
 
 
 def _run_pair(base: Runner, head: Runner, runs: _Runs, i: int, block: int) -> None:

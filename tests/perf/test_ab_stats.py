@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness.baselines.perf import DEFAULT_AB_TOLERANCES
-from harness.perf.ab import FigureStatus, Runner, Sampling, compare, judge_figure
+from harness.perf.ab import MAX_BLOCK_PAIRS, FigureStatus, Runner, Sampling, compare, judge_figure
 from harness.perf.stats import _signed_rank_counts, blocked_ratio, min_pairs, paired_ratio, trimmed_per_side
 from harness.pipelines.sessions import TimedRun
 from harness.targets import Timings
@@ -364,3 +365,41 @@ def test_the_carry_over_from_the_previous_run_cancels_in_every_block() -> None:
     comparison = compare(CarryOver(), Sampling(warmup=1, min_pairs=12, max_pairs=12, launches=3), DEFAULT_AB_TOLERANCES)
     e2e = comparison.verdict("expected_e2e_ms")
     assert e2e is not None and e2e.interval is not None and e2e.interval.ratio == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("launch_s", "pair_s", "pairs_done", "blocks_done", "max_pairs", "block"),
+    [
+        (2.4, 0.05, 4, 1, 200, 16),  # the built-in 1-rank case on 2 cores: launches dear, pairs cheap
+        (30.0, 4.0, 4, 1, 200, 8),  # a real pipeline: a pair costs an eighth of a launch
+        (0.5, 0.02, 4, 1, 200, 4),  # launches cheap (under dear_launch_s): the first block's size
+        (2.4, 0.05, 4, 1, 20, 8),  # room under max_pairs for the two blocks still owed: (20 - 4) / 2
+        (2.4, 0.05, 36, 3, 200, 16),  # the owed launches are in: only the cap
+    ],
+    ids=["cheap-pairs", "dear-pairs", "free-launches", "blocks-owed", "past-the-owed"],
+)
+def test_a_block_times_pairs_about_as_long_as_its_launch_took(
+    launch_s: float, pair_s: float, pairs_done: int, blocks_done: int, max_pairs: int, block: int
+) -> None:
+    sampling = Sampling(min_pairs=10, max_pairs=max_pairs, launches=3)
+    assert sampling.next_block_pairs(launch_s, pair_s, pairs_done, blocks_done) == block
+
+
+class SlowLaunches(BiasedLaunches):
+    """Launches that take at least 0.1 s each (a rank group's start) around scripted ~11 ms runs."""
+
+    @contextlib.contextmanager
+    def __call__(self, block: int) -> Iterator[tuple[Runner, Runner]]:
+        time.sleep(0.1)
+        with super().__call__(block) as sides:
+            yield sides
+
+
+def test_blocks_after_the_first_grow_with_what_a_launch_costs() -> None:
+    """The first block spreads min_pairs over the launches (4 pairs); a launch of >= 0.1 s (dear here) against pairs
+    of ~22 ms sizes the next blocks to at least 0.1 / 0.022 pairs, at most MAX_BLOCK_PAIRS."""
+    sampling = Sampling(warmup=0, min_pairs=10, max_pairs=40, launches=3, dear_launch_s=0.05)
+    comparison = compare(SlowLaunches([1.0], []), sampling, DEFAULT_AB_TOLERANCES)
+    launches = comparison.samples["expected_e2e_ms"]["launch"]
+    sizes = [launches.count(b) for b in range(comparison.launches)]
+    assert sizes[0] == 4 and 6 <= sizes[1] <= MAX_BLOCK_PAIRS, sizes
