@@ -30,7 +30,7 @@ from harness.gate.contracts import run_contract_cases
 from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_case
 from harness.perf import absolute
 from harness.perf.ab import ORDER, Comparison, FigureVerdict, compare
-from harness.perf.figures import WALL
+from harness.perf.figures import WALL, family
 from harness.perf.sides import BASE, HEAD, Revisions
 from harness.perf.stats import BLOCK_METHOD, MAX_PAIRS, METHOD
 from harness.pipelines.sessions import PipelineRun, Session
@@ -207,8 +207,7 @@ class PerfStage:
                 comparison = compare(launcher, sampling, tolerances, progress)
                 result = ab_result(case, comparison, base, heads[case.id], sampling.confidence, tolerances, per_run)
                 if result.status == INCONCLUSIVE:
-                    deciding = _deciding_command(ctx, case, base, heads[case.id], per_run)
-                    result.reason = f"{result.reason}; to decide it: {deciding}"
+                    result.reason = f"{result.reason}; {_next_step(ctx, case, base, heads[case.id], comparison)}"
                 return result
 
             results, wall = run_each_case(ctx, self.name, cases, "perf", judge, runs_of)
@@ -298,18 +297,23 @@ class _Progress:
         )
 
 
-def _deciding_command(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetSpec, per_run: bool) -> str:
-    """``parity perf`` of this one case with the most pairs parity allows (spread over a launch per 10 pairs, unless
-    every run is a process of its own): what would decide an inconclusive case."""
-    sampling = ctx.options.perf.sampling
-    argv = ["perf", base.name, head.name, case.id]
-    for option, side in (("--base-arg", base), ("--head-arg", head)):
-        argv += [f"{option}={k}={v}" for k, v in side.args if k not in ("tree", "commit")]
-    argv += ["--max-pairs", str(MAX_PAIRS)]
-    if not per_run:
-        argv += ["--launches", str(max(sampling.launches, MAX_PAIRS // 10))]
-    o = ctx.options
-    return command(argv, carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device))
+def _next_step(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetSpec, comparison: Comparison) -> str:
+    """What would decide an inconclusive case: ``parity perf`` of it with the most pairs parity takes, or, where it
+    had them, steadier runs or a wider tolerance (the noise that kept its first undecided figure open)."""
+    if ctx.options.perf.sampling.max_pairs < MAX_PAIRS:
+        argv = ["perf", base.name, head.name, case.id]
+        for option, side in (("--base-arg", base), ("--head-arg", head)):
+            argv += [f"{option}={k}={v}" for k, v in side.args if k not in ("tree", "commit")]
+        o = ctx.options
+        where = carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device)
+        return f"to decide it: {command([*argv, '--max-pairs', str(MAX_PAIRS)], where)}"
+    label = comparison.undecided[0].label
+    return (
+        f"no more pairs decide it here: {label} moves ±{comparison.pair_noise(label):.0%} a pair on this machine, "
+        f"too much for {MAX_PAIRS} pairs (parity's most) to bound within its tolerance; time it where runs are "
+        f"steadier (fewer ranks per core, a quieter machine) or widen the tolerance "
+        f"(PARITY_PERF_TOL_{family(label).upper()})"
+    )
 
 
 def base_run(side: TargetSpec, case: ImageCase, instance: str = "") -> PipelineRun:

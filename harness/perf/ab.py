@@ -11,6 +11,7 @@ interval starts beyond it. Sampling stops when every figure is decided or one fa
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -183,6 +184,12 @@ class Comparison:
 
     def verdict(self, label: str) -> FigureVerdict | None:
         return next((v for v in self.verdicts if v.label == label), None)
+
+    def pair_noise(self, label: str) -> float:
+        """How much a pair's HEAD/BASE ratio of ``label`` moves: the standard deviation of its log (0.2: ±20 %)."""
+        sides = self.samples[label]
+        logs = [math.log(h / b) for b, h in zip(sides["base"], sides["head"]) if b > 0 and h > 0]
+        return statistics.stdev(logs) if len(logs) > 1 else 0.0
 
 
 def _peak_mb(runs: Sequence[TimedRun]) -> float | None:

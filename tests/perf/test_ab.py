@@ -74,7 +74,7 @@ def _undecided_at_the_cap(record: dict[str, Any], code: int) -> bool:
         return False
     assert (code, record["figures"]["pairs"]) == (EXIT_CODES["inconclusive"], CAP), record["reason"]
     assert record["reason"].startswith(f"undecided after {CAP} pairs (the cap) over ")
-    assert "to decide it: parity perf " in record["reason"]
+    assert "no more pairs decide it here: " in record["reason"]  # CAP is parity's most
     return True
 
 
@@ -254,11 +254,20 @@ def flat(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("10", ONE, "passed", 10),  # every pair 1.0 exactly: decided at the first look
         ("11", ONE, "failed", 10),  # every pair 1.1: beyond 5 %
         ("9:11.6", (*ONE, "--max-pairs", "12"), "inconclusive", 12),  # the interval straddles 1.05 up to the cap
+        ("9:10:11.7:12", (*ONE, "--max-pairs", "200"), "inconclusive", 200),  # ... up to parity's most pairs
         ("9:11.6", (*ONE, "--max-pairs", "12", "--inconclusive", "pass"), "passed", 12),
         ("10", (), "passed", 12),  # 3 launches of 4 pairs, every block 1.0: decided at the end of the third
         ("11", (), "failed", 12),
     ],
-    ids=["equal", "slower", "undecided", "undecided-counted-as-passed", "equal-3-launches", "slower-3-launches"],
+    ids=[
+        "equal",
+        "slower",
+        "undecided",
+        "undecided-at-the-most-pairs",
+        "undecided-counted-as-passed",
+        "equal-3-launches",
+        "slower-3-launches",
+    ],
 )
 def test_the_verdict_and_its_exit_code_on_scripted_timings(
     flat: Path,
@@ -276,7 +285,13 @@ def test_the_verdict_and_its_exit_code_on_scripted_timings(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     if verdict == "inconclusive":
         assert record["status"] == "inconclusive" and last == "perf: INCONCLUSIVE (1 undecided case: flat; exit 3)"
-        assert record["reason"].startswith("undecided after 12 pairs (the cap) over 1 launch of each side: ")
+        assert record["reason"].startswith(f"undecided after {pairs} pairs (the cap) over 1 launch of each side: ")
+        if pairs < 200:  # more pairs may decide it: the command that takes them
+            assert f"to decide it: parity perf {SCRIPTED} {SCRIPTED} flat --base-arg=e2e=10" in record["reason"]
+            assert "--max-pairs 200" in record["reason"]
+        else:  # none will: how much a pair moves here, and what would
+            assert "no more pairs decide it here: expected_e2e_ms moves ±" in record["reason"]
+            assert record["reason"].endswith("or widen the tolerance (PARITY_PERF_TOL_E2E)")
         failure = ET.parse(tmp_path / "ab.xml").find(".//testcase/failure")
         assert failure is not None and failure.get("type") == "inconclusive"
     elif "pass" in extra:
