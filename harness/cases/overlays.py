@@ -12,7 +12,6 @@ every problem is a ConfigError naming file and key.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +25,7 @@ from harness.contracts.case import Case, ExpectedFailure, ExpectedSkip, rebuilt
 from harness.contracts.judging import FAILING_NAMES
 from harness.errors import ConfigError
 from harness.files.tomlio import read_toml
-from harness.targets.base import CAPABILITIES, REFUSALS, Refusal
+from harness.targets.base import CAPABILITIES, REFUSALS, Refusal, distribution_version
 from reference_impl.platform import PLATFORM_KINDS
 
 _META = ("because", "versions", "platforms")
@@ -92,9 +91,10 @@ def apply_platform_overlay(cases: list[Case], path: Path) -> list[Case]:
 
 
 def installed_version(distribution: str) -> Version | None:
+    found = distribution_version(distribution)
     try:
-        return Version(importlib.metadata.version(distribution))
-    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+        return Version(found) if found is not None else None
+    except InvalidVersion:
         return None
 
 

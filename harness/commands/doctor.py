@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import platform
 from pathlib import Path
@@ -37,13 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("doctor", help=HELP, description=HELP)
     add_json(parser, "the diagnosis (instead of the tables)")
     parser.set_defaults(run=run)
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _devices(cuda: bool) -> list[dict[str, Any]]:
@@ -89,6 +81,7 @@ def diagnose(project: Project | None = None) -> dict[str, Any]:
 
     from harness.baselines.platforms import machine_record
     from harness.paths import HOME_ENV, default_baselines_dir, default_cases_dir, parity_home
+    from harness.targets.base import distribution_version
     from harness.targets.reference.attention import backend_report
     from reference_impl.platform import PLATFORM_ENV
 
@@ -103,7 +96,7 @@ def diagnose(project: Project | None = None) -> dict[str, Any]:
         "backends": backend_report(),
         "targets": targets,
         "pipeline_targets": pipelines,
-        "packages": {p: _version(p) for p in _PACKAGES},
+        "packages": {p: distribution_version(p) for p in _PACKAGES},
         "project": _project(project),
         "paths": {
             HOME_ENV: os.environ.get(HOME_ENV),

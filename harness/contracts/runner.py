@@ -104,31 +104,32 @@ def machine_reason(case: Case, device: str) -> str | None:
     return capacity_reason(case.world_size) or (fits.reason() if fits else None)
 
 
-def precheck(case: Case, target: Target, options: RunOptions) -> str | None:
-    """Why ``case`` is skipped before any rank starts, or None."""
-    reason = target.unavailable_reason(options.device)
-    if reason:
-        return f"target {options.target.name}: {reason}"
-    reason = machine_reason(case, options.device)
-    if reason:
-        return reason
+@dataclass(frozen=True)
+class NotRun:
+    """Why a case is skipped before any rank starts: the words, and their typed cause (what a pinned skip is
+    matched on); ``refused`` None: the machine's limits (too few ranks, too little memory), no claim about the
+    target."""
+
+    reason: str
+    refused: Refused | None
+
+
+def precheck(case: Case, target: Target, options: RunOptions) -> NotRun | None:
+    """Why ``case`` is skipped before any rank starts (the target unavailable here, the machine, a capability the
+    target does not declare), or None."""
+    unavailable = target.unavailable_reason(options.device)
+    machine = machine_reason(case, options.device)
+    if unavailable:
+        return NotRun(f"target {options.target.name}: {unavailable}", None if machine else Refused(Refusal.UNAVAILABLE))
+    if machine:
+        return NotRun(machine, None)
     missing = sorted(get_contract(case.contract_id).requirements(case.params) - target.capabilities())
-    if missing:
-        because = target.lacks_because()
-        what = "; ".join(f"{m}: {CAPABILITIES[m]}" + (f"; {because[m]}" if m in because else "") for m in missing)
-        return f"target {options.target.name} does not support {', '.join(missing)} ({what})"
-    return None
-
-
-def refused_before_running(case: Case, target: Target, options: RunOptions) -> Refused | None:
-    """The typed cause of :func:`precheck`'s reason (what a pinned skip is matched on): the target unavailable
-    here, or the capabilities the case needs that it does not declare; None for a machine's limits (no claim)."""
-    if target.unavailable_reason(options.device):
-        return Refused(Refusal.UNAVAILABLE)
-    if machine_reason(case, options.device):
+    if not missing:
         return None
-    missing = get_contract(case.contract_id).requirements(case.params) - target.capabilities()
-    return Refused(Refusal.LACKS, frozenset(missing)) if missing else None
+    because = target.lacks_because()
+    what = "; ".join(f"{m}: {CAPABILITIES[m]}" + (f"; {because[m]}" if m in because else "") for m in missing)
+    reason = f"target {options.target.name} does not support {', '.join(missing)} ({what})"
+    return NotRun(reason, Refused(Refusal.LACKS, frozenset(missing)))
 
 
 def validate_for_target(cases: Sequence[Case], target: Target) -> None:
@@ -159,9 +160,9 @@ def run_cases(
     runnable: list[tuple[int, Case]] = []
     overlay = target.overlay or target.name
     for index, case in enumerate(cases):
-        reason = precheck(case, target, options)
-        if reason:
-            results[index] = _not_run(case, target, options, reason, overlay)
+        not_run = precheck(case, target, options)
+        if not_run:
+            results[index] = _not_run(case, options, not_run, overlay)
             if on_result:
                 on_result(results[index])
         else:
@@ -179,17 +180,16 @@ def run_cases(
     return [results[i] for i in range(len(cases))]
 
 
-def _not_run(case: Case, target: Target, options: RunOptions, reason: str, overlay: str) -> CaseResult:
+def _not_run(case: Case, options: RunOptions, not_run: NotRun, overlay: str) -> CaseResult:
     """The result of a case :func:`precheck` keeps from running. A job with fewer ranks claims nothing about the
     target (a plain skip). A case needing a capability the target does not declare is not applicable, unless an
     overlay of the target states what it runs (there a skip must be pinned: a capability dropped is a change);
     reference_impl's own model checks are not applicable to any other target."""
     contract = get_contract(case.contract_id)
-    name = options.target.name
-    if machine_reason(case, options.device):
+    name, reason, refused = options.target.name, not_run.reason, not_run.refused
+    if refused is None:
         return contract.result(case.id, case.params, SKIPPED, reason, name)
-    refused = refused_before_running(case, target, options)
-    missing = refused.lacks if refused else frozenset()
+    missing = refused.lacks
     if missing and (missing & REFERENCE_ONLY or (case.target_overlay is None and case.expected_skip is None)):
         return contract.result(case.id, case.params, NOT_APPLICABLE, reason, name, refusal=refused)
     skipped = contract.result(case.id, case.params, SKIPPED, reason, name, refusal=refused)

@@ -31,7 +31,7 @@ from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_
 from harness.perf import absolute
 from harness.perf.ab import ORDER, Comparison, FigureVerdict, compare
 from harness.perf.figures import WALL, family
-from harness.perf.sides import BASE, HEAD, Revisions
+from harness.perf.sides import BASE, HEAD, Revisions, versus
 from harness.perf.stats import BLOCK_METHOD, MAX_PAIRS, METHOD
 from harness.pipelines.sessions import PipelineRun, Session
 from harness.project.hints import carried_options, command
@@ -206,8 +206,8 @@ class PerfStage:
                 sampling = dataclasses.replace(perf.sampling, launches=1) if per_run else perf.sampling
                 comparison = compare(launcher, sampling, tolerances, progress)
                 result = ab_result(case, comparison, base, heads[case.id], sampling.confidence, tolerances, per_run)
-                if result.status == INCONCLUSIVE:
-                    result.reason = f"{result.reason}; {_next_step(ctx, case, base, heads[case.id], comparison)}"
+                if result.status == INCONCLUSIVE:  # the sides as given: a rev: side resolves again when run
+                    result.reason = f"{result.reason}; {_next_step(ctx, case, perf.base, case.target, comparison)}"
                 return result
 
             results, wall = run_each_case(ctx, self.name, cases, "perf", judge, runs_of)
@@ -303,7 +303,7 @@ def _next_step(ctx: GateContext, case: ImageCase, base: TargetSpec, head: Target
     if ctx.options.perf.sampling.max_pairs < MAX_PAIRS:
         argv = ["perf", base.name, head.name, case.id]
         for option, side in (("--base-arg", base), ("--head-arg", head)):
-            argv += [f"{option}={k}={v}" for k, v in side.args if k not in ("tree", "commit")]
+            argv += [f"{option}={k}={v}" for k, v in side.args]
         o = ctx.options
         where = carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device)
         return f"to decide it: {command([*argv, '--max-pairs', str(MAX_PAIRS)], where)}"
@@ -373,11 +373,6 @@ def _launches(n: int, per_run: bool) -> str:
     return "a process per run" if per_run else f"{n} launch{'es' if n > 1 else ''} of each side"
 
 
-def ab_target(base: TargetSpec, head: TargetSpec) -> str:
-    """What ran an A/B's case, for its record: both sides (``rev:main vs openai``)."""
-    return f"{base.name} vs {head.name}"
-
-
 def _headline(comparison: Comparison) -> dict[str, float]:
     """e2e and parity's wall clock as flat figures (``e2e_ratio``, ``wall_ratio_low``, ...), where judged."""
     flat: dict[str, float] = {}
@@ -419,7 +414,7 @@ def ab_result(
         "samples": comparison.samples,
     }
     result = CaseResult(
-        case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=ab_target(base, head), figures=figures
+        case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=versus(base, head), figures=figures
     )
     result.bound = (
         f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "

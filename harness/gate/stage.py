@@ -19,6 +19,7 @@ from rich.console import Console
 from harness.cases.image import ImageCase
 from harness.contracts.runner import RunOptions
 from harness.perf.ab import Sampling
+from harness.perf.sides import versus
 from harness.pipelines.sessions import PipelineRun
 from harness.project import Project
 from harness.ranks import PoolSet, RankFailure, capacity_reason
@@ -78,7 +79,7 @@ class GateOptions:
         """The target a results document names: the attention target, but for a run of the A/B alone (``parity
         perf``), which runs no contract, its two sides (their arguments are in the perf section)."""
         if self.stages == ("perf",) and self.perf.base is not None:
-            return TargetSpec(f"{self.perf.base.name} vs {self.pipeline.name}")
+            return TargetSpec(versus(self.perf.base, self.pipeline))
         return self.run.target
 
     def carried(self, *, target: bool = False, baselines: bool = True) -> list[str]:

@@ -53,10 +53,10 @@ class Sampling:
 
     def next_block_pairs(self, launch_s: float, pair_s: float, pairs_done: int, blocks_done: int) -> int:
         """Pairs of the next launch block, from what the last one cost: about as long timing pairs as starting both
-        sides (``launch_s``, warm-up included; from ``dear_launch_s`` on: a cheaper one starves nothing), so that
-        cheap pairs are not starved by launches; at most
-        MAX_BLOCK_PAIRS (the blocks still see the launch-to-launch spread) and what leaves room under
-        ``max_pairs`` for the ``launches`` blocks still owed, at least :attr:`block_pairs`."""
+        sides took (``launch_s``, warm-up included), so that cheap pairs are not starved by dear launches (a launch
+        under ``dear_launch_s`` starves nothing); at most MAX_BLOCK_PAIRS (the blocks still see the launch-to-launch
+        spread) and what leaves room under ``max_pairs`` for the ``launches`` blocks still owed; at least
+        :attr:`block_pairs`."""
         if self.launches == 1 or pair_s <= 0 or launch_s < self.dear_launch_s:
             return self.block_pairs
         balanced = int(min(MAX_BLOCK_PAIRS, -(-launch_s // pair_s)))

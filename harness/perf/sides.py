@@ -17,6 +17,13 @@ from pathlib import Path
 from harness.targets.spec import REVISION_PREFIX, TargetSpec
 
 BASE, HEAD = "base", "head"
+
+
+def versus(base: TargetSpec, head: TargetSpec) -> str:
+    """Both sides of an A/B as a record names what ran it (``rev:main vs openai``)."""
+    return f"{base.name} vs {head.name}"
+
+
 TREE_PREFIX = "parity-rev-"
 
 

@@ -11,6 +11,7 @@ contract needing one a target lacks is skipped with the reason, never failed. Th
 
 from __future__ import annotations
 
+import importlib.metadata
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -69,6 +70,14 @@ CAPABILITIES: dict[Capability, str] = {
 #: Capabilities only reference_impl has: a contract requiring one checks reference_impl's own models, so
 #: every other target skips it by definition (a skip no overlay needs to pin).
 REFERENCE_ONLY = frozenset({Capability.REFERENCE_MODELS})
+
+
+def distribution_version(name: str) -> str | None:
+    """The installed version of the Python distribution ``name`` (its metadata: nothing is imported), None when absent."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 class Refusal(StrEnum):

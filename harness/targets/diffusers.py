@@ -13,7 +13,6 @@ default; ``none``: stock); ``ulysses_anything`` has no backward (``no_backward``
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ import torch.distributed as dist
 
 from harness.errors import ConfigError, ParamError
 from harness.targets import diffusers_lse
-from harness.targets.base import AttentionSpec, Refusal, Target, Unsupported
+from harness.targets.base import AttentionSpec, Refusal, Target, Unsupported, distribution_version
 
 MIN_VERSION = "0.36"  # ContextParallelConfig and the templated CP attention first ship in 0.36.0
 NOT_INSTALLED = "diffusers is not installed (pip install 'parity[diffusers]')"
@@ -49,10 +48,7 @@ _RING_FORWARD_OPS = {"native": "_native_attention_forward_op", "_native_npu": "_
 @functools.cache
 def installed_version() -> str | None:
     """The installed diffusers' version (read once per process: a layer names it on every varlen call)."""
-    try:
-        return importlib.metadata.version("diffusers")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return distribution_version("diffusers")
 
 
 def _at_least(version: str, floor: str) -> bool:

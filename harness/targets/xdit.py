@@ -11,7 +11,6 @@ and an ``ExternalRuntimeState`` built from ``xFuserArgs`` of the case's degrees 
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import sys
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.targets.base import AttentionSpec, Target, Unsupported
+from harness.targets.base import AttentionSpec, Target, Unsupported, distribution_version
 
 NOT_INSTALLED = (
     "xfuser is not installed (pip install --no-deps xfuser==0.7.0 distvae==0.1.0, with diffusers and yunchang)"
@@ -78,10 +77,7 @@ class XditTarget(Target):
         return LACKS
 
     def version(self) -> str | None:
-        try:
-            return importlib.metadata.version("xfuser")
-        except importlib.metadata.PackageNotFoundError:
-            return None
+        return distribution_version("xfuser")
 
     def unavailable_reason(self, device: str) -> str | None:
         if importlib.util.find_spec("xfuser") is None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.targets.base import AttentionSpec, Target, Unsupported
+from harness.targets.base import AttentionSpec, Target, Unsupported, distribution_version
 from harness.targets.yunchang_transport import direct_ring_transfers, stage_ring_transfers
 
 NOT_INSTALLED = "yunchang is not installed (pip install yunchang==0.6.4)"
@@ -73,12 +73,7 @@ class YunchangTarget(Target):
         return {cap: why for cap, why in LACKS.items() if cap not in self.capabilities()}
 
     def version(self) -> str | None:
-        import importlib.metadata
-
-        try:
-            return importlib.metadata.version("yunchang")
-        except importlib.metadata.PackageNotFoundError:
-            return None
+        return distribution_version("yunchang")
 
     def unavailable_reason(self, device: str) -> str | None:
         if importlib.util.find_spec("yunchang") is None:

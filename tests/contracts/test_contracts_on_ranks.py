@@ -9,10 +9,11 @@ import pytest
 
 from harness.contracts.bounds import fp32_ulp
 from harness.contracts.case import make_case
-from harness.contracts.runner import RunOptions, precheck, run_cases
+from harness.contracts.runner import NotRun, RunOptions, precheck, run_cases
 from harness.errors import ConfigError
 from harness.ranks import PoolSet
 from harness.results import FAILED, NOT_APPLICABLE, PASSED, SKIPPED
+from harness.targets.base import Refusal, Refused, Target
 from harness.targets.spec import TargetSpec
 from harness.targets.yunchang import CUDA_ONLY, NOT_INSTALLED, YunchangTarget
 
@@ -202,22 +203,28 @@ class _InstalledYunchang(YunchangTarget):
         return None if device == "cuda" else CUDA_ONLY
 
 
+def _prechecked(contract_id: str, world_size: int, target: Target, name: str, device: str = "cuda") -> NotRun | None:
+    case = make_case(contract_id, {"world_size": world_size}, case_id="c", source="test")
+    return precheck(case, target, RunOptions(TargetSpec(name), device=device))
+
+
+def _lacking(not_run: NotRun | None) -> frozenset[str]:
+    """The capabilities a precheck says the target lacks, in its words and in its typed cause alike."""
+    assert not_run is not None and not_run.refused is not None and not_run.refused.kind == Refusal.LACKS
+    assert f"does not support {', '.join(sorted(not_run.refused.lacks))} (" in not_run.reason
+    return not_run.refused.lacks
+
+
 def test_yunchang_declares_no_replicated_tokens_varlen_or_mask():
     target = _InstalledYunchang()
-    suffix = make_case("usp.replicated_suffix_bitwise", {"world_size": 2}, case_id="s", source="test")
-    assert "does not support replicated_suffix" in precheck(
-        suffix, target, RunOptions(TargetSpec("yunchang"), device="cuda")
-    )
-    varlen = make_case("usp.varlen_parity", {"world_size": 2}, case_id="v", source="test")
-    assert "does not support varlen" in precheck(varlen, target, RunOptions(TargetSpec("yunchang"), device="cuda"))
-    masked = make_case("usp.masked_parity", {"world_size": 2}, case_id="m", source="test")
-    assert "does not support mask" in precheck(masked, target, RunOptions(TargetSpec("yunchang"), device="cuda"))
-    hybrid = make_case("usp.hybrid_parity", {"world_size": 4}, case_id="h", source="test")
-    assert precheck(hybrid, target, RunOptions(TargetSpec("yunchang"), device="cuda")) is None
-    assert "does not support ring" in precheck(
-        hybrid, _InstalledYunchang("ulysses"), RunOptions(TargetSpec("yunchang-ulysses"), device="cuda")
-    )
-    assert precheck(hybrid, target, RunOptions(TargetSpec("yunchang"))) == f"target yunchang: {CUDA_ONLY}"
+    assert _lacking(_prechecked("usp.replicated_suffix_bitwise", 2, target, "yunchang")) == {"replicated_suffix"}
+    assert _lacking(_prechecked("usp.varlen_parity", 2, target, "yunchang")) == {"varlen"}
+    assert _lacking(_prechecked("usp.masked_parity", 2, target, "yunchang")) == {"mask"}
+    assert _prechecked("usp.hybrid_parity", 4, target, "yunchang") is None
+    ulysses_only = _InstalledYunchang("ulysses")
+    assert "ring" in _lacking(_prechecked("usp.hybrid_parity", 4, ulysses_only, "yunchang-ulysses"))
+    on_cpu = _prechecked("usp.hybrid_parity", 4, target, "yunchang", device="cpu")
+    assert on_cpu == NotRun(f"target yunchang: {CUDA_ONLY}", Refused(Refusal.UNAVAILABLE))
 
 
 def test_assert_contract_fails_and_skips_the_test(assert_contract, request, monkeypatch):

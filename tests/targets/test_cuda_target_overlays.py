@@ -10,7 +10,7 @@ from packaging.version import Version
 
 from harness.cases import load_cases
 from harness.cases.overlays import apply_target_overlay
-from harness.contracts.runner import RunOptions, precheck, refused_before_running
+from harness.contracts.runner import RunOptions, precheck
 from harness.paths import default_cases_dir
 from harness.targets.base import Capability, Target
 from harness.targets.spec import TargetSpec
@@ -37,13 +37,13 @@ def test_every_case_the_adapter_cannot_express_is_pinned_by_its_cause(
     overlay = default_cases_dir() / "contracts" / "targets" / f"{name}.toml"
     cases = apply_target_overlay(load_cases(default_cases_dir(), "cuda"), overlay, Version(version), "cuda")
     options = RunOptions(TargetSpec(name), device="cuda")
-    refusals = {c.id: (precheck(c, target, options), refused_before_running(c, target, options), c) for c in cases}
+    refusals = {c.id: (precheck(c, target, options), c) for c in cases}
     wrong = {
-        case_id: f"{why} / pin: {case.expected_skip}"
-        for case_id, (why, refused, case) in refusals.items()
+        case_id: f"{why.reason} / pin: {case.expected_skip}"
+        for case_id, (why, case) in refusals.items()
         if why
-        and Capability.REFERENCE_MODELS not in why
-        and (case.expected_skip is None or case.expected_skip.mismatch(refused, why))
+        and Capability.REFERENCE_MODELS not in why.reason
+        and (case.expected_skip is None or case.expected_skip.mismatch(why.refused, why.reason))
     }
     assert wrong == {}
-    assert sum(why is None for why, _, _ in refusals.values()) >= 27  # the Ulysses cases run, pinned or not
+    assert sum(why is None for why, _ in refusals.values()) >= 27  # the Ulysses cases run, pinned or not
