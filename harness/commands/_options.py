@@ -229,6 +229,14 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
         help=f"A/B: the most pairs per case; a figure still undecided then is inconclusive (default {d.max_pairs})",
     )
     group.add_argument(
+        f"--{prefix}max-time",
+        type=seconds,
+        default=d.max_time_s,
+        metavar="S",
+        help=f"A/B: seconds per case at most, launches included; no launch block (or pair) is started that would end "
+        f"later, and a figure still undecided then is inconclusive (default {d.max_time_s:g})",
+    )
+    group.add_argument(
         f"--{prefix}launches",
         type=count(1),
         default=d.launches,
@@ -261,6 +269,7 @@ def ab_sampling(args: argparse.Namespace, prefix: str):
             getattr(args, f"{dest}warmup"),
             getattr(args, f"{dest}min_pairs"),
             getattr(args, f"{dest}max_pairs"),
+            getattr(args, f"{dest}max_time"),
             getattr(args, f"{dest}confidence"),
             getattr(args, f"{dest}launches"),
         )

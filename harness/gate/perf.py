@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -29,7 +30,7 @@ from harness.files.reading import is_directory_present, is_present
 from harness.gate.contracts import run_contract_cases
 from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_case
 from harness.perf import absolute
-from harness.perf.ab import ORDER, Comparison, FigureVerdict, compare
+from harness.perf.ab import ORDER, Comparison, FigureVerdict, Stop, compare
 from harness.perf.figures import WALL, family
 from harness.perf.sides import BASE, HEAD, Revisions, versus
 from harness.perf.stats import BLOCK_METHOD, MAX_PAIRS, METHOD
@@ -298,15 +299,22 @@ class _Progress:
 
 
 def _next_step(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetSpec, comparison: Comparison) -> str:
-    """What would decide an inconclusive case: ``parity perf`` of it with the most pairs parity takes, or, where it
-    had them, steadier runs or a wider tolerance (the noise that kept its first undecided figure open)."""
-    if ctx.options.perf.sampling.max_pairs < MAX_PAIRS:
+    """What would decide an inconclusive case: ``parity perf`` of it with the pairs and time the noise so far says it
+    needs, or, where that is beyond parity's most pairs, steadier runs or a wider tolerance."""
+    sampling = ctx.options.perf.sampling
+    needed = comparison.pairs_to_decide()
+    if needed <= MAX_PAIRS and comparison.verdicts:
+        pairs = max(needed, sampling.max_pairs)
+        seconds = math.ceil(max(sampling.max_time_s, 1.2 * comparison.seconds * needed / max(1, comparison.pairs)))
         argv = ["perf", base.name, head.name, case.id]
         for option, side in (("--base-arg", base), ("--head-arg", head)):
             argv += [f"{option}={k}={v}" for k, v in side.args]
         o = ctx.options
         where = carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device)
-        return f"to decide it: {command([*argv, '--max-pairs', str(MAX_PAIRS)], where)}"
+        more = [*argv, "--max-pairs", str(pairs), "--max-time", str(seconds)]
+        return f"to decide it (about {needed} pairs at this noise): {command(more, where)}"
+    if not comparison.verdicts:
+        return f"no figure was judged within --max-time {sampling.max_time_s:g}: give it more time"
     label = comparison.undecided[0].label
     return (
         f"no more pairs decide it here: {label} moves ±{comparison.pair_noise(label):.0%} a pair on this machine, "
@@ -400,6 +408,8 @@ def ab_result(
         "mode": "ab",
         "pairs": comparison.pairs,
         "launches": comparison.launches,
+        "stopped": str(comparison.stop),
+        "sampling_s": round(comparison.seconds, 3),
         "process_per_run": per_run,
         "confidence": confidence,
         "method": METHOD if comparison.launches == 1 else BLOCK_METHOD,
@@ -423,10 +433,17 @@ def ab_result(
     if comparison.failed:
         result.status = FAILED
         result.reason = "HEAD is slower than BASE: " + "; ".join(v.describe() for v in comparison.failed)
-    elif comparison.undecided:
+    elif comparison.undecided or not comparison.verdicts:
         result.status = INCONCLUSIVE
-        shown = "; ".join(v.describe() for v in comparison.undecided[:3])
+        shown = "; ".join(v.describe() for v in comparison.undecided[:3]) or "no figure judged yet"
         more = f"; and {len(comparison.undecided) - 3} more" if len(comparison.undecided) > 3 else ""
         over = _launches(comparison.launches, per_run)
-        result.reason = f"undecided after {comparison.pairs} pairs (the cap) over {over}: {shown}{more}"
+        result.reason = f"undecided after {comparison.pairs} pairs over {over} ({_stopped(comparison)}): {shown}{more}"
     return result
+
+
+def _stopped(comparison: Comparison) -> str:
+    """What ended the sampling: ``--max-pairs`` or ``--max-time``, in the words of the options."""
+    if comparison.stop == Stop.TIME:
+        return f"{comparison.seconds:.0f} s, --max-time"
+    return "--max-pairs"

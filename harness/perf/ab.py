@@ -23,10 +23,12 @@ from typing import Any, Protocol
 from harness.baselines.perf import E2E
 from harness.baselines.tolerances import Tolerances
 from harness.perf.figures import family, run_figures
-from harness.perf.stats import MAX_PAIRS, RatioInterval, blocked_ratio, min_pairs
+from harness.perf.stats import EXACT_PAIRS, MAX_PAIRS, RatioInterval, blocked_ratio, min_pairs
 from harness.pipelines.sessions import TimedRun
 
-MAX_BLOCK_PAIRS = 16  # a block's pairs at most: measured on 2 cores, blocks of 16 decided an unchanged tree in 126 s
+MAX_BLOCK_PAIRS = (
+    32  # a block's pairs at most: blocks of a launch's cost in pairs, up to this, see the launches' spread
+)
 
 ORDER = "ABBA"  # pair i runs BASE first when i is even, HEAD first when it is odd
 
@@ -38,6 +40,7 @@ class Sampling:
     warmup: int = 1
     min_pairs: int = 10
     max_pairs: int = MAX_PAIRS
+    max_time_s: float = 300.0  # per case: no block (or pair) is started that would end later
     confidence: float = 0.95
     launches: int = 3  # each side started afresh this many times at least (1: one process or server per side)
     dear_launch_s: float = 1.0  # a launch this long or longer sizes the next blocks by its cost (next_block_pairs)
@@ -83,6 +86,8 @@ class Sampling:
             raise SamplingError(
                 "launches", f"must be between 1 and max_pairs / 2 ({self.max_pairs // 2}), got {self.launches}"
             )
+        if not self.max_time_s > 0:
+            raise SamplingError("max_time", f"must be > 0 seconds, got {self.max_time_s}")
         if self.max_pairs > MAX_PAIRS:
             raise SamplingError("max_pairs", f"must be at most {MAX_PAIRS}, got {self.max_pairs}")
 
@@ -99,6 +104,14 @@ class FigureStatus(StrEnum):
     PASSED = "passed"
     FAILED = "failed"
     UNDECIDED = "undecided"
+
+
+class Stop(StrEnum):
+    """Why sampling ended."""
+
+    DECIDED = "decided"
+    PAIRS = "pairs"  # --max-pairs reached (or no room left under it for another block)
+    TIME = "time"  # the next block or pair would end past --max-time
 
 
 @dataclass(frozen=True)
@@ -171,8 +184,14 @@ class Comparison:
     unpaired: dict[str, str]
     samples: dict[str, dict[str, list[float]]]  # label -> {"base": [...], "head": [...]}, in pair order
     peak_memory_mb: dict[str, float | None] = field(default_factory=dict)
-    capped: bool = False  # sampling reached max_pairs
+    stop: Stop = Stop.DECIDED  # why sampling ended
     launches: int = 1  # launch blocks: each side started afresh this many times
+    seconds: float = 0.0  # how long sampling took, launches included
+
+    @property
+    def capped(self) -> bool:
+        """Sampling ran out of pairs or time before every figure was decided."""
+        return self.stop != Stop.DECIDED
 
     @property
     def failed(self) -> list[FigureVerdict]:
@@ -185,11 +204,33 @@ class Comparison:
     def verdict(self, label: str) -> FigureVerdict | None:
         return next((v for v in self.verdicts if v.label == label), None)
 
+    def pairs_to_decide(self) -> int:
+        """About how many pairs would decide every undecided figure at the noise seen so far (an interval narrows as
+        one over the square root of the pairs); MAX_PAIRS + 1 when that is beyond parity's most."""
+        needed = 1.2 * max((_pairs_to_decide(v, self.pairs) for v in self.undecided), default=self.pairs)
+        return MAX_PAIRS + 1 if needed > MAX_PAIRS else math.ceil(needed)
+
     def pair_noise(self, label: str) -> float:
         """How much a pair's HEAD/BASE ratio of ``label`` moves: the standard deviation of its log (0.2: ±20 %)."""
         sides = self.samples[label]
         logs = [math.log(h / b) for b, h in zip(sides["base"], sides["head"]) if b > 0 and h > 0]
         return statistics.stdev(logs) if len(logs) > 1 else 0.0
+
+
+def _pairs_to_decide(verdict: FigureVerdict, pairs: int) -> float:
+    """Pairs at which ``verdict``'s interval (below the limit) or its claim's (above it) would no longer reach the
+    limit, were the estimate to stay where it is."""
+    interval, claim = verdict.interval, verdict.claim
+    if interval is None or (claim is None and interval.ratio >= verdict.limit):
+        return 2.0 * pairs  # too few pairs for an interval yet
+    estimate, limit = math.log(interval.ratio), math.log(verdict.limit)
+    if estimate < limit:
+        half = math.log(interval.high) - estimate
+    else:
+        assert claim is not None
+        half = estimate - math.log(claim.low)
+    distance = abs(limit - estimate)
+    return math.inf if distance == 0 else pairs * (half / distance) ** 2
 
 
 def _peak_mb(runs: Sequence[TimedRun]) -> float | None:
@@ -270,39 +311,72 @@ def compare(
     sampling: Sampling,
     tolerances: Tolerances,
     on_pair: Callable[[int, int, FigureVerdict | None], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Comparison:
-    """Run both sides interleaved, launch block by launch block, until the verdict is decided or capped (module
-    docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair."""
+    """Run both sides interleaved, launch block by launch block, until the verdict is decided or sampling runs out of
+    pairs or time (module docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair."""
     runs, verdicts, unpaired = _Runs(), list[FigureVerdict](), dict[str, str]()
-    block, block_pairs = 0, sampling.block_pairs
-    while len(runs.base) < sampling.max_pairs and not (verdicts and _decided(verdicts)):  # poll: blocks until decided
-        started, first = time.perf_counter(), len(runs.base)
+    block, block_pairs, begun, launch_s = 0, sampling.block_pairs, clock(), 0.0
+    stop: Stop | None = None
+    while not (verdicts and _decided(verdicts)):  # poll: blocks until decided
+        stop = _out_of(sampling, runs, block, block_pairs, launch_s, clock() - begun)
+        if stop is not None:
+            break
+        started, first = clock(), len(runs.base)
         with launch(block) as (base, head):
             for i in range(sampling.warmup):  # HEAD, then BASE: pair 0 starts with the side that ran last
                 head.run(placement=i)
                 base.run(placement=i)
-            launch_s = time.perf_counter() - started
+            launch_s = clock() - started
             for i in range(min(block_pairs, sampling.max_pairs - len(runs.base))):
                 _run_pair(base, head, runs, i, block)
                 if on_pair is not None:
                     on_pair(len(runs.base), block + 1, _e2e(verdicts))
-                if sampling.launches == 1 and len(runs.base) >= sampling.min_pairs:
+                if sampling.launches == 1 and _judge_now(len(runs.base), sampling.min_pairs):
                     verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
                     if _decided(verdicts):
                         break
+                if sampling.launches == 1 and clock() - begun + _pair_s(runs, first) > sampling.max_time_s:
+                    stop = Stop.TIME
+                    break
         block += 1
         block_pairs = sampling.next_block_pairs(launch_s, _pair_s(runs, first), len(runs.base), block)
         if block >= sampling.launches and len(runs.base) >= sampling.min_pairs:
             verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
+        if stop == Stop.TIME:
+            break
     return Comparison(
         len(runs.base),
         verdicts,
         unpaired,
         runs.samples([v.label for v in verdicts]),
         {"base": _peak_mb(runs.base), "head": _peak_mb(runs.head)},
-        capped=len(runs.base) == sampling.max_pairs,
+        stop=Stop.DECIDED if verdicts and _decided(verdicts) else stop or Stop.PAIRS,
         launches=block,
+        seconds=clock() - begun,
     )
+
+
+def _out_of(
+    sampling: Sampling, runs: _Runs, block: int, block_pairs: int, launch_s: float, elapsed: float
+) -> Stop | None:
+    """Whether another launch block fits: under ``max_pairs`` (a block cut below the first block's size would weigh
+    as much as a whole one in the interval over blocks, so it is not started) and, with its launch as dear as the
+    last one, ending within ``max_time_s``."""
+    if block == 0:
+        return None
+    left = sampling.max_pairs - len(runs.base)
+    if left <= 0 or sampling.launches == 1 or (block >= sampling.launches and left < sampling.block_pairs):
+        return Stop.PAIRS
+    if elapsed + launch_s + min(block_pairs, left) * _pair_s(runs, 0) > sampling.max_time_s:
+        return Stop.TIME
+    return None
+
+
+def _judge_now(pairs: int, min_pairs: int) -> bool:
+    """One launch block is judged after every pair up to EXACT_PAIRS, then as the pairs grow by a twentieth (a judgement
+    sorts every figure's n(n + 1) / 2 Walsh averages)."""
+    return pairs >= min_pairs and (pairs <= EXACT_PAIRS or pairs % max(1, pairs // 20) == 0)
 
 
 def _pair_s(runs: _Runs, first: int) -> float:

@@ -15,8 +15,27 @@ import numpy as np
 import pytest
 
 from harness.baselines.perf import DEFAULT_AB_TOLERANCES
-from harness.perf.ab import MAX_BLOCK_PAIRS, FigureStatus, Runner, Sampling, compare, judge_figure
-from harness.perf.stats import _signed_rank_counts, blocked_ratio, min_pairs, paired_ratio, trimmed_per_side
+from harness.perf.ab import (
+    MAX_BLOCK_PAIRS,
+    Comparison,
+    FigureStatus,
+    FigureVerdict,
+    Runner,
+    Sampling,
+    Stop,
+    compare,
+    judge_figure,
+)
+from harness.perf.stats import (
+    EXACT_PAIRS,
+    MAX_PAIRS,
+    RatioInterval,
+    _signed_rank_counts,
+    blocked_ratio,
+    min_pairs,
+    paired_ratio,
+    trimmed_per_side,
+)
 from harness.pipelines.sessions import TimedRun
 from harness.targets import Timings
 
@@ -54,6 +73,20 @@ def test_the_signed_rank_distribution_is_the_count_of_sign_patterns(n: int) -> N
 )
 def test_the_interval_trims_the_published_critical_value_plus_one(n: int, critical: int) -> None:
     assert trimmed_per_side(n, 0.95) == critical + 1
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.996])
+def test_past_the_exact_table_the_normal_approximation_trims_as_the_exact_distribution_would(confidence: float) -> None:
+    """At 240 pairs (past EXACT_PAIRS) the approximation's trim, judged by the exact distribution built here as the
+    oracle: its coverage is the one asked for (to 1e-3), and it is within 0.2 % of the exact trim."""
+    n = 240
+    assert n > EXACT_PAIRS
+    counts = _signed_rank_counts(n)
+    allowed = (1.0 - confidence) / 2.0 * 2**n
+    exact = next(k for k in range(len(counts)) if sum(counts[: k + 1]) > allowed)
+    approximate = trimmed_per_side(n, confidence)
+    assert abs(approximate - exact) <= 0.002 * exact
+    assert 1.0 - 2.0 * sum(counts[:approximate]) / 2**n == pytest.approx(confidence, abs=1e-3)
 
 
 @pytest.mark.parametrize(("confidence", "fewest"), [(0.9, 5), (0.95, 6), (0.99, 8)])
@@ -138,11 +171,19 @@ def test_a_failure_is_claimed_over_every_figure_judged() -> None:
             {"min_pairs": 20, "max_pairs": 10},
             r"min_pairs must be between 6 \(at confidence 0.95\) and max_pairs \(10\)",
         ),
-        ({"max_pairs": 201}, "max_pairs must be at most 200"),
+        ({"max_pairs": 1001}, "max_pairs must be at most 1000"),
+        ({"max_time_s": 0.0}, "max_time must be > 0 seconds"),
         ({"warmup": -1}, "warmup must be >= 0"),
         ({"confidence": 1.0}, "confidence must be in"),
     ],
-    ids=["min-below-an-interval", "min-above-max", "max-above-the-exact-table", "negative-warmup", "confidence-one"],
+    ids=[
+        "min-below-an-interval",
+        "min-above-max",
+        "max-above-parity-s-most",
+        "no-time",
+        "negative-warmup",
+        "confidence-one",
+    ],
 )
 def test_sampling_refuses_what_cannot_give_a_verdict(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -152,12 +193,13 @@ def test_sampling_refuses_what_cannot_give_a_verdict(kwargs: dict, message: str)
 @pytest.mark.parametrize(
     ("argv", "option"),
     [
-        (["--max-pairs", "201"], "--max-pairs"),
+        (["--max-pairs", "1001"], "--max-pairs"),
         (["--min-pairs", "5"], "--min-pairs"),
         (["--min-pairs", "30", "--max-pairs", "20"], "--min-pairs"),
         (["--confidence", "0.4"], "--confidence"),
+        (["--max-time", "0"], "--max-time"),
     ],
-    ids=["max-above-200", "min-below-6", "min-above-max", "confidence-low"],
+    ids=["max-above-1000", "min-below-6", "min-above-max", "confidence-low", "no-time"],
 )
 def test_a_sampling_option_out_of_range_is_named(
     argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
@@ -165,8 +207,8 @@ def test_a_sampling_option_out_of_range_is_named(
     from harness.cli import main
 
     assert main(["perf", "reference", "reference", *argv]) == 2
-    err = capsys.readouterr().err
-    assert option in err and (option == "--min-pairs" or "--min-pairs" not in err), err
+    said = capsys.readouterr().err.strip().splitlines()[-1]  # argparse's usage above it names every option
+    assert option in said and (option == "--min-pairs" or "--min-pairs" not in said), said
 
 
 class ScriptedSession:
@@ -370,11 +412,11 @@ def test_the_carry_over_from_the_previous_run_cancels_in_every_block() -> None:
 @pytest.mark.parametrize(
     ("launch_s", "pair_s", "pairs_done", "blocks_done", "max_pairs", "block"),
     [
-        (2.4, 0.05, 4, 1, 200, 16),  # the built-in 1-rank case on 2 cores: launches dear, pairs cheap
+        (2.4, 0.05, 4, 1, 200, 32),  # the built-in 1-rank case on 2 cores: launches dear, pairs cheap
         (30.0, 4.0, 4, 1, 200, 8),  # a real pipeline: a pair costs an eighth of a launch
         (0.5, 0.02, 4, 1, 200, 4),  # launches cheap (under dear_launch_s): the first block's size
         (2.4, 0.05, 4, 1, 20, 8),  # room under max_pairs for the two blocks still owed: (20 - 4) / 2
-        (2.4, 0.05, 36, 3, 200, 16),  # the owed launches are in: only the cap
+        (2.4, 0.05, 36, 3, 200, 32),  # the owed launches are in: only the cap
     ],
     ids=["cheap-pairs", "dear-pairs", "free-launches", "blocks-owed", "past-the-owed"],
 )
@@ -403,3 +445,81 @@ def test_blocks_after_the_first_grow_with_what_a_launch_costs() -> None:
     launches = comparison.samples["expected_e2e_ms"]["launch"]
     sizes = [launches.count(b) for b in range(comparison.launches)]
     assert sizes[0] == 4 and 6 <= sizes[1] <= MAX_BLOCK_PAIRS, sizes
+
+
+def _verdict(ratio: float, low: float, high: float, claim_low: float, limit: float = 1.05) -> FigureVerdict:
+    interval = RatioInterval(ratio, low, high, 0.95, 100)
+    claim = RatioInterval(ratio, claim_low, high, 0.995, 100)
+    return FigureVerdict("expected_e2e_ms", 10.0, 10.0 * ratio, limit, interval, claim, FigureStatus.UNDECIDED)
+
+
+@pytest.mark.parametrize(
+    ("verdict", "needed"),
+    [
+        # below the limit: its interval's top end would meet it at 100 * (log 1.06 / log 1.05)^2 pairs, a fifth more
+        (_verdict(1.0, 0.95, 1.06, 0.93), math.ceil(1.2 * 100 * (math.log(1.06) / math.log(1.05)) ** 2)),
+        # above it: its claim's low end, (log 1.08 - log 1.02) against (log 1.08 - log 1.05)
+        (
+            _verdict(1.08, 1.04, 1.12, 1.02),
+            math.ceil(1.2 * 100 * ((math.log(1.08) - math.log(1.02)) / (math.log(1.08) - math.log(1.05))) ** 2),
+        ),
+        (_verdict(1.05, 1.0, 1.1, 0.98), MAX_PAIRS + 1),  # on the limit: no number of pairs moves it off
+        (_verdict(1.0, 0.6, 1.6, 0.5), MAX_PAIRS + 1),  # this noisy: beyond parity's most
+    ],
+    ids=["below-the-limit", "above-it", "on-it", "beyond-the-most"],
+)
+def test_the_pairs_that_would_decide_an_open_figure_scale_with_its_interval(
+    verdict: FigureVerdict, needed: int
+) -> None:
+    comparison = Comparison(100, [verdict], {}, {}, stop=Stop.PAIRS)
+    assert comparison.pairs_to_decide() == needed
+
+
+class Clock:
+    """A clock that only the scripted runs and launches move."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_no_block_is_started_that_would_end_past_the_time_allowed() -> None:
+    """Launches of 10 s and runs of 1 s against 60 s: the first block (4 pairs, 18 s), then blocks as long in pairs
+    as a launch (5 pairs, 6 in whole quartets: 22 s) while one ends in time: after the second (40 s) a third would
+    end at 62 s, so sampling stops on time with a launch owed, undecided."""
+    clock = Clock()
+
+    class Timed(ScriptedSession):
+        def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
+            clock.now += 1.0
+            timed = super().run(placement=placement)
+            return TimedRun(timed.timings, 1000.0, (), "not_measured")
+
+    @contextlib.contextmanager
+    def launch(block: int) -> Iterator[tuple[Runner, Runner]]:
+        clock.now += 10.0
+        yield Timed("B", [10.0], []), Timed("H", [10.0], [])
+
+    sampling = Sampling(warmup=0, min_pairs=10, max_pairs=200, max_time_s=60.0, launches=3)
+    comparison = compare(launch, sampling, DEFAULT_AB_TOLERANCES, clock=clock)
+    assert (comparison.stop, comparison.pairs, comparison.launches, comparison.seconds) == (Stop.TIME, 10, 2, 40.0)
+    assert comparison.capped and not comparison.verdicts  # three launches owed: nothing judged
+
+
+def test_one_launch_stops_before_a_pair_that_would_end_past_the_time_allowed() -> None:
+    clock = Clock()
+
+    class Timed(ScriptedSession):
+        def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
+            clock.now += 1.0
+            return TimedRun(super().run(placement=placement).timings, 1000.0, (), "not_measured")
+
+    log: list[str] = []
+    sampling = Sampling(warmup=0, min_pairs=6, max_pairs=200, max_time_s=30.0, launches=1)
+    comparison = compare(
+        same(Timed("B", [10.0], log), Timed("H", [9.0, 11.6], log)), sampling, DEFAULT_AB_TOLERANCES, clock=clock
+    )
+    assert (comparison.stop, comparison.pairs) == (Stop.TIME, 15)  # pair 16 would end at 32 s: not started
+    assert comparison.undecided and comparison.seconds == 30.0
