@@ -31,9 +31,10 @@ afresh (new rank processes, a new server) at least --launches times with the pai
 the launches, until each figure (e2e, parity's wall clock, each stage, each step, the step
 average and median) has a verdict: HEAD/BASE with its confidence interval (per launch the
 Hodges-Lehmann ratio of its pairs; over the launches their signed-rank interval, Student t when
-they are too few; with --launches 1 the Wilcoxon signed-rank interval of the pairs) within 1 + tolerance (passed), beyond it (failed), or still
-straddling it at --max-pairs (inconclusive: the reason names the command that would decide it, or, at 200 pairs,
-how much the figure moves a pair here). Tolerances: the `ab` profile of the baselines' perf_baselines.json,
+they are too few; with --launches 1 the Wilcoxon signed-rank interval of the pairs) within
+1 + tolerance (passed), beyond it (failed), or still straddling it when --max-pairs or --max-time
+runs out (inconclusive: the reason gives about how many pairs would decide it at the noise seen and
+the command that takes them, or, past parity's most pairs, how much the figure moves a pair here). Tolerances: the `ab` profile of the baselines' perf_baselines.json,
 else 5 % for e2e, the denoising stage and the step average/median, 15 % per step, 25 % for other
 stages, 10 % for parity's wall clock of the run (a command's start-up included), and at least
 0.5 ms (PARITY_PERF_TOL_* override them).

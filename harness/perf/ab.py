@@ -328,17 +328,22 @@ def compare(
                 head.run(placement=i)
                 base.run(placement=i)
             launch_s = clock() - started
-            for i in range(min(block_pairs, sampling.max_pairs - len(runs.base))):
-                _run_pair(base, head, runs, i, block)
+            while len(runs.base) - first < min(block_pairs, sampling.max_pairs - first):
+                _run_pair(base, head, runs, len(runs.base) - first, block)
                 if on_pair is not None:
                     on_pair(len(runs.base), block + 1, _e2e(verdicts))
-                if sampling.launches == 1 and _judge_now(len(runs.base), sampling.min_pairs):
-                    verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
-                    if _decided(verdicts):
+                if sampling.launches == 1:
+                    if _judge_now(len(runs.base), sampling.min_pairs):
+                        verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
+                        if _decided(verdicts):
+                            break
+                    if clock() - begun + _pair_s(runs, first) > sampling.max_time_s:
+                        stop = Stop.TIME
                         break
-                if sampling.launches == 1 and clock() - begun + _pair_s(runs, first) > sampling.max_time_s:
-                    stop = Stop.TIME
-                    break
+                elif (
+                    block == 0
+                ):  # the first block too: as long in pairs as its launch took, once a pair says what one costs
+                    block_pairs = sampling.next_block_pairs(launch_s, _pair_s(runs, first), 0, 0)
         block += 1
         block_pairs = sampling.next_block_pairs(launch_s, _pair_s(runs, first), len(runs.base), block)
         if block >= sampling.launches and len(runs.base) >= sampling.min_pairs:
