@@ -315,51 +315,84 @@ def compare(
 ) -> Comparison:
     """Run both sides interleaved, launch block by launch block, until the verdict is decided or sampling runs out of
     pairs or time (module docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair."""
-    runs, verdicts, unpaired = _Runs(), list[FigureVerdict](), dict[str, str]()
-    block, block_pairs, begun, launch_s = 0, sampling.block_pairs, clock(), 0.0
+    state = _Sampler(sampling, tolerances, on_pair or (lambda *_: None), clock)
+    block, block_pairs, launch_s = 0, sampling.block_pairs, 0.0
     stop: Stop | None = None
-    while not (verdicts and _decided(verdicts)):  # poll: blocks until decided
-        stop = _out_of(sampling, runs, block, block_pairs, launch_s, clock() - begun)
+    while not state.decided:  # poll: blocks until decided
+        stop = _out_of(sampling, state.runs, block, block_pairs, launch_s, state.elapsed)
         if stop is not None:
             break
-        started, first = clock(), len(runs.base)
-        with launch(block) as (base, head):
-            for i in range(sampling.warmup):  # HEAD, then BASE: pair 0 starts with the side that ran last
-                head.run(placement=i)
-                base.run(placement=i)
-            launch_s = clock() - started
-            while len(runs.base) - first < min(block_pairs, sampling.max_pairs - first):
-                _run_pair(base, head, runs, len(runs.base) - first, block)
-                if on_pair is not None:
-                    on_pair(len(runs.base), block + 1, _e2e(verdicts))
-                if sampling.launches == 1:
-                    if _judge_now(len(runs.base), sampling.min_pairs):
-                        verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
-                        if _decided(verdicts):
-                            break
-                    if clock() - begun + _pair_s(runs, first) > sampling.max_time_s:
-                        stop = Stop.TIME
-                        break
-                elif (
-                    block == 0
-                ):  # the first block too: as long in pairs as its launch took, once a pair says what one costs
-                    block_pairs = sampling.next_block_pairs(launch_s, _pair_s(runs, first), 0, 0)
+        first = len(state.runs.base)
+        launch_s, stop = state.block(launch, block, block_pairs)
         block += 1
-        block_pairs = sampling.next_block_pairs(launch_s, _pair_s(runs, first), len(runs.base), block)
-        if block >= sampling.launches and len(runs.base) >= sampling.min_pairs:
-            verdicts, unpaired = runs.judge(tolerances, sampling.confidence)
+        block_pairs = sampling.next_block_pairs(launch_s, _pair_s(state.runs, first), len(state.runs.base), block)
+        if block >= sampling.launches and len(state.runs.base) >= sampling.min_pairs:
+            state.judge()
         if stop == Stop.TIME:
             break
+    runs = state.runs
     return Comparison(
         len(runs.base),
-        verdicts,
-        unpaired,
-        runs.samples([v.label for v in verdicts]),
+        state.verdicts,
+        state.unpaired,
+        runs.samples([v.label for v in state.verdicts]),
         {"base": _peak_mb(runs.base), "head": _peak_mb(runs.head)},
-        stop=Stop.DECIDED if verdicts and _decided(verdicts) else stop or Stop.PAIRS,
+        stop=Stop.DECIDED if state.decided else stop or Stop.PAIRS,
         launches=block,
-        seconds=clock() - begun,
+        seconds=state.elapsed,
     )
+
+
+@dataclass
+class _Sampler:
+    """What an A/B has gathered so far, and one launch block of it at a time."""
+
+    sampling: Sampling
+    tolerances: Tolerances
+    on_pair: Callable[[int, int, FigureVerdict | None], None]
+    clock: Callable[[], float]
+    runs: _Runs = field(default_factory=_Runs)
+    verdicts: list[FigureVerdict] = field(default_factory=list)
+    unpaired: dict[str, str] = field(default_factory=dict)
+    begun: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.begun = self.clock()
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self.begun
+
+    @property
+    def decided(self) -> bool:
+        return bool(self.verdicts) and _decided(self.verdicts)
+
+    def judge(self) -> None:
+        self.verdicts, self.unpaired = self.runs.judge(self.tolerances, self.sampling.confidence)
+
+    def block(self, launch: Launcher, block: int, block_pairs: int) -> tuple[float, Stop | None]:
+        """Launch block ``block``: both sides started, warmed up (HEAD, then BASE: pair 0 starts with the side that ran
+        last), then its pairs; what the launch took, and Stop.TIME where one launch ran out of time."""
+        sampling, runs, first, started = self.sampling, self.runs, len(self.runs.base), self.clock()
+        with launch(block) as (base, head):
+            for i in range(sampling.warmup):
+                head.run(placement=i)
+                base.run(placement=i)
+            launch_s = self.clock() - started
+            while len(runs.base) - first < min(block_pairs, sampling.max_pairs - first):
+                _run_pair(base, head, runs, len(runs.base) - first, block)
+                self.on_pair(len(runs.base), block + 1, _e2e(self.verdicts))
+                if sampling.launches > 1:
+                    if block == 0:  # as long in pairs as its launch took, once a pair says what one costs
+                        block_pairs = sampling.next_block_pairs(launch_s, _pair_s(runs, first), 0, 0)
+                    continue
+                if _judge_now(len(runs.base), sampling.min_pairs):
+                    self.judge()
+                    if self.decided:
+                        break
+                if self.elapsed + _pair_s(runs, first) > sampling.max_time_s:
+                    return launch_s, Stop.TIME
+        return launch_s, None
 
 
 def _out_of(
