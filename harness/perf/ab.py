@@ -5,8 +5,8 @@ both runs of a pair on the same cores: drift and a slow core cancel in a ratio, 
 each side runs once after itself and once after the other (a carry-over cancels). Once enough
 pairs and launches are in, every figure is judged (:func:`judge_figure`): passed when its interval
 ends within ``1 + tolerance`` (widened by ``abs_floor_ms``), failed when its Bonferroni-corrected
-interval starts beyond it. Sampling stops when every figure is decided or one failed, else at
-``max_pairs``: inconclusive. The method and its measured error rates: docs/perf.md.
+interval starts beyond it. Sampling stops when every figure is decided or one failed, else when
+``max_pairs`` or ``max_time_s`` runs out: inconclusive. The method and its measured error rates: docs/perf.md.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ ORDER = "ABBA"  # pair i runs BASE first when i is even, HEAD first when it is o
 
 @dataclass(frozen=True)
 class Sampling:
-    """How many runs an A/B makes: warm-up per side, the pairs before the first verdict, the cap, the confidence."""
+    """How many runs an A/B makes: warm-up per side, the pairs before the first verdict, the caps in pairs and in
+    seconds, the confidence, the launches."""
 
     warmup: int = 1
     min_pairs: int = 10
@@ -47,7 +48,7 @@ class Sampling:
 
     @property
     def block_pairs(self) -> int:
-        """Pairs of the first launch block: ``min_pairs`` spread over ``launches``, rounded up to even (whole ABBA
+        """Pairs of a launch block at least: ``min_pairs`` spread over ``launches``, rounded up to even (whole ABBA
         quartets); with one launch, every pair."""
         if self.launches == 1:
             return self.max_pairs
