@@ -6,6 +6,7 @@ import argparse
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from harness.contracts.params import MAX_WORLD_SIZE
 from harness.contracts.runner import RunOptions
@@ -202,55 +203,28 @@ def fraction(text: str) -> float:
 
 
 def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
-    """How an A/B samples (``--{prefix}warmup``, ``min-pairs``, ``max-pairs``, ``confidence``, ``inconclusive``)."""
+    """How an A/B samples (``--{prefix}warmup``, ``min-pairs``, ``max-pairs``, ``max-time``, ``launches``,
+    ``confidence``, ``inconclusive``), one :class:`~harness.perf.ab.Sampling` field each."""
     from harness.gate.stage import INCONCLUSIVE_POLICIES
     from harness.perf.ab import Sampling
 
     d = Sampling()
-    group.add_argument(
-        f"--{prefix}warmup",
-        type=count(0),
-        default=d.warmup,
-        metavar="N",
-        help=f"untimed warm-up runs per side and case (default {d.warmup})",
-    )
-    group.add_argument(
-        f"--{prefix}min-pairs",
-        type=count(1),
-        default=d.min_pairs,
-        metavar="N",
-        help=f"A/B: BASE+HEAD pairs before the first verdict (default {d.min_pairs})",
-    )
-    group.add_argument(
-        f"--{prefix}max-pairs",
-        type=count(1),
-        default=d.max_pairs,
-        metavar="N",
-        help=f"A/B: the most pairs per case; a figure still undecided then is inconclusive (default {d.max_pairs})",
-    )
-    group.add_argument(
-        f"--{prefix}max-time",
-        type=seconds,
-        default=d.max_time_s,
-        metavar="S",
-        help=f"A/B: seconds per case at most, launches included; no launch block (or pair) is started that would end "
-        f"later, and a figure still undecided then is inconclusive (default {d.max_time_s:g})",
-    )
-    group.add_argument(
-        f"--{prefix}launches",
-        type=count(1),
-        default=d.launches,
-        metavar="N",
-        help=f"A/B: start each side afresh (rank processes, a launched server) at least N times, pairs spread over "
-        f"the launches, so that one process's bias is not read as a difference (default {d.launches}; 1: one each)",
-    )
-    group.add_argument(
-        f"--{prefix}confidence",
-        type=fraction,
-        default=d.confidence,
-        metavar="C",
-        help=f"A/B: confidence of each figure's HEAD/BASE interval (default {d.confidence})",
-    )
+    options: list[tuple[str, Callable[[str], Any], object, str, str]] = [
+        ("warmup", count(0), d.warmup, "N", "untimed warm-up runs per side and case"),
+        ("min-pairs", count(1), d.min_pairs, "N", "A/B: BASE+HEAD pairs before the first verdict"),
+        ("max-pairs", count(1), d.max_pairs, "N", "A/B: the most pairs per case; a figure still undecided then is "
+         "inconclusive"),
+        ("max-time", seconds, d.max_time_s, "S", "A/B: seconds per case at most, launches included; no launch block "
+         "(or pair) is started that would end later, and a figure still undecided then is inconclusive"),
+        ("launches", count(1), d.launches, "N", "A/B: start each side afresh (rank processes, a launched server) at "
+         "least N times, pairs spread over the launches, so that one process's bias is not read as a difference "
+         "(1: one each)"),
+        ("confidence", fraction, d.confidence, "C", "A/B: confidence of each figure's HEAD/BASE interval"),
+    ]  # fmt: skip
+    for name, kind, default, metavar, text in options:
+        group.add_argument(
+            f"--{prefix}{name}", type=kind, default=default, metavar=metavar, help=f"{text} (default {default:g})"
+        )
     group.add_argument(
         f"--{prefix}inconclusive",
         choices=INCONCLUSIVE_POLICIES,

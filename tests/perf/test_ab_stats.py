@@ -30,6 +30,7 @@ from harness.perf.stats import (
     EXACT_PAIRS,
     MAX_PAIRS,
     RatioInterval,
+    _log_estimate,
     _signed_rank_counts,
     blocked_ratio,
     min_pairs,
@@ -349,6 +350,21 @@ def test_few_launch_blocks_get_student_t_over_their_estimates() -> None:
     assert (math.log(got.low), math.log(got.high)) == pytest.approx((low, high), rel=1e-9)
     assert math.log(got.ratio) == pytest.approx(np.mean(np.log(ratios)))
     assert got.pairs == 12 and blocked_ratio(base[:1], head[:1], 0.95) == paired_ratio(base[0], head[0], 0.95)
+
+
+def test_blocks_that_agree_by_chance_do_not_narrow_the_interval_below_the_pairs_own() -> None:
+    """Three blocks whose quartets scatter ±20 % around the same 1.01: Student's t over their three equal estimates has
+    no width, the pairs pooled over the blocks do; the interval is theirs (the signed-rank interval of every block's
+    quartet sums as the oracle), as it was for 3 of 40 runs on two cores whose intervals over blocks missed 1.0."""
+    base = [[10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0]] * 3
+    head = [[10.1 * f for f in (1.2, 1.2, 1 / 1.2, 1 / 1.2, 1.1, 1.1, 1 / 1.1, 1 / 1.1)]] * 3
+    got = blocked_ratio(base, head, 0.95)
+    units_b = [20.0] * 12
+    units_h = [sum(h[i : i + 2]) for h in head for i in range(0, 8, 2)]
+    pooled = paired_ratio(units_b, units_h, 0.95)
+    assert got is not None and pooled is not None and got.low < got.ratio < got.high
+    assert (got.low, got.high) == (pooled.low, pooled.high)
+    assert got.ratio == pytest.approx(math.exp(_log_estimate(base[0], head[0])))
 
 
 def test_enough_launch_blocks_get_the_signed_rank_interval_which_an_outlier_block_moves_little() -> None:
