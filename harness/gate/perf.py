@@ -16,8 +16,9 @@ import contextlib
 import dataclasses
 import functools
 import math
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from harness.baselines.perf import AB_PROFILE, E2E, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
@@ -267,12 +268,16 @@ def _launched(
     pools of their own (block 0's are the ones the stage prestarted), a server launched anew; all ended on exit."""
     order = (BASE, HEAD) if block % 2 == 0 else (HEAD, BASE)
     tags = {side: POOL_TAGS[side] + (f"-{block}" if block else "") for side in order}
+
+    def start(side: str) -> Session:
+        return Session(specs[side], ctx.pools, tag=tags[side], timeout=timeout)
+
     try:
         with contextlib.ExitStack() as stack:
-            sessions = {
-                side: stack.enter_context(Session(specs[side], ctx.pools, tag=tags[side], timeout=timeout))
-                for side in order
-            }
+            if any(specs[side].in_ranks for side in order):  # rank pools start one at a time
+                sessions = {side: stack.enter_context(start(side)) for side in order}
+            else:  # two servers (or commands) start side by side: a launch costs the slower start, not both
+                sessions = _started_together(stack, order, start)
             yield sessions[BASE], sessions[HEAD]
     finally:
         for side in order:
@@ -280,6 +285,56 @@ def _launched(
                 ctx.pools.release(specs[side].world_size, tags[side])
             else:
                 specs[side].pipeline.stop()
+
+
+def _started_together(
+    stack: contextlib.ExitStack, order: Sequence[str], start: Callable[[str], Session]
+) -> dict[str, Session]:
+    """Every side's session started at once, each by an :class:`_Owner` thread that ``stack`` ends (closing it);
+    the first failure is raised once every start has ended."""
+    owners = {side: _Owner(functools.partial(start, side), f"parity-launch-{side}") for side in order}
+    for owner in owners.values():
+        owner.start()
+    for owner in owners.values():
+        owner.ready.wait()
+        if owner.session is not None:
+            stack.callback(owner.finish)
+    failed = next((o.error for o in owners.values() if o.error is not None), None)
+    if failed is not None:
+        raise failed
+    return {side: owner.session for side, owner in owners.items() if owner.session is not None}
+
+
+class _Owner(threading.Thread):
+    """A daemon thread that starts one session, keeps it until :meth:`finish`, then closes it. A launched server's
+    keeper takes the death of the thread that started it for parity's (Linux's parent-death signal follows the
+    thread), so that thread lives as long as the server; on Ctrl-C parity exits without waiting for it."""
+
+    def __init__(self, start: Callable[[], Session], name: str) -> None:
+        super().__init__(daemon=True, name=name)
+        self._start_session, self.ready, self._done = start, threading.Event(), threading.Event()
+        self.session: Session | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.session = self._start_session()
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by _started_together
+            self.error = exc
+        self.ready.set()
+        if self.session is not None:
+            self._done.wait()
+            try:
+                self.session.close()
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by finish
+                self.error = exc
+
+    def finish(self) -> None:
+        """Close the session in its thread and wait for that; its failure, if any, is raised here."""
+        self._done.set()
+        self.join()
+        if self.error is not None:
+            raise self.error
 
 
 class _Progress:
