@@ -277,7 +277,7 @@ def _launched(
             if any(specs[side].in_ranks for side in order):  # rank pools start one at a time
                 sessions = {side: stack.enter_context(start(side)) for side in order}
             else:  # two servers (or commands) start side by side: a launch costs the slower start, not both
-                sessions = _started_together(stack, order, start)
+                sessions = _started_together(stack, order, start, lambda side: specs[side].pipeline.stop())
             yield sessions[BASE], sessions[HEAD]
     finally:
         for side in order:
@@ -288,11 +288,17 @@ def _launched(
 
 
 def _started_together(
-    stack: contextlib.ExitStack, order: Sequence[str], start: Callable[[str], Session]
+    stack: contextlib.ExitStack,
+    order: Sequence[str],
+    start: Callable[[str], Session],
+    stop: Callable[[str], None],
 ) -> dict[str, Session]:
-    """Every side's session started at once, each by an :class:`_Owner` thread that ``stack`` ends (closing it);
-    the first failure is raised once every start has ended."""
-    owners = {side: _Owner(functools.partial(start, side), f"parity-launch-{side}") for side in order}
+    """Every side's session started at once, each by an :class:`_Owner` thread that ``stack`` ends (closing it, then
+    ``stop(side)``: what the side launched); the first failure is raised once every start has ended."""
+    owners = {
+        side: _Owner(functools.partial(start, side), functools.partial(stop, side), f"parity-launch-{side}")
+        for side in order
+    }
     for owner in owners.values():
         owner.start()
     for owner in owners.values():
@@ -306,13 +312,14 @@ def _started_together(
 
 
 class _Owner(threading.Thread):
-    """A daemon thread that starts one session, keeps it until :meth:`finish`, then closes it. A launched server's
-    keeper takes the death of the thread that started it for parity's (Linux's parent-death signal follows the
-    thread), so that thread lives as long as the server; on Ctrl-C parity exits without waiting for it."""
+    """A daemon thread that starts one session, keeps it until :meth:`finish`, then closes it and calls ``stop``. A
+    launched server's keeper takes the end of the thread that started it for parity's death (Linux's parent-death
+    signal follows the thread), so that thread lives until the server is stopped; on Ctrl-C parity exits without
+    waiting for it."""
 
-    def __init__(self, start: Callable[[], Session], name: str) -> None:
+    def __init__(self, start: Callable[[], Session], stop: Callable[[], None], name: str) -> None:
         super().__init__(daemon=True, name=name)
-        self._start_session, self.ready, self._done = start, threading.Event(), threading.Event()
+        self._start_session, self._stop, self.ready, self._done = start, stop, threading.Event(), threading.Event()
         self.session: Session | None = None
         self.error: BaseException | None = None
 
@@ -328,6 +335,10 @@ class _Owner(threading.Thread):
                 self.session.close()
             except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by finish
                 self.error = exc
+        try:
+            self._stop()
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by finish
+            self.error = self.error or exc
 
     def finish(self) -> None:
         """Close the session in its thread and wait for that; its failure, if any, is raised here."""
