@@ -300,32 +300,34 @@ def _started_together(
         for side in order
     }
     for owner in owners.values():
-        owner.start()
+        owner.thread.start()
     for owner in owners.values():
         owner.ready.wait()
         if owner.session is not None:
             stack.callback(owner.finish)
+        else:  # it failed: its thread stops what it launched and ends
+            owner.thread.join()
     failed = next((o.error for o in owners.values() if o.error is not None), None)
     if failed is not None:
         raise failed
     return {side: owner.session for side, owner in owners.items() if owner.session is not None}
 
 
-class _Owner(threading.Thread):
+class _Owner:
     """A daemon thread that starts one session, keeps it until :meth:`finish`, then closes it and calls ``stop``. A
     launched server's keeper takes the end of the thread that started it for parity's death (Linux's parent-death
     signal follows the thread), so that thread lives until the server is stopped; on Ctrl-C parity exits without
     waiting for it."""
 
     def __init__(self, start: Callable[[], Session], stop: Callable[[], None], name: str) -> None:
-        super().__init__(daemon=True, name=name)
-        self._start_session, self._stop, self.ready, self._done = start, stop, threading.Event(), threading.Event()
+        self._begin, self._end, self.ready, self._done = start, stop, threading.Event(), threading.Event()
         self.session: Session | None = None
         self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._own, daemon=True, name=name)
 
-    def run(self) -> None:
+    def _own(self) -> None:
         try:
-            self.session = self._start_session()
+            self.session = self._begin()
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by _started_together
             self.error = exc
         self.ready.set()
@@ -336,14 +338,14 @@ class _Owner(threading.Thread):
             except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by finish
                 self.error = exc
         try:
-            self._stop()
+            self._end()
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by finish
             self.error = self.error or exc
 
     def finish(self) -> None:
         """Close the session in its thread and wait for that; its failure, if any, is raised here."""
         self._done.set()
-        self.join()
+        self.thread.join()
         if self.error is not None:
             raise self.error
 
