@@ -12,13 +12,9 @@ cases of ``<cases>/perf`` unless the caller times pipelines only.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import math
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from harness.baselines.perf import AB_PROFILE, E2E, PERF_BASE_FILE, PerfBaselines, PerfCheck, check_perf
@@ -29,23 +25,21 @@ from harness.cases.image import ImageCase, check_case_on, image_case_dir, load_i
 from harness.contracts.case import Case
 from harness.files.reading import is_directory_present, is_present
 from harness.gate.contracts import run_contract_cases
+from harness.gate.perf_ab import POOL_TAGS, Progress, ab_result, launched, next_step
 from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_case
 from harness.perf import absolute
-from harness.perf.ab import ORDER, Comparison, FigureVerdict, Stop, compare
-from harness.perf.figures import WALL, family
-from harness.perf.sides import BASE, HEAD, Revisions, versus
-from harness.perf.stats import BLOCK_METHOD, MAX_PAIRS, METHOD
+from harness.perf.ab import ORDER, compare
+from harness.perf.figures import WALL
+from harness.perf.sides import BASE, HEAD, Revisions
 from harness.pipelines.sessions import PipelineRun, Session
-from harness.project.hints import carried_options, command
+from harness.project.hints import command
 from harness.report.console import Column, figure_column, print_results
 from harness.results import FAILED, INCONCLUSIVE, PASSED, SKIPPED, CaseResult, StageResult, summary_line
 from harness.targets.spec import TargetSpec
 
 DEFAULT_CASE_TIMEOUT_S = 600.0
-PROGRESS_EVERY_S = 5.0  # a line at most this often, so one comes at least every 10 s while pairs take under 5 s
 RATIO_CASES_DIR = "perf"
 ABSOLUTE_PROFILE = "pr_test"
-POOL_TAGS = {BASE: "perf-base", HEAD: "perf-head"}
 ABSOLUTE_COLUMNS: tuple[Column, ...] = (
     figure_column("e2e ms", "e2e_ms"),
     figure_column("expected", "expected_e2e_ms"),
@@ -202,14 +196,14 @@ class PerfStage:
 
             def judge(case: ImageCase) -> CaseResult:
                 (base_spec, _), (head_spec, _) = runs_of(case)
-                launcher = functools.partial(_launched, ctx, {BASE: base_spec, HEAD: head_spec}, timeout)
-                progress = _Progress(ctx, case.id)
+                launcher = functools.partial(launched, ctx, {BASE: base_spec, HEAD: head_spec}, timeout)
+                progress = Progress(ctx, case.id)
                 per_run = base_spec.pipeline.process_per_run and head_spec.pipeline.process_per_run
                 sampling = dataclasses.replace(perf.sampling, launches=1) if per_run else perf.sampling
                 comparison = compare(launcher, sampling, tolerances, progress)
                 result = ab_result(case, comparison, base, heads[case.id], sampling.confidence, tolerances, per_run)
                 if result.status == INCONCLUSIVE:  # the sides as given: a rev: side resolves again when run
-                    result.reason = f"{result.reason}; {_next_step(ctx, case, perf.base, case.target, comparison)}"
+                    result.reason = f"{result.reason}; {next_step(ctx, case, perf.base, case.target, comparison)}"
                 return result
 
             results, wall = run_each_case(ctx, self.name, cases, "perf", judge, runs_of)
@@ -258,138 +252,6 @@ class PerfStage:
             "profile": perf.profile or ABSOLUTE_PROFILE,
         }
         return StageResult(self.name, results, wall, extra=extra, top_level={"perf": measured_all})
-
-
-@contextlib.contextmanager
-def _launched(
-    ctx: GateContext, specs: dict[str, PipelineRun], timeout: float, block: int
-) -> Iterator[tuple[Session, Session]]:
-    """Both sides started afresh for launch block ``block`` (BASE first in even blocks, HEAD first in odd ones): rank
-    pools of their own (block 0's are the ones the stage prestarted), a server launched anew; all ended on exit."""
-    order = (BASE, HEAD) if block % 2 == 0 else (HEAD, BASE)
-    tags = {side: POOL_TAGS[side] + (f"-{block}" if block else "") for side in order}
-
-    def start(side: str) -> Session:
-        return Session(specs[side], ctx.pools, tag=tags[side], timeout=timeout)
-
-    try:
-        with contextlib.ExitStack() as stack:
-            if any(specs[side].in_ranks for side in order):  # rank pools start one at a time
-                sessions = {side: stack.enter_context(start(side)) for side in order}
-            else:  # two servers (or commands) start side by side: a launch costs the slower start, not both
-                sessions = _started_together(stack, order, start, lambda side: specs[side].pipeline.stop())
-            yield sessions[BASE], sessions[HEAD]
-    finally:
-        for side in order:
-            if specs[side].in_ranks:
-                ctx.pools.release(specs[side].world_size, tags[side])
-            else:
-                specs[side].pipeline.stop()
-
-
-def _started_together(
-    stack: contextlib.ExitStack,
-    order: Sequence[str],
-    start: Callable[[str], Session],
-    stop: Callable[[str], None],
-) -> dict[str, Session]:
-    """Every side's session started at once, each by an :class:`_Owner` thread that ``stack`` ends (closing it, then
-    ``stop(side)``: what the side launched); the first failure is raised once every start has ended."""
-    owners = {
-        side: _Owner(functools.partial(start, side), functools.partial(stop, side), f"parity-launch-{side}")
-        for side in order
-    }
-    for owner in owners.values():
-        owner.thread.start()
-    for owner in owners.values():
-        owner.ready.wait()
-        if owner.session is not None:
-            stack.callback(owner.finish)
-        else:  # it failed: its thread stops what it launched and ends
-            owner.thread.join()
-    failed = next((o.error for o in owners.values() if o.error is not None), None)
-    if failed is not None:
-        raise failed
-    return {side: owner.session for side, owner in owners.items() if owner.session is not None}
-
-
-class _Owner:
-    """A daemon thread that starts one session, keeps it until :meth:`finish`, then closes it and calls ``stop``. A
-    launched server's keeper takes the end of the thread that started it for parity's death (Linux's parent-death
-    signal follows the thread), so that thread lives until the server is stopped; on Ctrl-C parity exits without
-    waiting for it."""
-
-    def __init__(self, start: Callable[[], Session], stop: Callable[[], None], name: str) -> None:
-        self._begin, self._end, self.ready, self._done = start, stop, threading.Event(), threading.Event()
-        self.session: Session | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._own, daemon=True, name=name)
-
-    def _own(self) -> None:
-        try:
-            self.session = self._begin()
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by _started_together
-            self.error = exc
-        self.ready.set()
-        if self.session is not None:
-            self._done.wait()
-            try:
-                self.session.close()
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by finish
-                self.error = exc
-        try:
-            self._end()
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread by finish
-            self.error = self.error or exc
-
-    def finish(self) -> None:
-        """Close the session in its thread and wait for that; its failure, if any, is raised here."""
-        self._done.set()
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-
-
-class _Progress:
-    """A line on stderr every :data:`PROGRESS_EVERY_S` of an A/B: pairs, launches, e2e so far."""
-
-    def __init__(self, ctx: GateContext, case_id: str) -> None:
-        self.ctx, self.case_id, self.last = ctx, case_id, time.monotonic()
-
-    def __call__(self, pairs: int, launches: int, e2e: FigureVerdict | None) -> None:
-        if time.monotonic() - self.last < PROGRESS_EVERY_S:
-            return
-        self.last = time.monotonic()
-        shown = e2e.describe() if e2e is not None else "no verdict yet"
-        self.ctx.err.print(
-            f"perf {self.case_id}: {pairs} pairs, launch {launches}: {shown}", markup=False, highlight=False
-        )
-
-
-def _next_step(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetSpec, comparison: Comparison) -> str:
-    """What would decide an inconclusive case: ``parity perf`` of it with the pairs and time the noise so far says it
-    needs, or, where that is beyond parity's most pairs, steadier runs or a wider tolerance."""
-    sampling = ctx.options.perf.sampling
-    needed = comparison.pairs_to_decide()
-    if needed <= MAX_PAIRS and comparison.verdicts:
-        pairs = max(needed, sampling.max_pairs)
-        seconds = math.ceil(max(sampling.max_time_s, 1.2 * comparison.seconds * needed / max(1, comparison.pairs)))
-        argv = ["perf", base.name, head.name, case.id]
-        for option, side in (("--base-arg", base), ("--head-arg", head)):
-            argv += [f"{option}={k}={v}" for k, v in side.args]
-        o = ctx.options
-        where = carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device)
-        more = [*argv, "--max-pairs", str(pairs), "--max-time", str(seconds)]
-        return f"to decide it (about {needed} pairs at this noise): {command(more, where)}"
-    if not comparison.verdicts:
-        return f"no figure was judged within --max-time {sampling.max_time_s:g}: give it more time"
-    label = comparison.undecided[0].label
-    return (
-        f"no more pairs decide it here: {label} moves ±{comparison.pair_noise(label):.0%} a pair on this machine, "
-        f"too much for {MAX_PAIRS} pairs (parity's most) to bound within its tolerance; time it where runs are "
-        f"steadier (fewer ranks per core, a quieter machine) or widen the tolerance "
-        f"(PARITY_PERF_TOL_{family(label).upper()})"
-    )
 
 
 def base_run(side: TargetSpec, case: ImageCase, instance: str = "") -> PipelineRun:
@@ -443,75 +305,3 @@ def _judge_absolute(
     )
     result.bound = f"{len(checks)} raw values within their tolerance of the stored baseline"
     return result
-
-
-def _launches(n: int, per_run: bool) -> str:
-    return "a process per run" if per_run else f"{n} launch{'es' if n > 1 else ''} of each side"
-
-
-def _headline(comparison: Comparison) -> dict[str, float]:
-    """e2e and parity's wall clock as flat figures (``e2e_ratio``, ``wall_ratio_low``, ...), where judged."""
-    flat: dict[str, float] = {}
-    for key, label in (("e2e", E2E), ("wall", WALL)):
-        verdict = comparison.verdict(label)
-        if verdict is not None and verdict.interval is not None:
-            i = verdict.interval
-            flat |= {f"{key}_base_ms": verdict.base_ms, f"{key}_head_ms": verdict.head_ms, f"{key}_ratio": i.ratio}
-            flat |= {f"{key}_ratio_low": i.low, f"{key}_ratio_high": i.high}
-    return flat
-
-
-def ab_result(
-    case: ImageCase,
-    comparison: Comparison,
-    base: TargetSpec,
-    head: TargetSpec,
-    confidence: float,
-    tolerances: Tolerances,
-    per_run: bool = False,
-) -> CaseResult:
-    """An A/B as a case result: failed if any figure is slower beyond its limit, inconclusive if any is undecided.
-    ``per_run``: both sides start a process per run, so one block spreads process bias over every run."""
-    figures: dict[str, Any] = {
-        "mode": "ab",
-        "pairs": comparison.pairs,
-        "launches": comparison.launches,
-        "stopped": str(comparison.stop),
-        "sampling_s": round(comparison.seconds, 3),
-        "process_per_run": per_run,
-        "confidence": confidence,
-        "method": METHOD if comparison.launches == 1 else BLOCK_METHOD,
-        "order": ORDER,
-        "base": base.describe(),
-        "head": head.describe(),
-        **_headline(comparison),
-        "figures_judged": {v.label: v.to_json() for v in comparison.verdicts},
-        "unpaired": comparison.unpaired,
-        "peak_memory_mb": comparison.peak_memory_mb,
-        "tolerances": dataclasses.asdict(tolerances),
-        "samples": comparison.samples,
-    }
-    result = CaseResult(
-        case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=versus(base, head), figures=figures
-    )
-    result.bound = (
-        f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "
-        f"({comparison.pairs} {ORDER} pairs over {_launches(comparison.launches, per_run)})"
-    )
-    if comparison.failed:
-        result.status = FAILED
-        result.reason = "HEAD is slower than BASE: " + "; ".join(v.describe() for v in comparison.failed)
-    elif comparison.undecided or not comparison.verdicts:
-        result.status = INCONCLUSIVE
-        shown = "; ".join(v.describe() for v in comparison.undecided[:3]) or "no figure judged yet"
-        more = f"; and {len(comparison.undecided) - 3} more" if len(comparison.undecided) > 3 else ""
-        over = _launches(comparison.launches, per_run)
-        result.reason = f"undecided after {comparison.pairs} pairs over {over} ({_stopped(comparison)}): {shown}{more}"
-    return result
-
-
-def _stopped(comparison: Comparison) -> str:
-    """What ended the sampling: ``--max-pairs`` or ``--max-time``, in the words of the options."""
-    if comparison.stop == Stop.TIME:
-        return f"{comparison.seconds:.0f} s, --max-time"
-    return "--max-pairs"

@@ -138,8 +138,9 @@ def blocked_ratio(
     where there are blocks enough (an outlier block moves it little), else Student's t (K - 1 df).
     That spread only adds to the pairs' noise, so the interval is at least as wide as the one every
     block's quartets give pooled: a few blocks that agree by chance do not narrow it below the pairs'
-    own (measured: 3 of 40 intervals over blocks on two cores missed 1.0 that way). One block: the
-    pairs' own interval (:func:`paired_ratio`), the bias not covered.
+    own (measured: 3 of 40 intervals over blocks on two cores missed 1.0 that way), and there is none
+    while the quartets are too few for one at ``confidence`` (a failure claimed at a corrected confidence
+    waits for them). One block: the pairs' own interval (:func:`paired_ratio`), the bias not covered.
     """
     if len(base) != len(head):
         raise ValueError(f"{len(base)} BASE blocks for {len(head)} HEAD blocks")
@@ -150,7 +151,9 @@ def blocked_ratio(
     over = _over_blocks([_log_estimate(b, h) for b, h in zip(base, head)], confidence)
     units = [u for b, h in zip(base, head) for u in _units(b, h)]
     pooled = paired_ratio([b for b, _ in units], [h for _, h in units], confidence)
-    low, high = (over.low, over.high) if pooled is None else (min(over.low, pooled.low), max(over.high, pooled.high))
+    if pooled is None:  # too few quartets for an interval at this confidence: none over the blocks either
+        return None
+    low, high = min(over.low, pooled.low), max(over.high, pooled.high)
     return RatioInterval(over.ratio, low, high, over.coverage, sum(len(b) for b in base))
 
 

@@ -264,7 +264,7 @@ def flat(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("9:11.6", (*ONE, "--max-time", "1e-6"), "inconclusive", 1),  # the time allowed ends after one pair
         ("9:11.6", (*ONE, "--max-pairs", "12", "--inconclusive", "pass"), "passed", 12),
         ("10", (), "passed", 12),  # 3 launches of 4 pairs, every block 1.0: decided at the end of the third
-        ("11", (), "failed", 12),
+        ("11", (), "failed", 16),  # a failure claimed at 1 - 0.05 / 4 needs 8 quartets: a fourth launch
     ],
     ids=[
         "equal",

@@ -1,6 +1,6 @@
-"""Two sides of a launch block that run outside rank groups start side by side (gate/perf.py ``_started_together``):
-each in a thread that also closes and stops it, since a launched server's keeper takes the end of the thread that
-started it for parity's death. Checked with sessions that record their threads: no wall-clock bound."""
+"""Two sides of a launch block that run outside rank groups start side by side (``start_side_by_side``): each in a
+thread that also closes and stops it, since a launched server's keeper takes the end of the thread that started it
+for parity's death. Checked with sessions that record their threads: no wall-clock bound."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from harness.gate.perf import _started_together
+from harness.pipelines.side_by_side import start_side_by_side
 
 
 class Recorded:
@@ -43,7 +43,7 @@ def test_both_sides_start_at_once_and_each_ends_in_the_thread_that_started_it() 
         log.append(("stop", side, threading.current_thread().name))
 
     with contextlib.ExitStack() as stack:
-        sessions = _started_together(stack, ("base", "head"), start, stop)  # type: ignore[arg-type]
+        sessions = start_side_by_side(stack, ("base", "head"), start, stop)  # type: ignore[arg-type]
         assert set(sessions) == {"base", "head"} and not any(event == "close" for event, _, _ in log)
     threads = {side: {thread for _, s, thread in log if s == side} for side in ("base", "head")}
     assert threads == {"base": {"parity-launch-base"}, "head": {"parity-launch-head"}}, log
@@ -62,7 +62,7 @@ def test_a_side_that_fails_to_start_is_raised_and_the_other_is_closed_and_stoppe
         log.append(("stop", side, threading.current_thread().name))
 
     with pytest.raises(RuntimeError, match="exited before it was ready"), contextlib.ExitStack() as stack:
-        _started_together(stack, ("base", "head"), start, stop)  # type: ignore[arg-type]
+        start_side_by_side(stack, ("base", "head"), start, stop)  # type: ignore[arg-type]
     events = [(event, side) for event, side, _ in log]
     assert ("start", "base") in events and ("close", "base") in events
     assert {("stop", "base"), ("stop", "head")} <= set(events)  # what the failed side launched is stopped too
