@@ -26,9 +26,7 @@ from harness.perf.figures import family, run_figures
 from harness.perf.stats import EXACT_PAIRS, MAX_PAIRS, RatioInterval, blocked_ratio, min_pairs
 from harness.pipelines.sessions import TimedRun
 
-MAX_BLOCK_PAIRS = (
-    32  # a block's pairs at most: blocks of a launch's cost in pairs, up to this, see the launches' spread
-)
+MAX_BLOCK_PAIRS = 32  # a block's pairs at most (a block lasts about its launch's cost, up to this many pairs)
 
 ORDER = "ABBA"  # pair i runs BASE first when i is even, HEAD first when it is odd
 

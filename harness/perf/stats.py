@@ -17,8 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-METHOD = "Hodges-Lehmann ratio of paired runs, Wilcoxon signed-rank interval (exact)"
-BLOCK_METHOD = "Hodges-Lehmann ratio of each launch block's paired runs, Student t interval over the blocks' estimates"
+METHOD = "Hodges-Lehmann ratio of paired runs, Wilcoxon signed-rank interval (exact to 200 pairs, normal beyond)"
+BLOCK_METHOD = (
+    "Hodges-Lehmann ratio of each launch block's paired runs, signed-rank (few blocks: Student t) interval over the "
+    "blocks' estimates, at least as wide as the pooled quartets'"
+)
 EXACT_PAIRS = 200  # the exact null distribution of n pairs takes O(n^3) steps to build: 0.3 s at 200
 MAX_PAIRS = 1000  # beyond EXACT_PAIRS the signed-rank sum's normal approximation (its tail error < 1e-4 there)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -16,7 +15,6 @@ import pytest
 
 from harness.baselines.perf import DEFAULT_AB_TOLERANCES
 from harness.perf.ab import (
-    MAX_BLOCK_PAIRS,
     Comparison,
     FigureStatus,
     FigureVerdict,
@@ -443,25 +441,27 @@ def test_a_block_times_pairs_about_as_long_as_its_launch_took(
     assert sampling.next_block_pairs(launch_s, pair_s, pairs_done, blocks_done) == block
 
 
-class SlowLaunches(BiasedLaunches):
-    """Launches that take at least 0.1 s each (a rank group's start) around scripted ~11 ms runs."""
+def test_blocks_grow_with_what_a_launch_costs() -> None:
+    """Launches of 0.1 s (dear here) against pairs of 22 ms on a scripted clock size every block to 0.1 / 0.022 pairs
+    rounded up to whole quartets (6): the first too, past the 4 that spread min_pairs over the launches, once a pair
+    says what one costs."""
+    clock = Clock()
+
+    class Timed(ScriptedSession):
+        def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
+            timed = super().run(placement=placement)
+            clock.now += timed.wall_ms / 1000
+            return timed
 
     @contextlib.contextmanager
-    def __call__(self, block: int) -> Iterator[tuple[Runner, Runner]]:
-        time.sleep(0.1)
-        with super().__call__(block) as sides:
-            yield sides
+    def launch(block: int) -> Iterator[tuple[Runner, Runner]]:
+        clock.now += 0.1
+        yield Timed("B", [10.0], []), Timed("H", [10.0], [])
 
-
-def test_blocks_grow_with_what_a_launch_costs() -> None:
-    """A launch of >= 0.1 s (dear here) against pairs of ~22 ms sizes every block to at least 0.1 / 0.022 pairs, at
-    most MAX_BLOCK_PAIRS: the first too (past the 4 that spread min_pairs over the launches), once a pair says what
-    one costs."""
     sampling = Sampling(warmup=0, min_pairs=10, max_pairs=40, launches=3, dear_launch_s=0.05)
-    comparison = compare(SlowLaunches([1.0], []), sampling, DEFAULT_AB_TOLERANCES)
+    comparison = compare(launch, sampling, DEFAULT_AB_TOLERANCES, clock=clock)
     launches = comparison.samples["expected_e2e_ms"]["launch"]
-    sizes = [launches.count(b) for b in range(comparison.launches)]
-    assert all(6 <= n <= MAX_BLOCK_PAIRS for n in sizes[:2]), sizes
+    assert [launches.count(b) for b in range(comparison.launches)] == [6, 6, 6]
 
 
 def _verdict(ratio: float, low: float, high: float, claim_low: float, limit: float = 1.05) -> FigureVerdict:
