@@ -441,22 +441,40 @@ def test_a_block_times_pairs_about_as_long_as_its_launch_took(
     assert sampling.next_block_pairs(launch_s, pair_s, pairs_done, blocks_done) == block
 
 
+class Clock:
+    """A clock that only the scripted runs and launches move."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ClockedSession(ScriptedSession):
+    """A scripted session whose every run moves ``clock`` by the run's wall time (``wall_ms``, else the script's)."""
+
+    def __init__(self, name: str, times: list[float], clock: Clock, wall_ms: float | None = None) -> None:
+        super().__init__(name, times, [])
+        self.clock, self.wall_ms = clock, wall_ms
+
+    def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
+        timed = super().run(placement=placement)
+        wall_ms = timed.wall_ms if self.wall_ms is None else self.wall_ms
+        self.clock.now += wall_ms / 1000
+        return TimedRun(timed.timings, wall_ms, (), "not_measured")
+
+
 def test_blocks_grow_with_what_a_launch_costs() -> None:
     """Launches of 0.1 s (dear here) against pairs of 22 ms on a scripted clock size every block to 0.1 / 0.022 pairs
     rounded up to whole quartets (6): the first too, past the 4 that spread min_pairs over the launches, once a pair
     says what one costs."""
     clock = Clock()
 
-    class Timed(ScriptedSession):
-        def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
-            timed = super().run(placement=placement)
-            clock.now += timed.wall_ms / 1000
-            return timed
-
     @contextlib.contextmanager
     def launch(block: int) -> Iterator[tuple[Runner, Runner]]:
         clock.now += 0.1
-        yield Timed("B", [10.0], []), Timed("H", [10.0], [])
+        yield ClockedSession("B", [10.0], clock), ClockedSession("H", [10.0], clock)
 
     sampling = Sampling(warmup=0, min_pairs=10, max_pairs=40, launches=3, dear_launch_s=0.05)
     comparison = compare(launch, sampling, DEFAULT_AB_TOLERANCES, clock=clock)
@@ -492,32 +510,16 @@ def test_the_pairs_that_would_decide_an_open_figure_scale_with_its_interval(
     assert comparison.pairs_to_decide() == needed
 
 
-class Clock:
-    """A clock that only the scripted runs and launches move."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_no_block_is_started_that_would_end_past_the_time_allowed() -> None:
     """Launches of 10 s and runs of 1 s against 60 s: blocks as long in pairs as a launch (5 pairs, 6 in whole
     quartets: 22 s) while one ends in time: after the second (44 s) a third would end at 66 s, so sampling stops on
     time with a launch owed, undecided."""
     clock = Clock()
 
-    class Timed(ScriptedSession):
-        def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
-            clock.now += 1.0
-            timed = super().run(placement=placement)
-            return TimedRun(timed.timings, 1000.0, (), "not_measured")
-
     @contextlib.contextmanager
     def launch(block: int) -> Iterator[tuple[Runner, Runner]]:
         clock.now += 10.0
-        yield Timed("B", [10.0], []), Timed("H", [10.0], [])
+        yield ClockedSession("B", [10.0], clock, 1000.0), ClockedSession("H", [10.0], clock, 1000.0)
 
     sampling = Sampling(warmup=0, min_pairs=10, max_pairs=200, max_time_s=60.0, launches=3)
     comparison = compare(launch, sampling, DEFAULT_AB_TOLERANCES, clock=clock)
@@ -527,16 +529,8 @@ def test_no_block_is_started_that_would_end_past_the_time_allowed() -> None:
 
 def test_one_launch_stops_before_a_pair_that_would_end_past_the_time_allowed() -> None:
     clock = Clock()
-
-    class Timed(ScriptedSession):
-        def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
-            clock.now += 1.0
-            return TimedRun(super().run(placement=placement).timings, 1000.0, (), "not_measured")
-
-    log: list[str] = []
     sampling = Sampling(warmup=0, min_pairs=6, max_pairs=200, max_time_s=30.0, launches=1)
-    comparison = compare(
-        same(Timed("B", [10.0], log), Timed("H", [9.0, 11.6], log)), sampling, DEFAULT_AB_TOLERANCES, clock=clock
-    )
+    sides = ClockedSession("B", [10.0], clock, 1000.0), ClockedSession("H", [9.0, 11.6], clock, 1000.0)
+    comparison = compare(same(*sides), sampling, DEFAULT_AB_TOLERANCES, clock=clock)
     assert (comparison.stop, comparison.pairs) == (Stop.TIME, 15)  # pair 16 would end at 32 s: not started
     assert comparison.undecided and comparison.seconds == 30.0
