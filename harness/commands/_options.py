@@ -204,7 +204,8 @@ def fraction(text: str) -> float:
 
 def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
     """How an A/B samples (``--{prefix}warmup``, ``min-pairs``, ``max-pairs``, ``max-time``, ``launches``,
-    ``confidence``, ``inconclusive``), one :class:`~harness.perf.ab.Sampling` field each."""
+    ``confidence``, ``overlap-launches``, ``inconclusive``), one :class:`~harness.perf.ab.Sampling` field each but
+    the last."""
     from harness.gate.stage import INCONCLUSIVE_POLICIES
     from harness.perf.ab import Sampling
 
@@ -226,6 +227,13 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
             f"--{prefix}{name}", type=kind, default=default, metavar=metavar, help=f"{text} (default {default:g})"
         )
     group.add_argument(
+        f"--{prefix}overlap-launches",
+        action="store_true",
+        help="A/B of sides outside rank groups (servers): start each launch block's sides while the block before runs "
+        "its pairs, so that a launch costs its warm-up, not its start; both blocks' servers are alive at once, for a "
+        "machine with cores and device memory to spare (a start that fails beside a live block is retried after it)",
+    )
+    group.add_argument(
         f"--{prefix}inconclusive",
         choices=INCONCLUSIVE_POLICIES,
         default="fail",
@@ -246,6 +254,7 @@ def ab_sampling(args: argparse.Namespace, prefix: str):
             getattr(args, f"{dest}max_time"),
             getattr(args, f"{dest}confidence"),
             getattr(args, f"{dest}launches"),
+            overlap=getattr(args, f"{dest}overlap_launches"),
         )
     except SamplingError as exc:
         option = f"--{prefix}{exc.field.replace('_', '-')}"

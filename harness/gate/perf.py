@@ -28,7 +28,7 @@ from harness.gate.contracts import run_contract_cases
 from harness.gate.perf_ab import POOL_TAGS, Progress, ab_result, launched, next_step
 from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_case
 from harness.perf import absolute
-from harness.perf.ab import ORDER, compare
+from harness.perf.ab import ORDER, Sampling, compare
 from harness.perf.figures import WALL
 from harness.perf.sides import BASE, HEAD, Revisions
 from harness.pipelines.sessions import PipelineRun, Session
@@ -199,8 +199,10 @@ class PerfStage:
                 launcher = functools.partial(launched, ctx, {BASE: base_spec, HEAD: head_spec}, timeout)
                 progress = Progress(ctx, case.id)
                 per_run = base_spec.pipeline.process_per_run and head_spec.pipeline.process_per_run
-                sampling = dataclasses.replace(perf.sampling, launches=1) if per_run else perf.sampling
+                sampling = _case_sampling(perf.sampling, per_run, base_spec.in_ranks or head_spec.in_ranks)
                 comparison = compare(launcher, sampling, tolerances, progress)
+                if comparison.overlap_refused is not None:
+                    ctx.err.print(f"perf {case.id}: {comparison.overlap_refused}", markup=False, highlight=False)
                 result = ab_result(case, comparison, base, heads[case.id], sampling.confidence, tolerances, per_run)
                 if result.status == INCONCLUSIVE:  # the sides as given: a rev: side resolves again when run
                     result.reason = f"{result.reason}; {next_step(ctx, case, perf.base, case.target, comparison)}"
@@ -252,6 +254,14 @@ class PerfStage:
             "profile": perf.profile or ABSOLUTE_PROFILE,
         }
         return StageResult(self.name, results, wall, extra=extra, top_level={"perf": measured_all})
+
+
+def _case_sampling(sampling: Sampling, per_run: bool, in_ranks: bool) -> Sampling:
+    """A case's sampling: one launch where both sides start a process per run (each run is a launch); launches one
+    after the other where a side runs in rank groups (a pool started beside a timed one shares its cores)."""
+    if per_run:
+        sampling = dataclasses.replace(sampling, launches=1)
+    return dataclasses.replace(sampling, overlap=False) if in_ranks else sampling
 
 
 def base_run(side: TargetSpec, case: ImageCase, instance: str = "") -> PipelineRun:

@@ -33,8 +33,10 @@ def launched(
     ctx: GateContext, specs: dict[str, PipelineRun], timeout: float, block: int
 ) -> Iterator[tuple[Session, Session]]:
     """Both sides started afresh for launch block ``block`` (BASE first in even blocks, HEAD first in odd ones): rank
-    pools of their own (block 0's are the ones the stage prestarted), a server launched anew; all ended on exit."""
+    pools of their own (block 0's are the ones the stage prestarted), a server launched anew by a target instance of
+    its own (one per side and block parity: an overlapped start runs beside the block before); all ended on exit."""
     order = (BASE, HEAD) if block % 2 == 0 else (HEAD, BASE)
+    specs = {side: dataclasses.replace(run, instance=f"{run.instance}#{block % 2}") for side, run in specs.items()}
     tags = {side: POOL_TAGS[side] + (f"-{block}" if block else "") for side in order}
 
     def start(side: str) -> Session:
@@ -128,6 +130,7 @@ def ab_result(
         "mode": "ab",
         "pairs": comparison.pairs,
         "launches": comparison.launches,
+        "overlapped_launches": comparison.overlapped,
         "stopped": str(comparison.stop),
         "sampling_s": round(comparison.seconds, 3),
         "process_per_run": per_run,
@@ -143,6 +146,8 @@ def ab_result(
         "tolerances": dataclasses.asdict(tolerances),
         "samples": comparison.samples,
     }
+    if comparison.overlap_refused is not None:
+        figures["overlap_refused"] = comparison.overlap_refused
     result = CaseResult(
         case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=versus(base, head), figures=figures
     )

@@ -1,8 +1,9 @@
 """BASE and HEAD side by side: interleaved runs on the same devices, a ratio with an interval per figure, a verdict.
 
-Each launch block starts both sides afresh, warms them up (HEAD, then BASE), then runs ABBA pairs,
-both runs of a pair on the same cores: drift and a slow core cancel in a ratio, and in every quartet
-each side runs once after itself and once after the other (a carry-over cancels). Once enough
+Each launch block starts both sides afresh (overlapped: while the block before runs, :mod:`harness.perf.launches`),
+warms them up (HEAD, then BASE), then runs ABBA pairs, both runs of a pair on the same cores: drift and a slow core
+cancel in a ratio, and in every quartet each side runs once after itself and once after the other (a carry-over
+cancels). Once enough
 pairs and launches are in, every figure is judged (:func:`judge_figure`): passed when its interval
 ends within ``1 + tolerance`` (widened by ``abs_floor_ms``), failed when its Bonferroni-corrected
 interval starts beyond it. Sampling stops when every figure is decided or one failed, else when
@@ -15,14 +16,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from harness.baselines.perf import E2E
 from harness.baselines.tolerances import Tolerances
 from harness.perf.figures import family, run_figures
+from harness.perf.launches import Launcher, Launches, Runner
 from harness.perf.stats import EXACT_PAIRS, MAX_PAIRS, RatioInterval, blocked_ratio, min_pairs
 from harness.pipelines.sessions import TimedRun
 
@@ -34,7 +35,8 @@ ORDER = "ABBA"  # pair i runs BASE first when i is even, HEAD first when it is o
 @dataclass(frozen=True)
 class Sampling:
     """How many runs an A/B makes: warm-up per side, the pairs before the first verdict, the caps in pairs and in
-    seconds, the confidence, the launches."""
+    seconds, the confidence, the launches, and whether each launch starts while the one before runs its pairs
+    (:mod:`harness.perf.launches`)."""
 
     warmup: int = 1
     min_pairs: int = 10
@@ -43,6 +45,7 @@ class Sampling:
     confidence: float = 0.95
     launches: int = 3  # each side started afresh this many times at least (1: one process or server per side)
     dear_launch_s: float = 1.0  # a launch this long or longer sizes the next blocks by its cost (next_block_pairs)
+    overlap: bool = False  # start each launch block's sides while the block before runs its pairs
 
     @property
     def block_pairs(self) -> int:
@@ -186,6 +189,8 @@ class Comparison:
     stop: Stop = Stop.DECIDED  # why sampling ended
     launches: int = 1  # launch blocks: each side started afresh this many times
     seconds: float = 0.0  # how long sampling took, launches included
+    overlapped: int = 0  # launch blocks whose sides started while the block before ran its pairs
+    overlap_refused: str | None = None  # why overlapping launches was given up, if it was
 
     @property
     def capped(self) -> bool:
@@ -257,16 +262,6 @@ def _paired(base: list[dict[str, float]], head: list[dict[str, float]]) -> tuple
     return paired, unpaired
 
 
-class Runner(Protocol):
-    """One side of an A/B in one launch: a prepared pipeline that runs when asked (:class:`Session`)."""
-
-    def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun: ...
-
-
-#: ``launch(i)``: both sides started afresh for launch block ``i`` (BASE first when ``i`` is even), ended on exit.
-Launcher = Callable[[int], AbstractContextManager[tuple[Runner, Runner]]]
-
-
 @dataclass
 class _Runs:
     """Every timed run so far, per side, with the launch block each came from."""
@@ -317,18 +312,19 @@ def compare(
     state = _Sampler(sampling, tolerances, on_pair or (lambda *_: None), clock)
     block, block_pairs, launch_s = 0, sampling.block_pairs, 0.0
     stop: Stop | None = None
-    while not state.decided:  # poll: blocks until decided
-        stop = _out_of(sampling, state.runs, block, block_pairs, launch_s, state.elapsed)
-        if stop is not None:
-            break
-        first = len(state.runs.base)
-        launch_s, stop = state.block(launch, block, block_pairs)
-        block += 1
-        block_pairs = sampling.next_block_pairs(launch_s, _pair_s(state.runs, first), len(state.runs.base), block)
-        if block >= sampling.launches and len(state.runs.base) >= sampling.min_pairs:
-            state.judge()
-        if stop == Stop.TIME:
-            break
+    with Launches(launch, sampling.overlap and sampling.launches > 1, clock) as launches:
+        while not state.decided:  # poll: blocks until decided
+            stop = _out_of(sampling, state.runs, block, block_pairs, launch_s, state.elapsed)
+            if stop is not None:
+                break
+            first = len(state.runs.base)
+            launch_s, cost_s, stop = state.block(launches, block, block_pairs)
+            block += 1
+            block_pairs = sampling.next_block_pairs(cost_s, _pair_s(state.runs, first), len(state.runs.base), block)
+            if block >= sampling.launches and len(state.runs.base) >= sampling.min_pairs:
+                state.judge()
+            if stop == Stop.TIME:
+                break
     runs = state.runs
     return Comparison(
         len(runs.base),
@@ -339,6 +335,8 @@ def compare(
         stop=Stop.DECIDED if state.decided else stop or Stop.PAIRS,
         launches=block,
         seconds=state.elapsed,
+        overlapped=launches.overlapped,
+        overlap_refused=launches.refused,
     )
 
 
@@ -369,29 +367,34 @@ class _Sampler:
     def judge(self) -> None:
         self.verdicts, self.unpaired = self.runs.judge(self.tolerances, self.sampling.confidence)
 
-    def block(self, launch: Launcher, block: int, block_pairs: int) -> tuple[float, Stop | None]:
+    def block(self, launches: Launches, block: int, block_pairs: int) -> tuple[float, float, Stop | None]:
         """Launch block ``block``: both sides started, warmed up (HEAD, then BASE: pair 0 starts with the side that ran
-        last), then its pairs; what the launch took, and Stop.TIME where one launch ran out of time."""
+        last), the next block started ahead (when overlapping), then its pairs. Returns how long the sampler waited
+        for the launch, how long a launch takes (its start wherever it ran, and its warm-up: it sizes the blocks,
+        so that an overlapped start ends with the block before), and Stop.TIME where one launch ran out of time."""
         sampling, runs, first, started = self.sampling, self.runs, len(self.runs.base), self.clock()
-        with launch(block) as (base, head):
+        with launches.block(block) as launch:
+            base, head, warm = launch.base, launch.head, self.clock()
             for i in range(sampling.warmup):
                 head.run(placement=i)
                 base.run(placement=i)
-            launch_s = self.clock() - started
+            launch_s, cost_s = self.clock() - started, launch.start_s + self.clock() - warm
+            if block_pairs < sampling.max_pairs - first:
+                launches.start_ahead(block + 1)
             while len(runs.base) - first < min(block_pairs, sampling.max_pairs - first):
                 _run_pair(base, head, runs, len(runs.base) - first, block)
                 self.on_pair(len(runs.base), block + 1, _e2e(self.verdicts))
                 if sampling.launches > 1:
                     if block == 0:  # as long in pairs as its launch took, once a pair says what one costs
-                        block_pairs = sampling.next_block_pairs(launch_s, _pair_s(runs, first), 0, 0)
+                        block_pairs = sampling.next_block_pairs(cost_s, _pair_s(runs, first), 0, 0)
                     continue
                 if _judge_now(len(runs.base), sampling.min_pairs):
                     self.judge()
                     if self.decided:
                         break
                 if self.elapsed + _pair_s(runs, first) > sampling.max_time_s:
-                    return launch_s, Stop.TIME
-        return launch_s, None
+                    return launch_s, cost_s, Stop.TIME
+        return launch_s, cost_s, None
 
 
 def _out_of(

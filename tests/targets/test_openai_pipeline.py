@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -290,19 +291,59 @@ def test_an_ab_of_a_server_25_percent_slower_finds_it_slower(project: Path) -> N
     assert gone(tag)
 
 
+class MostServers:
+    """The most servers tagged ``tag`` alive at once while the ``with`` body runs, sampled every 20 ms."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag, self.most, self._done = tag, 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.02):  # poll: how many servers are up now
+            self.most = max(self.most, len(tagged(self.tag, servers_only=True)))
+
+    def __enter__(self) -> MostServers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+@pytest.mark.timeout(900)  # a hang guard: under load an A/B may run to its 200-pair cap (over 300 s measured)
+def test_overlapped_launches_start_the_next_servers_while_a_block_runs_and_leave_none(project: Path) -> None:
+    from tests.perf.test_ab import assert_not_slower
+
+    tag = uuid.uuid4().hex
+    with MostServers(tag) as servers:
+        code, doc = parity(project, "perf", "openai", "openai", "--base-arg", f"launch={launch(tag, '--delay-ms', '50')}",
+                           "--head-arg", f"launch={launch(tag, '--delay-ms', '50')}", *AB, "--overlap-launches")  # fmt: skip
+    (record,) = doc["stages"]["perf"]["records"]
+    assert_not_slower(record, code)
+    figures = record["figures"]
+    assert figures["launches"] >= 3 and figures["overlapped_launches"] == figures["launches"] - 1
+    assert servers.most == 4 and "overlap_refused" not in figures  # two blocks' servers at once, never three
+    assert gone(tag)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
-def test_no_server_survives_parity_ended_mid_ab(project: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(("options", "up"), [((), 2), (("--overlap-launches",), 3)], ids=["one-by-one", "overlapped"])
+def test_no_server_survives_parity_ended_mid_ab(
+    project: Path, sig: signal.Signals, options: tuple[str, ...], up: int
+) -> None:
+    """Ended once ``up`` servers are alive: both sides', and, overlapped, the next block's starting beside them."""
     tag = uuid.uuid4().hex
     argv = [str(Path(sys.executable).with_name("parity")), "perf", "openai", "openai",
             "--base-arg", f"launch={launch(tag, '--delay-ms', '200')}",
             "--head-arg", f"launch={launch(tag, '--delay-ms', '200')}",
-            "--cases", str(project / "cases"), "--max-pairs", "200"]  # fmt: skip
+            "--cases", str(project / "cases"), "--max-pairs", "200", *options]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while len(tagged(tag, servers_only=True)) < 2 and time.monotonic() < deadline:  # poll: both servers are up
-            time.sleep(0.1)
-        assert len(tagged(tag, servers_only=True)) == 2, "the A/B never had both sides' servers up"
+        while len(tagged(tag, servers_only=True)) < up and time.monotonic() < deadline:  # poll: the servers are up
+            time.sleep(0.05)
+        assert len(tagged(tag, servers_only=True)) >= up, f"the A/B never had {up} servers up"
         proc.send_signal(sig)
         proc.wait(60)
     finally:
