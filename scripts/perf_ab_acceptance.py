@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tomllib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,16 +108,24 @@ def main() -> None:
         help="the served case's fields (K=V,...): parity serve's pipeline sized to the request time wanted",
     )
     parser.add_argument("--perf-args", default="", help="more options for every `parity perf` (one string)")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        choices=["same", "slow"],
+        default=["same", "slow"],
+        help="which A/Bs per pipeline, in this order (repeats allowed): same (BASE = HEAD), slow (HEAD 10 %% slower)",
+    )
     args = parser.parse_args()
     EXTRA.extend(args.perf_args.split())
     args.out.mkdir(parents=True, exist_ok=True)
     shipped = tomllib.loads((REPO / "cases" / "images" / "pipelines.toml").read_text())
     chosen = {c: {k: v for k, v in shipped["cases"][c].items() if k != "description"} for c in args.cases}
-    rows = [
-        row
-        for name in args.pipelines
-        for row in PIPELINES[name](args, shipped["defaults"], {k: v for k, v in chosen.items()})
-    ]
+    rows = []
+    for name in args.pipelines:
+        runs = PIPELINES[name](args, shipped["defaults"], dict(chosen))
+        for i, which in enumerate(args.runs):
+            label = f"{name}_{which}" + (f"_{i}" if args.runs.count(which) > 1 else "")
+            rows.append(runs[which](label))
     (args.out / "summary.json").write_text(json.dumps(rows, indent=2))
     for row in rows:
         print(
@@ -127,64 +136,37 @@ def main() -> None:
             print(f"    {line}")
 
 
-def builtin_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> list[dict[str, object]]:
+Runs = dict[str, Callable[[str], dict[str, object]]]  # "same" / "slow" -> run it under this label
+
+
+def builtin_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> Runs:
     builtin = write_copies(args.out / "builtin", defaults, chosen, args.copies)
-    return [
-        perf("builtin_same", args.out, builtin, args.device, "reference", "reference"),
-        perf(
-            "builtin_slow",
-            args.out,
-            builtin,
-            args.device,
-            "reference",
-            "tests.targets.slow_pipeline:factory",
-            "--head-arg",
-            "fraction=0.1",
-        ),
-    ]
+    slow = ("reference", "tests.targets.slow_pipeline:factory", "--head-arg", "fraction=0.1")
+    return {
+        "same": lambda label: perf(label, args.out, builtin, args.device, "reference", "reference"),
+        "slow": lambda label: perf(label, args.out, builtin, args.device, *slow),
+    }
 
 
-def command_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> list[dict[str, object]]:
+def command_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> Runs:
     command = write_copies(args.out / "command", sleep_generator.FIELDS, {"sleepy": {}}, args.copies)
-    return [
-        perf(
-            "command_same",
-            args.out,
-            command,
-            args.device,
-            "command",
-            "command",
-            "--base-arg",
-            f"template={TEMPLATE}",
-            "--head-arg",
-            f"template={TEMPLATE}",
-        ),
-        perf(
-            "command_slow",
-            args.out,
-            command,
-            args.device,
-            "command",
-            "command",
-            "--base-arg",
-            f"template={TEMPLATE}",
-            "--head-arg",
-            f"template={TEMPLATE} --slow 0.1",
-        ),
-    ]
+    sides = ("command", "command", "--base-arg", f"template={TEMPLATE}", "--head-arg")
+    return {
+        "same": lambda label: perf(label, args.out, command, args.device, *sides, f"template={TEMPLATE}"),
+        "slow": lambda label: perf(label, args.out, command, args.device, *sides, f"template={TEMPLATE} --slow 0.1"),
+    }
 
 
-def served_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> list[dict[str, object]]:
+def served_rows(args: argparse.Namespace, defaults: dict, chosen: dict) -> Runs:
     """`parity serve` launched by the openai target, per side and launch: the same server, and one 10 % slower."""
     fields = {**defaults, **{k: int(v) for k, v in (kv.split("=") for kv in args.served.split(","))}}
     served = write_copies(args.out / "served", fields, {"served": {}}, args.copies)
     serve = f"{sys.executable} -m harness.cli serve --port {{port}} --device {args.device}"
-    same = ("--base-arg", f"launch={serve}", "--head-arg", f"launch={serve}")
-    slow = ("--base-arg", f"launch={serve}", "--head-arg", f"launch={serve} --slowdown 0.1")
-    return [
-        perf("served_same", args.out, served, args.device, "openai", "openai", *same),
-        perf("served_slow", args.out, served, args.device, "openai", "openai", *slow),
-    ]
+    sides = ("openai", "openai", "--base-arg", f"launch={serve}", "--head-arg")
+    return {
+        "same": lambda label: perf(label, args.out, served, args.device, *sides, f"launch={serve}"),
+        "slow": lambda label: perf(label, args.out, served, args.device, *sides, f"launch={serve} --slowdown 0.1"),
+    }
 
 
 PIPELINES = {"builtin": builtin_rows, "command": command_rows, "served": served_rows}
