@@ -3,11 +3,10 @@
 Each launch block starts both sides afresh (overlapped: while the block before runs, :mod:`harness.perf.launches`),
 warms them up (HEAD, then BASE), then runs ABBA pairs, both runs of a pair on the same cores: drift and a slow core
 cancel in a ratio, and in every quartet each side runs once after itself and once after the other (a carry-over
-cancels). Once enough
-pairs and launches are in, every figure is judged (:func:`judge_figure`): passed when its interval
-ends within ``1 + tolerance`` (widened by ``abs_floor_ms``), failed when its Bonferroni-corrected
-interval starts beyond it. Sampling stops when every figure is decided or one failed, else when
-``max_pairs`` or ``max_time_s`` runs out: inconclusive. The method and its measured error rates: docs/perf.md.
+cancels). Once enough pairs and launches are in, every figure is judged (:func:`judge_figure`): passed when its
+interval ends within ``1 + tolerance`` (widened by ``abs_floor_ms``), failed when its Bonferroni-corrected interval
+starts beyond it. Sampling stops when every figure is decided or one failed, else when ``max_pairs`` or
+``max_time_s`` runs out: inconclusive. The method and its measured error rates: docs/perf.md.
 """
 
 from __future__ import annotations
