@@ -49,8 +49,10 @@ class _Start:
         self.sides: tuple[Runner, Runner] | None = None
         self.error: BaseException | None = None
         self.start_s = 0.0
-        self._thread = threading.Thread(target=self._start, daemon=True, name=f"parity-block-{block}")
-        if behind:
+        self._thread = (
+            threading.Thread(target=self._start, daemon=True, name=f"parity-block-{block}") if behind else None
+        )
+        if self._thread is not None:
             self._thread.start()
         else:
             self._start()
@@ -65,7 +67,7 @@ class _Start:
 
     def wait(self) -> tuple[Runner, Runner]:
         """Both sides once started (the start's failure raised here)."""
-        if self.behind:
+        if self._thread is not None:
             self._thread.join()
         if self.error is not None:
             raise self.error
@@ -74,7 +76,7 @@ class _Start:
 
     def close(self) -> None:
         """End both sides (a start still under way is waited for first: its sides are ended, not left behind)."""
-        if self.behind:
+        if self._thread is not None:
             self._thread.join()
         self._stack.close()
 
@@ -92,9 +94,8 @@ class Launches:
     def block(self, block: int) -> Iterator[Launch]:
         """Block ``block``'s sides: the ones started ahead, else started now; ended on exit."""
         start, self._ahead = self._ahead, None
-        if start is None or start.block != block:
-            if start is not None:
-                start.close()
+        assert start is None or start.block == block, "a block started ahead is the next one asked for"
+        if start is None:
             start = _Start(self._launch, block, self._clock, behind=False)
         try:
             base, head = start.wait()
