@@ -36,7 +36,7 @@ def launched(
     pools of their own (block 0's are the ones the stage prestarted), a server launched anew by a target instance of
     its own (one per side and block parity: an overlapped start runs beside the block before); all ended on exit."""
     order = (BASE, HEAD) if block % 2 == 0 else (HEAD, BASE)
-    specs = {side: dataclasses.replace(run, instance=f"{run.instance}#{block % 2}") for side, run in specs.items()}
+    specs = {side: run if run.in_ranks else _instance(run, block % 2) for side, run in specs.items()}
     tags = {side: POOL_TAGS[side] + (f"-{block}" if block else "") for side in order}
 
     def start(side: str) -> Session:
@@ -55,6 +55,12 @@ def launched(
                 ctx.pools.release(specs[side].world_size, tags[side])
             else:
                 specs[side].pipeline.stop()
+
+
+def _instance(run: PipelineRun, parity: int) -> PipelineRun:
+    """``run`` on a target instance of its own for blocks of this parity (a rank group needs none: its pool's tag
+    already names the block)."""
+    return dataclasses.replace(run, instance=f"{run.instance}#{parity}")
 
 
 class Progress:

@@ -122,3 +122,49 @@ def test_overlapped_or_not_an_ab_takes_the_same_pairs_to_the_same_verdict() -> N
     one_by_one, overlapped = ab(False), ab(True)
     assert overlapped[:2] == one_by_one[:2] and overlapped[3] == one_by_one[3]
     assert (one_by_one[2], overlapped[2]) == (0, overlapped[1] - 1) and "expected_e2e_ms passed" in overlapped[3]
+
+
+class ThreadClock:
+    """A scripted clock per thread: a start run ahead moves only its own thread's time, as a start hidden behind
+    the pairs costs the sampler nothing."""
+
+    def __init__(self) -> None:
+        self._now: dict[int, float] = {}
+
+    @property
+    def now(self) -> float:
+        return self._now.get(threading.get_ident(), 0.0)
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self._now[threading.get_ident()] = value
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("overlap", "seconds", "overlapped"), [(False, 66.0, 0), (True, 46.0, 2)], ids=["one-by-one", "overlapped"]
+)
+def test_blocks_are_sized_by_the_start_wherever_it_ran_and_the_time_counts_only_what_the_sampler_waited(
+    overlap: bool, seconds: float, overlapped: int
+) -> None:
+    """Starts of 10 s and runs of 1 s: every block is sized to 10 / 2 pairs (6 in whole quartets), whether the start
+    ran in the sampler's thread or ahead in its own; the sampler's time holds each start one after the other
+    (3 x 10 + 18 x 2 = 66 s), overlapped only the first (10 + 36 = 46 s)."""
+    from harness.baselines.perf import DEFAULT_AB_TOLERANCES
+    from harness.perf.ab import Sampling, compare
+    from tests.perf.test_ab_stats import ClockedSession
+
+    clock = ThreadClock()
+
+    @contextlib.contextmanager
+    def launch(block: int) -> Iterator[tuple[Runner, Runner]]:
+        clock.now += 10.0  # in the thread that starts the block
+        yield ClockedSession("B", [10.0], clock, 1000.0), ClockedSession("H", [10.0], clock, 1000.0)  # type: ignore[arg-type]
+
+    sampling = Sampling(warmup=0, min_pairs=10, max_pairs=40, launches=3, overlap=overlap)
+    comparison = compare(launch, sampling, DEFAULT_AB_TOLERANCES, clock=clock)
+    launches = comparison.samples["expected_e2e_ms"]["launch"]
+    assert [launches.count(b) for b in range(comparison.launches)] == [6, 6, 6]
+    assert (comparison.seconds, comparison.overlapped) == (seconds, overlapped)
