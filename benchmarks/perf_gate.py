@@ -27,7 +27,8 @@ from typing import Any
 from harness.baselines.perf import DEFAULT_AB_TOLERANCES, PerfBaselines, check_perf, scenario_values
 from harness.baselines.tolerances import Tolerances
 from harness.perf import absolute
-from harness.perf.ab import Sampling, compare
+from harness.perf.ab import compare
+from harness.perf.sampling import Sampling
 from harness.pipelines.sessions import PipelineRun, Session
 from harness.ranks import PoolSet
 from harness.targets.spec import TargetSpec

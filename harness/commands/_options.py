@@ -204,10 +204,10 @@ def fraction(text: str) -> float:
 
 def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
     """How an A/B samples (``--{prefix}warmup``, ``min-pairs``, ``max-pairs``, ``max-time``, ``launches``,
-    ``confidence``, ``overlap-launches``, ``inconclusive``), one :class:`~harness.perf.ab.Sampling` field each but
+    ``confidence``, ``replicas``, ``overlap-launches``, ``inconclusive``), one :class:`~harness.perf.sampling.Sampling` field each but
     the last."""
     from harness.gate.stage import INCONCLUSIVE_POLICIES
-    from harness.perf.ab import Sampling
+    from harness.perf.sampling import Sampling
 
     d = Sampling()
     options: list[tuple[str, Callable[[str], Any], object, str, str]] = [
@@ -221,6 +221,10 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
          "least N times, pairs spread over the launches, so that one process's bias is not read as a difference "
          "(1: one each)"),
         ("confidence", fraction, d.confidence, "C", "A/B: confidence of each figure's HEAD/BASE interval"),
+        ("replicas", count(1), d.replicas, "N", "A/B of sides outside rank groups (servers): start N instances of "
+         "each side per launch, alive together, pairs rotating over them a quartet at a time; each pair of instances "
+         "is a launch block of its own (a process's bias and a server's slow spells are its own), so one start gives "
+         "N blocks; for a machine with memory for 2N servers (4N with --overlap-launches)"),
     ]  # fmt: skip
     for name, kind, default, metavar, text in options:
         group.add_argument(
@@ -242,8 +246,8 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
 
 
 def ab_sampling(args: argparse.Namespace, prefix: str):
-    """The :class:`~harness.perf.ab.Sampling` of :func:`add_ab_sampling`'s options, checked together."""
-    from harness.perf.ab import Sampling, SamplingError
+    """The :class:`~harness.perf.sampling.Sampling` of :func:`add_ab_sampling`'s options, checked together."""
+    from harness.perf.sampling import Sampling, SamplingError
 
     dest = prefix.replace("-", "_")
     try:
@@ -255,6 +259,7 @@ def ab_sampling(args: argparse.Namespace, prefix: str):
             getattr(args, f"{dest}confidence"),
             getattr(args, f"{dest}launches"),
             overlap=getattr(args, f"{dest}overlap_launches"),
+            replicas=getattr(args, f"{dest}replicas"),
         )
     except SamplingError as exc:
         option = f"--{prefix}{exc.field.replace('_', '-')}"

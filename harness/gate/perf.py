@@ -28,8 +28,9 @@ from harness.gate.contracts import run_contract_cases
 from harness.gate.perf_ab import POOL_TAGS, Progress, ab_result, launched, next_step
 from harness.gate.stage import GateContext, case_params, own_pipeline, run_each_case
 from harness.perf import absolute
-from harness.perf.ab import ORDER, Sampling, compare
+from harness.perf.ab import ORDER, compare
 from harness.perf.figures import WALL
+from harness.perf.sampling import Sampling
 from harness.perf.sides import BASE, HEAD, Revisions
 from harness.pipelines.sessions import PipelineRun, Session
 from harness.project.hints import command
@@ -196,10 +197,11 @@ class PerfStage:
 
             def judge(case: ImageCase) -> CaseResult:
                 (base_spec, _), (head_spec, _) = runs_of(case)
-                launcher = functools.partial(launched, ctx, {BASE: base_spec, HEAD: head_spec}, timeout)
-                progress = Progress(ctx, case.id)
                 per_run = base_spec.pipeline.process_per_run and head_spec.pipeline.process_per_run
                 sampling = _case_sampling(perf.sampling, per_run, base_spec.in_ranks or head_spec.in_ranks)
+                specs = {BASE: base_spec, HEAD: head_spec}
+                launcher = functools.partial(launched, ctx, specs, timeout, sampling.replicas)
+                progress = Progress(ctx, case.id)
                 comparison = compare(launcher, sampling, tolerances, progress)
                 if comparison.overlap_refused is not None:
                     ctx.err.print(f"perf {case.id}: {comparison.overlap_refused}", markup=False, highlight=False)
@@ -257,11 +259,12 @@ class PerfStage:
 
 
 def _case_sampling(sampling: Sampling, per_run: bool, in_ranks: bool) -> Sampling:
-    """A case's sampling: one launch where both sides start a process per run (each run is a launch); launches one
-    after the other where a side runs in rank groups (a pool started beside a timed one shares its cores)."""
+    """A case's sampling: one launch of one replica where both sides start a process per run (each run is a launch);
+    launches one after the other, one replica each, where a side runs in rank groups (a pool started beside a timed
+    one shares its cores)."""
     if per_run:
-        sampling = dataclasses.replace(sampling, launches=1)
-    return dataclasses.replace(sampling, overlap=False) if in_ranks else sampling
+        sampling = dataclasses.replace(sampling, launches=1, replicas=1)
+    return dataclasses.replace(sampling, overlap=False, replicas=1) if in_ranks else sampling
 
 
 def base_run(side: TargetSpec, case: ImageCase, instance: str = "") -> PipelineRun:

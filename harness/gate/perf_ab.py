@@ -16,6 +16,7 @@ from harness.cases.image import ImageCase
 from harness.gate.stage import GateContext, case_params
 from harness.perf.ab import ORDER, Comparison, FigureVerdict, Stop
 from harness.perf.figures import WALL, family
+from harness.perf.sampling import Sampling
 from harness.perf.sides import BASE, HEAD, versus
 from harness.perf.stats import BLOCK_METHOD, MAX_PAIRS, METHOD
 from harness.pipelines.sessions import PipelineRun, Session
@@ -30,13 +31,14 @@ POOL_TAGS = {BASE: "perf-base", HEAD: "perf-head"}
 
 @contextlib.contextmanager
 def launched(
-    ctx: GateContext, specs: dict[str, PipelineRun], timeout: float, block: int
+    ctx: GateContext, specs: dict[str, PipelineRun], timeout: float, replicas: int, block: int
 ) -> Iterator[tuple[Session, Session]]:
     """Both sides started afresh for launch block ``block`` (BASE first in even blocks, HEAD first in odd ones): rank
     pools of their own (block 0's are the ones the stage prestarted), a server launched anew by a target instance of
-    its own (one per side and block parity: an overlapped start runs beside the block before); all ended on exit."""
+    its own (one per side and block modulo two launches of ``replicas``: the replicas of a launch and of the one
+    overlapped beside it never share one); all ended on exit."""
     order = (BASE, HEAD) if block % 2 == 0 else (HEAD, BASE)
-    specs = {side: run if run.in_ranks else _instance(run, block % 2) for side, run in specs.items()}
+    specs = {side: run if run.in_ranks else _instance(run, block % (2 * replicas)) for side, run in specs.items()}
     tags = {side: POOL_TAGS[side] + (f"-{block}" if block else "") for side in order}
 
     def start(side: str) -> Session:
@@ -57,10 +59,10 @@ def launched(
                 specs[side].pipeline.stop()
 
 
-def _instance(run: PipelineRun, parity: int) -> PipelineRun:
-    """``run`` on a target instance of its own for blocks of this parity (a rank group needs none: its pool's tag
+def _instance(run: PipelineRun, slot: int) -> PipelineRun:
+    """``run`` on a target instance of its own for blocks in this slot (a rank group needs none: its pool's tag
     already names the block)."""
-    return dataclasses.replace(run, instance=f"{run.instance}#{parity}")
+    return dataclasses.replace(run, instance=f"{run.instance}#{slot}")
 
 
 class Progress:
@@ -92,7 +94,7 @@ def next_step(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetS
             argv += [f"{option}={k}={v}" for k, v in side.args]
         o = ctx.options
         where = carried_options(o.project, cases=o.cases_root, baselines=o.baselines_dir, device=o.run.device)
-        more = [*argv, "--max-pairs", str(pairs), "--max-time", str(seconds)]
+        more = [*argv, "--max-pairs", str(pairs), "--max-time", str(seconds), *_launch_options(sampling)]
         return f"to decide it (about {needed} pairs at this noise): {command(more, where)}"
     if not comparison.verdicts:
         return f"no figure was judged within --max-time {sampling.max_time_s:g}: give it more time"
@@ -105,8 +107,16 @@ def next_step(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetS
     )
 
 
-def _launches(n: int, per_run: bool) -> str:
-    return "a process per run" if per_run else f"{n} launch{'es' if n > 1 else ''} of each side"
+def _launch_options(sampling: Sampling) -> list[str]:
+    """How the A/B launched its sides, as `parity perf` options: the command that decides it launches alike."""
+    replicas = ["--replicas", str(sampling.replicas)] if sampling.replicas > 1 else []
+    return replicas + (["--overlap-launches"] if sampling.overlap else [])
+
+
+def _launches(comparison: Comparison, per_run: bool) -> str:
+    n, replicas = comparison.launches, comparison.replicas
+    each = f" of {replicas} replicas" if replicas > 1 else ""
+    return "a process per run" if per_run else f"{n} launch{'es' if n > 1 else ''}{each} of each side"
 
 
 def _headline(comparison: Comparison) -> dict[str, float]:
@@ -137,11 +147,12 @@ def ab_result(
         "pairs": comparison.pairs,
         "launches": comparison.launches,
         "overlapped_launches": comparison.overlapped,
+        "replicas": comparison.replicas,
         "stopped": str(comparison.stop),
         "sampling_s": round(comparison.seconds, 3),
         "process_per_run": per_run,
         "confidence": confidence,
-        "method": METHOD if comparison.launches == 1 else BLOCK_METHOD,
+        "method": METHOD if comparison.launches * comparison.replicas == 1 else BLOCK_METHOD,
         "order": ORDER,
         "base": base.describe(),
         "head": head.describe(),
@@ -159,7 +170,7 @@ def ab_result(
     )
     result.bound = (
         f"{len(comparison.verdicts)} figures: HEAD/BASE within 1 + tolerance at {confidence:.0%} "
-        f"({comparison.pairs} {ORDER} pairs over {_launches(comparison.launches, per_run)})"
+        f"({comparison.pairs} {ORDER} pairs over {_launches(comparison, per_run)})"
     )
     if comparison.failed:
         result.status = FAILED
@@ -168,7 +179,7 @@ def ab_result(
         result.status = INCONCLUSIVE
         shown = "; ".join(v.describe() for v in comparison.undecided[:3]) or "no figure judged yet"
         more = f"; and {len(comparison.undecided) - 3} more" if len(comparison.undecided) > 3 else ""
-        over = _launches(comparison.launches, per_run)
+        over = _launches(comparison, per_run)
         result.reason = f"undecided after {comparison.pairs} pairs over {over} ({_stopped(comparison)}): {shown}{more}"
     return result
 

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from harness.cases.image import ImageCase
 from harness.contracts.runner import RunOptions
-from harness.perf.ab import Sampling
+from harness.perf.sampling import Sampling
 from harness.perf.sides import versus
 from harness.pipelines.sessions import PipelineRun
 from harness.project import Project

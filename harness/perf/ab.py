@@ -1,7 +1,8 @@
 """BASE and HEAD side by side: interleaved runs on the same devices, a ratio with an interval per figure, a verdict.
 
-Each launch block starts both sides afresh (overlapped: while the block before runs, :mod:`harness.perf.launches`),
-warms them up (HEAD, then BASE), then runs ABBA pairs, both runs of a pair on the same cores: drift and a slow core
+Each launch starts both sides afresh (overlapped: while the launch before runs, :mod:`harness.perf.launches`; how
+many pairs and launches: :mod:`harness.perf.sampling`), warms them up (HEAD, then BASE), then runs ABBA pairs
+(rotating a quartet at a time over the launch's replicas), both runs of a pair on the same cores: drift and a slow core
 cancel in a ratio, and in every quartet each side runs once after itself and once after the other (a carry-over
 cancels). Once enough pairs and launches are in, every figure is judged (:func:`judge_figure`): passed when its
 interval ends within ``1 + tolerance`` (widened by ``abs_floor_ms``), failed when its Bonferroni-corrected interval
@@ -22,83 +23,12 @@ from typing import Any
 from harness.baselines.perf import E2E
 from harness.baselines.tolerances import Tolerances
 from harness.perf.figures import family, run_figures
-from harness.perf.launches import Launcher, Launches, Runner
-from harness.perf.stats import EXACT_PAIRS, MAX_PAIRS, RatioInterval, blocked_ratio, min_pairs
+from harness.perf.launches import Launch, Launcher, Launches
+from harness.perf.sampling import Sampling
+from harness.perf.stats import EXACT_PAIRS, MAX_PAIRS, RatioInterval, blocked_ratio
 from harness.pipelines.sessions import TimedRun
 
-MAX_BLOCK_PAIRS = 32  # a block's pairs at most (a block lasts about its launch's cost, up to this many pairs)
-
 ORDER = "ABBA"  # pair i runs BASE first when i is even, HEAD first when it is odd
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How many runs an A/B makes: warm-up per side, the pairs before the first verdict, the caps in pairs and in
-    seconds, the confidence, the launches, and whether each launch starts while the one before runs its pairs
-    (:mod:`harness.perf.launches`)."""
-
-    warmup: int = 1
-    min_pairs: int = 10
-    max_pairs: int = MAX_PAIRS
-    max_time_s: float = 300.0  # per case: no block (or pair) is started that would end later
-    confidence: float = 0.95
-    launches: int = 3  # each side started afresh this many times at least (1: one process or server per side)
-    dear_launch_s: float = 1.0  # a launch this long or longer sizes the next blocks by its cost (next_block_pairs)
-    overlap: bool = False  # start each launch block's sides while the block before runs its pairs
-
-    @property
-    def block_pairs(self) -> int:
-        """Pairs of a launch block at least: ``min_pairs`` spread over ``launches``, rounded up to even (whole ABBA
-        quartets); with one launch, every pair."""
-        if self.launches == 1:
-            return self.max_pairs
-        pairs = -(-self.min_pairs // self.launches)
-        return max(2, pairs + pairs % 2)
-
-    def next_block_pairs(self, launch_s: float, pair_s: float, pairs_done: int, blocks_done: int) -> int:
-        """Pairs of the next launch block, from what the last one cost: about as long timing pairs as starting both
-        sides took (``launch_s``, warm-up included), so that cheap pairs are not starved by dear launches (a launch
-        under ``dear_launch_s`` starves nothing); at most MAX_BLOCK_PAIRS (the blocks still see the launch-to-launch
-        spread) and what leaves room under ``max_pairs`` for the ``launches`` blocks still owed; at least
-        :attr:`block_pairs`."""
-        if self.launches == 1 or pair_s <= 0 or launch_s < self.dear_launch_s:
-            return self.block_pairs
-        balanced = int(min(MAX_BLOCK_PAIRS, -(-launch_s // pair_s)))
-        pairs = max(self.block_pairs, balanced + balanced % 2)
-        owed = self.launches - blocks_done
-        if owed > 0:
-            room = (self.max_pairs - pairs_done) // owed
-            pairs = min(pairs, max(2, room - room % 2))
-        return pairs
-
-    def __post_init__(self) -> None:
-        if not 0.5 <= self.confidence < 1.0:
-            raise SamplingError("confidence", f"must be in [0.5, 1), got {self.confidence}")
-        fewest = min_pairs(self.confidence)
-        if self.warmup < 0:
-            raise SamplingError("warmup", f"must be >= 0, got {self.warmup}")
-        if not fewest <= self.min_pairs <= self.max_pairs:
-            raise SamplingError(
-                "min_pairs",
-                f"must be between {fewest} (at confidence {self.confidence:g}) and max_pairs ({self.max_pairs}), "
-                f"got {self.min_pairs}",
-            )
-        if not 1 <= self.launches <= self.max_pairs // 2:
-            raise SamplingError(
-                "launches", f"must be between 1 and max_pairs / 2 ({self.max_pairs // 2}), got {self.launches}"
-            )
-        if not self.max_time_s > 0:
-            raise SamplingError("max_time", f"must be > 0 seconds, got {self.max_time_s}")
-        if self.max_pairs > MAX_PAIRS:
-            raise SamplingError("max_pairs", f"must be at most {MAX_PAIRS}, got {self.max_pairs}")
-
-
-class SamplingError(ValueError):
-    """A sampling setting out of range; ``field`` names it (the CLI names its option)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
-        self.field = field
 
 
 class FigureStatus(StrEnum):
@@ -190,6 +120,7 @@ class Comparison:
     seconds: float = 0.0  # how long sampling took, launches included
     overlapped: int = 0  # launch blocks whose sides started while the block before ran its pairs
     overlap_refused: str | None = None  # why overlapping launches was given up, if it was
+    replicas: int = 1  # instances of each side alive per launch, each pair of them a launch block
 
     @property
     def capped(self) -> bool:
@@ -309,18 +240,19 @@ def compare(
     """Run both sides interleaved, launch block by launch block, until the verdict is decided or sampling runs out of
     pairs or time (module docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair."""
     state = _Sampler(sampling, tolerances, on_pair or (lambda *_: None), clock)
-    block, block_pairs, launch_s = 0, sampling.block_pairs, 0.0
+    number, pairs, launch_s = 0, sampling.block_pairs, 0.0
     stop: Stop | None = None
-    with Launches(launch, sampling.overlap and sampling.launches > 1, clock) as launches:
-        while not state.decided:  # poll: blocks until decided
-            stop = _out_of(sampling, state.runs, block, block_pairs, launch_s, state.elapsed)
+    overlap = sampling.overlap and sampling.launches > 1
+    with Launches(launch, overlap, clock, sampling.replicas) as launches:
+        while not state.decided:  # poll: launches until decided
+            stop = _out_of(sampling, state.runs, number, pairs, launch_s, state.elapsed)
             if stop is not None:
                 break
             first = len(state.runs.base)
-            launch_s, cost_s, stop = state.block(launches, block, block_pairs)
-            block += 1
-            block_pairs = sampling.next_block_pairs(cost_s, _pair_s(state.runs, first), len(state.runs.base), block)
-            if block >= sampling.launches and len(state.runs.base) >= sampling.min_pairs:
+            launch_s, cost_s, stop = state.launch(launches, number, pairs)
+            number += 1
+            pairs = sampling.next_block_pairs(cost_s, _pair_s(state.runs, first), len(state.runs.base), number)
+            if number >= sampling.launches and len(state.runs.base) >= sampling.min_pairs:
                 state.judge()
             if stop == Stop.TIME:
                 break
@@ -332,10 +264,11 @@ def compare(
         runs.samples([v.label for v in state.verdicts]),
         {"base": _peak_mb(runs.base), "head": _peak_mb(runs.head)},
         stop=Stop.DECIDED if state.decided else stop or Stop.PAIRS,
-        launches=block,
+        launches=number,
         seconds=state.elapsed,
         overlapped=launches.overlapped,
         overlap_refused=launches.refused,
+        replicas=sampling.replicas,
     )
 
 
@@ -366,26 +299,28 @@ class _Sampler:
     def judge(self) -> None:
         self.verdicts, self.unpaired = self.runs.judge(self.tolerances, self.sampling.confidence)
 
-    def block(self, launches: Launches, block: int, block_pairs: int) -> tuple[float, float, Stop | None]:
-        """Launch block ``block``: both sides started, warmed up (HEAD, then BASE: pair 0 starts with the side that ran
-        last), the next block started ahead (when overlapping), then its pairs. Returns how long the sampler waited
-        for the launch, how long a launch takes (its start wherever it ran, and its warm-up: it sizes the blocks,
-        so that an overlapped start ends with the block before), and Stop.TIME where one launch ran out of time."""
+    def launch(self, launches: Launches, number: int, pairs: int) -> tuple[float, float, Stop | None]:
+        """Launch ``number``: every replica's sides started, warmed up (HEAD, then BASE: pair 0 starts with the side
+        that ran last), the next launch started ahead (when overlapping), then its pairs, a quartet on each replica
+        in turn. Returns how long the sampler waited for the launch, how long a launch takes (its start wherever it
+        ran, and its warm-up: it sizes the launches, so that an overlapped start ends with the launch before), and
+        Stop.TIME where one launch ran out of time."""
         sampling, runs, first, started = self.sampling, self.runs, len(self.runs.base), self.clock()
-        with launches.block(block) as launch:
-            base, head, warm = launch.base, launch.head, self.clock()
-            for i in range(sampling.warmup):
-                head.run(placement=i)
-                base.run(placement=i)
+        with launches.launch(number) as launch:
+            warm = self.clock()
+            for base, head in launch.replicas:
+                for i in range(sampling.warmup):
+                    head.run(placement=i)
+                    base.run(placement=i)
             launch_s, cost_s = self.clock() - started, launch.start_s + self.clock() - warm
-            if block_pairs < sampling.max_pairs - first:
-                launches.start_ahead(block + 1)
-            while len(runs.base) - first < min(block_pairs, sampling.max_pairs - first):
-                _run_pair(base, head, runs, len(runs.base) - first, block)
-                self.on_pair(len(runs.base), block + 1, _e2e(self.verdicts))
+            if pairs < sampling.max_pairs - first:
+                launches.start_ahead(number + 1)
+            while len(runs.base) - first < min(pairs, sampling.max_pairs - first):
+                _run_pair(launch, runs, len(runs.base) - first)
+                self.on_pair(len(runs.base), number + 1, _e2e(self.verdicts))
                 if sampling.launches > 1:
-                    if block == 0:  # as long in pairs as its launch took, once a pair says what one costs
-                        block_pairs = sampling.next_block_pairs(cost_s, _pair_s(runs, first), 0, 0)
+                    if number == 0:  # as long in pairs as its launch took, once a pair says what one costs
+                        pairs = sampling.next_block_pairs(cost_s, _pair_s(runs, first), 0, 0)
                     continue
                 if _judge_now(len(runs.base), sampling.min_pairs):
                     self.judge()
@@ -424,8 +359,12 @@ def _pair_s(runs: _Runs, first: int) -> float:
     return sum(b.wall_ms + h.wall_ms for b, h in pairs) / 1000 / len(pairs) if pairs else 0.0
 
 
-def _run_pair(base: Runner, head: Runner, runs: _Runs, i: int, block: int) -> None:
-    """Pair ``i`` of a block: BASE first when ``i`` is even, both runs on the same cores."""
+def _run_pair(launch: Launch, runs: _Runs, j: int) -> None:
+    """Pair ``j`` of a launch: on replica ``j // 2`` (round the replicas, a quartet each), BASE first when it is that
+    replica's even pair (ABBA), both runs on the same cores; recorded under the replica's launch block."""
+    replicas = len(launch.replicas)
+    replica, i = (j // 2) % replicas, (j // (2 * replicas)) * 2 + j % 2
+    (base, head), block = launch.replicas[replica], launch.block(replica)
     first, second = ((base, runs.base), (head, runs.head)) if i % 2 == 0 else ((head, runs.head), (base, runs.base))
     first[1].append(first[0].run(placement=i))
     second[1].append(second[0].run(placement=i))

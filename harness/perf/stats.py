@@ -161,9 +161,11 @@ def blocked_ratio(
 
 
 def _over_blocks(estimates: list[float], confidence: float) -> RatioInterval:
-    """The interval over K block estimates (logs): signed-rank where K allows one, else Student's t."""
+    """The interval over K block estimates (logs): signed-rank where K allows one that trims more than the extremes
+    (robust to an outlier block, 2-9 % wider than Student's t on normal estimates), else Student's t (the fewest
+    blocks a signed-rank interval allows give only [min, max]: 25 % wider)."""
     k = len(estimates)
-    if trimmed_per_side(k, confidence) > 0:  # enough blocks for the signed-rank interval: robust to an outlier block
+    if trimmed_per_side(k, confidence) > 1:
         over = paired_ratio([1.0] * k, [math.exp(e) for e in estimates], confidence)
         assert over is not None
         return over

@@ -14,16 +14,9 @@ import numpy as np
 import pytest
 
 from harness.baselines.perf import DEFAULT_AB_TOLERANCES
-from harness.perf.ab import (
-    Comparison,
-    FigureStatus,
-    FigureVerdict,
-    Runner,
-    Sampling,
-    Stop,
-    compare,
-    judge_figure,
-)
+from harness.perf.ab import Comparison, FigureStatus, FigureVerdict, Stop, compare, judge_figure
+from harness.perf.launches import Runner
+from harness.perf.sampling import Sampling
 from harness.perf.stats import (
     EXACT_PAIRS,
     MAX_PAIRS,
@@ -174,6 +167,8 @@ def test_a_failure_is_claimed_over_every_figure_judged() -> None:
         ({"max_time_s": 0.0}, "max_time must be > 0 seconds"),
         ({"warmup": -1}, "warmup must be >= 0"),
         ({"confidence": 1.0}, "confidence must be in"),
+        ({"replicas": 9}, "replicas must be between 1 and 8"),
+        ({"replicas": 4, "launches": 3, "max_pairs": 20}, r"4 x 3 launches need 24 pairs at least"),
     ],
     ids=[
         "min-below-an-interval",
@@ -182,6 +177,8 @@ def test_a_failure_is_claimed_over_every_figure_judged() -> None:
         "no-time",
         "negative-warmup",
         "confidence-one",
+        "replicas-above-8",
+        "replicas-beyond-max-pairs",
     ],
 )
 def test_sampling_refuses_what_cannot_give_a_verdict(kwargs: dict, message: str) -> None:
@@ -197,8 +194,10 @@ def test_sampling_refuses_what_cannot_give_a_verdict(kwargs: dict, message: str)
         (["--min-pairs", "30", "--max-pairs", "20"], "--min-pairs"),
         (["--confidence", "0.4"], "--confidence"),
         (["--max-time", "0"], "--max-time"),
+        (["--replicas", "0"], "--replicas"),
+        (["--replicas", "9"], "--replicas"),
     ],
-    ids=["max-above-1000", "min-below-6", "min-above-max", "confidence-low", "no-time"],
+    ids=["max-above-1000", "min-below-6", "min-above-max", "confidence-low", "no-time", "no-replica", "replicas-9"],
 )
 def test_a_sampling_option_out_of_range_is_named(
     argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
@@ -319,6 +318,22 @@ def test_one_launch_reads_its_process_bias_as_a_difference_and_launch_blocks_do_
     assert blocks.samples["expected_e2e_ms"]["launch"][:4] == [0, 0, 1, 1]  # block_pairs = 12 / 6 = 2
 
 
+def test_replicas_give_each_instance_pair_a_block_of_its_own() -> None:
+    """Two launches of three replicas, each instance pair biased its own way: six blocks, as six launches give, and
+    an interval over them that covers 1.0; every block started once."""
+    log: list[str] = []
+    comparison = compare(
+        BiasedLaunches([1.06, 0.95, 1.02, 0.97, 1.01, 0.99], log),
+        Sampling(warmup=0, min_pairs=12, max_pairs=60, launches=2, replicas=3),
+        DEFAULT_AB_TOLERANCES,
+    )
+    e2e = comparison.verdict("expected_e2e_ms")
+    assert e2e is not None and e2e.interval is not None and not comparison.failed
+    assert e2e.interval.low < 1.0 < e2e.interval.high
+    assert sorted(e for e in log if e.startswith("launch")) == [f"launch {b}" for b in range(3 * comparison.launches)]
+    assert set(comparison.samples["expected_e2e_ms"]["launch"]) == set(range(3 * comparison.launches))
+
+
 def test_a_slowdown_every_launch_shares_fails_through_launch_blocks() -> None:
     log: list[str] = []
     comparison = compare(
@@ -336,18 +351,25 @@ def _blocks(ratios: list[float]) -> tuple[list[list[float]], list[list[float]]]:
     return base, [[v * r for v in b] for b, r in zip(base, ratios)]
 
 
-def test_few_launch_blocks_get_student_t_over_their_estimates() -> None:
-    """Four blocks (too few for a 95 % signed-rank interval): scipy's one-sample t interval of their log ratios."""
+@pytest.mark.parametrize(
+    "ratios",
+    [[1.03, 0.98, 1.01, 0.97], [1.03, 0.98, 1.01, 0.97, 1.02, 0.99]],
+    ids=["4-too-few-for-signed-rank", "6-signed-rank-only-min-to-max"],
+)
+def test_few_launch_blocks_get_student_t_over_their_estimates(ratios: list[float]) -> None:
+    """Four blocks (too few for a 95 % signed-rank interval) or six (whose signed-rank interval is only [min, max],
+    25 % wider than t's): scipy's one-sample t interval of their log ratios."""
     from scipy import stats
 
-    ratios = [1.03, 0.98, 1.01, 0.97]
     base, head = _blocks(ratios)
     got = blocked_ratio(base, head, 0.95)
     assert got is not None
     low, high = stats.ttest_1samp(np.log(ratios), 0.0).confidence_interval(0.95)
     assert (math.log(got.low), math.log(got.high)) == pytest.approx((low, high), rel=1e-9)
     assert math.log(got.ratio) == pytest.approx(np.mean(np.log(ratios)))
-    assert got.pairs == 12 and blocked_ratio(base[:1], head[:1], 0.95) == paired_ratio(base[0], head[0], 0.95)
+    assert got.pairs == 3 * len(ratios) and blocked_ratio(base[:1], head[:1], 0.95) == paired_ratio(
+        base[0], head[0], 0.95
+    )
 
 
 def test_blocks_that_agree_by_chance_do_not_narrow_the_interval_below_the_pairs_own() -> None:
@@ -534,3 +556,20 @@ def test_one_launch_stops_before_a_pair_that_would_end_past_the_time_allowed() -
     comparison = compare(same(*sides), sampling, DEFAULT_AB_TOLERANCES, clock=clock)
     assert (comparison.stop, comparison.pairs) == (Stop.TIME, 15)  # pair 16 would end at 32 s: not started
     assert comparison.undecided and comparison.seconds == 30.0
+
+
+@pytest.mark.parametrize(
+    ("per_run", "in_ranks", "launches", "replicas", "overlap"),
+    [(False, False, 3, 2, True), (False, True, 3, 1, False), (True, False, 1, 1, True)],
+    ids=["servers", "rank-groups", "a-process-per-run"],
+)
+def test_a_case_launches_replicas_and_overlaps_only_sides_run_outside_rank_groups(
+    per_run: bool, in_ranks: bool, launches: int, replicas: int, overlap: bool
+) -> None:
+    """Rank pools beside a timed one would share its cores: one replica, one launch at a time; a process per run is
+    a launch per run already."""
+    from harness.gate.perf import _case_sampling
+
+    asked = Sampling(launches=3, replicas=2, overlap=True)
+    got = _case_sampling(asked, per_run, in_ranks)
+    assert (got.launches, got.replicas, got.overlap) == (launches, replicas, overlap)

@@ -49,7 +49,7 @@ def _run_blocks(launcher: LoggedLauncher, overlap: bool, blocks: int) -> tuple[L
     overlapped = []
     with Launches(launcher, overlap, time.perf_counter) as launches:
         for block in range(blocks):
-            with launches.block(block) as launch:
+            with launches.launch(block) as launch:
                 overlapped.append(launch.overlapped)
                 launches.start_ahead(block + 1)
                 launcher.log.append(f"pairs {block}")
@@ -88,14 +88,14 @@ def test_a_start_that_fails_alone_is_raised() -> None:
     launcher = LoggedLauncher(fail=(0,))
     launcher.alive.add(-1)  # something else holds the device: even the first start fails
     with pytest.raises(RuntimeError, match="out of device memory"):
-        with Launches(launcher, True, time.perf_counter) as launches, launches.block(0):
+        with Launches(launcher, True, time.perf_counter) as launches, launches.launch(0):
             pass
 
 
 def test_a_block_still_starting_at_the_end_is_waited_for_and_ended() -> None:
     launcher = LoggedLauncher()
     with Launches(launcher, True, time.perf_counter) as launches:
-        with launches.block(0):
+        with launches.launch(0):
             launcher.gate.clear()  # block 1's start hangs until released
             launches.start_ahead(1)
         threading.Timer(0.05, launcher.gate.set).start()
@@ -106,7 +106,8 @@ def test_overlapped_or_not_an_ab_takes_the_same_pairs_to_the_same_verdict() -> N
     """Scripted sessions (a 3 % spread, no difference): overlapping changes when the sides start, not what is
     sampled or judged."""
     from harness.baselines.perf import DEFAULT_AB_TOLERANCES
-    from harness.perf.ab import Sampling, compare
+    from harness.perf.ab import compare
+    from harness.perf.sampling import Sampling
     from tests.perf.test_ab_stats import ScriptedSession
 
     def ab(overlap: bool) -> tuple[int, int, int, list[str]]:
@@ -153,7 +154,8 @@ def test_blocks_are_sized_by_the_start_wherever_it_ran_and_the_time_counts_only_
     ran in the sampler's thread or ahead in its own; the sampler's time holds each start one after the other
     (3 x 10 + 18 x 2 = 66 s), overlapped only the first (10 + 36 = 46 s)."""
     from harness.baselines.perf import DEFAULT_AB_TOLERANCES
-    from harness.perf.ab import Sampling, compare
+    from harness.perf.ab import compare
+    from harness.perf.sampling import Sampling
     from tests.perf.test_ab_stats import ClockedSession
 
     clock = ThreadClock()
@@ -168,3 +170,87 @@ def test_blocks_are_sized_by_the_start_wherever_it_ran_and_the_time_counts_only_
     launches = comparison.samples["expected_e2e_ms"]["launch"]
     assert [launches.count(b) for b in range(comparison.launches)] == [6, 6, 6]
     assert (comparison.seconds, comparison.overlapped) == (seconds, overlapped)
+
+
+def _run_launches(launcher: LoggedLauncher, overlap: bool, replicas: int, count: int) -> list[list[int]]:
+    """``count`` launches of ``replicas`` as the sampler takes them; each one's blocks as it handed them out."""
+    handed = []
+    with Launches(launcher, overlap, time.perf_counter, replicas) as launches:
+        for number in range(count):
+            with launches.launch(number) as launch:
+                handed.append([launch.block(r) for r in range(len(launch.replicas))])
+                launches.start_ahead(number + 1)
+                launcher.log.append(f"pairs {number}")
+    return handed
+
+
+@pytest.mark.parametrize(("overlap", "most_alive"), [(False, 3), (True, 6)], ids=["one-by-one", "overlapped"])
+def test_a_launch_of_replicas_starts_every_block_before_its_pairs_and_ends_them_all(
+    overlap: bool, most_alive: int
+) -> None:
+    launcher = LoggedLauncher()
+    handed = _run_launches(launcher, overlap, replicas=3, count=2)
+    log = launcher.log
+    assert handed == [[0, 1, 2], [3, 4, 5]]
+    assert all(log.index(f"start {b}") < log.index("pairs 0") for b in (0, 1, 2)), log
+    assert all(log.index(f"start {b}") < log.index("pairs 1") for b in (3, 4, 5)), log
+    assert launcher.most_alive == most_alive and not launcher.alive
+
+
+class LastToStart(LoggedLauncher):
+    """Block ``last`` starts only once every other block of its launch is alive (so that they are when it fails)."""
+
+    def __init__(self, fail: tuple[int, ...], last: int, others: int) -> None:
+        super().__init__(fail)
+        self.last, self.others = last, others
+
+    def __call__(self, block: int) -> contextlib.AbstractContextManager[tuple[Runner, Runner]]:
+        deadline = time.monotonic() + 30
+        while block == self.last and len(self.alive) < self.others and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return super().__call__(block)
+
+
+def test_a_replica_that_fails_to_start_ends_the_replicas_that_did_and_is_raised() -> None:
+    launcher = LastToStart(fail=(1,), last=1, others=2)
+    with pytest.raises(RuntimeError, match="out of device memory"):
+        _run_launches(launcher, overlap=False, replicas=3, count=1)
+    assert "pairs 0" not in launcher.log and not launcher.alive
+    assert sorted(e for e in launcher.log if e.startswith("start")) == ["start 0", "start 2"]
+
+
+def test_pairs_rotate_over_the_replicas_a_quartet_at_a_time_each_block_in_abba_order() -> None:
+    """Three replicas: blocks 0, 1, 2 take a quartet (two pairs) each in turn, each block's own pairs alternating
+    BASE first and HEAD first; every instance is warmed up before the first pair."""
+    from harness.baselines.perf import DEFAULT_AB_TOLERANCES
+    from harness.perf.ab import compare
+    from harness.perf.sampling import Sampling
+    from tests.perf.test_ab_stats import ScriptedSession
+
+    logs: dict[int, list[str]] = {}
+
+    @contextlib.contextmanager
+    def launch(block: int) -> Iterator[tuple[Runner, Runner]]:
+        log = logs.setdefault(block, [])
+        yield ScriptedSession("B", [10.0, 10.2], log), ScriptedSession("H", [10.1, 10.0], log)
+
+    sampling = Sampling(warmup=1, min_pairs=24, max_pairs=48, launches=2, replicas=3)
+    comparison = compare(launch, sampling, DEFAULT_AB_TOLERANCES)
+    blocks = comparison.samples["expected_e2e_ms"]["launch"]
+    assert blocks[:12] == [0, 0, 1, 1, 2, 2] * 2 and set(blocks) == set(range(3 * comparison.launches))
+    assert all("".join(log[2:]).startswith("BHHBBHHB") for log in logs.values()), logs
+    assert all(log[:2] == ["H", "B"] for log in logs.values()) and comparison.replicas == 3
+
+
+@pytest.mark.parametrize(
+    ("replicas", "cost_s", "pairs"),
+    [(1, 30.0, 30), (3, 30.0, 30), (3, 3.0, 6), (3, 200.0, 96), (2, 9.0, 12)],
+    ids=["one", "three", "a-quartet-each-at-least", "capped-per-replica", "rounded-up-to-quartets"],
+)
+def test_a_launch_of_replicas_runs_whole_quartets_on_each_about_as_long_as_its_start(
+    replicas: int, cost_s: float, pairs: int
+) -> None:
+    from harness.perf.sampling import Sampling
+
+    sampling = Sampling(min_pairs=10, max_pairs=1000, launches=3, replicas=replicas)
+    assert sampling.next_block_pairs(cost_s, 1.0, 100, 5) == pairs

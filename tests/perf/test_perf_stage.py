@@ -16,7 +16,7 @@ from harness.baselines.platforms import platform_name
 from harness.cli import main
 from harness.gate.perf import PerfStage
 from harness.gate.stage import GateContext, GateOptions, PerfOptions
-from harness.perf.ab import Sampling
+from harness.perf.sampling import Sampling
 from harness.ranks import PoolSet
 from harness.report.console import make_console
 from harness.results import FAILED, PASSED, counts

@@ -312,27 +312,42 @@ class MostServers:
 
 
 @pytest.mark.timeout(900)  # a hang guard: under load an A/B may run to its 200-pair cap (over 300 s measured)
-def test_overlapped_launches_start_the_next_servers_while_a_block_runs_and_leave_none(project: Path) -> None:
+@pytest.mark.parametrize(
+    ("options", "replicas", "overlapped"),
+    [(("--overlap-launches",), 1, True), (("--replicas", "2"), 2, False)],
+    ids=["overlapped", "two-replicas"],
+)
+def test_launches_of_several_server_pairs_pass_two_identical_servers_and_leave_none(
+    project: Path, options: tuple[str, ...], replicas: int, overlapped: bool
+) -> None:
+    """Four servers alive at once, never more: two launches' (overlapped), or two replicas of each side."""
     from tests.perf.test_ab import assert_not_slower
 
     tag = uuid.uuid4().hex
     with MostServers(tag) as servers:
         code, doc = parity(project, "perf", "openai", "openai", "--base-arg", f"launch={launch(tag, '--delay-ms', '50')}",
-                           "--head-arg", f"launch={launch(tag, '--delay-ms', '50')}", *AB, "--overlap-launches")  # fmt: skip
+                           "--head-arg", f"launch={launch(tag, '--delay-ms', '50')}", *AB, *options)  # fmt: skip
     (record,) = doc["stages"]["perf"]["records"]
     assert_not_slower(record, code)
     figures = record["figures"]
-    assert figures["launches"] >= 3 and figures["overlapped_launches"] == figures["launches"] - 1
-    assert servers.most == 4 and "overlap_refused" not in figures  # two blocks' servers at once, never three
+    blocks = set(figures["samples"]["expected_e2e_ms"]["launch"])
+    assert figures["launches"] >= 3 and figures["overlapped_launches"] == overlapped * (figures["launches"] - 1)
+    assert figures["replicas"] == replicas and blocks == set(range(replicas * figures["launches"]))
+    assert servers.most == 4 and "overlap_refused" not in figures
     assert gone(tag)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
-@pytest.mark.parametrize(("options", "up"), [((), 2), (("--overlap-launches",), 3)], ids=["one-by-one", "overlapped"])
+@pytest.mark.parametrize(
+    ("options", "up"),
+    [((), 2), (("--overlap-launches",), 3), (("--replicas", "2"), 4)],
+    ids=["one-by-one", "overlapped", "two-replicas"],
+)
 def test_no_server_survives_parity_ended_mid_ab(
     project: Path, sig: signal.Signals, options: tuple[str, ...], up: int
 ) -> None:
-    """Ended once ``up`` servers are alive: both sides', and, overlapped, the next block's starting beside them."""
+    """Ended once ``up`` servers are alive: both sides', overlapped the next launch's starting beside them, or two
+    replicas of each side."""
     tag = uuid.uuid4().hex
     argv = [str(Path(sys.executable).with_name("parity")), "perf", "openai", "openai",
             "--base-arg", f"launch={launch(tag, '--delay-ms', '200')}",
