@@ -222,7 +222,7 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
          "(1: one each)"),
         ("confidence", fraction, d.confidence, "C", "A/B: confidence of each figure's HEAD/BASE interval"),
         ("replicas", count(1), d.replicas, "N", "A/B of sides outside rank groups (servers): start N instances of "
-         "each side per launch, alive together, pairs rotating over them a quartet at a time; each pair of instances "
+         "each side per launch, alive together, pairs rotating over them one at a time; each pair of instances "
          "is a launch block of its own (a process's bias and a server's slow spells are its own), so one start gives "
          "N blocks; for a machine with memory for 2N servers (4N with --overlap-launches)"),
     ]  # fmt: skip

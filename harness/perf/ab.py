@@ -2,7 +2,7 @@
 
 Each launch starts both sides afresh (overlapped: while the launch before runs, :mod:`harness.perf.launches`; how
 many pairs and launches: :mod:`harness.perf.sampling`), warms them up (HEAD, then BASE), then runs ABBA pairs
-(rotating a quartet at a time over the launch's replicas), both runs of a pair on the same cores: drift and a slow core
+(rotating a pair at a time over the launch's replicas), both runs of a pair on the same cores: drift and a slow core
 cancel in a ratio, and in every quartet each side runs once after itself and once after the other (a carry-over
 cancels). Once enough pairs and launches are in, every figure is judged (:func:`judge_figure`): passed when its
 interval ends within ``1 + tolerance`` (widened by ``abs_floor_ms``), failed when its Bonferroni-corrected interval
@@ -301,8 +301,8 @@ class _Sampler:
 
     def launch(self, launches: Launches, number: int, pairs: int) -> tuple[float, float, Stop | None]:
         """Launch ``number``: every replica's sides started, warmed up (HEAD, then BASE: pair 0 starts with the side
-        that ran last), the next launch started ahead (when overlapping), then its pairs, a quartet on each replica
-        in turn. Returns how long the sampler waited for the launch, how long a launch takes (its start wherever it
+        that ran last), the next launch started ahead (when overlapping), then its pairs, a pair on each replica in
+        turn. Returns how long the sampler waited for the launch, how long a launch takes (its start wherever it
         ran, and its warm-up: it sizes the launches, so that an overlapped start ends with the launch before), and
         Stop.TIME where one launch ran out of time."""
         sampling, runs, first, started = self.sampling, self.runs, len(self.runs.base), self.clock()
@@ -360,10 +360,12 @@ def _pair_s(runs: _Runs, first: int) -> float:
 
 
 def _run_pair(launch: Launch, runs: _Runs, j: int) -> None:
-    """Pair ``j`` of a launch: on replica ``j // 2`` (round the replicas, a quartet each), BASE first when it is that
-    replica's even pair (ABBA), both runs on the same cores; recorded under the replica's launch block."""
+    """Pair ``j`` of a launch: on replica ``j % replicas`` (round the replicas a pair each), BASE first when it is
+    that replica's even pair (ABBA), both runs on the same cores; recorded under the replica's launch block. A pair
+    at a time, each side of a replica idles 2N - 1 and 2N + 1 runs before its two runs of a quartet alike, so a
+    server's cooling while the others run cancels in the quartet (a quartet at a time it lands on one side)."""
     replicas = len(launch.replicas)
-    replica, i = (j // 2) % replicas, (j // (2 * replicas)) * 2 + j % 2
+    replica, i = j % replicas, j // replicas
     (base, head), block = launch.replicas[replica], launch.block(replica)
     first, second = ((base, runs.base), (head, runs.head)) if i % 2 == 0 else ((head, runs.head), (base, runs.base))
     first[1].append(first[0].run(placement=i))

@@ -26,7 +26,7 @@ class Sampling:
     launches: int = 3  # each side started afresh this many times at least (1: one process or server per side)
     dear_launch_s: float = 1.0  # a launch this long or longer sizes the next blocks by its cost (next_block_pairs)
     overlap: bool = False  # start each launch's sides while the launch before runs its pairs
-    replicas: int = 1  # instances of each side alive per launch, pairs rotating over them a quartet at a time
+    replicas: int = 1  # instances of each side alive per launch, pairs rotating over them one at a time
 
     @property
     def quartets(self) -> int:

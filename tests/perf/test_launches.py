@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from harness.perf.launches import Launches, Runner
+from harness.pipelines.sessions import TimedRun
+from harness.targets.base import Timings
 
 
 class LoggedLauncher:
@@ -219,9 +221,9 @@ def test_a_replica_that_fails_to_start_ends_the_replicas_that_did_and_is_raised(
     assert sorted(e for e in launcher.log if e.startswith("start")) == ["start 0", "start 2"]
 
 
-def test_pairs_rotate_over_the_replicas_a_quartet_at_a_time_each_block_in_abba_order() -> None:
-    """Three replicas: blocks 0, 1, 2 take a quartet (two pairs) each in turn, each block's own pairs alternating
-    BASE first and HEAD first; every instance is warmed up before the first pair."""
+def test_pairs_rotate_over_the_replicas_a_pair_at_a_time_each_block_in_abba_order() -> None:
+    """Three replicas: blocks 0, 1, 2 take a pair each in turn, each block's own pairs alternating BASE first and
+    HEAD first; every instance is warmed up before the first pair."""
     from harness.baselines.perf import DEFAULT_AB_TOLERANCES
     from harness.perf.ab import compare
     from harness.perf.sampling import Sampling
@@ -237,7 +239,7 @@ def test_pairs_rotate_over_the_replicas_a_quartet_at_a_time_each_block_in_abba_o
     sampling = Sampling(warmup=1, min_pairs=24, max_pairs=48, launches=2, replicas=3)
     comparison = compare(launch, sampling, DEFAULT_AB_TOLERANCES)
     blocks = comparison.samples["expected_e2e_ms"]["launch"]
-    assert blocks[:12] == [0, 0, 1, 1, 2, 2] * 2 and set(blocks) == set(range(3 * comparison.launches))
+    assert blocks[:12] == [0, 1, 2] * 4 and set(blocks) == set(range(3 * comparison.launches))
     assert all("".join(log[2:]).startswith("BHHBBHHB") for log in logs.values()), logs
     assert all(log[:2] == ["H", "B"] for log in logs.values()) and comparison.replicas == 3
 
@@ -254,3 +256,38 @@ def test_a_launch_of_replicas_runs_whole_quartets_on_each_about_as_long_as_its_s
 
     sampling = Sampling(min_pairs=10, max_pairs=1000, launches=3, replicas=replicas)
     assert sampling.next_block_pairs(cost_s, 1.0, 100, 5) == pairs
+
+
+class CoolingSession:
+    """A server that cools while others run: a run after two or more runs elsewhere takes 110 ms (its caches and
+    threads gone cold), else 100 ms; every session of one A/B counts runs on one shared tally."""
+
+    def __init__(self, tally: list[int]) -> None:
+        self.tally, self.last = tally, -100
+
+    def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
+        idle, self.last = self.tally[0] - self.last, self.tally[0]
+        self.tally[0] += 1
+        e2e = 110.0 if idle > 2 else 100.0
+        return TimedRun(Timings(e2e, {}, []), e2e, (), "not_measured")
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_a_server_cooling_while_the_other_replicas_run_lands_on_both_sides_alike(replicas: int) -> None:
+    """Identical sides, every run's time set by how long its server idled: a pair at a time round the replicas, each
+    side idles as long as the other over a quartet, so every quartet reads exactly 1.0 (a quartet at a time round
+    them, BASE would cool more and read slower)."""
+    from harness.baselines.perf import DEFAULT_AB_TOLERANCES
+    from harness.perf.ab import compare
+    from harness.perf.sampling import Sampling
+
+    tally = [0]
+
+    @contextlib.contextmanager
+    def launch(block: int) -> Iterator[tuple[Runner, Runner]]:
+        yield CoolingSession(tally), CoolingSession(tally)
+
+    sampling = Sampling(warmup=1, min_pairs=24, max_pairs=48, launches=2, replicas=replicas)
+    e2e = compare(launch, sampling, DEFAULT_AB_TOLERANCES).verdict("expected_e2e_ms")
+    assert e2e is not None and e2e.interval is not None
+    assert (e2e.interval.low, e2e.interval.high) == (pytest.approx(1.0), pytest.approx(1.0))
