@@ -142,18 +142,9 @@ def ab_result(
 ) -> CaseResult:
     """An A/B as a case result: failed if any figure is slower beyond its limit, inconclusive if any is undecided.
     ``per_run``: both sides start a process per run, so one block spreads process bias over every run."""
-    figures: dict[str, Any] = {
+    figures = {
         "mode": "ab",
-        "pairs": comparison.pairs,
-        "launches": comparison.launches,
-        "overlapped_launches": comparison.overlapped,
-        "replicas": comparison.replicas,
-        "stopped": str(comparison.stop),
-        "sampling_s": round(comparison.seconds, 3),
-        "process_per_run": per_run,
-        "confidence": confidence,
-        "method": METHOD if comparison.launches * comparison.replicas == 1 else BLOCK_METHOD,
-        "order": ORDER,
+        **_sampled(comparison, per_run, confidence),
         "base": base.describe(),
         "head": head.describe(),
         **_headline(comparison),
@@ -163,8 +154,6 @@ def ab_result(
         "tolerances": dataclasses.asdict(tolerances),
         "samples": comparison.samples,
     }
-    if comparison.overlap_refused is not None:
-        figures["overlap_refused"] = comparison.overlap_refused
     result = CaseResult(
         case.id, f"perf.{case.kind}", PASSED, params=case_params(case), target=versus(base, head), figures=figures
     )
@@ -182,6 +171,25 @@ def ab_result(
         over = _launches(comparison, per_run)
         result.reason = f"undecided after {comparison.pairs} pairs over {over} ({_stopped(comparison)}): {shown}{more}"
     return result
+
+
+def _sampled(comparison: Comparison, per_run: bool, confidence: float) -> dict[str, Any]:
+    """How the A/B sampled: pairs, launches (overlapped, refused), replicas, why it stopped, the method."""
+    sampled: dict[str, Any] = {
+        "pairs": comparison.pairs,
+        "launches": comparison.launches,
+        "overlapped_launches": comparison.overlapped,
+        "replicas": comparison.replicas,
+        "stopped": str(comparison.stop),
+        "sampling_s": round(comparison.seconds, 3),
+        "process_per_run": per_run,
+        "confidence": confidence,
+        "method": METHOD if comparison.launches * comparison.replicas == 1 else BLOCK_METHOD,
+        "order": ORDER,
+    }
+    if comparison.overlap_refused is not None:
+        sampled["overlap_refused"] = comparison.overlap_refused
+    return sampled
 
 
 def _stopped(comparison: Comparison) -> str:

@@ -2,13 +2,11 @@
 while this launch's pairs run, so that a launch costs its warm-up instead of its start (a served model loads its
 weights for seconds to minutes, a block of 0.2 s requests lasts about as long).
 
-A launch starts ``replicas`` instances of each side at once (a pair of sides each, a launch block of its own in the
-statistics): a process's bias and a server's slow spells are its own, so N pairs alive side by side give N
-independent block estimates for one start's wait. Overlapping keeps two launches alive at once (four servers a
-replica): for a machine with cores and device memory to spare, the starting sides sharing the machine with the pairs
-being timed (both sides of every pair alike, ABBA). A start that fails while the launch before is alive is tried
-again once that launch has ended (they did not fit), and the launches after it start one after the other;
-:attr:`Launches.refused` says why.
+A launch starts ``replicas`` instances of each side at once, each pair a launch block of its own: a server's bias and
+slow spells are its own, so one start's wait gives N block estimates. Overlapping keeps two launches alive at once:
+for a machine with cores and device memory to spare (the starting sides load both sides of every pair alike, ABBA).
+A start that fails while the launch before is alive is tried again once that launch has ended (they did not fit),
+and the launches after it start one after the other; :attr:`Launches.refused` says why.
 """
 
 from __future__ import annotations
