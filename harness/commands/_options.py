@@ -218,8 +218,8 @@ def add_ab_sampling(group: argparse._ArgumentGroup, prefix: str) -> None:
         ("max-time", seconds, d.max_time_s, "S", "A/B: seconds per case at most, launches included; no launch block "
          "(or pair) is started that would end later, and a figure still undecided then is inconclusive"),
         ("launches", count(1), d.launches, "N", "A/B: start each side afresh (rank processes, a launched server) at "
-         "least N times, pairs spread over the launches, so that one process's bias is not read as a difference "
-         "(1: one each)"),
+         "least N times before the first verdict (a launch of --replicas R starts R of each), pairs spread over them, "
+         "so that one process's bias is not read as a difference (1: one each)"),
         ("confidence", fraction, d.confidence, "C", "A/B: confidence of each figure's HEAD/BASE interval"),
         ("replicas", count(1), d.replicas, "N", "A/B of sides outside rank groups (servers): start N instances of "
          "each side per launch, alive together, pairs rotating over them one at a time; each pair of instances "

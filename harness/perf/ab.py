@@ -252,7 +252,7 @@ def compare(
             launch_s, cost_s, stop = state.launch(launches, number, pairs)
             number += 1
             pairs = sampling.next_block_pairs(cost_s, _pair_s(state.runs, first), len(state.runs.base), number)
-            if number >= sampling.launches and len(state.runs.base) >= sampling.min_pairs:
+            if number >= sampling.least_launches and len(state.runs.base) >= sampling.min_pairs:
                 state.judge()
             if stop == Stop.TIME:
                 break
@@ -340,7 +340,7 @@ def _out_of(
     if block == 0:
         return None
     left = sampling.max_pairs - len(runs.base)
-    if left <= 0 or sampling.launches == 1 or (block >= sampling.launches and left < sampling.block_pairs):
+    if left <= 0 or sampling.launches == 1 or (block >= sampling.least_launches and left < sampling.block_pairs):
         return Stop.PAIRS
     if elapsed + launch_s + min(block_pairs, left) * _pair_s(runs, 0) > sampling.max_time_s:
         return Stop.TIME

@@ -34,14 +34,19 @@ class Sampling:
         return 2 * self.replicas
 
     @property
+    def least_launches(self) -> int:
+        """Launches before the first verdict: each side started afresh ``launches`` times, ``replicas`` at each."""
+        return -(-self.launches // self.replicas)
+
+    @property
     def block_pairs(self) -> int:
-        """Pairs of a launch at least: ``min_pairs`` spread over ``launches``, rounded up to whole ABBA quartets on
-        every replica; with one launch, every pair."""
+        """Pairs of a launch at least: ``min_pairs`` spread over :attr:`least_launches`, rounded up to whole ABBA
+        quartets on every replica; with one launch, every pair."""
         if self.launches == 1:
             return self.max_pairs
-        return max(self.quartets, _round_up(-(-self.min_pairs // self.launches), self.quartets))
+        return max(self.quartets, _round_up(-(-self.min_pairs // self.least_launches), self.quartets))
 
-    def next_block_pairs(self, launch_s: float, pair_s: float, pairs_done: int, blocks_done: int) -> int:
+    def next_block_pairs(self, launch_s: float, pair_s: float, pairs_done: int, launches_done: int) -> int:
         """Pairs of the next launch, from what the last one cost: about as long timing pairs as starting its sides
         took (``launch_s``, warm-up included), so that cheap pairs are not starved by dear launches (a launch under
         ``dear_launch_s`` starves nothing); at most MAX_BLOCK_PAIRS a replica (the blocks still see the
@@ -51,7 +56,7 @@ class Sampling:
             return self.block_pairs
         balanced = int(min(MAX_BLOCK_PAIRS * self.replicas, -(-launch_s // pair_s)))
         pairs = max(self.block_pairs, _round_up(balanced, self.quartets))
-        owed = self.launches - blocks_done
+        owed = self.least_launches - launches_done
         if owed > 0:
             room = (self.max_pairs - pairs_done) // owed
             pairs = min(pairs, max(self.quartets, room - room % self.quartets))
@@ -79,11 +84,11 @@ class Sampling:
             raise SamplingError("max_pairs", f"must be at most {MAX_PAIRS}, got {self.max_pairs}")
         if not 1 <= self.replicas <= MAX_REPLICAS:
             raise SamplingError("replicas", f"must be between 1 and {MAX_REPLICAS}, got {self.replicas}")
-        if self.launches > 1 and self.launches * self.quartets > self.max_pairs:
+        if self.launches > 1 and self.least_launches * self.quartets > self.max_pairs:
             raise SamplingError(
                 "replicas",
-                f"{self.replicas} x {self.launches} launches need {self.launches * self.quartets} pairs at least (a "
-                f"quartet on each replica), more than max_pairs ({self.max_pairs})",
+                f"{self.replicas} x {self.least_launches} launches need {self.least_launches * self.quartets} pairs at "
+                f"least (a quartet on each replica), more than max_pairs ({self.max_pairs})",
             )
 
 

@@ -168,7 +168,7 @@ def test_a_failure_is_claimed_over_every_figure_judged() -> None:
         ({"warmup": -1}, "warmup must be >= 0"),
         ({"confidence": 1.0}, "confidence must be in"),
         ({"replicas": 9}, "replicas must be between 1 and 8"),
-        ({"replicas": 4, "launches": 3, "max_pairs": 20}, r"4 x 3 launches need 24 pairs at least"),
+        ({"replicas": 8, "launches": 9, "max_pairs": 30}, r"8 x 2 launches need 32 pairs at least"),
     ],
     ids=[
         "min-below-an-interval",

@@ -246,8 +246,8 @@ def test_pairs_rotate_over_the_replicas_a_pair_at_a_time_each_block_in_abba_orde
 
 @pytest.mark.parametrize(
     ("replicas", "cost_s", "pairs"),
-    [(1, 30.0, 30), (3, 30.0, 30), (3, 3.0, 6), (3, 200.0, 96), (2, 9.0, 12)],
-    ids=["one", "three", "a-quartet-each-at-least", "capped-per-replica", "rounded-up-to-quartets"],
+    [(1, 30.0, 30), (3, 30.0, 30), (3, 3.0, 12), (3, 200.0, 96), (2, 9.0, 12)],
+    ids=["one", "three", "min-pairs-at-least", "capped-per-replica", "rounded-up-to-quartets"],
 )
 def test_a_launch_of_replicas_runs_whole_quartets_on_each_about_as_long_as_its_start(
     replicas: int, cost_s: float, pairs: int
@@ -291,3 +291,19 @@ def test_a_server_cooling_while_the_other_replicas_run_lands_on_both_sides_alike
     e2e = compare(launch, sampling, DEFAULT_AB_TOLERANCES).verdict("expected_e2e_ms")
     assert e2e is not None and e2e.interval is not None
     assert (e2e.interval.low, e2e.interval.high) == (pytest.approx(1.0), pytest.approx(1.0))
+
+
+@pytest.mark.parametrize(
+    ("launches", "replicas", "least", "pairs"),
+    [(3, 1, 3, 4), (3, 3, 1, 12), (4, 3, 2, 6), (3, 2, 2, 8)],
+    ids=["3-launches", "3-replicas-once", "4-instances-in-2-launches", "3-instances-in-2-launches"],
+)
+def test_each_side_starts_afresh_launches_times_before_a_verdict_replicas_at_a_launch(
+    launches: int, replicas: int, least: int, pairs: int
+) -> None:
+    """``--launches`` counts instances started afresh: three replicas are three, so one launch of them is judged
+    (10 pairs at least over the launches owed, whole quartets on every replica)."""
+    from harness.perf.sampling import Sampling
+
+    sampling = Sampling(min_pairs=10, launches=launches, replicas=replicas)
+    assert (sampling.least_launches, sampling.block_pairs) == (least, pairs)
