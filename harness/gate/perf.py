@@ -207,7 +207,9 @@ class PerfStage:
                     ctx.err.print(f"perf {case.id}: {comparison.overlap_refused}", markup=False, highlight=False)
                 result = ab_result(case, comparison, base, heads[case.id], sampling.confidence, tolerances, per_run)
                 if result.status == INCONCLUSIVE:  # the sides as given: a rev: side resolves again when run
-                    result.reason = f"{result.reason}; {next_step(ctx, case, perf.base, case.target, comparison)}"
+                    replicable = not (per_run or base_spec.in_ranks or head_spec.in_ranks)
+                    hint = next_step(ctx, case, perf.base, case.target, comparison, replicable)
+                    result.reason = f"{result.reason}; {hint}"
                 return result
 
             results, wall = run_each_case(ctx, self.name, cases, "perf", judge, runs_of)

@@ -81,9 +81,17 @@ class Progress:
         )
 
 
-def next_step(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetSpec, comparison: Comparison) -> str:
+def next_step(
+    ctx: GateContext,
+    case: ImageCase,
+    base: TargetSpec,
+    head: TargetSpec,
+    comparison: Comparison,
+    replicable: bool = False,
+) -> str:
     """What would decide an inconclusive case: ``parity perf`` of it with the pairs and time the noise so far says it
-    needs, or, where that is beyond parity's most pairs, steadier runs or a wider tolerance."""
+    needs, or, where that is beyond parity's most pairs, steadier runs (more servers a launch, for ``replicable``
+    sides launched one at a time: docs/perf.md, Replicas) or a wider tolerance."""
     sampling = ctx.options.perf.sampling
     needed = comparison.pairs_to_decide()
     if needed <= MAX_PAIRS and comparison.verdicts:
@@ -99,11 +107,13 @@ def next_step(ctx: GateContext, case: ImageCase, base: TargetSpec, head: TargetS
     if not comparison.verdicts:
         return f"no figure was judged within --max-time {sampling.max_time_s:g}: give it more time"
     label = comparison.undecided[0].label
+    steadier = "fewer ranks per core, a quieter machine"
+    if replicable and comparison.replicas == 1 and comparison.launches > 1:
+        steadier += ", or --replicas 3 where six servers fit: each server's slow spells spread over more blocks"
     return (
         f"no more pairs decide it here: {label} moves ±{comparison.pair_noise(label):.0%} a pair on this machine, "
         f"too much for {MAX_PAIRS} pairs (parity's most) to bound within its tolerance; time it where runs are "
-        f"steadier (fewer ranks per core, a quieter machine) or widen the tolerance "
-        f"(PARITY_PERF_TOL_{family(label).upper()})"
+        f"steadier ({steadier}) or widen the tolerance (PARITY_PERF_TOL_{family(label).upper()})"
     )
 
 

@@ -313,6 +313,23 @@ def test_the_verdict_and_its_exit_code_on_scripted_timings(
         assert ET.parse(tmp_path / "ab.xml").find(".//testcase/skipped") is not None
 
 
+@pytest.mark.parametrize(
+    ("extra", "hinted"),
+    [((), True), (("--replicas", "2"), False)],
+    ids=["one-replica-hinted", "replicas-already"],
+)
+def test_an_undecided_ab_of_launched_sides_beyond_parity_s_pairs_suggests_more_replicas(
+    flat: Path, tmp_path: Path, extra: tuple[str, ...], hinted: bool
+) -> None:
+    """Sides run here, launched 3 times, whose estimate sits on the limit: no pairs decide it, more servers a launch
+    might (said only where the A/B ran one replica)."""
+    code, doc = _perf(flat, tmp_path, SCRIPTED, SCRIPTED, "--base-arg", "e2e=10", "--head-arg",
+                      "e2e=8.4:10.5:13.125", "--max-pairs", "48", *extra)  # fmt: skip
+    reason = _record(doc)["reason"]
+    assert code == EXIT_CODES["inconclusive"] and "no more pairs decide it here" in reason, reason
+    assert ("or --replicas 3 where six servers fit" in reason) is hinted, reason
+
+
 def test_the_gate_times_each_image_case_against_perf_base(tmp_path: Path) -> None:
     cases, baselines = gate_project(tmp_path, flat=FLAT)
     scripted = ("--pipeline-target", SCRIPTED, "--pipeline-target-arg", "e2e=11")
