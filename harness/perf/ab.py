@@ -118,7 +118,7 @@ class Comparison:
     stop: Stop = Stop.DECIDED  # why sampling ended
     launches: int = 1  # launch blocks: each side started afresh this many times
     seconds: float = 0.0  # how long sampling took, launches included
-    overlapped: int = 0  # launch blocks whose sides started while the block before ran its pairs
+    overlapped: int = 0  # launches whose sides started while the launch before ran its pairs
     overlap_refused: str | None = None  # why overlapping launches was given up, if it was
     replicas: int = 1  # instances of each side alive per launch, each pair of them a launch block
 
@@ -237,7 +237,7 @@ def compare(
     on_pair: Callable[[int, int, FigureVerdict | None], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Comparison:
-    """Run both sides interleaved, launch block by launch block, until the verdict is decided or sampling runs out of
+    """Run both sides interleaved, launch by launch, until the verdict is decided or sampling runs out of
     pairs or time (module docstring); ``on_pair(pairs, launches, e2e verdict so far)`` after every pair."""
     state = _Sampler(sampling, tolerances, on_pair or (lambda *_: None), clock)
     number, pairs, launch_s = 0, sampling.block_pairs, 0.0
@@ -331,18 +331,16 @@ class _Sampler:
         return launch_s, cost_s, None
 
 
-def _out_of(
-    sampling: Sampling, runs: _Runs, block: int, block_pairs: int, launch_s: float, elapsed: float
-) -> Stop | None:
-    """Whether another launch block fits: under ``max_pairs`` (a block cut below the first block's size would weigh
-    as much as a whole one in the interval over blocks, so it is not started) and, with its launch as dear as the
-    last one, ending within ``max_time_s``."""
-    if block == 0:
+def _out_of(sampling: Sampling, runs: _Runs, number: int, pairs: int, launch_s: float, elapsed: float) -> Stop | None:
+    """Whether launch ``number`` fits: under ``max_pairs`` (a launch cut below the first one's size would weigh as
+    much as a whole one in the interval over blocks, so it is not started) and, as dear as the last one, ending
+    within ``max_time_s``."""
+    if number == 0:
         return None
     left = sampling.max_pairs - len(runs.base)
-    if left <= 0 or sampling.launches == 1 or (block >= sampling.least_launches and left < sampling.block_pairs):
+    if left <= 0 or sampling.launches == 1 or (number >= sampling.least_launches and left < sampling.block_pairs):
         return Stop.PAIRS
-    if elapsed + launch_s + min(block_pairs, left) * _pair_s(runs, 0) > sampling.max_time_s:
+    if elapsed + launch_s + min(pairs, left) * _pair_s(runs, 0) > sampling.max_time_s:
         return Stop.TIME
     return None
 
