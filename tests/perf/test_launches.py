@@ -10,6 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.perf.launches import Launches, Runner
 from harness.pipelines.sessions import TimedRun
@@ -307,3 +309,39 @@ def test_each_side_starts_afresh_launches_times_before_a_verdict_replicas_at_a_l
 
     sampling = Sampling(min_pairs=10, launches=launches, replicas=replicas)
     assert (sampling.least_launches, sampling.block_pairs) == (least, pairs)
+
+
+class TallySession:
+    """A side that logs where in the launch's run sequence each of its runs came (no timing of its own)."""
+
+    def __init__(self, name: str, tally: list[tuple[str, int]]) -> None:
+        self.name, self.tally = name, tally
+
+    def run(self, keep_output: bool = False, placement: int | None = None) -> TimedRun:
+        self.tally.append((self.name, placement or 0))
+        return TimedRun(Timings(100.0, {}, []), 100.0, (), "not_measured")
+
+
+@settings(max_examples=30, deadline=None)
+@given(replicas=st.integers(1, 6), quartets=st.integers(2, 4))
+def test_round_the_replicas_each_block_runs_abba_and_both_sides_idle_alike_over_a_quartet(
+    replicas: int, quartets: int
+) -> None:
+    """Any replica count: every block gets its whole quartets in ABBA order, and past its first quartet each side of
+    a replica idles as long as the other before its two runs of a quartet (what lets a cooling server cancel)."""
+    from harness.perf.ab import _run_pair, _Runs
+    from harness.perf.launches import Launch
+
+    tally: list[tuple[str, int]] = []
+    sides = [(TallySession(f"B{r}", tally), TallySession(f"H{r}", tally)) for r in range(replicas)]
+    runs = _Runs()
+    for j in range(2 * quartets * replicas):
+        _run_pair(Launch(0, sides, 0.0, False), runs, j)  # type: ignore[arg-type]
+    assert sorted(runs.block) == sorted(list(range(replicas)) * 2 * quartets)
+    for r in range(replicas):
+        order = "".join(name[0] for name, _ in tally if name[1:] == str(r))
+        assert order == "BHHB" * quartets
+        at = {side: [i for i, (name, _) in enumerate(tally) if name == f"{side}{r}"] for side in "BH"}
+        idle = {side: [b - a for a, b in zip(p, p[1:])] for side, p in at.items()}  # before runs 2, 3, ...
+        for q in range(1, quartets):  # the idles before quartet q's two runs of each side
+            assert sorted(idle["B"][2 * q - 1 : 2 * q + 1]) == sorted(idle["H"][2 * q - 1 : 2 * q + 1])
