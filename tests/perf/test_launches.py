@@ -337,11 +337,14 @@ def test_round_the_replicas_each_block_runs_abba_and_both_sides_idle_alike_over_
     runs = _Runs()
     for j in range(2 * quartets * replicas):
         _run_pair(Launch(0, sides, 0.0, False), runs, j)  # type: ignore[arg-type]
+    orders = {"".join(name[0] for name, _ in tally if name[1:] == str(r)) for r in range(replicas)}
+    at = {name: [i for i, (n, _) in enumerate(tally) if n == name] for name, _ in tally}  # each side's positions
+    idle = {name: [b - a for a, b in zip(p, p[1:])] for name, p in at.items()}  # before its runs 2, 3, ...
+    unlike = [  # the idles before quartet q's two runs of each side of replica r, where they differ
+        (r, q)
+        for r in range(replicas)
+        for q in range(1, quartets)
+        if sorted(idle[f"B{r}"][2 * q - 1 : 2 * q + 1]) != sorted(idle[f"H{r}"][2 * q - 1 : 2 * q + 1])
+    ]
     assert sorted(runs.block) == sorted(list(range(replicas)) * 2 * quartets)
-    for r in range(replicas):
-        order = "".join(name[0] for name, _ in tally if name[1:] == str(r))
-        assert order == "BHHB" * quartets
-        at = {side: [i for i, (name, _) in enumerate(tally) if name == f"{side}{r}"] for side in "BH"}
-        idle = {side: [b - a for a, b in zip(p, p[1:])] for side, p in at.items()}  # before runs 2, 3, ...
-        for q in range(1, quartets):  # the idles before quartet q's two runs of each side
-            assert sorted(idle["B"][2 * q - 1 : 2 * q + 1]) == sorted(idle["H"][2 * q - 1 : 2 * q + 1])
+    assert orders == {"BHHB" * quartets} and unlike == [], (orders, unlike, idle)
