@@ -39,7 +39,6 @@ class Launch:
     number: int
     replicas: list[tuple[Runner, Runner]]
     start_s: float  # from the start's beginning until every side was ready
-    overlapped: bool  # started while the launch before ran its pairs
 
     def block(self, replica: int) -> int:
         """The launch block of ``replica``: each instance pair's estimate is one of the interval's."""
@@ -94,9 +93,9 @@ class _Group:
         error = next((s.error for s in self.starts if s.error is not None), None)
         if error is not None:
             raise error
-        sides = [s.sides for s in self.starts]
-        assert all(s is not None for s in sides)
-        return Launch(self.number, sides, max(s.start_s for s in self.starts), self.ahead)  # type: ignore[arg-type]
+        sides = [s.sides for s in self.starts if s.sides is not None]
+        assert len(sides) == len(self.starts)
+        return Launch(self.number, sides, max(s.start_s for s in self.starts))
 
     def close(self) -> None:
         for start in reversed(self.starts):

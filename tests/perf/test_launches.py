@@ -26,7 +26,7 @@ class LoggedLauncher:
         self.log: list[str] = []
         self.alive: set[int] = set()
         self.most_alive = 0
-        self.fail, self.gate, self.lock = fail, threading.Event(), threading.Lock()
+        self.fail, self.gate, self.lock = fail, threading.Event(), threading.Condition()  # notified as blocks start
         self.gate.set()
 
     @contextlib.contextmanager
@@ -39,6 +39,7 @@ class LoggedLauncher:
             self.log.append(f"start {block}")
             self.alive.add(block)
             self.most_alive = max(self.most_alive, len(self.alive))
+            self.lock.notify_all()
         try:
             yield object(), object()  # type: ignore[misc] - the sides are never run here
         finally:
@@ -49,12 +50,13 @@ class LoggedLauncher:
 
 def _run_blocks(launcher: LoggedLauncher, overlap: bool, blocks: int) -> tuple[Launches, list[bool]]:
     """``blocks`` blocks as the sampler takes them, each one's next started ahead once its sides are up; and which
-    blocks said they had started while the block before ran."""
+    blocks counted as started while the block before ran."""
     overlapped = []
     with Launches(launcher, overlap, time.perf_counter) as launches:
         for block in range(blocks):
-            with launches.launch(block) as launch:
-                overlapped.append(launch.overlapped)
+            before = launches.overlapped
+            with launches.launch(block):
+                overlapped.append(launches.overlapped > before)
                 launches.start_ahead(block + 1)
                 launcher.log.append(f"pairs {block}")
     return launches, overlapped
@@ -209,9 +211,11 @@ class LastToStart(LoggedLauncher):
         self.last, self.others = last, others
 
     def __call__(self, block: int) -> contextlib.AbstractContextManager[tuple[Runner, Runner]]:
-        deadline = time.monotonic() + 30
-        while block == self.last and len(self.alive) < self.others and time.monotonic() < deadline:
-            time.sleep(0.001)
+        if block == self.last:  # in its own start thread: the others start meanwhile
+            with self.lock:
+                assert self.lock.wait_for(lambda: len(self.alive) >= self.others, timeout=30), (
+                    "the others never started"
+                )
         return super().__call__(block)
 
 
@@ -336,7 +340,7 @@ def test_round_the_replicas_each_block_runs_abba_and_both_sides_idle_alike_over_
     sides = [(TallySession(f"B{r}", tally), TallySession(f"H{r}", tally)) for r in range(replicas)]
     runs = _Runs()
     for j in range(2 * quartets * replicas):
-        _run_pair(Launch(0, sides, 0.0, False), runs, j)  # type: ignore[arg-type]
+        _run_pair(Launch(0, sides, 0.0), runs, j)  # type: ignore[arg-type]
     orders = {"".join(name[0] for name, _ in tally if name[1:] == str(r)) for r in range(replicas)}
     at = {name: [i for i, (n, _) in enumerate(tally) if n == name] for name, _ in tally}  # each side's positions
     idle = {name: [b - a for a, b in zip(p, p[1:])] for name, p in at.items()}  # before its runs 2, 3, ...
